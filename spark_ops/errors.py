@@ -1,0 +1,171 @@
+"""One exception tree rooted in SparkOpsError, and the process exit codes (only the CLI maps them)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+
+class ExitStatus(enum.IntEnum):
+    """Process exit codes of spark-ops; documented in docs/exit-codes.md."""
+
+    OK = 0
+    ERROR = 1  # an unexpected failure
+    USAGE = 2  # bad command line (click's own code)
+    INVENTORY = 3  # inventory missing or invalid
+    UNREACHABLE = 4  # a node could not be reached or authenticated
+    RECIPE = 5  # recipe unreadable, or a knob value vLLM would reject
+    LOCKED = 6  # another operator holds the cluster lock
+    BOOT_FAILED = 7  # the engine failed to come up (fail-fast)
+    TIMEOUT = 8  # a deadline passed
+    ABORTED = 9  # the operator declined, or interrupted
+    BUDGET = 10  # restart history / budget problem (ambiguous stamp, unparseable file)
+    CHECK_FAILED = 11  # doctor / verify found a problem
+    REMOTE = 12  # a remote command failed
+
+
+class SparkOpsError(Exception):
+    """Base of every error spark-ops raises on purpose."""
+
+    exit_status: ExitStatus = ExitStatus.ERROR
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        """Keep a human message and an optional hint on how to fix it."""
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def to_dict(self) -> dict[str, object]:
+        """Serialize for --json output."""
+        data: dict[str, object] = {"error": type(self).__name__, "message": self.message}
+        if self.hint:
+            data["hint"] = self.hint
+        return data
+
+
+class InventoryError(SparkOpsError):
+    """The inventory file is missing or invalid (names the file and the key)."""
+
+    exit_status = ExitStatus.INVENTORY
+
+
+class RecipeError(SparkOpsError):
+    """A recipe cannot be read, edited or rendered."""
+
+    exit_status = ExitStatus.RECIPE
+
+
+class KnobError(RecipeError):
+    """A knob value vLLM would reject."""
+
+
+class UnsupportedRecipe(RecipeError):
+    """The recipe has a shape spark-ops refuses to edit rather than guess."""
+
+
+class RemoteError(SparkOpsError):
+    """A remote operation failed on a host."""
+
+    exit_status = ExitStatus.REMOTE
+
+    def __init__(self, host: str, message: str, *, hint: str | None = None) -> None:
+        """Prefix the message with the host it concerns."""
+        super().__init__(f"{host}: {message}", hint=hint)
+        self.host = host
+
+
+class ConnectError(RemoteError):
+    """A node did not answer SSH, or refused us."""
+
+    exit_status = ExitStatus.UNREACHABLE
+
+
+class HostKeyError(ConnectError):
+    """A node's host key is unknown or changed."""
+
+
+class AuthError(ConnectError):
+    """A node refused our credentials."""
+
+
+class CommandError(RemoteError):
+    """A remote command exited non-zero."""
+
+    def __init__(
+        self, host: str, command: str, exit_code: int | None, stderr: str = ""
+    ) -> None:
+        """Keep the command, its exit code and the tail of its stderr."""
+        tail = stderr.strip().splitlines()[-3:]
+        detail = f": {' | '.join(tail)}" if tail else ""
+        super().__init__(host, f"command failed (exit {exit_code}): {command}{detail}")
+        self.command = command
+        self.exit_code = exit_code
+        self.stderr = stderr
+
+
+class CommandTimeout(RemoteError):
+    """A remote command ran past its timeout."""
+
+    exit_status = ExitStatus.TIMEOUT
+
+
+class LockError(SparkOpsError):
+    """Another operator holds the cluster lock."""
+
+    exit_status = ExitStatus.LOCKED
+
+
+class WatchdogError(SparkOpsError):
+    """The watchdog contract was not met (trigger failed, files unreadable)."""
+
+    exit_status = ExitStatus.BUDGET
+
+
+class HistoryError(WatchdogError):
+    """The restart history cannot be read or changed safely."""
+
+
+class AmbiguousStamp(WatchdogError):
+    """More than one new stamp appeared around a planned restart: none is pruned."""
+
+
+class BootError(SparkOpsError):
+    """The engine failed to come up; carries the phase and the log lines that show why."""
+
+    exit_status = ExitStatus.BOOT_FAILED
+
+    def __init__(
+        self, message: str, *, phase: str = "", lines: Sequence[str] = (), hint: str | None = None
+    ) -> None:
+        """Keep the phase reached and the evidence lines."""
+        super().__init__(message, hint=hint)
+        self.phase = phase
+        self.lines = list(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        """Serialize with phase and evidence."""
+        data = super().to_dict()
+        data.update(phase=self.phase, lines=self.lines)
+        return data
+
+
+class BootTimeout(BootError):
+    """The boot deadline passed before the engine served a completion."""
+
+    exit_status = ExitStatus.TIMEOUT
+
+
+class VerifyError(SparkOpsError):
+    """A post-boot or preflight check failed."""
+
+    exit_status = ExitStatus.CHECK_FAILED
+
+
+class BenchError(SparkOpsError):
+    """A throughput sweep could not run."""
+
+
+class Aborted(SparkOpsError):
+    """The operator declined or interrupted the operation."""
+
+    exit_status = ExitStatus.ABORTED
