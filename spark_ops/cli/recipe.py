@@ -1,0 +1,171 @@
+"""`spark-ops recipe`: set knobs with a minimal diff, render, show knob values (local files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+
+from spark_ops.errors import Aborted, RecipeError, SparkOpsError
+
+
+def _fail(err: SparkOpsError) -> None:
+    """Print `error: <message>` (and the hint) to stderr and exit with the error's status."""
+    click.echo(f"error: {err.message}", err=True)
+    if err.hint:
+        click.echo(f"hint: {err.hint}", err=True)
+    raise SystemExit(int(err.exit_status))
+
+
+def _read(path: Path) -> str:
+    """Read a recipe file as UTF-8 text, byte for byte (no newline translation)."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: not UTF-8 text: {exc}") from exc
+
+
+def write_atomically(path: Path, text: str) -> Path:
+    """Back up PATH to PATH.bak.<UTC stamp>, then replace it via temp file, fsync and rename."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    backup = path.with_name(f"{path.name}.bak.{stamp}")
+    shutil.copy2(path, backup)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode("utf-8"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return backup
+
+
+@click.group(name="recipe")
+def cli() -> None:
+    """Edit, render and inspect vLLM recipe files."""
+
+
+@cli.command("set")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--max-num-seqs", "max_num_seqs", help="Engine cap on sequences per batch.")
+@click.option("--kv-cache-memory", "kv_cache_memory", help="KV cache bytes per GPU (60G, 60g).")
+@click.option("--moe-backend", "moe_backend", help="MoE kernel backend (auto, marlin, ...).")
+@click.option("--enforce-eager/--no-enforce-eager", default=None, help="Disable CUDA graphs.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a defaults key.")
+@click.option("--flag", "flags", multiple=True, metavar="FLAG[=V]", help="Add or set a flag.")
+@click.option("--unset-flag", "unset_flags", multiple=True, metavar="FLAG", help="Remove a flag.")
+@click.option("--vllm-version", help="Version of the serving vLLM (else from the container tag).")
+@click.option("--dry-run", is_flag=True, help="Show the diff, write nothing.")
+@click.option("--yes", is_flag=True, help="Write without asking.")
+def set_cmd(
+    file: Path,
+    max_num_seqs: str | None,
+    kv_cache_memory: str | None,
+    moe_backend: str | None,
+    enforce_eager: bool | None,
+    sets: tuple[str, ...],
+    flags: tuple[str, ...],
+    unset_flags: tuple[str, ...],
+    vllm_version: str | None,
+    dry_run: bool,
+    yes: bool,
+) -> None:
+    """Change knobs in FILE with a minimal diff; show the diff, then write atomically."""
+    from spark_ops.recipe import changes_from_options, edit_recipe
+
+    try:
+        changes = changes_from_options(
+            max_num_seqs=max_num_seqs,
+            kv_cache_memory=kv_cache_memory,
+            moe_backend=moe_backend,
+            enforce_eager=enforce_eager,
+            sets=sets,
+            flags=flags,
+            unset_flags=unset_flags,
+        )
+        if not changes:
+            raise RecipeError(
+                "nothing to change: give a knob option, --set, --flag or --unset-flag"
+            )
+        text = _read(file)
+        result = edit_recipe(text, changes, source=str(file), vllm_version=vllm_version)
+        for warning in result.warnings:
+            click.echo(f"warning: {warning}", err=True)
+        if not result.changed:
+            click.echo(f"{file}: already as requested, nothing to write")
+            return
+        click.echo(result.diff(str(file)), nl=False)
+        if dry_run:
+            click.echo("(dry run: nothing written)")
+            return
+        if not yes and not click.confirm(f"Write {file}?", default=False):
+            raise Aborted(f"{file}: not written (declined)")
+        backup = write_atomically(file, result.text)
+        click.echo(f"wrote {file} (backup {backup.name})")
+    except SparkOpsError as err:
+        _fail(err)
+
+
+@cli.command("render")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def render_cmd(file: Path, as_json: bool) -> None:
+    """Print the command FILE runs (after placeholders), its env, model and container."""
+    import shlex
+
+    from spark_ops.recipe import render_recipe
+
+    try:
+        rendered = render_recipe(_read(file), source=str(file))
+    except SparkOpsError as err:
+        _fail(err)
+        return
+    if as_json:
+        click.echo(json.dumps(rendered.to_dict(), indent=2))
+        return
+    click.echo(f"model:     {rendered.model}")
+    click.echo(f"container: {rendered.container}")
+    for key, value in rendered.env.items():
+        click.echo(f"env:       {key}={value}")
+    click.echo(shlex.join(rendered.argv))
+
+
+@cli.command("show")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def show_cmd(file: Path, as_json: bool) -> None:
+    """Show the four knobs of FILE as vLLM would see them."""
+    from spark_ops.recipe import knob_values
+
+    try:
+        values = knob_values(_read(file), source=str(file))
+    except SparkOpsError as err:
+        _fail(err)
+        return
+    if as_json:
+        click.echo(json.dumps(values, indent=2))
+        return
+    for key, value in values.items():
+        shown = "(vLLM default)" if value is None else value
+        click.echo(f"{key:<22} {shown}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    cli(sys.argv[1:])

@@ -1,0 +1,227 @@
+"""Knob validation as vLLM parses it, and what each vLLM version knows (flags, MoE backends)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+from spark_ops.errors import KnobError
+
+#: Newest vLLM version whose knob facts are encoded here; assumed when no version is known.
+NEWEST_KNOWN = "0.33"
+
+#: The four knobs spark-ops rewrites, by their defaults-key spelling.
+KNOB_NAMES = ("max_num_seqs", "kv_cache_memory", "moe_backend", "enforce_eager")
+
+#: Flag aliases as vLLM's parser resolves them (argparse abbreviation and short options).
+FLAG_ALIASES = {
+    "--kv-cache-memory": "--kv-cache-memory-bytes",
+    "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+}
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """How one knob is spelled on the command line."""
+
+    name: str
+    flag: str
+    aliases: tuple[str, ...]
+    boolean: bool = False
+
+
+KNOBS: dict[str, KnobSpec] = {
+    "max_num_seqs": KnobSpec("max_num_seqs", "--max-num-seqs", ("--max-num-seqs",)),
+    "kv_cache_memory": KnobSpec(
+        "kv_cache_memory",
+        "--kv-cache-memory-bytes",
+        ("--kv-cache-memory-bytes", "--kv-cache-memory"),
+    ),
+    "moe_backend": KnobSpec("moe_backend", "--moe-backend", ("--moe-backend",)),
+    "enforce_eager": KnobSpec(
+        "enforce_eager", "--enforce-eager", ("--enforce-eager",), boolean=True
+    ),
+}
+
+#: Spellings of a knob's name accepted by `--set` and by knob_values.
+KNOB_KEYS = {
+    "max_num_seqs": "max_num_seqs",
+    "kv_cache_memory": "kv_cache_memory",
+    "kv_cache_memory_bytes": "kv_cache_memory",
+    "moe_backend": "moe_backend",
+    "enforce_eager": "enforce_eager",
+}
+
+_MOE_018 = (
+    "auto",
+    "triton",
+    "deep_gemm",
+    "cutlass",
+    "flashinfer_trtllm",
+    "flashinfer_cutlass",
+    "flashinfer_cutedsl",
+    "marlin",
+    "aiter",
+)
+_MOE_022 = (*_MOE_018, "flashinfer_b12x", "emulation")
+_MOE_033 = (*_MOE_022, "b12x")
+
+#: Environment variables that chose MoE kernels before `--moe-backend` (0.18).
+LEGACY_MOE_ENV = (
+    "VLLM_USE_FLASHINFER_MOE_FP4",
+    "VLLM_NVFP4_GEMM_BACKEND",
+    "VLLM_MXFP4_USE_MARLIN",
+    "VLLM_TEST_FORCE_FP8_MARLIN",
+)
+
+#: Backend name -> the legacy env settings that select it (None: remove the variable).
+LEGACY_MOE_SETTINGS: dict[str, dict[str, str | None]] = {
+    "marlin": {
+        "VLLM_USE_FLASHINFER_MOE_FP4": "0",
+        "VLLM_NVFP4_GEMM_BACKEND": "marlin",
+        "VLLM_MXFP4_USE_MARLIN": "1",
+        "VLLM_TEST_FORCE_FP8_MARLIN": "1",
+    },
+    "cutlass": {
+        "VLLM_USE_FLASHINFER_MOE_FP4": "0",
+        "VLLM_NVFP4_GEMM_BACKEND": "cutlass",
+        "VLLM_MXFP4_USE_MARLIN": "0",
+        "VLLM_TEST_FORCE_FP8_MARLIN": "0",
+    },
+    "flashinfer_cutlass": {
+        "VLLM_USE_FLASHINFER_MOE_FP4": "1",
+        "VLLM_NVFP4_GEMM_BACKEND": "flashinfer-cutlass",
+        "VLLM_MXFP4_USE_MARLIN": "0",
+        "VLLM_TEST_FORCE_FP8_MARLIN": "0",
+    },
+    "flashinfer_trtllm": {
+        "VLLM_USE_FLASHINFER_MOE_FP4": "1",
+        "VLLM_NVFP4_GEMM_BACKEND": "flashinfer-trtllm",
+        "VLLM_MXFP4_USE_MARLIN": "0",
+        "VLLM_TEST_FORCE_FP8_MARLIN": "0",
+    },
+    "auto": dict.fromkeys(LEGACY_MOE_ENV),
+}
+
+_KV_RE = re.compile(r"^(?:(\d+)|(\d+)([KMGT])|(\d+(?:\.\d+)?)([kmgt]))$")
+_KV_ACCEPTED = (
+    "a plain integer (bytes), or a number with one suffix: uppercase K M G T are binary "
+    "(60G = 64424509440), lowercase k m g t decimal (60g = 60000000000); decimals only "
+    "with a lowercase suffix (1.5g)"
+)
+
+
+def parse_kv_cache_memory(value: str) -> int:
+    """Parse a --kv-cache-memory-bytes value as vLLM does; KnobError shows the accepted forms."""
+    text = str(value).strip()
+    match = _KV_RE.match(text)
+    if not match:
+        raise KnobError(
+            f"--kv-cache-memory-bytes: {value!r} is not accepted; use {_KV_ACCEPTED}",
+            hint="e.g. 60G, 60g, 1.5g or 64424509440",
+        )
+    plain, binary, bunit, decimal, dunit = match.groups()
+    if plain is not None:
+        return int(plain)
+    if binary is not None:
+        return int(binary) * 1024 ** ("KMGT".index(bunit) + 1)
+    try:
+        amount = Decimal(decimal) * 1000 ** ("kmgt".index(dunit) + 1)
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only digits
+        raise KnobError(f"--kv-cache-memory-bytes: {value!r}: {exc}") from exc
+    return int(amount)
+
+
+def parse_max_num_seqs(value: object) -> int:
+    """Validate --max-num-seqs: a positive integer."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not re.fullmatch(r"\d+", text) or int(text) <= 0:
+        raise KnobError(f"--max-num-seqs: {value!r} is not allowed; use a positive integer")
+    return int(text)
+
+
+def parse_version(version: str) -> tuple[int, int, int]:
+    """Parse '0.19.1', 'v0.26.0', '0.23.1rc1' or '0.26-dgfix' into (major, minor, patch)."""
+    match = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", str(version).strip())
+    if not match:
+        raise KnobError(f"vLLM version {version!r} is not understood; use e.g. 0.19.1")
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def version_from_container(container: str) -> str | None:
+    """Return the vLLM version a container tag names (vllm/vllm-openai:v0.19.1), else None."""
+    if not container or "@" in container:
+        return None
+    name, _, tag = container.rpartition(":")
+    if not name or "/" in tag or "vllm" not in name.lower():
+        return None
+    match = re.match(r"^v?(\d+\.\d+(?:\.\d+)?)(?:$|[-+._a-z])", tag)
+    return match.group(1) if match else None
+
+
+def moe_backends(version: str) -> tuple[str, ...]:
+    """Names `--moe-backend` accepts in this vLLM version (empty before 0.18)."""
+    parsed = parse_version(version)
+    if parsed < (0, 18, 0):
+        return ()
+    if parsed < (0, 22, 0):
+        return _MOE_018
+    if parsed < (0, 33, 0):
+        return _MOE_022
+    return _MOE_033
+
+
+def has_moe_flag(version: str) -> bool:
+    """Whether this vLLM version has the --moe-backend flag (0.18 and later)."""
+    return parse_version(version) >= (0, 18, 0)
+
+
+def validate_moe_backend(value: object, version: str) -> str:
+    """Check a MoE backend name against what vLLM `version` knows; return it."""
+    name = str(value).strip()
+    if has_moe_flag(version):
+        known = moe_backends(version)
+        if name not in known:
+            raise KnobError(
+                f"--moe-backend: {name!r} is not a backend vLLM {version} knows; "
+                f"allowed: {', '.join(known)}"
+            )
+        return name
+    if name not in LEGACY_MOE_SETTINGS:
+        raise KnobError(
+            f"moe backend {name!r}: vLLM {version} has no --moe-backend flag and the legacy "
+            f"environment variables can only select: {', '.join(LEGACY_MOE_SETTINGS)}"
+        )
+    return name
+
+
+def legacy_env_warnings(env_keys: list[str], version: str) -> list[str]:
+    """Warn about legacy MoE environment variables the given vLLM version deprecates or drops."""
+    present = [key for key in LEGACY_MOE_ENV if key in env_keys]
+    parsed = parse_version(version)
+    if not present or parsed < (0, 22, 0):
+        return []
+    names = ", ".join(present)
+    if parsed >= (0, 33, 0):
+        return [
+            f"env {names}: removed in vLLM 0.33; vLLM {version} only warns about "
+            "unknown VLLM_* variables and ignores them (use --moe-backend)"
+        ]
+    return [f"env {names}: deprecated since vLLM 0.22 (server is {version}); use --moe-backend"]
+
+
+def backend_from_legacy_env(env: dict[str, str]) -> str | None:
+    """Best-effort reverse of LEGACY_MOE_SETTINGS: which backend the env selects, if clear."""
+    for name, settings in LEGACY_MOE_SETTINGS.items():
+        if name == "auto":
+            continue
+        if all(env.get(key) == val for key, val in settings.items()):
+            return name
+    if env.get("VLLM_MXFP4_USE_MARLIN") == "1" or env.get("VLLM_TEST_FORCE_FP8_MARLIN") == "1":
+        return "marlin"
+    if env.get("VLLM_USE_FLASHINFER_MOE_FP4") == "1":
+        return "flashinfer_cutlass"
+    return None

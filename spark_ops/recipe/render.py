@@ -1,0 +1,188 @@
+"""Render a recipe as run-recipe does: one str.format pass, then the command split as bash would."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe
+from spark_ops.recipe.knobs import (
+    backend_from_legacy_env,
+    parse_kv_cache_memory,
+    parse_max_num_seqs,
+)
+from spark_ops.recipe.source import Token, load_recipe_text, normalize_flag, scan_shell
+
+_NUMBER = re.compile(r"^-\d+(\.\d+)?$")
+
+
+@dataclass
+class Option:
+    """One option of a `vllm serve` command: canonical name, its words and value."""
+
+    name: str
+    spelled: str
+    flag: Token
+    value: str | None  # None for a bare flag
+    value_token: Token | None  # the separate value word (`--flag value`)
+    inline: bool  # `--flag=value`
+
+
+def serve_index(words: list[str]) -> int | None:
+    """Index of the word after `vllm serve` (skipping `exec` and VAR=value), else None."""
+    i = 0
+    while i < len(words) and (words[i] == "exec" or re.match(r"^[A-Za-z_]\w*=", words[i])):
+        i += 1
+    if i + 1 < len(words) and words[i].rsplit("/", 1)[-1] == "vllm" and words[i + 1] == "serve":
+        return i + 2
+    return None
+
+
+def is_option(word: str) -> bool:
+    """Whether a word is an option (starts with '-', not a negative number)."""
+    return len(word) > 1 and word.startswith("-") and not _NUMBER.match(word)
+
+
+def parse_options(tokens: list[Token], start: int) -> list[Option]:
+    """Options after index `start`: `--f=v`, `--f v`, bare `--f` (positionals skipped)."""
+    options: list[Option] = []
+    i = start
+    while i < len(tokens):
+        tok = tokens[i]
+        if not is_option(tok.value):
+            i += 1
+            continue
+        if tok.value.startswith("--") and "=" in tok.value:
+            name, value = tok.value.split("=", 1)
+            options.append(Option(normalize_flag(name), name, tok, value, None, True))
+        elif i + 1 < len(tokens) and not is_option(tokens[i + 1].value):
+            nxt = tokens[i + 1]
+            options.append(Option(normalize_flag(tok.value), tok.value, tok, nxt.value, nxt, False))
+            i += 1
+        else:
+            options.append(Option(normalize_flag(tok.value), tok.value, tok, None, None, False))
+        i += 1
+    return options
+
+
+def effective_args(options: list[Option]) -> dict[str, object]:
+    """Effective flags, last wins: values as strings, bare flags True, `--no-x` as `--x`: False."""
+    args: dict[str, object] = {}
+    for opt in options:
+        if opt.value is None and opt.name.startswith("--no-"):
+            args["--" + opt.name[5:]] = False
+        else:
+            args[opt.name] = True if opt.value is None else opt.value
+    return args
+
+
+@dataclass
+class Rendered:
+    """A recipe rendered for launch: argv of the command, env, model and container."""
+
+    source: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    model: str | None = None
+    container: str | None = None
+    defaults: dict[str, object] = field(default_factory=dict)
+
+    def is_vllm_serve(self) -> bool:
+        """Whether the command is a `vllm serve` invocation."""
+        return serve_index(self.argv) is not None
+
+    def options(self) -> list[Option]:
+        """The options of the `vllm serve` command; UnsupportedRecipe for other commands."""
+        start = serve_index(self.argv)
+        if start is None:
+            raise UnsupportedRecipe(
+                f"{self.source}: command is not `vllm serve` (it starts "
+                f"{' '.join(self.argv[:2])!r}); spark-ops cannot read or edit its flags"
+            )
+        tokens = [Token(word, word, 0, 0) for word in self.argv]
+        return parse_options(tokens, start)
+
+    def args(self) -> dict[str, object]:
+        """Effective flags of the `vllm serve` command (last wins)."""
+        return effective_args(self.options())
+
+    def to_dict(self) -> dict[str, object]:
+        """Serialize for --json output."""
+        return {
+            "source": self.source,
+            "argv": self.argv,
+            "env": self.env,
+            "model": self.model,
+            "container": self.container,
+        }
+
+
+def format_command(command: str, defaults: dict[str, object], *, source: str) -> str:
+    """Fill `{placeholders}` from defaults with one str.format pass; RecipeError naming the key."""
+    try:
+        return command.format(**{str(k): v for k, v in defaults.items()})
+    except KeyError as exc:
+        key = exc.args[0]
+        raise RecipeError(
+            f"{source}: command uses placeholder {{{key}}} but 'defaults' has no key {key!r}",
+            hint=f"add `{key}: <value>` under defaults, or write literal braces as {{{{ }}}}",
+        ) from exc
+    except (IndexError, ValueError) as exc:
+        raise RecipeError(
+            f"{source}: command cannot be formatted ({exc}); placeholders must be named "
+            "({name}) and literal braces doubled ({{ }})"
+        ) from exc
+
+
+def env_value(value: object) -> str:
+    """An env mapping value as the process would see it."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def render_recipe(text: str, *, source: str) -> Rendered:
+    """Render a recipe: format the command from defaults and split it into argv as bash would."""
+    data = load_recipe_text(text, source=source)
+    defaults = data.get("defaults") or {}
+    command = format_command(str(data["command"]), defaults, source=source)
+    scan = scan_shell(command)
+    if scan.rest_start is not None:
+        line = command.count("\n", 0, scan.rest_start) + 1
+        raise UnsupportedRecipe(
+            f"{source}: command line {line} starts a second shell command: bash ends the first at "
+            "a line without a trailing `\\` (a blank or `#` line inside a continuation ends it)",
+            hint="remove the blank/comment line, or move comments after the last line",
+        )
+    env = {str(k): env_value(v) for k, v in (data.get("env") or {}).items()}
+    model = data.get("model")
+    container = data.get("container")
+    return Rendered(
+        source=source,
+        argv=[tok.value for tok in scan.tokens],
+        env=env,
+        model=None if model is None else str(model),
+        container=None if container is None else str(container),
+        defaults=dict(defaults),
+    )
+
+
+def knob_values(text: str, *, source: str) -> dict[str, object]:
+    """Current values of the four knobs as vLLM would see them (None: not set, vLLM default)."""
+    rendered = render_recipe(text, source=source)
+    args = rendered.args()
+    seqs = args.get("--max-num-seqs")
+    kv = args.get("--kv-cache-memory-bytes")
+    moe = args.get("--moe-backend")
+    try:
+        values: dict[str, object] = {
+            "max_num_seqs": None if not isinstance(seqs, str) else parse_max_num_seqs(seqs),
+            "kv_cache_memory_bytes": None if not isinstance(kv, str) else parse_kv_cache_memory(kv),
+        }
+    except KnobError as exc:
+        raise KnobError(f"{source}: {exc.message}", hint=exc.hint) from exc
+    values["moe_backend"] = moe if isinstance(moe, str) else backend_from_legacy_env(rendered.env)
+    values["enforce_eager"] = args.get("--enforce-eager") is True
+    return values

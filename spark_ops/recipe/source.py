@@ -1,0 +1,271 @@
+"""Recipe text structure: top-level key blocks, mapping entries and the command's shell tokens."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_ops.errors import RecipeError, UnsupportedRecipe
+from spark_ops.recipe.knobs import FLAG_ALIASES
+
+_TOP_KEY = re.compile(r"^([A-Za-z_][\w.-]*)[ \t]*:(?=[ \t]|$)")
+_CHILD = re.compile(r"^([ \t]+)([A-Za-z_][\w.-]*)[ \t]*:[ \t]*")
+
+
+def split_lines(text: str) -> list[str]:
+    """Split on '\\n' only, keeping line ends; the last item may lack one (or be empty)."""
+    parts = text.split("\n")
+    lines = [part + "\n" for part in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def load_recipe_text(text: str, *, source: str) -> dict[str, Any]:
+    """Parse and check a recipe: valid YAML, a mapping, a string `command`; RecipeError if not."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
+    command = data.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise RecipeError(
+            f"{source}: key 'command' is missing or not a string; it must hold the `vllm serve` "
+            "command (a `command: |` block)"
+        )
+    for key in ("defaults", "env"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise RecipeError(f"{source}: key {key!r} must be a mapping, got {data[key]!r}")
+    return data
+
+
+@dataclass
+class Entry:
+    """One `key: value` line of a mapping, with the value's span in the text."""
+
+    key: str
+    line: int
+    value_start: int
+    value_end: int
+    raw: str
+
+
+@dataclass
+class Block:
+    """A top-level key and the lines that belong to it."""
+
+    key: str
+    line: int
+    end: int  # exclusive line index
+    entries: list[Entry] = field(default_factory=list)
+
+
+class RecipeText:
+    """Offsets of lines, top-level blocks and mapping entries of one recipe text."""
+
+    def __init__(self, text: str, *, source: str) -> None:
+        """Index the text's lines and top-level keys (the last duplicate wins, as in YAML)."""
+        self.text = text
+        self.source = source
+        self.lines = split_lines(text)
+        self.offsets: list[int] = []
+        pos = 0
+        for line in self.lines:
+            self.offsets.append(pos)
+            pos += len(line)
+        self.offsets.append(pos)
+        self.blocks: dict[str, Block] = {}
+        starts = [i for i, line in enumerate(self.lines) if _TOP_KEY.match(line)]
+        for n, start in enumerate(starts):
+            end = starts[n + 1] if n + 1 < len(starts) else len(self.lines)
+            key = _TOP_KEY.match(self.lines[start]).group(1)  # type: ignore[union-attr]
+            self.blocks[key] = Block(key, start, end, self._entries(start, end))
+
+    def line_of(self, offset: int) -> int:
+        """Line index holding a text offset."""
+        lo, hi = 0, len(self.lines)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.offsets[mid + 1] <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _entries(self, start: int, end: int) -> list[Entry]:
+        """The direct children of a block mapping (first indentation level)."""
+        entries: list[Entry] = []
+        indent: str | None = None
+        for i in range(start + 1, end):
+            line = self.lines[i]
+            match = _CHILD.match(line)
+            if not match:
+                continue
+            if indent is None:
+                indent = match.group(1)
+            if match.group(1) != indent:
+                continue
+            body = line.rstrip("\r\n")
+            vstart = match.end()
+            vend = _value_end(body, vstart)
+            base = self.offsets[i]
+            entries.append(Entry(match.group(2), i, base + vstart, base + vend, body[vstart:vend]))
+        return entries
+
+    def entry(self, block: str, key: str) -> Entry | None:
+        """The last `key:` line of a top-level mapping block, or None."""
+        found = [e for e in self.blocks[block].entries if e.key == key] if block in self else []
+        return found[-1] if found else None
+
+    def __contains__(self, key: str) -> bool:
+        """Whether a top-level key exists."""
+        return key in self.blocks
+
+    def command_range(self) -> tuple[int, int]:
+        """Text offsets of the `command: |` block content; UnsupportedRecipe for other styles."""
+        block = self.blocks.get("command")
+        if block is None:
+            raise RecipeError(f"{self.source}: key 'command' is missing")
+        head = self.lines[block.line]
+        indicator = head.split(":", 1)[1].split("#", 1)[0].strip()
+        if indicator not in ("|", "|-", "|+"):
+            raise UnsupportedRecipe(
+                f"{self.source}: line {block.line + 1}: 'command' is written as {indicator!r}; "
+                "spark-ops edits only literal block commands (`command: |`)"
+            )
+        return self.offsets[block.line + 1], self.offsets[block.end]
+
+
+def _value_end(body: str, start: int) -> int:
+    """End of a plain or quoted scalar starting at `start` (before a ' #' comment)."""
+    if start >= len(body):
+        return start
+    quote = body[start]
+    if quote in "'\"":
+        i = start + 1
+        while i < len(body):
+            if quote == '"' and body[i] == "\\":
+                i += 2
+                continue
+            if body[i] == quote:
+                if quote == "'" and body[i + 1 : i + 2] == "'":
+                    i += 2
+                    continue
+                return i + 1
+            i += 1
+        return len(body)
+    comment = re.search(r"[ \t]#", body[start:])
+    end = start + comment.start() if comment else len(body)
+    return len(body[:end].rstrip())
+
+
+@dataclass
+class Token:
+    """One shell word of the command: its unquoted value and raw span in the text."""
+
+    value: str
+    raw: str
+    start: int
+    end: int
+
+
+@dataclass
+class Scan:
+    """The first shell command of a text: its words, and the offset where it ends."""
+
+    tokens: list[Token]
+    end: int
+    rest_start: int | None  # offset of a further command, when one follows
+
+
+def scan_shell(text: str, start: int = 0, end: int | None = None) -> Scan:
+    """Split text[start:end] into words as bash would: quotes, `\\` newline, `#` comments."""
+    stop = len(text) if end is None else end
+    tokens: list[Token] = []
+    i = start
+    cur: list[str] | None = None
+    tok_start = 0
+
+    def close(at: int) -> None:
+        """Finish the current word."""
+        nonlocal cur
+        if cur is not None:
+            tokens.append(Token("".join(cur), text[tok_start:at], tok_start, at))
+            cur = None
+
+    while i < stop:
+        ch = text[i]
+        if ch == "\\" and i + 1 < stop and text[i + 1] == "\n":
+            close(i)
+            i += 2
+        elif ch in " \t\r":
+            close(i)
+            i += 1
+        elif ch == "\n":
+            close(i)
+            if tokens:
+                return Scan(tokens, i, _next_command(text, i + 1, stop))
+            i += 1
+        elif ch == "#" and cur is None:
+            while i < stop and text[i] != "\n":
+                i += 1
+        else:
+            if cur is None:
+                cur, tok_start = [], i
+            if ch == "'":
+                close_at = text.find("'", i + 1, stop)
+                if close_at < 0:
+                    raise RecipeError(f"unterminated single quote at: {text[i : i + 40]!r}")
+                cur.append(text[i + 1 : close_at])
+                i = close_at + 1
+            elif ch == '"':
+                i = _double_quoted(text, i + 1, stop, cur)
+            elif ch == "\\" and i + 1 < stop:
+                cur.append(text[i + 1])
+                i += 2
+            else:
+                cur.append(ch)
+                i += 1
+    close(stop)
+    return Scan(tokens, stop, None)
+
+
+def _double_quoted(text: str, i: int, stop: int, out: list[str]) -> int:
+    """Consume a double-quoted string body from i; return the offset after the closing quote."""
+    while i < stop:
+        ch = text[i]
+        if ch == '"':
+            return i + 1
+        if ch == "\\" and i + 1 < stop and text[i + 1] in '"\\$`\n':
+            if text[i + 1] != "\n":
+                out.append(text[i + 1])
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    raise RecipeError(f"unterminated double quote in command near {text[i - 40 : i]!r}")
+
+
+def _next_command(text: str, i: int, stop: int) -> int | None:
+    """Offset of the next non-blank, non-comment content after a command ends, if any."""
+    while i < stop:
+        line_end = text.find("\n", i, stop)
+        line_end = stop if line_end < 0 else line_end
+        stripped = text[i:line_end].strip()
+        if stripped and not stripped.startswith("#"):
+            return i + (len(text[i:line_end]) - len(text[i:line_end].lstrip()))
+        i = line_end + 1
+    return None
+
+
+def normalize_flag(name: str) -> str:
+    """Canonical flag name as vLLM's parser sees it: `_` -> `-` before the first dot, aliases."""
+    if name.startswith("--"):
+        head, dot, tail = name[2:].partition(".")
+        name = "--" + head.replace("_", "-") + dot + tail
+    return FLAG_ALIASES.get(name, name)

@@ -1,0 +1,113 @@
+"""Data-driven recipe edit cases: tests/fixtures/recipes/<case>/{before,after,case}.yaml."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from spark_ops import errors
+from spark_ops.recipe import Change, edit_recipe, render_recipe
+
+CASES = Path(__file__).parent / "fixtures" / "recipes"
+NAMES = sorted(p.name for p in CASES.iterdir() if (p / "case.yaml").is_file())
+
+
+def changes_of(spec: dict[str, Any]) -> list[Change]:
+    """Build Change objects from a case.yaml `changes` list."""
+    out: list[Change] = []
+    for item in spec.get("changes", []):
+        if "knob" in item:
+            out.append(Change.knob(item["knob"], item["value"]))
+        elif "set" in item:
+            out.append(Change.setting(item["set"], item["value"]))
+        elif "unset_flag" in item:
+            out.append(Change.flag(item["unset_flag"], remove=True))
+        else:
+            out.append(Change.flag(item["flag"], item.get("value")))
+    return out
+
+
+def changed_lines(old: str, new: str) -> list[tuple[str, str]]:
+    """(old, new) pairs of changed lines ("" when absent), ignoring a pure ` \\` change."""
+
+    def core(text: str) -> str:
+        """A line without its trailing continuation."""
+        return text.rstrip().removesuffix("\\").rstrip()
+
+    a, b = old.split("\n"), new.split("\n")
+    pairs: list[tuple[str, str]] = []
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        olds, news = a[i1:i2], b[j1:j2]
+        for k in range(max(len(olds), len(news))):
+            pair = (olds[k] if k < len(olds) else "", news[k] if k < len(news) else "")
+            if pair[0] and pair[1] and core(pair[0]) == core(pair[1]):
+                continue
+            pairs.append(pair)
+    return pairs
+
+
+def assert_touches_only(old: str, new: str, allowed: list[str]) -> None:
+    """Every changed line (before or after) mentions an allowed word (flag, key or env var)."""
+    for before, after in changed_lines(old, new):
+        assert any(w in before or w in after for w in allowed), (
+            f"unexpected line changed: {before!r} -> {after!r}"
+        )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_case(name: str) -> None:
+    """Apply the case's changes; compare with after.yaml, warnings, errors, touched lines."""
+    folder = CASES / name
+    spec = yaml.safe_load((folder / "case.yaml").read_text(encoding="utf-8"))
+    before = (folder / "before.yaml").read_bytes().decode("utf-8")
+    source = f"{name}/before.yaml"
+    if "error" in spec:
+        err_type = getattr(errors, spec["error"]["type"])
+        with pytest.raises(err_type, match=spec["error"]["match"]) as info:
+            edit_recipe(
+                before, changes_of(spec), source=source, vllm_version=spec.get("vllm_version")
+            )
+        assert isinstance(info.value, errors.SparkOpsError)
+        return
+    result = edit_recipe(
+        before, changes_of(spec), source=source, vllm_version=spec.get("vllm_version")
+    )
+    after = (folder / "after.yaml").read_bytes().decode("utf-8")
+    assert result.text == after
+    assert result.changed == (before != after)
+    for wanted in spec.get("warnings", []):
+        assert any(wanted in w for w in result.warnings), (wanted, result.warnings)
+    if not spec.get("warnings"):
+        assert result.warnings == []
+    assert_touches_only(before, result.text, spec["touches"])
+    again = edit_recipe(
+        result.text, changes_of(spec), source=source, vllm_version=spec.get("vllm_version")
+    )
+    assert again.text == result.text, "a second identical edit must change nothing"
+
+
+def test_at_least_twenty_cases() -> None:
+    """The suite keeps at least 20 cases."""
+    assert len(NAMES) >= 20
+
+
+def test_changed_lines_helper_sees_real_changes() -> None:
+    """The touched-lines check itself fails on an unrelated change."""
+    with pytest.raises(AssertionError):
+        assert_touches_only("a\n--port 1\n", "a\n--port 2\n", ["--max-num-seqs"])
+    assert changed_lines("x \\\ny\n", "x\ny\n") == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_after_renders(name: str) -> None:
+    """Every after.yaml still renders (parses, placeholders filled, one command)."""
+    after = CASES / name / "after.yaml"
+    if after.is_file():
+        render_recipe(after.read_text(encoding="utf-8"), source=str(after)).args()
