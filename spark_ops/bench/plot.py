@@ -1,0 +1,63 @@
+"""PNG plot of a sweep: aggregate and per-user tok/s against concurrency (matplotlib, lazily)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spark_ops.bench.sweep import SweepResult
+from spark_ops.errors import BenchError
+
+
+def plot_sweep(result: SweepResult, path: Path, *, title: str | None = None) -> None:
+    """Write a PNG with aggregate tok/s (left axis, with spread) and per-user tok/s (right axis)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise BenchError("plotting needs matplotlib", hint="pip install 'spark-ops[plot]'") from exc
+    levels = sorted(result.levels, key=lambda lv: lv.max_concurrency)
+    if not levels:
+        raise BenchError(f"{path}: nothing to plot: the result has no levels")
+    xs = [lv.max_concurrency for lv in levels]
+    agg = [lv.output_throughput for lv in levels]
+    lo = [lv.output_throughput - lv.output_throughput_min for lv in levels]
+    hi = [lv.output_throughput_max - lv.output_throughput for lv in levels]
+    user = [lv.per_user_tok_s or 0.0 for lv in levels]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    try:
+        ax.errorbar(xs, agg, yerr=[lo, hi], marker="o", capsize=3, label="aggregate (wall clock)")
+        steady = [(x, lv.steady_output_throughput) for x, lv in zip(xs, levels, strict=False)]
+        if any(v is not None for _, v in steady):
+            ax.plot(
+                [x for x, v in steady if v is not None],
+                [v for _, v in steady if v is not None],
+                marker="s",
+                linestyle="--",
+                label="steady decode",
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel("aggregate tok/s")
+        ax.grid(True, alpha=0.3)
+        ax2 = ax.twinx()
+        ax2.plot(xs, user, marker="^", color="tab:red", label="average per user")
+        ax2.set_ylabel("per-user tok/s")
+        if result.reading.slo_tok_s:
+            ax2.axhline(result.reading.slo_tok_s, color="tab:red", alpha=0.4, linestyle=":")
+        if result.reading.knee is not None:
+            ax.axvline(result.reading.knee, color="grey", alpha=0.5, linestyle=":")
+        handles = ax.get_legend_handles_labels()
+        handles2 = ax2.get_legend_handles_labels()
+        ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], loc="center right")
+        knobs = ", ".join(f"{k}={v}" for k, v in (result.knobs or {}).items())
+        ax.set_title(title or f"{result.model} ({result.mode}{', ' + knobs if knobs else ''})")
+        fig.tight_layout()
+        try:
+            fig.savefig(path, format="png")
+        except OSError as exc:
+            raise BenchError(f"{path}: cannot write the plot: {exc.strerror}") from exc
+    finally:
+        plt.close(fig)

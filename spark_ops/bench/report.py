@@ -1,0 +1,273 @@
+"""Renderings of a sweep: the note's table (rich), JSON, CSV, and before/after comparison."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from spark_ops.bench.stats import LevelResult
+from spark_ops.bench.sweep import SweepResult
+from spark_ops.errors import BenchError
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+
+def _num(value: float | None, fmt: str = "{:.0f}") -> str:
+    """Format a number or a dash for None."""
+    return "–" if value is None else fmt.format(value)
+
+
+def _spread(lv: LevelResult) -> str:
+    """Aggregate tok/s with its spread over repeats (± half the min–max range)."""
+    base = _num(lv.output_throughput)
+    if lv.repeats > 1:
+        half = (lv.output_throughput_max - lv.output_throughput_min) / 2
+        return f"{base} ±{half:.0f}"
+    return base
+
+
+def reading_lines(result: SweepResult) -> list[str]:
+    """The sweep's reading in plain sentences."""
+    r = result.reading
+    lines: list[str] = []
+    gain_pct = r.knee_gain * 100
+    if r.knee is not None:
+        lines.append(
+            f"Saturation knee: concurrency {r.knee} (gained under {gain_pct:.0f}% over the "
+            "previous level)."
+        )
+    else:
+        lines.append(f"No saturation knee within the levels (every step gained ≥{gain_pct:.0f}%).")
+    if r.slo_tok_s is not None:
+        if r.slo_max_concurrency is not None:
+            lines.append(f"Per-user SLO {r.slo_tok_s:g} tok/s: concurrency {r.slo_text} keeps it.")
+        else:
+            lines.append(f"Per-user SLO {r.slo_tok_s:g} tok/s: no level keeps it.")
+    cap = r.cap
+    if not result.metrics_available:
+        lines.append("Engine cap: unknown (no /metrics).")
+    elif cap.detected:
+        text = (
+            f"Engine cap: running requests plateau at {cap.plateau} while requests wait "
+            f"({cap.at_plateau}/{cap.waiting_samples} samples)"
+        )
+        if cap.matches_knob is True:
+            text += f" — max_num_seqs={cap.knob} is the cap."
+        elif cap.matches_knob is False:
+            text += f" — not max_num_seqs={cap.knob}: another limit (KV cache?)."
+        else:
+            text += " — likely max-num-seqs."
+        lines.append(text)
+    else:
+        lines.append("Engine cap: not reached (no running plateau while requests waited).")
+    lines.extend(f"Warning: {w}" for w in result.warnings)
+    return lines
+
+
+def sweep_table(result: SweepResult) -> Table:
+    """The note's table, plus steady/engine tok/s, tail, TTFT p50/p99 and errors."""
+    from rich.table import Table
+
+    knobs = ", ".join(f"{k}={v}" for k, v in (result.knobs or {}).items())
+    title = f"{result.model} — {result.mode}, {result.output_tokens} output tokens"
+    if knobs:
+        title += f" ({knobs})"
+    table = Table(title=title, title_justify="left")
+    for name in (
+        "concurrent requests",
+        "wall clock",
+        "aggregate throughput",
+        "average per user",
+        "steady decode",
+        "engine",
+        "tail",
+        "TTFT p50",
+        "TTFT p99",
+        "errors",
+    ):
+        table.add_column(name, justify="right")
+    for lv in result.levels:
+        table.add_row(
+            str(lv.max_concurrency),
+            f"{lv.duration:.1f} s",
+            f"{_spread(lv)} tok/s",
+            f"{_num(lv.per_user_tok_s, '{:.1f}')} tok/s",
+            f"{_num(lv.steady_output_throughput)} tok/s",
+            f"{_num(lv.engine_output_throughput)} tok/s",
+            _num(lv.tail_pct, "{:.0f}%"),
+            _num(lv.median_ttft_ms, "{:.0f} ms"),
+            _num(lv.p99_ttft_ms, "{:.0f} ms"),
+            str(lv.failed),
+        )
+    return table
+
+
+def render_text(result: SweepResult, *, width: int = 140) -> str:
+    """The table and the reading as plain text (what the terminal shows, without colour)."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(sweep_table(result))
+    for line in reading_lines(result):
+        console.print(line, highlight=False)
+    return console.export_text()
+
+
+def write_json(result: SweepResult, path: Path) -> None:
+    """Write the result as JSON (to_dict) to path."""
+    _write(path, json.dumps(result.to_dict(), indent=2, ensure_ascii=False) + "\n")
+
+
+def write_csv(result: SweepResult, path: Path) -> None:
+    """Write one CSV row per level with every scalar figure."""
+    rows = [lv.scalars() for lv in result.levels]
+    buf = io.StringIO()
+    columns = list(rows[0]) if rows else ["max_concurrency"]
+    writer = csv.DictWriter(buf, fieldnames=["model", "mode", *columns, "errors"])
+    writer.writeheader()
+    for lv, row in zip(result.levels, rows, strict=False):
+        writer.writerow(
+            {
+                "model": result.model,
+                "mode": result.mode,
+                **{k: "" if v is None else v for k, v in row.items()},
+                "errors": "; ".join(f"{n}x {msg}" for msg, n in lv.errors.items()),
+            }
+        )
+    _write(path, buf.getvalue())
+
+
+def _write(path: Path, text: str) -> None:
+    """Write text to path, as BenchError naming the path on failure."""
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise BenchError(f"{path}: cannot write: {exc.strerror}") from exc
+
+
+def load_result(path: Path) -> SweepResult:
+    """Read a result JSON written by write_json."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BenchError(f"{path}: cannot read: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise BenchError(f"{path}: not JSON: {exc}") from exc
+    return SweepResult.from_dict(data, source=str(path))
+
+
+COMPARED = (
+    ("output_throughput", "aggregate tok/s", True),
+    ("per_user_tok_s", "per user tok/s", True),
+    ("steady_output_throughput", "steady tok/s", True),
+    ("p99_ttft_ms", "TTFT p99 ms", False),
+    ("mean_e2el_ms", "mean E2E ms", False),
+)
+
+
+@dataclass
+class CompareRow:
+    """One level present in both results: values before, after and after/before."""
+
+    max_concurrency: int
+    before: dict[str, float | None]
+    after: dict[str, float | None]
+    ratio: dict[str, float | None]
+
+
+@dataclass
+class Comparison:
+    """Before/after comparison of two sweeps, level by level."""
+
+    before: str
+    after: str
+    rows: list[CompareRow]
+    only_before: list[int] = field(default_factory=list)
+    only_after: list[int] = field(default_factory=list)
+    knobs_before: dict[str, Any] | None = None
+    knobs_after: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json."""
+        return {
+            "before": self.before,
+            "after": self.after,
+            "knobs_before": self.knobs_before,
+            "knobs_after": self.knobs_after,
+            "levels": [
+                {
+                    "max_concurrency": r.max_concurrency,
+                    "before": r.before,
+                    "after": r.after,
+                    "ratio": r.ratio,
+                }
+                for r in self.rows
+            ],
+            "only_before": self.only_before,
+            "only_after": self.only_after,
+        }
+
+
+def compare(
+    before: SweepResult, after: SweepResult, *, names: tuple[str, str] = ("A", "B")
+) -> Comparison:
+    """Ratios after/before of the main figures at each concurrency level both results have."""
+    a = {lv.max_concurrency: lv for lv in before.levels}
+    b = {lv.max_concurrency: lv for lv in after.levels}
+    rows: list[CompareRow] = []
+    for c in sorted(set(a) & set(b)):
+        va = {k: getattr(a[c], k) for k, _, _ in COMPARED}
+        vb = {k: getattr(b[c], k) for k, _, _ in COMPARED}
+        ratio = {
+            k: (vb[k] / va[k]) if va[k] and vb[k] is not None else None for k, _, _ in COMPARED
+        }
+        rows.append(CompareRow(c, va, vb, ratio))
+    return Comparison(
+        before=names[0],
+        after=names[1],
+        rows=rows,
+        only_before=sorted(set(a) - set(b)),
+        only_after=sorted(set(b) - set(a)),
+        knobs_before=before.knobs,
+        knobs_after=after.knobs,
+    )
+
+
+def compare_table(cmp: Comparison) -> Table:
+    """A table of before → after (×ratio) per level and figure."""
+    from rich.table import Table
+
+    table = Table(title=f"{cmp.before} → {cmp.after}", title_justify="left")
+    table.add_column("concurrent requests", justify="right")
+    for _, label, _ in COMPARED:
+        table.add_column(label, justify="right")
+    for row in cmp.rows:
+        cells = [str(row.max_concurrency)]
+        for key, _, _ in COMPARED:
+            ratio = row.ratio[key]
+            cells.append(
+                f"{_num(row.before[key])} → {_num(row.after[key])}"
+                + (f" (×{ratio:.2f})" if ratio is not None else "")
+            )
+        table.add_row(*cells)
+    return table
+
+
+def render_compare_text(cmp: Comparison, *, width: int = 160) -> str:
+    """The comparison as plain text."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(compare_table(cmp))
+    if cmp.knobs_before != cmp.knobs_after:
+        console.print(f"knobs: {cmp.knobs_before} → {cmp.knobs_after}", highlight=False)
+    if cmp.only_before:
+        console.print(f"only in {cmp.before}: {cmp.only_before}", highlight=False)
+    if cmp.only_after:
+        console.print(f"only in {cmp.after}: {cmp.only_after}", highlight=False)
+    return console.export_text()

@@ -1,0 +1,397 @@
+"""The throughput sweep: drive each concurrency level (with repeats), return the figures."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from spark_ops.bench import stats
+from spark_ops.bench.client import RequestRecord, StreamClient
+from spark_ops.bench.metrics import MetricsScraper, MetricsWatch
+from spark_ops.bench.workload import APIS, ENDPOINTS, Prompt, build_payload, load_prompts
+from spark_ops.errors import BenchError
+from spark_ops.log import get_logger
+
+MODES = ("burst", "sustained", "poisson")
+DEFAULT_LEVELS = (1, 6, 16, 32, 64)
+SCHEMA = "spark-ops.bench/1"
+
+LevelCallback = Callable[[stats.LevelResult], Awaitable[None] | None]
+
+
+@dataclass
+class SweepConfig:
+    """What to sweep and how; `knobs` (e.g. {"max_num_seqs": 64}) is only reported back."""
+
+    base_url: str
+    model: str | None = None
+    api: str = "chat"
+    levels: Sequence[int] = DEFAULT_LEVELS
+    output_tokens: int = 300
+    mode: str = "burst"
+    duration_s: float = 60.0
+    rate: float | None = None
+    repeats: int = 3
+    warmup: int = 0
+    steady_fraction: float = stats.DEFAULT_STEADY_FRACTION
+    slo_tok_s: float | None = None
+    knee_gain: float = stats.DEFAULT_KNEE_GAIN
+    timeout_s: float = 600.0
+    api_key: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    seed: int = 0
+    prompts_path: Path | None = None
+    knobs: dict[str, Any] | None = None
+    metrics: bool = True
+    sample_interval_s: float = 0.5
+    cpu_warn_fraction: float = 0.8
+
+    def validate(self) -> None:
+        """Raise BenchError naming the first setting out of range."""
+        if not self.base_url.startswith(("http://", "https://")):
+            raise BenchError(f"base_url {self.base_url!r} must start with http:// or https://")
+        if self.api not in APIS:
+            raise BenchError(f"api {self.api!r} is not supported; allowed: {', '.join(APIS)}")
+        if self.mode not in MODES:
+            raise BenchError(f"mode {self.mode!r} is not supported; allowed: {', '.join(MODES)}")
+        if not self.levels or any(int(c) < 1 for c in self.levels):
+            raise BenchError(
+                f"levels {list(self.levels)} must be a non-empty list of integers >= 1"
+            )
+        if len(set(self.levels)) != len(self.levels):
+            raise BenchError(f"levels {list(self.levels)} contain a duplicate")
+        if self.output_tokens < 1:
+            raise BenchError(f"output_tokens {self.output_tokens} must be >= 1")
+        if self.repeats < 1:
+            raise BenchError(f"repeats {self.repeats} must be >= 1")
+        if self.warmup < 0:
+            raise BenchError(f"warmup {self.warmup} must be >= 0")
+        if not 0 < self.steady_fraction <= 1:
+            raise BenchError(f"steady_fraction {self.steady_fraction} must be in (0, 1]")
+        if self.mode in ("sustained", "poisson") and self.duration_s <= 0:
+            raise BenchError(f"duration_s {self.duration_s} must be > 0 in {self.mode} mode")
+        if self.mode == "poisson" and (self.rate is None or self.rate <= 0):
+            raise BenchError("mode 'poisson' needs a rate > 0 (requests per second)")
+        if self.timeout_s <= 0:
+            raise BenchError(f"timeout_s {self.timeout_s} must be > 0")
+
+    def all_headers(self) -> dict[str, str]:
+        """Request headers, with the bearer token when an api_key is set."""
+        headers = dict(self.headers)
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize without secrets (api_key and Authorization are masked)."""
+        data = asdict(self)
+        data["levels"] = list(self.levels)
+        data["prompts_path"] = str(self.prompts_path) if self.prompts_path else None
+        if data["api_key"]:
+            data["api_key"] = "***"
+        data["headers"] = {
+            k: ("***" if k.lower() == "authorization" else v) for k, v in self.headers.items()
+        }
+        return data
+
+
+@dataclass
+class SweepResult:
+    """Everything a sweep measured, plus its reading; round-trips through to_dict/from_dict."""
+
+    base_url: str
+    model: str
+    api: str
+    mode: str
+    output_tokens: int
+    levels: list[stats.LevelResult]
+    reading: stats.Reading
+    config: dict[str, Any] = field(default_factory=dict)
+    knobs: dict[str, Any] | None = None
+    started_at: str = ""
+    finished_at: str = ""
+    metrics_available: bool = False
+    client_cpu_s: float = 0.0
+    client_max_cpu_fraction: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize as a JSON-ready dict."""
+        return {
+            "schema": SCHEMA,
+            "base_url": self.base_url,
+            "model": self.model,
+            "model_id": self.model,
+            "endpoint_type": self.api,
+            "mode": self.mode,
+            "output_tokens": self.output_tokens,
+            "knobs": self.knobs,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "metrics_available": self.metrics_available,
+            "client_cpu_s": self.client_cpu_s,
+            "client_max_cpu_fraction": self.client_max_cpu_fraction,
+            "warnings": list(self.warnings),
+            "config": self.config,
+            "reading": self.reading.to_dict(),
+            "levels": [lv.to_dict() for lv in self.levels],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "<dict>") -> SweepResult:
+        """Rebuild from to_dict() output; BenchError naming source when it is not a sweep result."""
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise BenchError(f"{source}: not a spark-ops bench result (expected schema {SCHEMA!r})")
+        try:
+            return cls(
+                base_url=data["base_url"],
+                model=data["model"],
+                api=data["endpoint_type"],
+                mode=data["mode"],
+                output_tokens=data["output_tokens"],
+                levels=[stats.LevelResult.from_dict(lv) for lv in data["levels"]],
+                reading=stats.Reading.from_dict(data["reading"]),
+                config=data.get("config", {}),
+                knobs=data.get("knobs"),
+                started_at=data.get("started_at", ""),
+                finished_at=data.get("finished_at", ""),
+                metrics_available=data.get("metrics_available", False),
+                client_cpu_s=data.get("client_cpu_s", 0.0),
+                client_max_cpu_fraction=data.get("client_max_cpu_fraction", 0.0),
+                warnings=list(data.get("warnings", [])),
+            )
+        except (KeyError, TypeError) as exc:
+            raise BenchError(f"{source}: bench result is missing or has a bad key: {exc}") from exc
+
+
+async def discover_model(client: StreamClient) -> str:
+    """The first model id the server lists at /v1/models."""
+    import json
+
+    status, text = await client.get_text("/v1/models")
+    if status != 200:
+        raise BenchError(f"{client.base_url}/v1/models answered HTTP {status}: {text[:200]}")
+    try:
+        ids = [m["id"] for m in json.loads(text)["data"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BenchError(f"{client.base_url}/v1/models: unexpected body: {text[:200]}") from exc
+    if not ids:
+        raise BenchError(f"{client.base_url}/v1/models lists no model; pass --model")
+    return str(ids[0])
+
+
+class _Prompts:
+    """Hands out prompts in rotation so that consecutive requests never share one."""
+
+    def __init__(self, prompts: list[Prompt], cfg: SweepConfig, model: str) -> None:
+        """Pre-build one body per prompt."""
+        self.bodies = [
+            build_payload(p, model=model, api=cfg.api, output_tokens=cfg.output_tokens)
+            for p in prompts
+        ]
+        self.i = 0
+
+    def next(self) -> dict[str, Any]:
+        """The next request body."""
+        body = self.bodies[self.i % len(self.bodies)]
+        self.i += 1
+        return body
+
+
+async def _drive(
+    client: StreamClient, cfg: SweepConfig, c: int, prompts: _Prompts, t0: float, seed: int
+) -> list[RequestRecord]:
+    """Send one run's requests at concurrency c in the configured mode."""
+    path = ENDPOINTS[cfg.api]
+    if cfg.mode == "burst":
+        return list(
+            await asyncio.gather(*(client.stream(path, prompts.next(), i) for i in range(c)))
+        )
+    deadline = t0 + cfg.duration_s
+    counter = iter(range(1 << 62))
+    if cfg.mode == "sustained":
+
+        async def worker() -> list[RequestRecord]:
+            """Keep one request in flight until the deadline."""
+            out: list[RequestRecord] = []
+            while time.monotonic() < deadline:
+                out.append(await client.stream(path, prompts.next(), next(counter)))
+            return out
+
+        per_worker = await asyncio.gather(*(worker() for _ in range(c)))
+        return [r for recs in per_worker for r in recs]
+    rng = random.Random(seed)
+    sem = asyncio.Semaphore(c)
+    assert cfg.rate is not None
+
+    async def limited(body: dict[str, Any], i: int) -> RequestRecord:
+        """Send one arrival once fewer than c requests are in flight."""
+        async with sem:
+            return await client.stream(path, body, i)
+
+    tasks: list[asyncio.Task[RequestRecord]] = []
+    at = t0
+    while True:
+        at += rng.expovariate(cfg.rate)
+        if at >= deadline and tasks:
+            break
+        await asyncio.sleep(max(0.0, at - time.monotonic()))
+        tasks.append(asyncio.create_task(limited(prompts.next(), next(counter))))
+    return list(await asyncio.gather(*tasks))
+
+
+async def _run_once(
+    client: StreamClient,
+    scraper: MetricsScraper | None,
+    cfg: SweepConfig,
+    c: int,
+    prompts: _Prompts,
+    seed: int,
+) -> stats.RunStats:
+    """One run at concurrency c: scrape, drive, sample, scrape, summarize."""
+    watch = MetricsWatch()
+    sampler: asyncio.Task[None] | None = None
+    stop = asyncio.Event()
+    if scraper is not None and scraper.available:
+        watch.before = await scraper.scrape()
+        sampler = asyncio.create_task(scraper.sample_until(watch, stop))
+    cpu0 = time.process_time()
+    t0 = time.monotonic()
+    try:
+        records = await _drive(client, cfg, c, prompts, t0, seed)
+    finally:
+        stop.set()
+        if sampler is not None:
+            await sampler
+    t_end = max((r.end for r in records), default=t0)
+    cpu = time.process_time() - cpu0
+    if scraper is not None and scraper.available:
+        watch.after = await scraper.scrape()
+    return stats.summarize_run(
+        records,
+        concurrency=c,
+        wall_s=t_end - t0,
+        steady_fraction=cfg.steady_fraction,
+        engine_generated=watch.generated(),
+        client_cpu_s=cpu,
+        samples=[(s.t - t0, s.running, s.waiting) for s in watch.samples],
+    )
+
+
+def _now() -> str:
+    """UTC time as ISO 8601."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+async def run_sweep(config: SweepConfig, *, on_level: LevelCallback | None = None) -> SweepResult:
+    """Run every level `repeats` times and return the figures and their reading (no printing)."""
+    config.validate()
+    log = get_logger(op="bench")
+    started = _now()
+    prompts = load_prompts(config.prompts_path)
+    warnings: list[str] = []
+    levels: list[stats.LevelResult] = []
+    max_cpu_fraction = 0.0
+    total_cpu = 0.0
+    async with StreamClient(
+        config.base_url, headers=config.all_headers(), timeout_s=config.timeout_s
+    ) as client:
+        try:
+            model = config.model or await discover_model(client)
+            if config.model:
+                await client.get_text("/v1/models")
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise BenchError(
+                f"cannot reach {config.base_url}: {exc}",
+                hint="is the server up and the URL right (scheme, host, port)?",
+            ) from exc
+        except BenchError:
+            raise
+        except Exception as exc:  # aiohttp.ClientError and friends, without importing aiohttp here
+            raise BenchError(
+                f"cannot reach {config.base_url}: {type(exc).__name__}: {exc}",
+                hint="is the server up and the URL right (scheme, host, port)?",
+            ) from exc
+        rotation = _Prompts(prompts, config, model)
+        scraper = (
+            MetricsScraper(client, interval_s=config.sample_interval_s) if config.metrics else None
+        )
+        if config.warmup:
+            log.info("bench_warmup", requests=config.warmup)
+            path = ENDPOINTS[config.api]
+            warm = await asyncio.gather(
+                *(client.stream(path, rotation.next(), i) for i in range(config.warmup))
+            )
+            failed = [r for r in warm if not r.ok]
+            if len(failed) == len(warm):
+                raise BenchError(
+                    f"every warm-up request to {config.base_url}{path} failed: {failed[0].error}",
+                    hint="check --model, --url and the server log",
+                )
+        for c in config.levels:
+            runs: list[stats.RunStats] = []
+            for rep in range(config.repeats):
+                run = await _run_once(
+                    client, scraper, config, c, rotation, config.seed + 1000 * rep + c
+                )
+                runs.append(run)
+                total_cpu += run.client_cpu_s
+                frac = run.client_cpu_s / run.wall_s if run.wall_s > 0 else 0.0
+                max_cpu_fraction = max(max_cpu_fraction, frac)
+                if frac >= config.cpu_warn_fraction:
+                    msg = (
+                        f"client used {frac:.0%} of a core at concurrency {c}: "
+                        "the client may be what is measured"
+                    )
+                    warnings.append(msg)
+                    log.warning("bench_client_cpu", concurrency=c, cpu_fraction=round(frac, 3))
+                log.info(
+                    "bench_run",
+                    concurrency=c,
+                    repeat=rep + 1,
+                    wall_s=round(run.wall_s, 3),
+                    tok_s=round(run.aggregate_tok_s, 1),
+                    failed=run.failed,
+                )
+            level = stats.summarize_level(runs)
+            if not level.usage_reported and level.completed:
+                warnings.append(
+                    f"concurrency {c}: the server sent no usage chunk; tokens were counted from "
+                    "content chunks"
+                )
+            levels.append(level)
+            if on_level is not None:
+                maybe = on_level(level)
+                if asyncio.iscoroutine(maybe):
+                    await maybe
+        metrics_available = scraper is not None and scraper.available
+    knob = (config.knobs or {}).get("max_num_seqs")
+    reading = stats.read_levels(
+        levels,
+        slo_tok_s=config.slo_tok_s,
+        knee_gain=config.knee_gain,
+        max_num_seqs=int(knob) if isinstance(knob, (int, str)) and str(knob).isdigit() else None,
+    )
+    return SweepResult(
+        base_url=config.base_url,
+        model=model,
+        api=config.api,
+        mode=config.mode,
+        output_tokens=config.output_tokens,
+        levels=levels,
+        reading=reading,
+        config=config.to_dict(),
+        knobs=dict(config.knobs) if config.knobs else None,
+        started_at=started,
+        finished_at=_now(),
+        metrics_available=metrics_available,
+        client_cpu_s=total_cpu,
+        client_max_cpu_fraction=max_cpu_fraction,
+        warnings=warnings,
+    )

@@ -1,0 +1,191 @@
+"""`spark-ops bench`: the throughput sweep (default) and `compare A.json B.json`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from spark_ops.bench.stats import LevelResult
+
+DEFAULT_CONCURRENCY = "1,6,16,32,64"
+
+
+def resolve_url(url: str | None) -> str:
+    """The engine's base URL to benchmark (the one place to swap for --inventory resolution)."""
+    from spark_ops.errors import BenchError
+
+    if not url:
+        raise BenchError("no server to benchmark", hint="pass --url http://HOST:PORT")
+    url = url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    if not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    return url
+
+
+def _parse_levels(text: str) -> list[int]:
+    """Parse '1,6,16' into [1, 6, 16] or fail with a usage error naming the value."""
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r}: expected comma-separated integers, e.g. {DEFAULT_CONCURRENCY}",
+            param_hint="--concurrency",
+        ) from None
+    if not levels or any(c < 1 for c in levels):
+        raise click.BadParameter(f"{text!r}: every level must be >= 1", param_hint="--concurrency")
+    return levels
+
+
+def _parse_pairs(values: tuple[str, ...], option: str, sep: str) -> dict[str, str]:
+    """Parse repeated KEY<sep>VALUE options into a dict."""
+    out: dict[str, str] = {}
+    for item in values:
+        key, found, value = item.partition(sep)
+        if not found or not key.strip():
+            raise click.BadParameter(f"{item!r}: expected KEY{sep}VALUE", param_hint=option)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _knob_value(text: str) -> Any:
+    """Knob values as ints where they are integers, else the text."""
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+@click.group(name="bench", invoke_without_command=True)
+@click.option("--url", help="Engine base URL, e.g. http://node1:8000.")
+@click.option("--model", help="Model name (default: the first one /v1/models lists).")
+@click.option(
+    "--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True
+)
+@click.option("--concurrency", default=DEFAULT_CONCURRENCY, show_default=True, help="Levels.")
+@click.option("--output-tokens", type=click.IntRange(min=1), default=300, show_default=True)
+@click.option(
+    "--mode",
+    type=click.Choice(["burst", "sustained", "poisson"]),
+    default="burst",
+    show_default=True,
+    help="burst: C requests at once; sustained: keep C in flight; poisson: arrivals at --rate.",
+)
+@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds per run.")
+@click.option("--rate", type=float, help="Poisson arrivals per second (mode poisson).")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--slo-tok-s", type=float, help="Per-user tok/s to keep (e.g. 12).")
+@click.option("--steady-fraction", type=float, default=0.9, show_default=True)
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Per request, s.")
+@click.option("--api-key", envvar="SPARK_OPS_API_KEY", help="Bearer token ($SPARK_OPS_API_KEY).")
+@click.option("--header", "headers", multiple=True, help="Extra header 'Name: value'.")
+@click.option("--knob", "knobs", multiple=True, help="Knob in effect, reported: max_num_seqs=64.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--no-metrics", is_flag=True, help="Do not scrape /metrics.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    url: str | None,
+    model: str | None,
+    api: str,
+    concurrency: str,
+    output_tokens: int,
+    mode: str,
+    duration: float,
+    rate: float | None,
+    repeats: int,
+    warmup: int,
+    slo_tok_s: float | None,
+    steady_fraction: float,
+    timeout: float,
+    api_key: str | None,
+    headers: tuple[str, ...],
+    knobs: tuple[str, ...],
+    seed: int,
+    no_metrics: bool,
+    json_path: Path | None,
+    csv_path: Path | None,
+    plot_path: Path | None,
+) -> None:
+    """Sweep throughput over concurrency levels and print the note's table."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import asyncio
+
+    from rich.console import Console
+
+    from spark_ops.bench import report
+    from spark_ops.bench.sweep import SweepConfig, run_sweep
+
+    config = SweepConfig(
+        base_url=resolve_url(url),
+        model=model,
+        api=api,
+        levels=_parse_levels(concurrency),
+        output_tokens=output_tokens,
+        mode=mode,
+        duration_s=duration,
+        rate=rate,
+        repeats=repeats,
+        warmup=warmup,
+        steady_fraction=steady_fraction,
+        slo_tok_s=slo_tok_s,
+        timeout_s=timeout,
+        api_key=api_key,
+        headers=_parse_pairs(headers, "--header", ":"),
+        seed=seed,
+        knobs={k: _knob_value(v) for k, v in _parse_pairs(knobs, "--knob", "=").items()} or None,
+        metrics=not no_metrics,
+    )
+    config.validate()
+    err = Console(stderr=True)
+
+    def progress(level: LevelResult) -> None:
+        """One line per finished level on stderr."""
+        err.print(
+            f"C={level.max_concurrency}: {level.output_throughput:.0f} tok/s aggregate, "
+            f"{(level.per_user_tok_s or 0):.1f} tok/s per user, {level.failed} errors",
+            highlight=False,
+        )
+
+    result = asyncio.run(run_sweep(config, on_level=progress))
+    out = Console()
+    out.print(report.sweep_table(result))
+    for line in report.reading_lines(result):
+        out.print(line, highlight=False)
+    if json_path:
+        report.write_json(result, json_path)
+    if csv_path:
+        report.write_csv(result, csv_path)
+    if plot_path:
+        from spark_ops.bench.plot import plot_sweep
+
+        plot_sweep(result, plot_path)
+    for path in (json_path, csv_path, plot_path):
+        if path:
+            err.print(f"wrote {path}", highlight=False)
+
+
+@cli.command(name="compare")
+@click.argument("before", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("after", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
+def compare_cmd(before: Path, after: Path, json_path: Path | None) -> None:
+    """Compare two sweep results level by level (after/before ratios)."""
+    import json
+
+    from rich.console import Console
+
+    from spark_ops.bench import report
+
+    cmp = report.compare(
+        report.load_result(before), report.load_result(after), names=(str(before), str(after))
+    )
+    Console().print(report.render_compare_text(cmp), end="", highlight=False)
+    if json_path:
+        json_path.write_text(json.dumps(cmp.to_dict(), indent=2) + "\n", encoding="utf-8")
