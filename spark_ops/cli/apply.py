@@ -1,0 +1,171 @@
+"""`spark-ops apply | plan | restart`: parse, show the plan, confirm, execute, report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from spark_ops.cli.common import echo_plan, emit_json, load_cluster, run_async, step_reporter
+
+
+def knob_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The four knobs and the generic setters, shared by apply and plan."""
+    options = [
+        click.option("--max-num-seqs", help="Engine cap on sequences per batch (positive integer)."),
+        click.option(
+            "--kv-cache-memory",
+            help="KV cache bytes per GPU: integer, or one suffix K/M/G/T (binary) k/m/g/t (decimal).",
+        ),
+        click.option("--moe-backend", help="MoE kernel backend (checked for the server's version)."),
+        click.option(
+            "--enforce-eager/--no-enforce-eager", default=None, help="Add or remove --enforce-eager."
+        ),
+        click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a defaults key."),
+        click.option("--flag", "flags", multiple=True, metavar="--FLAG[=V]", help="Add a flag."),
+        click.option("--unset-flag", "unset_flags", multiple=True, metavar="--FLAG", help="Remove a flag."),  # noqa: E501
+        click.option("--vllm-version", help="vLLM version to validate for when the engine is down."),
+        click.option("--force", is_flag=True, help="Overwrite recipe copies that differ."),
+    ]
+    for opt in reversed(options):
+        fn = opt(fn)
+    return fn
+
+
+def restart_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by apply and restart."""
+    options = [
+        click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation."),
+        click.option("--dry-run", is_flag=True, help="Show the plan and stop; change nothing."),
+        click.option("--json", "as_json", is_flag=True, help="Results as JSON on stdout."),
+        click.option("--no-drain", is_flag=True, help="Do not wait for in-flight requests."),
+        click.option("--drain-timeout", type=float, default=120.0, show_default=True),
+        click.option("--deadline", type=float, help="Boot deadline in seconds (inventory's by default)."),  # noqa: E501
+        click.option("--reason", help="Reason recorded in the watchdog's journal."),
+    ]
+    for opt in reversed(options):
+        fn = opt(fn)
+    return fn
+
+
+def _changes(kw: dict[str, Any]) -> list[Any]:
+    """Validated recipe changes from the knob options."""
+    from spark_ops.recipe import changes_from_options
+
+    return changes_from_options(
+        max_num_seqs=kw["max_num_seqs"],
+        kv_cache_memory=kw["kv_cache_memory"],
+        moe_backend=kw["moe_backend"],
+        enforce_eager=kw["enforce_eager"],
+        sets=kw["sets"],
+        flags=kw["flags"],
+        unset_flags=kw["unset_flags"],
+    )
+
+
+def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
+    """connect → lock → plan → show → confirm → execute → report."""
+    from spark_ops.cli.progress import make_reporter
+    from spark_ops.errors import Aborted, SparkOpsError
+    from spark_ops.workflows import ApplyOptions, Operation, execute, plan_apply, plan_restart
+
+    changes = _changes(kw) if operation == "apply" else []
+    if operation == "apply" and not changes:
+        raise click.UsageError("nothing to change: give a knob (e.g. --max-num-seqs 64) or --set")
+    cluster = load_cluster(ctx)
+    as_json = kw["as_json"]
+    opts = ApplyOptions(
+        changes=changes,
+        vllm_version=kw.get("vllm_version"),
+        force=kw.get("force", False),
+        drain=not kw["no_drain"],
+        drain_timeout_s=kw["drain_timeout"],
+        rollback_on_failure=kw.get("rollback_on_failure", False),
+        deadline_s=kw["deadline"],
+        reason=kw["reason"] or f"planned restart (spark-ops {operation})",
+    )
+
+    async def flow() -> int:
+        """The whole operation inside one event loop."""
+        async with Operation.open(cluster, operation, lock=not kw["dry_run"]) as op:
+            plan = await (plan_apply(op, opts) if operation == "apply" else plan_restart(op, opts))
+            if not as_json:
+                echo_plan(plan)
+            if operation == "apply" and not plan.changes:
+                if as_json:
+                    emit_json({"ok": True, "plan": plan.to_dict(), "changed": False})
+                else:
+                    click.echo("The recipe already has these values on every node: nothing to do.")
+                return 0
+            if kw["dry_run"]:
+                if as_json:
+                    emit_json({"ok": True, "dry_run": True, "plan": plan.to_dict()})
+                else:
+                    click.echo("\nDry run: nothing was changed.")
+                return 0
+            if not kw["yes"] and not click.confirm("\nProceed?", default=False, err=True):
+                raise Aborted("not confirmed; nothing was changed")
+            reporter = make_reporter(cluster.name, json_lines=as_json)
+            try:
+                outcome = await execute(
+                    op, plan, opts, on_step=step_reporter(as_json), on_event=reporter
+                )
+            except SparkOpsError:
+                reporter.close()
+                raise
+            reporter.close()
+            if as_json:
+                emit_json(outcome.to_dict())
+            else:
+                _echo_outcome(outcome)
+            return 0 if outcome.ok and all(c["ok"] for c in outcome.checks) else 11
+
+    return run_async(flow())
+
+
+def _echo_outcome(outcome: Any) -> None:
+    """Summarise an executed plan for a person."""
+    click.echo()
+    if outcome.rolled_back:
+        click.secho("The new recipe failed to boot; the previous recipe is serving again.", fg="yellow")
+    elif outcome.ok:
+        total = (outcome.boot or {}).get("total_s")
+        click.secho(f"Done: engine serving (boot {total:.1f} s).", fg="green", bold=True)
+    for c in outcome.checks:
+        mark = "✓" if c["ok"] else "✗"
+        click.secho(f"  {mark} {c['name']} [{c['host']}]: {c['detail']}", fg=None if c["ok"] else "red")
+    if outcome.budget:
+        b = outcome.budget
+        click.echo(
+            f"Restart budget: {b['used']}/{b['allowed']} used in the last {b['window_s'] / 3600:g} h; "
+            f"pruned {outcome.pruned or 'nothing'}"
+        )
+
+
+@click.command("apply")
+@knob_options
+@restart_options
+@click.option("--rollback-on-failure", is_flag=True, help="Restore the old recipe if the boot fails.")
+@click.pass_context
+def apply_cmd(ctx: click.Context, **kw: Any) -> int:
+    """Change knobs in the recipe, force a restart, wait for the boot, prune the planned stamp."""
+    return _flow(ctx, "apply", kw)
+
+
+@click.command("plan")
+@knob_options
+@click.option("--json", "as_json", is_flag=True, help="The plan as JSON on stdout.")
+@click.pass_context
+def plan_cmd(ctx: click.Context, **kw: Any) -> int:
+    """Show the per-node diff and the steps apply would take; change nothing."""
+    kw.update(dry_run=True, yes=False, no_drain=False, drain_timeout=0.0, deadline=None, reason=None)
+    return _flow(ctx, "apply", kw)
+
+
+@click.command("restart")
+@restart_options
+@click.pass_context
+def restart_cmd(ctx: click.Context, **kw: Any) -> int:
+    """Planned maintenance restart through the watchdog; its stamp is pruned like apply's."""
+    return _flow(ctx, "restart", kw)

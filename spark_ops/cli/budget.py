@@ -1,0 +1,132 @@
+"""`spark-ops budget` and `spark-ops budget prune`: the restart budget and its clean-up."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+
+from spark_ops.cli.common import emit_json, load_cluster, run_async, when
+
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_time(value: str | None) -> tuple[float | None, float | None]:
+    """A Unix time, or a duration ago like 90m / 6h: returns (absolute, seconds_ago)."""
+    if value is None:
+        return None, None
+    m = _AGO.match(value.strip())
+    if m:
+        return None, float(m.group(1)) * _UNIT[m.group(2)]
+    try:
+        return float(value), None
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r}: give a Unix time (1764470000) or a duration ago (90m, 6h, 2d)"
+        ) from None
+
+
+def echo_budget(view: Any) -> None:
+    """Print the budget for a person."""
+    color = "red" if view.used >= view.allowed else "green"
+    click.secho(
+        f"Restarts used: {view.used}/{view.allowed} in the last {view.window_s / 3600:g} h "
+        f"(history {view.history_file})",
+        fg=color,
+        bold=True,
+    )
+    for s in view.stamps:
+        reason = s["reason"] or "(no journal entry)"
+        by = f" by {s['by']}" if s["by"] else ""
+        click.echo(f"  {s['stamp']}  {when(float(s['stamp']))}  {s['age_s'] / 60:.0f} min ago  {reason}{by}")  # noqa: E501
+    if view.used >= view.allowed:
+        click.echo(f"Next slot frees at {when(view.next_free_at)}")
+    if view.paused:
+        click.secho("Watchdog is PAUSED (pause file present).", fg="yellow")
+    if view.gave_up:
+        click.secho(f"Watchdog GAVE UP: {view.gave_up_reason}", fg="red")
+    for m in view.malformed:
+        click.secho(f"  malformed line kept as is: {m}", fg="yellow")
+
+
+@click.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
+@click.pass_context
+def cli(ctx: click.Context, as_json: bool) -> None:
+    """Show the restart budget: used / allowed, stamps with reasons, next free slot, flags."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from spark_ops.workflows import Operation, budget_view
+
+    cluster = load_cluster(ctx)
+
+    async def flow() -> Any:
+        """Read the budget from the head."""
+        async with Operation.open(cluster, "budget", lock=False, nodes=[cluster.head.name]) as op:
+            return await budget_view(op)
+
+    view = run_async(flow())
+    if as_json:
+        emit_json(view.to_dict())
+    else:
+        echo_budget(view)
+
+
+@cli.command("prune")
+@click.option("--stamp", "stamps", multiple=True, type=float, help="Exact stamp value (repeatable).")
+@click.option("--since", help="Stamps at or after: Unix time or duration ago (90m, 6h).")
+@click.option("--until", help="With --since: stamps at or before this time.")
+@click.option("--planned", is_flag=True, help="Stamps the journal marks as planned restarts.")
+@click.option("--clear-gave-up", is_flag=True, help="Then remove the gave-up file if there is room.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; change nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
+@click.pass_context
+def prune_cmd(ctx: click.Context, **kw: Any) -> None:
+    """Remove chosen stamps from the restart history (under its lock, with a backup)."""
+    from spark_ops.errors import Aborted
+    from spark_ops.workflows import Operation, budget_prune
+
+    since, since_ago = parse_time(kw["since"])
+    until, until_ago = parse_time(kw["until"])
+    if not (kw["stamps"] or kw["since"] or kw["planned"] or kw["clear_gave_up"]):
+        raise click.UsageError("choose --stamp, --since, --planned or --clear-gave-up")
+    cluster = load_cluster(ctx)
+
+    async def flow() -> dict[str, Any]:
+        """Preview, confirm, prune, report."""
+        async with Operation.open(cluster, "budget prune", lock=not kw["dry_run"], nodes=[cluster.head.name]) as op:  # noqa: E501
+            now = await op.watchdog.clock() if since_ago or until_ago else 0.0
+            lo = now - since_ago if since_ago is not None else since
+            hi = now - until_ago if until_ago is not None else until
+            result: dict[str, Any] = {}
+            if kw["stamps"] or lo is not None or kw["planned"]:
+                sel = {"stamps": kw["stamps"], "since": lo, "until": hi, "planned": kw["planned"]}
+                preview = await budget_prune(op, dry_run=True, **sel)
+                result = preview
+                chosen = preview.get("removed", [])
+                if not kw["as_json"]:
+                    click.echo(f"Would remove {len(chosen)} stamp(s): {chosen}")
+                    for nf in preview.get("not_found", []):
+                        click.secho(f"  {nf} is not in the history", fg="yellow")
+                if chosen and not kw["dry_run"]:
+                    if not kw["yes"] and not click.confirm("Remove them?", default=False, err=True):
+                        raise Aborted("not confirmed; nothing was removed")
+                    result = await budget_prune(op, **sel)
+            if kw["clear_gave_up"] and not kw["dry_run"]:
+                result["gave_up_cleared"] = await op.watchdog.clear_gave_up()
+            result["budget"] = (await op.watchdog.budget()).to_dict()
+            return result
+
+    result = run_async(flow())
+    if kw["as_json"]:
+        emit_json(result)
+        return
+    if kw["dry_run"]:
+        click.echo("Dry run: nothing was removed.")
+    elif result.get("removed") is not None:
+        click.echo(f"Removed {result.get('removed')}; backup at {result.get('backup')}")
+    b = result["budget"]
+    click.echo(f"Budget now: {b['used']}/{b['allowed']} used.")

@@ -1,0 +1,98 @@
+"""Shared CLI plumbing: the chosen cluster, running coroutines, rendering plans, steps and tables."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import click
+
+T = TypeVar("T")
+
+
+def load_cluster(ctx: click.Context) -> Any:
+    """The cluster chosen by --inventory / --cluster (or their environment variables)."""
+    from spark_ops.inventory import load_inventory
+
+    obj = ctx.find_root().obj or {}
+    return load_inventory(obj.get("inventory")).cluster(obj.get("cluster"))
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion on a fresh event loop."""
+    return asyncio.run(coro)
+
+
+def emit_json(data: Any) -> None:
+    """Write one JSON document on stdout."""
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def when(stamp: float | None) -> str:
+    """A Unix time as local ISO text (for people)."""
+    if stamp is None:
+        return "-"
+    return dt.datetime.fromtimestamp(stamp).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def echo_diff(diff: str) -> None:
+    """Print a unified diff with colours on a TTY."""
+    for line in diff.splitlines():
+        color = None
+        if line.startswith("+") and not line.startswith("+++"):
+            color = "green"
+        elif line.startswith("-") and not line.startswith("---"):
+            color = "red"
+        elif line.startswith("@@"):
+            color = "cyan"
+        click.secho(line, fg=color)
+
+
+def echo_plan(plan: Any) -> None:
+    """Print a plan: warnings, per-node diffs, then the numbered steps."""
+    click.secho(f"Plan: {plan.operation} on cluster {plan.cluster}", bold=True)
+    for w in plan.warnings:
+        click.secho(f"warning: {w}", fg="yellow")
+    before = plan.facts.get("knobs_before") or {}
+    after = plan.facts.get("knobs_after") or {}
+    for key in after:
+        if before.get(key) != after.get(key):
+            click.echo(f"  {key}: {before.get(key)!r} -> {after.get(key)!r}")
+    for ch in plan.changes:
+        click.echo()
+        echo_diff(ch.diff)
+    if plan.steps:
+        click.echo()
+        click.secho("Steps:", bold=True)
+        for i, s in enumerate(plan.steps, 1):
+            click.echo(f"  {i}. {s.description}")
+
+
+_MARK = {"done": ("✓", "green"), "failed": ("✗", "red"), "skipped": ("–", "yellow")}
+
+
+def step_reporter(as_json: bool) -> Any:
+    """A callable(step) printing each step's start and end on stderr."""
+
+    def report(step: Any) -> None:
+        """Print one step transition."""
+        if as_json:
+            click.echo(json.dumps({"step": step.to_dict()}), err=True)
+            return
+        if step.status == "running":
+            click.echo(f"… {step.description}", err=True)
+            return
+        mark, color = _MARK.get(step.status, ("?", None))
+        took = f" ({step.seconds:.1f} s)" if step.seconds is not None else ""
+        click.secho(f"{mark} {step.name}{took}: {step.detail}", fg=color, err=True)
+
+    return report
+
+
+def is_tty() -> bool:
+    """True when stdout is a terminal."""
+    return sys.stdout.isatty()

@@ -1,0 +1,111 @@
+"""The `spark-ops` entry point: a click group whose subcommands are imported only when used.
+
+Only this package maps SparkOpsError to exit codes (spark_ops.errors.ExitStatus).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from typing import Any
+
+import click
+
+from spark_ops import __version__
+from spark_ops.errors import ExitStatus, SparkOpsError
+
+# name -> (module, attribute, one-line help shown by --help without importing the module)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "apply": ("spark_ops.cli.apply", "apply_cmd", "Change engine knobs, restart, wait, prune the stamp."),
+    "plan": ("spark_ops.cli.apply", "plan_cmd", "Show what apply would change (same as apply --dry-run)."),
+    "restart": ("spark_ops.cli.apply", "restart_cmd", "Planned maintenance restart: no recipe change."),
+    "budget": ("spark_ops.cli.budget", "cli", "Show the restart budget; prune planned stamps."),
+    "status": ("spark_ops.cli.status", "cli", "Nodes, engine, load, watchdog and budget at a glance."),
+    "recipe": ("spark_ops.cli.recipe", "cli", "Edit or render a local recipe file."),
+    "bench": ("spark_ops.cli.bench", "cli", "Throughput sweep over concurrency levels."),
+    "sim": ("spark_ops.cli.sim", "cli", "The embedded simulated cluster (up, down, status)."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group that imports a subcommand's module only when that subcommand runs."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Every registered name, in order."""
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """Import and return the command."""
+        if cmd_name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[cmd_name]
+        cmd = getattr(importlib.import_module(module), attr)
+        cmd.name = cmd_name
+        return cmd  # type: ignore[no-any-return]
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """List commands with their one-line help without importing them."""
+        rows = [(name, short) for name, (_, _, short) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "-i",
+    "--inventory",
+    envvar="SPARK_OPS_INVENTORY",
+    type=click.Path(dir_okay=False),
+    help="Inventory file (env SPARK_OPS_INVENTORY).",
+)
+@click.option("-c", "--cluster", envvar="SPARK_OPS_CLUSTER", help="Cluster name when several.")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors on stderr.")
+@click.version_option(__version__, prog_name="spark-ops")
+@click.pass_context
+def cli(ctx: click.Context, inventory: str | None, cluster: str | None, verbose: int, quiet: bool) -> None:
+    """Operate a vLLM cluster of DGX Spark nodes: knobs, planned restarts, restart budget, sweeps."""
+    from spark_ops.log import configure
+
+    configure(-1 if quiet else verbose)
+    ctx.obj = {"inventory": inventory, "cluster": cluster, "verbose": verbose, "quiet": quiet}
+
+
+def _report_error(exc: SparkOpsError, as_json: bool) -> None:
+    """Print an error for a person (or as JSON) on stderr."""
+    if as_json:
+        click.echo(json.dumps(exc.to_dict()), err=True)
+        return
+    click.secho(f"error: {exc.message}", fg="red", err=True)
+    lines = getattr(exc, "lines", None)
+    if lines:
+        click.echo("  log lines that show why:", err=True)
+        for line in lines[-12:]:
+            click.echo(f"    {line}", err=True)
+    if exc.hint:
+        click.echo(f"hint: {exc.hint}", err=True)
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Run the CLI, mapping errors to ExitStatus codes."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        rc = cli.main(args=args, prog_name="spark-ops", standalone_mode=False)
+    except SparkOpsError as exc:
+        _report_error(exc, "--json" in args)
+        sys.exit(int(exc.exit_status))
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(int(ExitStatus.ABORTED))
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(int(ExitStatus.USAGE))
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(int(ExitStatus.ABORTED))
+    sys.exit(int(rc) if isinstance(rc, int) else int(ExitStatus.OK))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""`spark-ops sim`: start, inspect and stop the embedded simulated cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from spark_ops.cli.common import emit_json
+
+_DIR = click.option(
+    "--dir", "root", type=click.Path(file_okay=False, path_type=Path), default=Path(".sim"),
+    show_default=True, help="Where the embedded cluster keeps its files.",
+)  # fmt: skip
+
+
+@click.group()
+def cli() -> None:
+    """The embedded cluster: four SSH nodes on loopback, the reference watchdog, a simulated vLLM."""
+
+
+@cli.command()
+@_DIR
+@click.option("--nodes", type=click.IntRange(2, 64), default=4, show_default=True)
+@click.option("--max-num-seqs", type=click.IntRange(1), default=6, show_default=True,
+              help="The recipe's starting value (the ops note's cap).")  # fmt: skip
+@click.option("--time-scale", type=float, default=1.0, show_default=True,
+              help="Speed-up of the engine's clock (decode and boot).")  # fmt: skip
+@click.option("--boot-scale", type=float, default=4.0, show_default=True,
+              help="Stretch the boot phases so they can be watched.")  # fmt: skip
+@click.option("--fault", help="Engine fault to inject (exit_during_weights, kv_alloc_fail, …).")
+@click.option("--json", "as_json", is_flag=True)
+def up(root: Path, nodes: int, max_num_seqs: int, time_scale: float, boot_scale: float,
+       fault: str | None, as_json: bool) -> None:  # fmt: skip
+    """Lay out and start the embedded cluster in the background."""
+    from spark_ops.sim.cluster import SimOptions
+    from spark_ops.sim.control import up as sim_up
+
+    opts = SimOptions(
+        nodes=nodes, time_scale=time_scale, boot_scale=boot_scale, fault=fault,
+        max_num_seqs=max_num_seqs,
+    )  # fmt: skip
+    state = sim_up(root, opts)
+    if as_json:
+        emit_json(state)
+        return
+    click.echo(f"Embedded cluster up: {nodes} nodes on 127.0.0.1 ports {list(state['ports'].values())}")
+    click.echo(f"Inventory: {state['inventory']}")
+    click.echo(f"  export SPARK_OPS_INVENTORY={state['inventory']}")
+
+
+@cli.command()
+@_DIR
+def down(root: Path) -> None:
+    """Stop the embedded cluster (nodes, watchdog, engine)."""
+    from spark_ops.sim.control import down as sim_down
+
+    click.echo("stopped" if sim_down(root) else "no embedded cluster was running")
+
+
+@cli.command()
+@_DIR
+@click.option("--json", "as_json", is_flag=True)
+def status(root: Path, as_json: bool) -> None:
+    """Say whether the embedded cluster runs, and where."""
+    from spark_ops.sim.control import read_state
+
+    state: Any = read_state(root.resolve())
+    if as_json:
+        emit_json(state or {"running": False})
+    elif state is None:
+        click.echo(f"no embedded cluster is running in {root}")
+    else:
+        click.echo(f"running (pid {state['pid']}); inventory {state['inventory']}")
+
+
+@cli.command("stop-node")
+@_DIR
+@click.argument("name")
+def stop_node(root: Path, name: str) -> None:
+    """Take one node off the network (SSH and its Ray worker)."""
+    from spark_ops.sim.control import node
+
+    node(root, "stop", name)
+    click.echo(f"{name} stopped")
+
+
+@cli.command("start-node")
+@_DIR
+@click.argument("name")
+def start_node(root: Path, name: str) -> None:
+    """Bring a stopped node back on its old port."""
+    from spark_ops.sim.control import node
+
+    node(root, "start", name)
+    click.echo(f"{name} started")

@@ -1,0 +1,65 @@
+"""`spark-ops status`: nodes, engine, load, recipe knobs and budget (once, or --watch)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from spark_ops.cli.common import emit_json, load_cluster, run_async
+
+
+def echo_status(data: dict[str, Any]) -> None:
+    """Print the status for a person."""
+    click.secho(f"Cluster {data['cluster']}", bold=True)
+    for n in data["nodes"]:
+        if n["reachable"]:
+            click.echo(f"  {n['name']:<8} {n['role']:<7} {n['address']:<22} up   {n['latency_ms']} ms")
+        else:
+            click.secho(f"  {n['name']:<8} {n['role']:<7} {n['address']:<22} DOWN {n['error']}", fg="red")
+    e = data.get("engine") or {}
+    if e.get("up"):
+        click.echo(
+            f"Engine: serving {', '.join(e.get('models') or [])} (vLLM {e.get('version')}); "
+            f"running {e.get('running')}, waiting {e.get('waiting')}, "
+            f"KV usage {e.get('kv_cache_usage')}"
+        )
+    else:
+        click.secho(f"Engine: not serving {e.get('error', '')}", fg="red")
+    r = data.get("recipe") or {}
+    if "knobs" in r:
+        knobs = ", ".join(f"{k}={v}" for k, v in r["knobs"].items())
+        drift = "" if r.get("same_on_all_nodes") else "  (copies DIFFER between nodes)"
+        click.echo(f"Recipe {r['path']}: {knobs}{drift}")
+    elif r:
+        click.secho(f"Recipe: {r.get('error')}", fg="red")
+    b = data.get("budget") or {}
+    if "used" in b:
+        flags = " PAUSED" if b.get("paused") else ""
+        flags += " GAVE-UP" if b.get("gave_up") else ""
+        click.echo(f"Watchdog budget: {b['used']}/{b['allowed']} used{flags}")
+    elif b:
+        click.secho(f"Watchdog: {b.get('error')}", fg="red")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
+@click.option("--watch", type=float, default=None, metavar="SECONDS", help="Refresh every N seconds.")
+@click.pass_context
+def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
+    """Nodes reachable and latency, engine and load, recipe knobs, watchdog budget."""
+    from spark_ops.status import collect_status
+
+    cluster = load_cluster(ctx)
+    while True:
+        data = run_async(collect_status(cluster))
+        if as_json:
+            emit_json(data)
+        else:
+            if watch:
+                click.clear()
+            echo_status(data)
+        if not watch:
+            return
+        time.sleep(watch)

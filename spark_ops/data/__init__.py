@@ -1,0 +1,1 @@
+"""Data files shipped with spark-ops (prompts, the embedded cluster's assets)."""

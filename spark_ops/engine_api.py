@@ -1,0 +1,204 @@
+"""The engine's HTTP API as spark-ops uses it: health, version, models, metrics, a tiny real completion.
+
+Reached directly or through an SSH tunnel to the head (the caller passes the base URL it resolved).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass
+class MetricSample:
+    """One Prometheus sample: name, labels, value."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def parse_metrics(text: str) -> list[MetricSample]:
+    """Parse Prometheus text exposition into samples (comments skipped)."""
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL.findall(m.group(2) or ""))
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        out.append(MetricSample(m.group(1), labels, value))
+    return out
+
+
+@dataclass
+class EngineSnapshot:
+    """What /metrics says about load and the KV cache right now."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    generation_tokens: float | None = None
+    kv_tokens: int | None = None
+    cache_config: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_metrics(cls, text: str) -> EngineSnapshot:
+        """Sum the vLLM gauges/counters over engines and models."""
+        snap = cls()
+        for s in parse_metrics(text):
+            if s.name == "vllm:num_requests_running":
+                snap.running = (snap.running or 0) + s.value
+            elif s.name == "vllm:num_requests_waiting":
+                snap.waiting = (snap.waiting or 0) + s.value
+            elif s.name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+                snap.kv_usage = max(snap.kv_usage or 0.0, s.value)
+            elif s.name == "vllm:generation_tokens_total":
+                snap.generation_tokens = (snap.generation_tokens or 0) + s.value
+            elif s.name == "vllm:cache_config_info":
+                snap.cache_config = s.labels
+                try:
+                    blocks = int(s.labels.get("num_gpu_blocks", ""))
+                    size = int(s.labels.get("block_size", ""))
+                    snap.kv_tokens = blocks * size
+                except ValueError:
+                    pass
+        return snap
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for reports."""
+        return {
+            "running": self.running,
+            "waiting": self.waiting,
+            "kv_cache_usage": self.kv_usage,
+            "generation_tokens_total": self.generation_tokens,
+            "kv_cache_tokens": self.kv_tokens,
+        }
+
+
+class EngineAPI:
+    """A small client of the vLLM OpenAI-compatible server."""
+
+    def __init__(self, base_url: str, *, timeout: float = 10.0, model: str | None = None) -> None:
+        """Bind to a base URL like http://127.0.0.1:8000."""
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.model = model
+        self._session: Any = None
+
+    async def __aenter__(self) -> EngineAPI:
+        """Open the HTTP session."""
+        import aiohttp
+
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout)
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+
+    async def _get(self, path: str, timeout: float | None = None) -> tuple[int, str]:
+        """GET a path; returns status and body text."""
+        import aiohttp
+
+        assert self._session is not None, "use EngineAPI as an async context manager"
+        t = aiohttp.ClientTimeout(total=timeout or self.timeout)
+        async with self._session.get(self.base_url + path, timeout=t) as resp:
+            return resp.status, await resp.text()
+
+    async def health(self) -> bool:
+        """True when /health answers 200 (necessary, never sufficient)."""
+        try:
+            status, _ = await self._get("/health", 5)
+        except (OSError, asyncio.TimeoutError, Exception):
+            return False
+        return status == 200
+
+    async def version(self) -> str | None:
+        """The server's vLLM version, or None when unreachable."""
+        import json
+
+        try:
+            status, body = await self._get("/version")
+            return str(json.loads(body)["version"]) if status == 200 else None
+        except Exception:
+            return None
+
+    async def models(self) -> list[str]:
+        """Served model names (empty when unreachable)."""
+        import json
+
+        try:
+            status, body = await self._get("/v1/models")
+            if status != 200:
+                return []
+            return [str(m["id"]) for m in json.loads(body).get("data", [])]
+        except Exception:
+            return []
+
+    async def metrics(self) -> EngineSnapshot | None:
+        """Parse /metrics, or None when unreachable."""
+        try:
+            status, body = await self._get("/metrics")
+        except Exception:
+            return None
+        return EngineSnapshot.from_metrics(body) if status == 200 else None
+
+    async def complete(self, timeout: float = 30.0) -> bool:
+        """Ask for a tiny real completion (5 tokens); True when text came back."""
+        import aiohttp
+
+        assert self._session is not None
+        try:
+            model = self.model or next(iter(await self.models()), None)
+            if model is None:
+                return False
+            self.model = model
+            body = {"model": model, "prompt": "ping", "max_tokens": 5, "temperature": 0}
+            t = aiohttp.ClientTimeout(total=timeout)
+            async with self._session.post(
+                self.base_url + "/v1/completions", json=body, timeout=t
+            ) as resp:
+                if resp.status != 200:
+                    return False
+                data = await resp.json()
+                return bool(data.get("choices"))
+        except Exception:
+            return False
+
+    async def drain(self, timeout: float, poll: float = 1.0) -> dict[str, Any]:
+        """Wait until no request is running (or the timeout); report what was waited for."""
+        start = time.monotonic()
+        first = await self.metrics()
+        seen = int(first.running or 0) if first else 0
+        last = first
+        while last is not None and (last.running or 0) > 0:
+            if time.monotonic() - start >= timeout:
+                return {
+                    "drained": False,
+                    "running_at_start": seen,
+                    "running_at_end": int(last.running or 0),
+                    "seconds": round(time.monotonic() - start, 1),
+                }
+            await asyncio.sleep(poll)
+            last = await self.metrics()
+        return {
+            "drained": last is not None,
+            "running_at_start": seen,
+            "running_at_end": 0 if last is not None else None,
+            "seconds": round(time.monotonic() - start, 1),
+        }

@@ -1,0 +1,410 @@
+"""Inventory: clusters, nodes, SSH settings and the watchdog contract, loaded from YAML and validated.
+
+Every error names the file, the key (dotted path) and what is allowed. Nothing here connects anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spark_ops.errors import InventoryError
+
+ENV_VAR = "SPARK_OPS_INVENTORY"
+ROLES = ("head", "worker")
+LOG_KINDS = ("file", "journalctl", "docker", "command")
+HISTORY_FORMATS = ("stamps", "jsonl", "auto")
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    """How to reach the nodes: user, keys, known_hosts, jump host, timeouts, concurrency caps."""
+
+    user: str | None = None
+    port: int = 22
+    known_hosts: str | None = None
+    identity: tuple[str, ...] = ()
+    agent: bool = True
+    config: str | None = None
+    jump: str | None = None
+    connect_timeout: float = 10.0
+    command_timeout: float = 60.0
+    max_concurrent_connects: int = 16
+    insecure_no_host_key_check: bool = False
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine of the cluster."""
+
+    name: str
+    host: str
+    port: int
+    user: str | None
+    role: str
+    sudo: bool = False
+
+    @property
+    def is_head(self) -> bool:
+        """True for the Ray head node."""
+        return self.role == "head"
+
+
+@dataclass(frozen=True)
+class RecipeSettings:
+    """Where the recipe lives, on which nodes, and how many backups to keep."""
+
+    path: str
+    nodes: tuple[str, ...]
+    keep_backups: int = 5
+
+
+@dataclass(frozen=True)
+class WatchdogSettings:
+    """The watchdog contract: how to force a restart and where its history and flags live."""
+
+    restart_command: str
+    history_file: str
+    history_format: str = "auto"
+    lock_file: str | None = None
+    journal_file: str | None = None
+    pause_file: str | None = None
+    gave_up_file: str | None = None
+    status_command: str | None = None
+    max_restarts: int = 2
+    window_s: int = 21600
+    reports_stamp: bool = False
+    python: str = "python3"
+
+    @property
+    def lock_path(self) -> str:
+        """The history lock, by default beside the history file."""
+        return self.lock_file or f"{self.history_file}.lock"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How to read the engine's log, reach its API, and how long a boot may take."""
+
+    log_kind: str = "file"
+    log_target: str = "~/engine.log"
+    api_url: str = "http://127.0.0.1:8000"
+    tunnel: bool = True
+    boot_deadline_s: float = 1800.0
+    probe_timeout_s: float = 30.0
+    worker_stall_s: float = 300.0
+    min_mem_available_gb: float = 8.0
+    model: str | None = None
+
+    def follow_command(self) -> str:
+        """The shell command that prints new engine log lines as they come."""
+        from spark_ops.remote import quote_path
+
+        if self.log_kind == "file":
+            return f"tail -n 0 -F {quote_path(self.log_target)} 2>/dev/null"
+        if self.log_kind == "journalctl":
+            return f"journalctl -f -n 0 -o cat -u {quote_path(self.log_target)}"
+        if self.log_kind == "docker":
+            return f"docker logs -f --since 0s {quote_path(self.log_target)} 2>&1"
+        return self.log_target
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A named cluster: its nodes and the settings spark-ops needs to operate it."""
+
+    name: str
+    tensor_parallel: int
+    nodes: tuple[Node, ...]
+    ssh: SSHSettings
+    recipe: RecipeSettings
+    watchdog: WatchdogSettings
+    engine: EngineSettings
+    source: str = ""
+    state_dir: str = "~/.local/state/spark-ops"
+
+    @property
+    def head(self) -> Node:
+        """The one head node."""
+        return next(n for n in self.nodes if n.is_head)
+
+    @property
+    def workers(self) -> tuple[Node, ...]:
+        """Every node but the head."""
+        return tuple(n for n in self.nodes if not n.is_head)
+
+    def node(self, name: str) -> Node:
+        """Look a node up by name."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise InventoryError(f"{self.source}: cluster {self.name!r} has no node {name!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json output."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """All clusters of one inventory file."""
+
+    path: str
+    clusters: dict[str, Cluster] = field(default_factory=dict)
+    default: str | None = None
+
+    def cluster(self, name: str | None = None) -> Cluster:
+        """Pick a cluster by name, or the only / default one."""
+        if name is None:
+            name = self.default
+        if name is None:
+            if len(self.clusters) == 1:
+                return next(iter(self.clusters.values()))
+            raise InventoryError(
+                f"{self.path}: holds clusters {sorted(self.clusters)}; choose one with --cluster"
+            )
+        if name not in self.clusters:
+            raise InventoryError(
+                f"{self.path}: no cluster {name!r}; clusters are {sorted(self.clusters)}"
+            )
+        return self.clusters[name]
+
+
+class _Section:
+    """A mapping being validated, which knows its file and dotted key path for errors."""
+
+    def __init__(self, source: str, key: str, data: Any, allowed: tuple[str, ...]) -> None:
+        """Check the value is a mapping with only allowed keys."""
+        self.source, self.key = source, key
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise self.error(key, f"must be a mapping, got {type(data).__name__}")
+        unknown = sorted(str(k) for k in data if k not in allowed)
+        if unknown:
+            raise self.error(
+                f"{key}.{unknown[0]}" if key else unknown[0],
+                f"unknown key; allowed keys: {', '.join(allowed)}",
+            )
+        self.data: Mapping[str, Any] = data
+
+    def error(self, key: str, message: str) -> InventoryError:
+        """Build an error naming the file and key."""
+        return InventoryError(f"{self.source}: {key}: {message}")
+
+    def path(self, name: str) -> str:
+        """The dotted path of a key in this section."""
+        return f"{self.key}.{name}" if self.key else name
+
+    def get(self, name: str, kind: type | tuple[type, ...], default: Any = None, *, required=False):
+        """Read a key, checking its type."""
+        if name not in self.data or self.data[name] is None:
+            if required:
+                raise self.error(self.path(name), "is required")
+            return default
+        value = self.data[name]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) and kind in (int, float):
+            raise self.error(self.path(name), f"must be a number, got {value!r}")
+        if not isinstance(value, kind):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise self.error(self.path(name), f"must be {names}, got {value!r}")
+        return value
+
+    def positive(self, name: str, kind: type, default: Any) -> Any:
+        """Read a number that must be > 0."""
+        value = self.get(name, kind, default)
+        if value is not None and value <= 0:
+            raise self.error(self.path(name), f"must be > 0, got {value!r}")
+        return value
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
+        """Read a string among fixed choices."""
+        value = self.get(name, str, default)
+        if value not in choices:
+            raise self.error(self.path(name), f"must be one of {', '.join(choices)}, got {value!r}")
+        return str(value)
+
+    def sub(self, name: str, allowed: tuple[str, ...], *, required: bool = False) -> _Section:
+        """Descend into a nested mapping."""
+        if required and name not in self.data:
+            raise self.error(self.path(name), "is required")
+        return _Section(self.source, self.path(name), self.data.get(name), allowed)
+
+
+def _load_ssh(sec: _Section) -> SSHSettings:
+    """Validate the ssh: section."""
+    identity = sec.get("identity", (str, list), ())
+    if isinstance(identity, str):
+        identity = [identity]
+    if "password" in sec.data:
+        raise sec.error(sec.path("password"), "passwords are not accepted; use identity or agent")
+    return SSHSettings(
+        user=sec.get("user", str),
+        port=sec.positive("port", int, 22),
+        known_hosts=sec.get("known_hosts", str),
+        identity=tuple(str(i) for i in identity),
+        agent=sec.get("agent", bool, True),
+        config=sec.get("config", str),
+        jump=sec.get("jump", str),
+        connect_timeout=sec.positive("connect_timeout", float, 10.0),
+        command_timeout=sec.positive("command_timeout", float, 60.0),
+        max_concurrent_connects=sec.positive("max_concurrent_connects", int, 16),
+        insecure_no_host_key_check=sec.get("insecure_no_host_key_check", bool, False),
+    )
+
+
+_SSH_KEYS = (
+    "user", "port", "known_hosts", "identity", "agent", "config", "jump", "connect_timeout",
+    "command_timeout", "max_concurrent_connects", "insecure_no_host_key_check", "password",
+)  # fmt: skip
+_NODE_KEYS = ("host", "port", "user", "role", "sudo")
+_RECIPE_KEYS = ("path", "nodes", "keep_backups")
+_WATCHDOG_KEYS = (
+    "restart_command", "status_command", "history_file", "history_format", "lock_file",
+    "journal_file", "pause_file", "gave_up_file", "budget", "reports_stamp", "python",
+)  # fmt: skip
+_ENGINE_KEYS = (
+    "log", "api", "boot_deadline_s", "probe_timeout_s", "worker_stall_s", "min_mem_available_gb",
+    "model",
+)  # fmt: skip
+_CLUSTER_KEYS = ("tensor_parallel", "ssh", "nodes", "recipe", "watchdog", "engine", "state_dir")
+
+
+def _load_nodes(sec: _Section, ssh: SSHSettings) -> tuple[Node, ...]:
+    """Validate the nodes: mapping (exactly one head)."""
+    if not sec.data:
+        raise sec.error(sec.key, "must list at least one node")
+    nodes = []
+    for name in sec.data:
+        n = _Section(sec.source, sec.path(str(name)), sec.data[name], _NODE_KEYS)
+        nodes.append(
+            Node(
+                name=str(name),
+                host=n.get("host", str, required=True),
+                port=n.positive("port", int, ssh.port),
+                user=n.get("user", str, ssh.user),
+                role=n.choice("role", ROLES, "worker"),
+                sudo=n.get("sudo", bool, False),
+            )
+        )
+    heads = [n.name for n in nodes if n.is_head]
+    if len(heads) != 1:
+        raise sec.error(sec.key, f"exactly one node must have role: head, found {heads or 'none'}")
+    return tuple(nodes)
+
+
+def _load_cluster(source: str, name: str, data: Any) -> Cluster:
+    """Validate one cluster mapping."""
+    sec = _Section(source, f"clusters.{name}", data, _CLUSTER_KEYS)
+    ssh = _load_ssh(sec.sub("ssh", _SSH_KEYS))
+    nodes = _load_nodes(sec.sub("nodes", tuple(sec.data.get("nodes") or ()), required=True), ssh)
+    names = [n.name for n in nodes]
+    head = next(n.name for n in nodes if n.is_head)
+
+    rsec = sec.sub("recipe", _RECIPE_KEYS, required=True)
+    rnodes = rsec.get("nodes", list, [head])
+    for r in rnodes:
+        if r not in names:
+            raise rsec.error(rsec.path("nodes"), f"names unknown node {r!r}; nodes are {names}")
+    recipe = RecipeSettings(
+        path=rsec.get("path", str, required=True),
+        nodes=tuple(rnodes),
+        keep_backups=rsec.positive("keep_backups", int, 5),
+    )
+
+    wsec = sec.sub("watchdog", _WATCHDOG_KEYS, required=True)
+    bsec = wsec.sub("budget", ("max_restarts", "window_s"))
+    watchdog = WatchdogSettings(
+        restart_command=wsec.get("restart_command", str, required=True),
+        status_command=wsec.get("status_command", str),
+        history_file=wsec.get("history_file", str, required=True),
+        history_format=wsec.choice("history_format", HISTORY_FORMATS, "auto"),
+        lock_file=wsec.get("lock_file", str),
+        journal_file=wsec.get("journal_file", str),
+        pause_file=wsec.get("pause_file", str),
+        gave_up_file=wsec.get("gave_up_file", str),
+        max_restarts=bsec.positive("max_restarts", int, 2),
+        window_s=bsec.positive("window_s", int, 21600),
+        reports_stamp=wsec.get("reports_stamp", bool, False),
+        python=wsec.get("python", str, "python3"),
+    )
+
+    esec = sec.sub("engine", _ENGINE_KEYS)
+    lsec = esec.sub("log", ("kind", "path", "unit", "container", "command"))
+    kind = lsec.choice("kind", LOG_KINDS, "file")
+    target_key = {"file": "path", "journalctl": "unit", "docker": "container", "command": "command"}
+    target = lsec.get(target_key[kind], str, "~/engine.log" if kind == "file" else None)
+    if target is None:
+        raise lsec.error(lsec.path(target_key[kind]), f"is required when kind is {kind}")
+    asec = esec.sub("api", ("url", "tunnel"))
+    url = asec.get("url", str, "http://127.0.0.1:8000")
+    if not url.startswith(("http://", "https://")):
+        raise asec.error(asec.path("url"), f"must start with http:// or https://, got {url!r}")
+    engine = EngineSettings(
+        log_kind=kind,
+        log_target=target,
+        api_url=url.rstrip("/"),
+        tunnel=asec.get("tunnel", bool, True),
+        boot_deadline_s=esec.positive("boot_deadline_s", float, 1800.0),
+        probe_timeout_s=esec.positive("probe_timeout_s", float, 30.0),
+        worker_stall_s=esec.positive("worker_stall_s", float, 300.0),
+        min_mem_available_gb=esec.positive("min_mem_available_gb", float, 8.0),
+        model=esec.get("model", str),
+    )
+    tp = sec.positive("tensor_parallel", int, len(nodes))
+    return Cluster(
+        name=name,
+        tensor_parallel=tp,
+        nodes=nodes,
+        ssh=ssh,
+        recipe=recipe,
+        watchdog=watchdog,
+        engine=engine,
+        source=source,
+        state_dir=sec.get("state_dir", str, "~/.local/state/spark-ops"),
+    )
+
+
+def parse_inventory(text: str, source: str) -> Inventory:
+    """Parse and validate inventory YAML text; `source` names it in errors."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InventoryError(f"{source}: not valid YAML: {exc}") from exc
+    top = _Section(source, "", data, ("clusters", "default_cluster"))
+    csec = top.sub("clusters", tuple(str(k) for k in (top.data.get("clusters") or {})))
+    if not csec.data:
+        raise InventoryError(f"{source}: clusters: must define at least one cluster")
+    clusters = {str(name): _load_cluster(source, str(name), csec.data[name]) for name in csec.data}
+    default = top.get("default_cluster", str)
+    if default is not None and default not in clusters:
+        raise InventoryError(
+            f"{source}: default_cluster: {default!r} is not one of {sorted(clusters)}"
+        )
+    return Inventory(path=source, clusters=clusters, default=default)
+
+
+def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
+    """Load the inventory from a path, else $SPARK_OPS_INVENTORY, else ./inventory/cluster.yaml."""
+    chosen = path or os.environ.get(ENV_VAR)
+    if not chosen:
+        default = Path("inventory/cluster.yaml")
+        if not default.exists():
+            raise InventoryError(
+                f"no inventory given: pass --inventory FILE or set {ENV_VAR} "
+                f"(looked for {default})"
+            )
+        chosen = default
+    p = Path(chosen).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InventoryError(f"{p}: cannot read inventory: {exc.strerror or exc}") from exc
+    return parse_inventory(text, str(p))

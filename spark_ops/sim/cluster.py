@@ -1,0 +1,317 @@
+"""The embedded cluster: N simulated SSH nodes on loopback, the reference watchdog and a simulated engine.
+
+`prepare()` lays out a directory (keys, one file tree per node, the recipe, the watchdog's config and a
+history with one earlier automatic restart); `serve()` runs the nodes until SIGTERM and writes the
+inventory that spark-ops uses to reach them; `up()` / `down()` run serve() as a background process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from spark_ops.errors import SparkOpsError
+
+STATE = "state.json"
+CONTROL = "control.sock"
+
+
+class SimError(SparkOpsError):
+    """The embedded cluster could not be started, reached or stopped."""
+
+
+@dataclass
+class SimOptions:
+    """How to lay out the embedded cluster."""
+
+    nodes: int = 4
+    time_scale: float = 1.0
+    boot_scale: float = 1.0
+    fault: str | None = None
+    max_num_seqs: int = 6
+    watchdog_interval_s: float = 5.0
+
+
+def asset(name: str) -> str:
+    """Text of a file shipped in spark_ops/data/sim/."""
+    return resources.files("spark_ops.data").joinpath("sim", name).read_text(encoding="utf-8")
+
+
+def asset_path(name: str) -> Path:
+    """Path of a file shipped in spark_ops/data/sim/ (the package is installed unzipped)."""
+    return Path(str(resources.files("spark_ops.data").joinpath("sim", name)))
+
+
+def _free_port() -> int:
+    """A currently free loopback TCP port."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def node_names(n: int) -> list[str]:
+    """node1 … nodeN; node1 is the head."""
+    return [f"node{i}" for i in range(1, n + 1)]
+
+
+def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
+    """Lay out keys, node trees, recipe, watchdog config and history; returns the layout facts."""
+    import asyncssh
+
+    from spark_ops.watchdog import history
+
+    root = root.resolve()
+    keys = root / "keys"
+    keys.mkdir(parents=True, exist_ok=True)
+    client = asyncssh.generate_private_key("ssh-ed25519", comment="spark-ops-sim")
+    client.write_private_key(str(keys / "client_ed25519"))
+    client.write_public_key(str(keys / "client_ed25519.pub"))
+    os.chmod(keys / "client_ed25519", 0o600)
+    names = node_names(opts.nodes)
+    engine_port = _free_port()
+    head = root / "nodes" / names[0]
+    for name in names:
+        home = root / "nodes" / name
+        (home / "bin").mkdir(parents=True, exist_ok=True)
+        key = asyncssh.generate_private_key("ssh-ed25519", comment=f"sim-{name}")
+        key.write_private_key(str(keys / f"host_{name}"))
+        key.write_public_key(str(keys / f"host_{name}.pub"))
+    shim = head / "bin" / "vllm"
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m spark_ops.sim.engine "$@"\n')
+    shim.chmod(0o755)
+    wd = head / "bin" / "spark-watchdog"
+    wd.write_text(f'#!/bin/sh\nexec {sys.executable} -m spark_ops.watchdog.daemon "$@"\n')
+    wd.chmod(0o755)
+    engine_cfg = root / "engine.yaml"
+    engine_cfg.write_text(_engine_overlay(opts))
+    recipe = head / "recipes" / "glm-5.3-flash-sim.yaml"
+    recipe.parent.mkdir(parents=True, exist_ok=True)
+    recipe.write_text(
+        asset("glm-5.3-flash-sim.yaml")
+        .replace("port: 8000", f"port: {engine_port}")
+        .replace("max_num_seqs: 6 ", f"max_num_seqs: {opts.max_num_seqs} ")
+    )
+    state = head / ".local" / "state" / "spark-watchdog"
+    state.mkdir(parents=True, exist_ok=True)
+    cfg = head / ".config" / "spark-watchdog.yaml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(
+        asset("watchdog.yaml")
+        .replace("@HOME@", str(head))
+        .replace("@PORT@", str(engine_port))
+        .replace("@INTERVAL@", str(opts.watchdog_interval_s))
+    )
+    hist = str(state / "restarts")
+    if not Path(hist).exists():
+        history.append(
+            hist, stamp=int(time.time()) - 7200, reason="probe failed 3 times", by="watchdog"
+        )
+    layout = {"root": str(root), "names": names, "engine_port": engine_port}
+    (root / "layout.json").write_text(json.dumps(layout, indent=2))
+    return layout
+
+
+def _engine_overlay(opts: SimOptions) -> str:
+    """The sim engine config: the shipped parameters with this cluster's speed and fault."""
+    lines = [
+        f"base: {asset_path('engine.yaml')}",
+        f"time_scale: {opts.time_scale}",
+        f"fault: {opts.fault or 'null'}",
+    ]
+    if opts.boot_scale != 1.0:
+        lines.append("boot:")
+        base = _shipped_boot()
+        for k, v in base.items():
+            lines.append(f"  {k}: {float(v) * opts.boot_scale}")
+    return "\n".join(lines) + "\n"
+
+
+def _shipped_boot() -> dict[str, Any]:
+    """The boot phase durations of the shipped engine config."""
+    import yaml
+
+    data = yaml.safe_load(asset("engine.yaml"))
+    return dict(data.get("boot", {}))
+
+
+def inventory_text(root: Path, ports: dict[str, int], engine_port: int) -> str:
+    """The inventory spark-ops uses to reach this embedded cluster."""
+    names = list(ports)
+    nodes = "\n".join(
+        f"      {n}: {{host: 127.0.0.1, port: {p}, role: {'head' if i == 0 else 'worker'}}}"
+        for i, (n, p) in enumerate(ports.items())
+    )
+    return asset("inventory.yaml").format(
+        root=root,
+        nodes=nodes,
+        tp=len(names),
+        engine_port=engine_port,
+    )
+
+
+class SimCluster:
+    """The running nodes of one embedded cluster (inside serve())."""
+
+    def __init__(self, root: Path) -> None:
+        """Read the layout written by prepare()."""
+        from spark_ops.sim.node import NodeSpec, SimNode
+
+        self.root = root.resolve()
+        layout = json.loads((self.root / "layout.json").read_text())
+        self.engine_port = int(layout["engine_port"])
+        self.names: list[str] = layout["names"]
+        self.nodes: dict[str, SimNode] = {}
+        for i, name in enumerate(self.names):
+            spec = NodeSpec(
+                name=name,
+                role="head" if i == 0 else "worker",
+                home=self.root / "nodes" / name,
+                host_key=self.root / "keys" / f"host_{name}",
+                authorized_keys=self.root / "keys" / "client_ed25519.pub",
+                env={"SPARK_SIM_CONFIG": str(self.root / "engine.yaml")},
+            )
+            self.nodes[name] = SimNode(spec)
+        self.watchdog: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> None:
+        """Start workers, then the head (which learns the workers' raylet addresses)."""
+        for name in self.names[1:]:
+            await self.nodes[name].start()
+        head = self.nodes[self.names[0]]
+        head.spec.env["SPARK_SIM_RAY_WORKERS"] = ",".join(
+            f"{n}=127.0.0.1:{self.nodes[n].spec.raylet_port}" for n in self.names[1:]
+        )
+        await head.start()
+        ports = {n: self.nodes[n].spec.port for n in self.names}
+        (self.root / "inventory.yaml").write_text(inventory_text(self.root, ports, self.engine_port))
+        known = ""
+        for n in self.names:
+            pub = (self.root / "keys" / f"host_{n}.pub").read_text().strip()
+            known += f"[127.0.0.1]:{ports[n]} {pub}\n"
+        (self.root / "keys" / "known_hosts").write_text(known)
+
+    def head_env(self) -> dict[str, str]:
+        """The environment of commands on the head."""
+        return self.nodes[self.names[0]]._env()
+
+    def start_watchdog(self) -> None:
+        """Start the engine from the recipe, then the reference watchdog, on the head."""
+        head = self.root / "nodes" / self.names[0]
+        cfg = str(head / ".config" / "spark-watchdog.yaml")
+        env = self.head_env()
+        subprocess.run(
+            [sys.executable, "-m", "spark_ops.watchdog.daemon", "--config", cfg, "--start-engine"],
+            cwd=head, env=env, check=True, stdout=subprocess.DEVNULL, timeout=60,
+        )  # fmt: skip
+        log = open(head / "watchdog.log", "ab")  # noqa: SIM115
+        self.watchdog = subprocess.Popen(
+            [sys.executable, "-m", "spark_ops.watchdog.daemon", "--config", cfg],
+            cwd=head, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+
+    async def control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer one control request: `stop NODE` / `start NODE` / `ports`."""
+        try:
+            words = (await reader.readline()).decode().split()
+            answer: dict[str, Any] = {"ok": True}
+            if len(words) == 2 and words[0] in ("stop", "start") and words[1] in self.nodes:
+                node = self.nodes[words[1]]
+                await (node.stop() if words[0] == "stop" else node.start())
+            elif words == ["ports"]:
+                answer["ports"] = {n: s.spec.port for n, s in self.nodes.items()}
+            else:
+                answer = {"ok": False, "error": f"unknown request {' '.join(words)!r}"}
+            writer.write((json.dumps(answer) + "\n").encode())
+            await writer.drain()
+        finally:
+            writer.close()
+
+    def stop_processes(self) -> None:
+        """Stop the watchdog and the engine it started (whole process groups)."""
+        head = self.root / "nodes" / self.names[0]
+        if self.watchdog is not None:
+            _killpg(self.watchdog.pid)
+        for pidfile in head.glob(".local/state/spark-watchdog/engine.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                _killpg(int(pidfile.read_text().split()[0]))
+
+    async def stop(self) -> None:
+        """Stop processes, then nodes."""
+        self.stop_processes()
+        for node in self.nodes.values():
+            await node.stop()
+
+
+def _killpg(pid: int) -> None:
+    """SIGTERM a process group, then SIGKILL it if it lingers."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        for _ in range(30):
+            time.sleep(0.1)
+            try:
+                os.killpg(pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+
+
+async def serve(root: Path) -> None:
+    """Run the embedded cluster until SIGTERM/SIGINT; state.json tells others it is up."""
+    sim = SimCluster(root)
+    await sim.start()
+    sim.start_watchdog()
+    sock = str(sim.root / CONTROL)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(sock)
+    server = await asyncio.start_unix_server(sim.control, path=sock)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    state = {
+        "pid": os.getpid(),
+        "ports": {n: s.spec.port for n, s in sim.nodes.items()},
+        "engine_port": sim.engine_port,
+        "inventory": str(sim.root / "inventory.yaml"),
+        "started": time.time(),
+    }
+    (sim.root / STATE).write_text(json.dumps(state, indent=2))
+    try:
+        await stop.wait()
+    finally:
+        server.close()
+        await sim.stop()
+        with contextlib.suppress(FileNotFoundError):
+            (sim.root / STATE).unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m spark_ops.sim.cluster serve ROOT`."""
+    from spark_ops.log import configure
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "serve":
+        sys.stderr.write("usage: python -m spark_ops.sim.cluster serve ROOT\n")
+        return 2
+    configure(-1, json=True)
+    asyncio.run(serve(Path(args[1])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Control of the embedded cluster from outside: up (background process), down, status, node stop/start."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from spark_ops.sim.cluster import CONTROL, STATE, SimError, SimOptions, prepare
+
+DEFAULT_ROOT = Path(".sim")
+
+
+def read_state(root: Path) -> dict[str, Any] | None:
+    """The running cluster's state.json, or None when it is not running."""
+    try:
+        state: dict[str, Any] = json.loads((root / STATE).read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(int(state["pid"]), 0)
+    except (ProcessLookupError, PermissionError, KeyError, ValueError):
+        return None
+    return state
+
+
+def up(root: Path, opts: SimOptions, *, fresh: bool = True, timeout: float = 60.0) -> dict[str, Any]:
+    """Lay out (fresh by default) and start the embedded cluster in the background; wait until up."""
+    root = root.resolve()
+    if read_state(root) is not None:
+        raise SimError(
+            f"an embedded cluster is already running in {root}", hint="spark-ops sim down first"
+        )
+    if fresh and root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    prepare(root, opts)
+    log = open(root / "cluster.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spark_ops.sim.cluster", "serve", str(root)],
+        stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = read_state(root)
+        if state is not None:
+            return state
+        if proc.poll() is not None:
+            tail = (root / "cluster.log").read_text(errors="replace")[-2000:]
+            raise SimError(f"the embedded cluster exited at start (code {proc.returncode}):\n{tail}")
+        time.sleep(0.1)
+    raise SimError(f"the embedded cluster did not come up within {timeout:.0f} s; see {root}/cluster.log")
+
+
+def down(root: Path, timeout: float = 20.0) -> bool:
+    """Stop the embedded cluster; True when one was running."""
+    state = read_state(root.resolve())
+    if state is None:
+        return False
+    pid = int(state["pid"])
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    return True
+
+
+def node(root: Path, action: str, name: str) -> dict[str, Any]:
+    """Stop or start one simulated node (its SSH server and raylet)."""
+    if read_state(root.resolve()) is None:
+        raise SimError(f"no embedded cluster is running in {root}")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(str(root.resolve() / CONTROL))
+        s.sendall(f"{action} {name}\n".encode())
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    answer: dict[str, Any] = json.loads(data or b"{}")
+    if not answer.get("ok"):
+        raise SimError(f"sim {action} {name}: {answer.get('error', 'no answer')}")
+    return answer

@@ -1,0 +1,71 @@
+"""Cluster status as data: nodes reachable and latency, engine state and load, recipe knobs, budget."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from spark_ops.errors import SparkOpsError
+from spark_ops.inventory import Cluster
+from spark_ops.remote import ClusterSession
+
+
+async def collect_status(cluster: Cluster) -> dict[str, Any]:
+    """Gather everything `spark-ops status` shows; unreachable parts are reported, not raised."""
+    from spark_ops.workflows import Operation
+
+    data: dict[str, Any] = {"cluster": cluster.name, "time": time.time(), "nodes": [], "engine": {}}
+    async with ClusterSession(cluster) as session:
+        await session.connect(required=False)
+        for node in cluster.nodes:
+            err = session.errors.get(node.name)
+            data["nodes"].append(
+                {
+                    "name": node.name,
+                    "role": node.role,
+                    "address": f"{node.host}:{node.port}",
+                    "reachable": err is None,
+                    "latency_ms": round(session.latency.get(node.name, 0) * 1000, 1) if err is None else None,  # noqa: E501
+                    "error": err.message if err else None,
+                }
+            )
+        if cluster.head.name in session.errors:
+            return data
+        op = Operation(session, "status")
+        data["engine"] = await _engine(op)
+        try:
+            from spark_ops.recipe import knob_values
+
+            texts = await op.read_recipes()
+            head_text = texts.get(cluster.head.name, next(iter(texts.values())))
+            data["recipe"] = {
+                "path": cluster.recipe.path,
+                "knobs": {k: v for k, v in knob_values(head_text, source="recipe").items()},
+                "same_on_all_nodes": len(set(texts.values())) == 1,
+            }
+        except SparkOpsError as exc:
+            data["recipe"] = {"path": cluster.recipe.path, "error": exc.message}
+        try:
+            data["budget"] = (await op.watchdog.budget()).to_dict()
+        except SparkOpsError as exc:
+            data["budget"] = {"error": exc.message}
+    return data
+
+
+async def _engine(op: Any) -> dict[str, Any]:
+    """Engine health, version, model and load from /metrics."""
+    try:
+        await op.api_url()
+    except SparkOpsError as exc:
+        return {"up": False, "error": exc.message}
+    async with op.engine(timeout=5) as api:
+        up = await api.health()
+        info: dict[str, Any] = {"up": up, "url": op.cluster.engine.api_url}
+        if not up:
+            return info
+        info["version"] = await api.version()
+        info["models"] = await api.models()
+        snap = await api.metrics()
+        if snap is not None:
+            info.update(snap.to_dict())
+    return info

@@ -1,0 +1,303 @@
+"""The watchdog contract as spark-ops uses it over SSH: force a restart, find its stamp, read and prune.
+
+Works with any watchdog that keeps a history of restart stamps (one Unix time per line, or JSON lines) under
+a lock file: the reference `spark-watchdog` or an operator's own. The history is read and changed on the head
+by `history.py`, whose source is sent to the head's python3, so nothing has to be installed there. Times
+always come from the head's clock.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from spark_ops.errors import AmbiguousStamp, HistoryError, WatchdogError
+from spark_ops.remote import ClusterSession, quote_path
+
+_EXIT_MEANING = {3: "the history lock is held too long", 4: "the history is unreadable", 5: "stamp absent"}
+
+
+def history_source() -> str:
+    """The source of history.py, sent to the head's python3."""
+    return resources.files("spark_ops.watchdog").joinpath("history.py").read_text(encoding="utf-8")
+
+
+def operator() -> str:
+    """Who is acting, for journal entries ('spark-ops:<user>')."""
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return f"spark-ops:{user}"
+
+
+@dataclass
+class BudgetView:
+    """The restart budget as the head sees it, with journal reasons and the pause / gave-up flags."""
+
+    used: int
+    allowed: int
+    window_s: float
+    now: float
+    next_free_at: float
+    stamps: list[dict[str, Any]] = field(default_factory=list)
+    paused: bool = False
+    gave_up: bool = False
+    gave_up_reason: str = ""
+    malformed: list[dict[str, Any]] = field(default_factory=list)
+    history_file: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json."""
+        return {
+            "used": self.used,
+            "allowed": self.allowed,
+            "remaining": max(0, self.allowed - self.used),
+            "window_s": self.window_s,
+            "now": self.now,
+            "next_free_at": self.next_free_at,
+            "stamps": self.stamps,
+            "paused": self.paused,
+            "gave_up": self.gave_up,
+            "gave_up_reason": self.gave_up_reason,
+            "malformed": self.malformed,
+            "history_file": self.history_file,
+        }
+
+
+@dataclass
+class Trigger:
+    """What a forced restart did: the stamp it reported (if any) and the head's clock around it."""
+
+    before: float
+    after: float
+    stamp: float | None
+    output: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for reports."""
+        return {"before": self.before, "after": self.after, "stamp": self.stamp}
+
+
+class WatchdogContract:
+    """Operations on the head's watchdog files and commands, per the inventory."""
+
+    def __init__(self, session: ClusterSession) -> None:
+        """Bind to a connected session."""
+        self.session = session
+        self.cluster = session.cluster
+        self.wd = session.cluster.watchdog
+        self.head = session.cluster.head.name
+
+    def _common(self) -> list[str]:
+        """History file arguments shared by every history.py call."""
+        fmt = self.wd.history_format
+        return ["--history", self.wd.history_file, "--format", fmt]
+
+    def _locking(self) -> list[str]:
+        """Lock and journal arguments for changes."""
+        args = ["--lock", self.wd.lock_path]
+        if self.wd.journal_file:
+            args += ["--journal", self.wd.journal_file]
+        return args
+
+    async def history(self, command: str, *args: str, timeout: float | None = None) -> dict[str, Any]:
+        """Run a history.py subcommand on the head and return its JSON answer."""
+        argv = [command, *args]
+        line = f"{shlex.quote(self.wd.python)} - " + " ".join(
+            quote_path(a) if a.startswith("~") else shlex.quote(a) for a in argv
+        )
+        res = await self.session.run(
+            self.head, line, input=history_source(), check=False, timeout=timeout, sudo=True
+        )
+        try:
+            data = json.loads(res.stdout.strip().splitlines()[-1]) if res.stdout.strip() else {}
+        except ValueError:
+            data = {}
+        if res.exit_code != 0:
+            why = data.get("message") or res.stderr.strip() or _EXIT_MEANING.get(res.exit_code or 0)
+            raise HistoryError(
+                f"{self.head}: history.py {command} on {self.wd.history_file} failed "
+                f"(exit {res.exit_code}): {why}"
+            )
+        return data
+
+    async def clock(self) -> float:
+        """The head's time.time()."""
+        return float((await self.history("clock"))["time"])
+
+    async def stamps(self) -> list[float]:
+        """Every well-formed stamp in the history, in file order."""
+        data = await self.history("read", *self._common())
+        return [float(e["stamp"]) for e in data.get("entries", []) if e.get("stamp") is not None]
+
+    async def _flag(self, path: str | None) -> tuple[bool, str]:
+        """Whether a flag file exists on the head, and its first line."""
+        if not path:
+            return False, ""
+        text = await self.session.read_file(self.head, path)
+        if text is None:
+            return False, ""
+        return True, (text.strip().splitlines() or [""])[0]
+
+    async def budget(self) -> BudgetView:
+        """Used / allowed in the window, with journal reasons and flags."""
+        data = await self.history(
+            "budget", *self._common(), "--max", str(self.wd.max_restarts),
+            "--window", str(self.wd.window_s),
+        )  # fmt: skip
+        reasons = await self._journal_by_stamp()
+        stamps = []
+        for s in data.get("stamps", []):
+            rec = reasons.get(float(s), {})
+            stamps.append(
+                {
+                    "stamp": s,
+                    "age_s": round(float(data["now"]) - float(s), 1),
+                    "reason": rec.get("reason", ""),
+                    "by": rec.get("by", ""),
+                    "forced": rec.get("forced"),
+                }
+            )
+        paused, _ = await self._flag(self.wd.pause_file)
+        gave_up, why = await self._flag(self.wd.gave_up_file)
+        return BudgetView(
+            used=int(data["used"]),
+            allowed=int(data["allowed"]),
+            window_s=float(data["window"]),
+            now=float(data["now"]),
+            next_free_at=float(data["next_free_at"]),
+            stamps=stamps,
+            paused=paused,
+            gave_up=gave_up,
+            gave_up_reason=why,
+            malformed=list(data.get("malformed", [])),
+            history_file=self.wd.history_file,
+        )
+
+    async def _journal_by_stamp(self) -> dict[float, dict[str, Any]]:
+        """The latest journal record per stamp (reasons for budget displays)."""
+        journal = self.wd.journal_file or f"{self.wd.history_file}.journal.jsonl"
+        text = await self.session.read_file(self.head, journal)
+        out: dict[float, dict[str, Any]] = {}
+        for line in (text or "").splitlines():
+            try:
+                rec = json.loads(line)
+                if rec.get("action", "restart") != "prune" and rec.get("stamp") is not None:
+                    out[float(rec["stamp"])] = rec
+            except (ValueError, TypeError, AttributeError):
+                continue
+        return out
+
+    def restart_command(self, reason: str) -> str:
+        """The inventory's restart command with {reason} and {by} filled in, quoted."""
+        cmd = self.wd.restart_command
+        return cmd.replace("{reason}", shlex.quote(reason)).replace("{by}", shlex.quote(operator()))
+
+    async def trigger(self, reason: str, *, timeout: float = 600.0) -> Trigger:
+        """Force a restart through the watchdog, taking the head's clock before and after."""
+        before = await self.clock()
+        res = await self.session.run(self.head, self.restart_command(reason), timeout=timeout, check=False)
+        after = await self.clock()
+        if res.exit_code != 0:
+            raise WatchdogError(
+                f"{self.head}: the watchdog's restart command failed (exit {res.exit_code}): "
+                f"{res.stderr.strip()[-300:] or res.stdout.strip()[-300:]}"
+            )
+        return Trigger(before, after, _reported_stamp(res.stdout), res.stdout)
+
+    async def identify(self, trigger: Trigger, before: list[float]) -> float | None:
+        """The one stamp this restart wrote: reported, else the one new stamp in the clock window."""
+        now = await self.stamps()
+        old = list(before)
+        new = []
+        for s in now:
+            if s in old:
+                old.remove(s)
+            else:
+                new.append(s)
+        if trigger.stamp is not None:
+            if any(abs(s - trigger.stamp) < 1e-6 for s in now):
+                return trigger.stamp
+            raise HistoryError(
+                f"the watchdog reported stamp {trigger.stamp} but the history does not hold it"
+            )
+        window = [s for s in new if trigger.before - 1 <= s <= trigger.after + 1]
+        if len(window) == 1:
+            return window[0]
+        if not window:
+            return None
+        raise AmbiguousStamp(
+            f"{len(window)} new stamps appeared around the planned restart "
+            f"({', '.join(_fmt(s) for s in window)}): an automatic restart raced it; none pruned",
+            hint="see `spark-ops budget`, then prune the planned one by value: "
+            f"spark-ops budget prune --stamp {_fmt(window[0])}",
+        )
+
+    async def prune(
+        self,
+        *,
+        stamps: list[float] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        planned: bool = False,
+        dry_run: bool = False,
+        reason: str = "planned restart",
+    ) -> dict[str, Any]:
+        """Remove chosen stamps under the history lock (backup kept); returns history.py's report."""
+        args = [*self._common(), *self._locking(), "--by", operator(), "--reason", reason]
+        for s in stamps or []:
+            args += ["--stamp", _fmt(s)]
+        if since is not None:
+            args += ["--since", _fmt(since)]
+        if until is not None:
+            args += ["--until", _fmt(until)]
+        if planned:
+            args.append("--planned")
+        if dry_run:
+            args.append("--dry-run")
+        args += ["--keep-backups", str(self.cluster.recipe.keep_backups)]
+        return await self.history("prune", *args)
+
+    async def clear_gave_up(self) -> bool:
+        """Remove the gave-up file once the window has room again; True when removed."""
+        if not self.wd.gave_up_file:
+            raise WatchdogError("the inventory names no watchdog.gave_up_file")
+        view = await self.budget()
+        if view.used >= view.allowed:
+            raise WatchdogError(
+                f"the budget is still full ({view.used}/{view.allowed}); clearing gave-up now would "
+                f"let the watchdog loop; next slot frees at {_fmt(view.next_free_at)}",
+                hint="prune planned stamps first (spark-ops budget prune --planned)",
+            )
+        res = await self.session.run(
+            self.head, f"rm -f -- {quote_path(self.wd.gave_up_file)}", sudo=True
+        )
+        return res.ok
+
+
+def _fmt(stamp: float) -> str:
+    """Print a stamp as the history holds it (integers without a decimal point)."""
+    return str(int(stamp)) if float(stamp).is_integer() else repr(float(stamp))
+
+
+def _reported_stamp(output: str) -> float | None:
+    """Find {"stamp": …} in a restart command's output (the reference watchdog prints it)."""
+    for line in reversed(output.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line).get("stamp")
+            except ValueError:
+                continue
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return float(value)
+        m = re.match(r"^stamp[=:]\s*([0-9]+(?:\.[0-9]+)?)$", line)
+        if m:
+            return float(m.group(1))
+    return None

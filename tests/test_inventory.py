@@ -1,0 +1,65 @@
+"""Inventory loading: every case in tests/fixtures/inventory/ states what it expects on its first line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_ops.errors import InventoryError
+from spark_ops.inventory import load_inventory, parse_inventory
+
+CASES = Path(__file__).parent / "fixtures" / "inventory"
+
+
+def _expect(path: Path) -> str:
+    """The text after '# expect:' on the case's first line."""
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect:"), f"{path} must start with '# expect: ...'"
+    return first.split(":", 1)[1].strip()
+
+
+def _summary(path: Path) -> str:
+    """Describe the chosen cluster the way valid cases state it."""
+    c = load_inventory(path).cluster()
+    return (
+        f"cluster={c.name} nodes={len(c.nodes)} head={c.head.name} tp={c.tensor_parallel} "
+        f"recipe_nodes={','.join(c.recipe.nodes)} "
+        f"budget={c.watchdog.max_restarts}/{c.watchdog.window_s} log={c.engine.log_kind} "
+        f"api_tunnel={c.engine.tunnel}"
+    )
+
+
+@pytest.mark.parametrize("path", sorted((CASES / "valid").glob("*.yaml")), ids=lambda p: p.stem)
+def test_valid(path: Path) -> None:
+    """A valid inventory loads into the expected shape."""
+    assert _summary(path) == _expect(path)
+
+
+@pytest.mark.parametrize("path", sorted((CASES / "invalid").glob("*.yaml")), ids=lambda p: p.stem)
+def test_invalid(path: Path) -> None:
+    """An invalid inventory is refused with a message naming the file and the key."""
+    with pytest.raises(InventoryError) as err:
+        load_inventory(path).cluster()
+    assert _expect(path) in err.value.message
+    assert str(path) in err.value.message
+
+
+def test_env_var_and_missing_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPARK_OPS_INVENTORY picks the file; a missing file is named in the error."""
+    src = CASES / "valid" / "four-nodes.yaml"
+    monkeypatch.setenv("SPARK_OPS_INVENTORY", str(src))
+    assert load_inventory().cluster().name == "spark"
+    with pytest.raises(InventoryError, match="nope.yaml: cannot read inventory"):
+        load_inventory(tmp_path / "nope.yaml")
+
+
+def test_several_clusters_need_a_choice() -> None:
+    """With two clusters and no default, the error lists them."""
+    text = (CASES / "valid" / "eight-nodes-two-clusters.yaml").read_text()
+    inv = parse_inventory(text.replace("default_cluster: big\n", ""), "two.yaml")
+    with pytest.raises(InventoryError, match=r"holds clusters \['big', 'small'\]"):
+        inv.cluster()
+    assert inv.cluster("small").head.name == "s1"
+    assert inv.cluster("big").node("n8").sudo is True
+    assert inv.cluster("big").node("n8").port == 2200
