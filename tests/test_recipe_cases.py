@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import yaml
 
 from spark_ops import errors
 from spark_ops.recipe import Change, edit_recipe, render_recipe
+from spark_ops.recipe.diff import changed_line_pairs, lines_outside
 
 CASES = Path(__file__).parent / "fixtures" / "recipes"
 NAMES = sorted(p.name for p in CASES.iterdir() if (p / "case.yaml").is_file())
@@ -31,34 +31,10 @@ def changes_of(spec: dict[str, Any]) -> list[Change]:
     return out
 
 
-def changed_lines(old: str, new: str) -> list[tuple[str, str]]:
-    """(old, new) pairs of changed lines ("" when absent), ignoring a pure ` \\` change."""
-
-    def core(text: str) -> str:
-        """A line without its trailing continuation."""
-        return text.rstrip().removesuffix("\\").rstrip()
-
-    a, b = old.split("\n"), new.split("\n")
-    pairs: list[tuple[str, str]] = []
-    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            continue
-        olds, news = a[i1:i2], b[j1:j2]
-        for k in range(max(len(olds), len(news))):
-            pair = (olds[k] if k < len(olds) else "", news[k] if k < len(news) else "")
-            if pair[0] and pair[1] and core(pair[0]) == core(pair[1]):
-                continue
-            pairs.append(pair)
-    return pairs
-
-
 def assert_touches_only(old: str, new: str, allowed: list[str]) -> None:
     """Every changed line (before or after) mentions an allowed word (flag, key or env var)."""
-    for before, after in changed_lines(old, new):
-        assert any(w in before or w in after for w in allowed), (
-            f"unexpected line changed: {before!r} -> {after!r}"
-        )
+    outside = lines_outside(old, new, allowed)
+    assert not outside, f"lines changed outside {allowed}: {outside}"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -102,7 +78,7 @@ def test_changed_lines_helper_sees_real_changes() -> None:
     """The touched-lines check itself fails on an unrelated change."""
     with pytest.raises(AssertionError):
         assert_touches_only("a\n--port 1\n", "a\n--port 2\n", ["--max-num-seqs"])
-    assert changed_lines("x \\\ny\n", "x\ny\n") == []
+    assert changed_line_pairs("x \\\ny\n", "x\ny\n") == []
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from spark_ops.recipe.changes import Change, changes_from_options
-from spark_ops.recipe.edit import RecipeEdit, edit_recipe, unified_diff
+from spark_ops.recipe.diff import changed_line_pairs, unified_diff
+from spark_ops.recipe.edit import RecipeEdit, edit_recipe
 from spark_ops.recipe.knobs import (
     moe_backends,
     parse_kv_cache_memory,
@@ -17,6 +18,7 @@ __all__ = [
     "Change",
     "RecipeEdit",
     "Rendered",
+    "changed_line_pairs",
     "changes_from_options",
     "edit_recipe",
     "knob_values",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import string
 from collections.abc import Sequence
@@ -10,6 +9,7 @@ from dataclasses import dataclass, field
 
 from spark_ops.errors import RecipeError, SparkOpsError, UnsupportedRecipe
 from spark_ops.recipe.changes import Change
+from spark_ops.recipe.diff import unified_diff
 from spark_ops.recipe.knobs import (
     KNOBS,
     LEGACY_MOE_SETTINGS,
@@ -44,17 +44,6 @@ class RecipeEdit:
     def to_dict(self) -> dict[str, object]:
         """Serialize for --json output."""
         return {"changed": self.changed, "warnings": self.warnings, "vllm": self.vllm_version}
-
-
-def unified_diff(old: str, new: str, path: str) -> str:
-    """A unified diff of two texts (a/PATH, b/PATH), empty when equal."""
-    lines = difflib.unified_diff(
-        old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{path}", f"b/{path}"
-    )
-    out = []
-    for line in lines:
-        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
-    return "".join(out)
 
 
 Edit = tuple[int, int, str]

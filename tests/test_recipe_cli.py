@@ -1,0 +1,107 @@
+"""`spark-ops recipe` set/render/show through click's CliRunner on real files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from spark_ops.cli.recipe import cli
+from spark_ops.errors import ExitStatus
+
+GLM = Path(__file__).resolve().parents[1] / "recipes" / "glm-5.3-flash.yaml"
+
+
+@pytest.fixture
+def recipe(tmp_path: Path) -> Path:
+    """A writable copy of the GLM recipe."""
+    path = tmp_path / "glm.yaml"
+    shutil.copy(GLM, path)
+    return path
+
+
+def test_set_dry_run_writes_nothing(recipe: Path) -> None:
+    """--dry-run shows the diff and leaves the file and directory alone."""
+    before = recipe.read_bytes()
+    out = CliRunner().invoke(cli, ["set", str(recipe), "--max-num-seqs", "64", "--dry-run"])
+    assert out.exit_code == 0, out.output
+    assert "+  max_num_seqs: 64" in out.output
+    assert recipe.read_bytes() == before
+    assert sorted(p.name for p in recipe.parent.iterdir()) == ["glm.yaml"]
+
+
+def test_set_yes_writes_with_backup(recipe: Path) -> None:
+    """--yes writes atomically and keeps a timestamped backup of the old bytes."""
+    before = recipe.read_bytes()
+    args = ["set", str(recipe), "--kv-cache-memory", "40g", "--no-enforce-eager", "--yes"]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == 0, out.output
+    text = recipe.read_text(encoding="utf-8")
+    assert "--kv-cache-memory-bytes 40g \\" in text and "--enforce-eager" not in text
+    backups = list(recipe.parent.glob("glm.yaml.bak.*"))
+    assert len(backups) == 1 and backups[0].read_bytes() == before
+    assert not list(recipe.parent.glob(".glm.yaml.*"))
+    show = CliRunner().invoke(cli, ["show", str(recipe), "--json"])
+    assert json.loads(show.output)["kv_cache_memory_bytes"] == 40_000_000_000
+
+
+def test_set_declined_aborts(recipe: Path) -> None:
+    """Answering no leaves the file and exits with ABORTED."""
+    before = recipe.read_bytes()
+    out = CliRunner().invoke(cli, ["set", str(recipe), "--max-num-seqs", "9"], input="n\n")
+    assert out.exit_code == ExitStatus.ABORTED
+    assert recipe.read_bytes() == before
+
+
+def test_set_rejects_bad_value(recipe: Path) -> None:
+    """A value vLLM would reject exits RECIPE with `error:` on stderr."""
+    out = CliRunner().invoke(cli, ["set", str(recipe), "--kv-cache-memory", "60GB", "--yes"])
+    assert out.exit_code == ExitStatus.RECIPE
+    assert "error: --kv-cache-memory-bytes: '60GB' is not accepted" in out.output
+
+
+def test_set_unknown_moe_for_version(recipe: Path) -> None:
+    """--vllm-version decides which backend names exist."""
+    args = ["set", str(recipe), "--moe-backend", "b12x", "--vllm-version", "0.22.0", "--yes"]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == ExitStatus.RECIPE
+    assert "not a backend vLLM 0.22.0 knows" in out.output
+
+
+def test_set_generic_and_nothing_to_do(recipe: Path) -> None:
+    """--set/--flag/--unset-flag work; an edit to the current value writes nothing."""
+    args = ["set", str(recipe), "--set", "max_model_len=65536", "--flag", "--enable-prefix-caching"]
+    args += ["--unset-flag", "--trust-remote-code", "--yes"]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == 0, out.output
+    rendered = json.loads(CliRunner().invoke(cli, ["render", str(recipe), "--json"]).output)
+    assert "--enable-prefix-caching" in rendered["argv"]
+    assert "--trust-remote-code" not in rendered["argv"]
+    assert rendered["argv"][rendered["argv"].index("--max-model-len") + 1] == "65536"
+    out = CliRunner().invoke(cli, ["set", str(recipe), "--max-num-seqs", "6", "--yes"])
+    assert out.exit_code == 0 and "nothing to write" in out.output
+    out = CliRunner().invoke(cli, ["set", str(recipe)])
+    assert out.exit_code == ExitStatus.RECIPE and "nothing to change" in out.output
+
+
+def test_render_and_show_text(recipe: Path) -> None:
+    """Plain output lists the command and the knobs."""
+    out = CliRunner().invoke(cli, ["render", str(recipe)])
+    assert out.exit_code == 0
+    assert "vllm serve zai-org/GLM-5.3-Flash-NVFP4 --host 0.0.0.0" in out.output
+    out = CliRunner().invoke(cli, ["show", str(recipe)])
+    assert "moe_backend" in out.output and "marlin" in out.output
+
+
+def test_missing_file_and_bad_recipe(tmp_path: Path) -> None:
+    """Unreadable or invalid recipes exit RECIPE naming the file."""
+    missing = tmp_path / "none.yaml"
+    out = CliRunner().invoke(cli, ["show", str(missing)])
+    assert out.exit_code == ExitStatus.RECIPE and "none.yaml: cannot read" in out.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("command: |\n  /opt/entry.sh\n", encoding="utf-8")
+    out = CliRunner().invoke(cli, ["set", str(bad), "--max-num-seqs", "3", "--yes"])
+    assert out.exit_code == ExitStatus.RECIPE and "not `vllm serve`" in out.output
