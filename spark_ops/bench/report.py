@@ -69,6 +69,19 @@ def reading_lines(result: SweepResult) -> list[str]:
     return lines
 
 
+def _caption(result: SweepResult) -> str:
+    """How the figures were taken: repeats, mode details, steady fraction."""
+    lv = result.levels[0] if result.levels else None
+    parts = [f"{lv.repeats} repeat(s), aggregate ± half range" if lv else "no levels"]
+    cfg = result.config
+    if result.mode == "sustained":
+        parts.append(f"{cfg.get('duration_s', '?')} s per run")
+    elif result.mode == "poisson":
+        parts.append(f"{cfg.get('rate', '?')} req/s for {cfg.get('duration_s', '?')} s")
+    parts.append(f"steady: ≥{cfg.get('steady_fraction', 0.9):.0%} of C in flight")
+    return "; ".join(parts)
+
+
 def sweep_table(result: SweepResult) -> Table:
     """The note's table, plus steady/engine tok/s, tail, TTFT p50/p99 and errors."""
     from rich.table import Table
@@ -77,31 +90,31 @@ def sweep_table(result: SweepResult) -> Table:
     title = f"{result.model} — {result.mode}, {result.output_tokens} output tokens"
     if knobs:
         title += f" ({knobs})"
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", caption=_caption(result))
     for name in (
-        "concurrent requests",
-        "wall clock",
-        "aggregate throughput",
-        "average per user",
-        "steady decode",
-        "engine",
+        "concurrent\nrequests",
+        "wall\nclock",
+        "aggregate\ntok/s",
+        "per user\ntok/s",
+        "steady\ntok/s",
+        "engine\ntok/s",
         "tail",
-        "TTFT p50",
-        "TTFT p99",
+        "TTFT p50\nms",
+        "TTFT p99\nms",
         "errors",
     ):
-        table.add_column(name, justify="right")
+        table.add_column(name, justify="right", no_wrap=True)
     for lv in result.levels:
         table.add_row(
             str(lv.max_concurrency),
             f"{lv.duration:.1f} s",
-            f"{_spread(lv)} tok/s",
-            f"{_num(lv.per_user_tok_s, '{:.1f}')} tok/s",
-            f"{_num(lv.steady_output_throughput)} tok/s",
-            f"{_num(lv.engine_output_throughput)} tok/s",
+            _spread(lv),
+            _num(lv.per_user_tok_s, "{:.1f}"),
+            _num(lv.steady_output_throughput),
+            _num(lv.engine_output_throughput),
             _num(lv.tail_pct, "{:.0f}%"),
-            _num(lv.median_ttft_ms, "{:.0f} ms"),
-            _num(lv.p99_ttft_ms, "{:.0f} ms"),
+            _num(lv.median_ttft_ms),
+            _num(lv.p99_ttft_ms),
             str(lv.failed),
         )
     return table

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from spark_ops.bench.stats import LevelResult
 
 DEFAULT_CONCURRENCY = "1,6,16,32,64"
+TABLE_WIDTH = 110
 
 
 def resolve_url(url: str | None) -> str:
@@ -155,6 +156,7 @@ def cli(
 
     result = asyncio.run(run_sweep(config, on_level=progress))
     out = Console()
+    out.width = max(out.width, TABLE_WIDTH)  # ten columns: narrower terminals would truncate them
     out.print(report.sweep_table(result))
     for line in report.reading_lines(result):
         out.print(line, highlight=False)
@@ -186,6 +188,7 @@ def compare_cmd(before: Path, after: Path, json_path: Path | None) -> None:
     cmp = report.compare(
         report.load_result(before), report.load_result(after), names=(str(before), str(after))
     )
-    Console().print(report.render_compare_text(cmp), end="", highlight=False)
+    out = Console()
+    out.print(report.render_compare_text(cmp, width=max(out.width, 150)), end="", highlight=False)
     if json_path:
         json_path.write_text(json.dumps(cmp.to_dict(), indent=2) + "\n", encoding="utf-8")

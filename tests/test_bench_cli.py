@@ -1,0 +1,120 @@
+"""`spark-ops bench` and `spark-ops bench compare` through click, against a real local server."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from spark_ops.cli.bench import cli, resolve_url
+from spark_ops.errors import BenchError
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_stream_server", Path(__file__).parent / "fixtures" / "bench" / "stream_server.py"
+)
+assert _spec is not None and _spec.loader is not None
+server = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("bench_stream_server", server)
+_spec.loader.exec_module(server)
+
+
+@pytest.fixture
+def live_server() -> Iterator[tuple[Any, str]]:
+    """A FakeEngine (cap 2) served from a thread's own event loop (the CLI runs asyncio.run)."""
+    loop = asyncio.new_event_loop()
+    engine = server.FakeEngine(max_num_seqs=2, step_s=0.005)
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        """Run the loop with the server until stopped."""
+        asyncio.set_event_loop(loop)
+        box["runner"], box["url"] = loop.run_until_complete(server.start(engine))
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(box["runner"].cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    yield engine, box["url"]
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def test_sweep_then_compare(live_server: tuple[Any, str], tmp_path: Path) -> None:
+    """The sweep prints the table and writes JSON/CSV/PNG; compare prints ratios."""
+    engine, url = live_server
+    runner = CliRunner()
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    args = [
+        "--url",
+        url + "/v1/",
+        "--concurrency",
+        "1,4",
+        "--output-tokens",
+        "10",
+        "--repeats",
+        "1",
+        "--slo-tok-s",
+        "12",
+    ]
+    res = runner.invoke(
+        cli,
+        [
+            *args,
+            "--knob",
+            "max_num_seqs=2",
+            "--json",
+            str(a),
+            "--csv",
+            str(tmp_path / "a.csv"),
+            "--plot",
+            str(tmp_path / "a.png"),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert "concurrent" in res.output and "aggregate" in res.output and "tok/s" in res.output
+    assert "(max_num_seqs=2)" in res.output
+    assert "Per-user SLO 12 tok/s" in res.output
+    data = json.loads(a.read_text())
+    assert data["knobs"] == {"max_num_seqs": 2}
+    assert [lv["max_concurrency"] for lv in data["levels"]] == [1, 4]
+    assert (tmp_path / "a.csv").read_text().count("\n") == 3
+    assert (tmp_path / "a.png").stat().st_size > 1000
+    assert engine.requests == 5
+
+    res = runner.invoke(cli, [*args, "--mode", "sustained", "--duration", "0.3", "--json", str(b)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(cli, ["compare", str(a), str(b), "--json", str(tmp_path / "c.json")])
+    assert res.exit_code == 0, res.output
+    assert "aggregate tok/s" in res.output and "×" in res.output
+    cmp = json.loads((tmp_path / "c.json").read_text())
+    assert [lv["max_concurrency"] for lv in cmp["levels"]] == [1, 4]
+
+
+def test_usage_errors() -> None:
+    """Bad levels are a usage error; a missing result file is a BenchError naming it."""
+    runner = CliRunner()
+    res = runner.invoke(cli, ["--url", "http://127.0.0.1:9", "--concurrency", "1,x"])
+    assert res.exit_code == 2 and "comma-separated integers" in res.output
+    res = runner.invoke(cli, ["compare", "/nonexistent/a.json", "/nonexistent/b.json"])
+    assert isinstance(res.exception, BenchError)
+    assert "/nonexistent/a.json: cannot read" in str(res.exception)
+
+
+def test_resolve_url() -> None:
+    """URLs are normalised: scheme added, trailing /v1 and slash dropped; none is an error."""
+    assert resolve_url("node1:8000") == "http://node1:8000"
+    assert resolve_url("http://node1:8000/v1/") == "http://node1:8000"
+    with pytest.raises(BenchError, match="no server"):
+        resolve_url(None)

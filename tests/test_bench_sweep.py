@@ -1,0 +1,236 @@
+"""End-to-end sweeps against a real local streaming server (fixtures/bench/stream_server.py)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_ops.bench import report
+from spark_ops.bench.sweep import SweepConfig, SweepResult, run_sweep
+from spark_ops.errors import BenchError
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_stream_server", Path(__file__).parent / "fixtures" / "bench" / "stream_server.py"
+)
+assert _spec is not None and _spec.loader is not None
+server = importlib.util.module_from_spec(_spec)
+sys.modules["bench_stream_server"] = server
+_spec.loader.exec_module(server)
+
+Serve = Callable[..., Any]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    """Start FakeEngine servers on port 0; all are stopped after the test."""
+    runners = []
+
+    async def start(**kwargs: Any) -> tuple[Any, str]:
+        """Start one server with the given FakeEngine settings."""
+        engine = server.FakeEngine(**kwargs)
+        runner, url = await server.start(engine)
+        runners.append(runner)
+        return engine, url
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+def config(url: str, **kwargs: Any) -> SweepConfig:
+    """A short sweep config for tests."""
+    base: dict[str, Any] = dict(
+        base_url=url, levels=[1, 4], output_tokens=12, repeats=1, sample_interval_s=0.05
+    )
+    base.update(kwargs)
+    return SweepConfig(**base)
+
+
+async def test_burst_sweep_counts_caps_and_writes(serve: Serve, tmp_path: Path) -> None:
+    """Burst sweep: usage token counts, an injected failure, the cap, JSON/CSV/PNG/compare."""
+    # server request numbers: C=1 x 2 repeats -> 1, 2; C=4 repeat 1 -> 3..6; request 5 fails.
+    engine, url = await serve(max_num_seqs=4, step_s=0.01, fail_http={5})
+    seen: list[int] = []
+    result = await run_sweep(
+        config(
+            url,
+            levels=[1, 4, 8],
+            output_tokens=30,
+            repeats=2,
+            slo_tok_s=50,
+            knobs={"max_num_seqs": 4},
+        ),
+        on_level=lambda lv: seen.append(lv.max_concurrency),
+    )
+    assert seen == [1, 4, 8]
+    assert result.model == "tiny-test"  # discovered from /v1/models
+    by_c = {lv.max_concurrency: lv for lv in result.levels}
+    assert [lv.completed for lv in result.levels] == [2, 7, 16]
+    assert by_c[4].failed == 1
+    assert by_c[4].errors == {
+        "HTTP 500: " + json.dumps({"object": "error", "message": "injected"}): 1
+    }
+    for lv in result.levels:
+        assert lv.usage_reported
+        assert lv.total_output_tokens == 30 * lv.completed
+        assert lv.total_input_tokens == 25 * lv.completed
+        assert lv.engine_output_throughput is not None
+    # the server generated exactly what the client counted
+    assert engine.generated == sum(lv.total_output_tokens for lv in result.levels)
+    # what was sent: unique prompts within a level, the note's sampling settings
+    bodies = engine.bodies
+    assert len(bodies) == 2 + 8 + 16
+    c8 = [b["messages"][0]["content"] for b in bodies[-16:]]
+    assert len(set(c8)) == 16
+    for b in bodies:
+        assert b["max_tokens"] == 30 and b["temperature"] == 0 and b["ignore_eos"] is True
+        assert b["stream"] is True and b["stream_options"] == {"include_usage": True}
+    # max_num_seqs=4: at C=8 half the requests wait; running plateaus at 4
+    assert result.reading.cap.detected and result.reading.cap.plateau == 4
+    assert result.reading.cap.matches_knob is True
+    assert by_c[8].max_waiting is not None and by_c[8].max_waiting >= 1
+    # the capped level doubles the wall clock and gains nothing: the knee
+    assert by_c[8].duration > 1.6 * by_c[4].duration
+    assert result.reading.knee == 8
+    assert result.reading.slo_max_concurrency is not None
+    assert (by_c[8].p99_ttft_ms or 0) > (by_c[4].p99_ttft_ms or 1e9)
+
+    paths = {k: tmp_path / f"r.{k}" for k in ("json", "csv", "png")}
+    report.write_json(result, paths["json"])
+    report.write_csv(result, paths["csv"])
+    from spark_ops.bench.plot import plot_sweep
+
+    plot_sweep(result, paths["png"])
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads(paths["json"].read_text())
+    for key in (
+        "duration",
+        "completed",
+        "total_output_tokens",
+        "output_throughput",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "mean_itl_ms",
+        "p99_itl_ms",
+        "mean_e2el_ms",
+        "max_concurrency",
+    ):
+        assert key in data["levels"][0], key
+    again = report.load_result(paths["json"])
+    assert again.to_dict() == result.to_dict()
+    rows = list(csv.DictReader(paths["csv"].open()))
+    assert [r["max_concurrency"] for r in rows] == ["1", "4", "8"]
+    assert rows[1]["failed"] == "1" and "HTTP 500" in rows[1]["errors"]
+
+    text = report.render_text(result)
+    assert "max_num_seqs=4 is the cap" in text
+    assert "Saturation knee: concurrency 8" in text
+
+
+async def test_compare_before_after(serve: Serve) -> None:
+    """compare: after/before ratios per level, levels present in only one are listed."""
+    _, slow = await serve(max_num_seqs=2, step_s=0.01)
+    _, fast = await serve(step_s=0.01)
+    before = await run_sweep(config(slow, levels=[1, 4], knobs={"max_num_seqs": 2}))
+    after = await run_sweep(config(fast, levels=[4, 8], knobs={"max_num_seqs": 64}))
+    cmp = report.compare(before, after, names=("before.json", "after.json"))
+    assert [r.max_concurrency for r in cmp.rows] == [4]
+    ratio = cmp.rows[0].ratio["output_throughput"]
+    assert ratio is not None and ratio > 1.5  # the cap of 2 halved throughput at C=4
+    assert cmp.only_before == [1] and cmp.only_after == [8]
+    text = report.render_compare_text(cmp)
+    assert "before.json → after.json" in text and f"×{ratio:.2f}" in text
+    assert "{'max_num_seqs': 2} → {'max_num_seqs': 64}" in text
+
+
+async def test_no_usage_chunk_counts_chunks_and_warns(serve: Serve) -> None:
+    """A server without usage: tokens counted from content chunks, flagged, warned."""
+    _, url = await serve(usage=False)
+    result = await run_sweep(config(url, levels=[2]))
+    level = result.levels[0]
+    assert level.total_output_tokens == 24 and not level.usage_reported
+    assert any("no usage chunk" in w for w in result.warnings)
+
+
+async def test_completions_api_and_midstream_error(serve: Serve) -> None:
+    """/v1/completions with a prompt; an error event mid-stream is an error, not a success."""
+    engine, url = await serve(fail_midstream={2})
+    result = await run_sweep(config(url, levels=[3], api="completions", model="tiny-test"))
+    level = result.levels[0]
+    assert level.completed == 2 and level.failed == 1
+    assert level.errors == {"stream error: injected mid-stream": 1}
+    assert all("prompt" in b and "messages" not in b for b in engine.bodies)
+    assert level.total_output_tokens == 24
+
+
+async def test_sustained_keeps_concurrency_for_the_duration(serve: Serve) -> None:
+    """sustained: C requests kept in flight until the duration passes."""
+    engine, url = await serve(step_s=0.005)
+    result = await run_sweep(config(url, levels=[3], mode="sustained", duration_s=0.6))
+    level = result.levels[0]
+    assert level.completed >= 3 * 6  # each request takes ~0.06 s, so ~10 rounds per stream
+    assert level.duration >= 0.6
+    assert level.steady_window_s is not None and level.steady_window_s > 0.5
+    assert engine.requests == level.completed
+
+
+async def test_poisson_is_seeded(serve: Serve) -> None:
+    """poisson: the same seed gives the same number of arrivals; a different seed need not."""
+    _, url = await serve(step_s=0.002)
+    counts = []
+    for seed in (7, 7):
+        cfg = config(url, levels=[8], mode="poisson", rate=40.0, duration_s=0.5, seed=seed)
+        counts.append((await run_sweep(cfg)).levels[0].completed)
+    assert counts[0] == counts[1] > 5
+
+
+async def test_warmup_excluded_from_figures(serve: Serve) -> None:
+    """Warm-up requests are sent but not counted."""
+    engine, url = await serve()
+    result = await run_sweep(config(url, levels=[2], warmup=3))
+    assert engine.requests == 5 and result.levels[0].completed == 2
+
+
+async def test_wrong_model_warmup_fails_clearly(serve: Serve) -> None:
+    """Every warm-up request refused: BenchError with the server's message."""
+    _, url = await serve()
+    with pytest.raises(BenchError, match="does not exist"):
+        await run_sweep(config(url, model="nope", warmup=1))
+
+
+async def test_unreachable_server_is_a_bench_error() -> None:
+    """Nothing listening: a clear BenchError with a hint."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(BenchError, match=f"cannot reach http://127.0.0.1:{port}") as info:
+        await run_sweep(config(f"http://127.0.0.1:{port}"))
+    assert info.value.hint and "server up" in info.value.hint
+
+
+def test_config_validation_names_the_setting() -> None:
+    """Bad settings are refused with their name and value."""
+    with pytest.raises(BenchError, match="mode 'poisson' needs a rate"):
+        SweepConfig(base_url="http://x", mode="poisson").validate()
+    with pytest.raises(BenchError, match=r"levels \[1, 1\] contain a duplicate"):
+        SweepConfig(base_url="http://x", levels=[1, 1]).validate()
+    with pytest.raises(BenchError, match="must start with http"):
+        SweepConfig(base_url="node1:8000").validate()
+    masked = SweepConfig(base_url="http://x", api_key="secret").to_dict()
+    assert masked["api_key"] == "***"
+
+
+def test_from_dict_rejects_other_json() -> None:
+    """A JSON that is not a sweep result is named as such."""
+    with pytest.raises(BenchError, match=r"a\.json: not a spark-ops bench result"):
+        SweepResult.from_dict({"levels": []}, source="a.json")
