@@ -1,0 +1,78 @@
+"""Shared test set-up: where the shared real-world data lives, and the embedded cluster fixture."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ground.fixtures import openssh_cluster, real_vllm, real_vllm_factory  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+class Sim:
+    """A running embedded cluster: its directory, inventory and node control."""
+
+    def __init__(self, root: Path, state: dict) -> None:
+        """Keep the state written by `sim up`."""
+        self.root = root
+        self.state = state
+        self.inventory = Path(state["inventory"])
+        self.head = root / "nodes" / "node1"
+
+    @property
+    def history(self) -> Path:
+        """The watchdog's restart history on the head."""
+        return self.head / ".local" / "state" / "spark-watchdog" / "restarts"
+
+    @property
+    def recipe(self) -> Path:
+        """The recipe file on the head."""
+        return self.head / "recipes" / "glm-5.3-flash-sim.yaml"
+
+    def stop_node(self, name: str) -> None:
+        """Take a node off the network."""
+        from spark_ops.sim.control import node
+
+        node(self.root, "stop", name)
+
+    def start_node(self, name: str) -> None:
+        """Bring a node back."""
+        from spark_ops.sim.control import node
+
+        node(self.root, "start", name)
+
+
+def start_sim(root: Path, **kw: object) -> Sim:
+    """Start an embedded cluster in root (a fast one by default)."""
+    from spark_ops.sim.cluster import SimOptions
+    from spark_ops.sim.control import up
+
+    opts = SimOptions(**{"time_scale": 4.0, "boot_scale": 1.0, **kw})  # type: ignore[arg-type]
+    state = up(root, opts)
+    return Sim(root, state)
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[Sim]:
+    """A fresh embedded 4-node cluster with the engine serving (cap 6), stopped afterwards."""
+    from spark_ops.sim.control import down
+
+    s = start_sim(tmp_path / "sim")
+    try:
+        yield s
+    finally:
+        down(s.root)
+
+
+@pytest.fixture
+def cli_env(sim: Sim) -> dict[str, str]:
+    """Environment for running the spark-ops CLI against the embedded cluster."""
+    env = dict(os.environ)
+    env["SPARK_OPS_INVENTORY"] = str(sim.inventory)
+    env.pop("SPARK_OPS_CLUSTER", None)
+    return env

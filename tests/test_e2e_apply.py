@@ -1,0 +1,188 @@
+"""End to end on the embedded cluster: apply, dry run, bad input, lock, deadline — through real SSH."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Sim, start_sim
+
+from spark_ops.errors import ExitStatus
+
+pytestmark = pytest.mark.slow
+
+
+def spark_ops(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "spark_ops.cli.main", *args],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Digest of every file in the node trees except logs, pids and lock owners (what must not change)."""
+    out = {}
+    for p in sorted((root / "nodes").rglob("*")):
+        if p.is_file() and not p.name.endswith((".log", ".pid", ".owner", ".lock")) and "engine" not in p.name:
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def stamps(sim: Sim) -> list[str]:
+    """The history's lines."""
+    return sim.history.read_text().split()
+
+
+def test_apply_max_num_seqs_64_end_to_end(sim: Sim, cli_env: dict[str, str]) -> None:
+    """The README's story: recipe changed, engine restarted with 64, >6 running, no stamp left."""
+    before_recipe = sim.recipe.read_text()
+    before_stamps = stamps(sim)
+    assert len(before_stamps) == 1, "the embedded cluster starts with one earlier automatic restart"
+
+    res = spark_ops(cli_env, "apply", "--max-num-seqs", "64", "--yes", "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    assert out["ok"] is True
+
+    after_recipe = sim.recipe.read_text()
+    changed = [
+        (a, b) for a, b in zip(before_recipe.splitlines(), after_recipe.splitlines(), strict=True) if a != b
+    ]
+    assert changed == [("  max_num_seqs: 6          # interactive default; raise for batch work",
+                        "  max_num_seqs: 64          # interactive default; raise for batch work")]
+    backups = list(sim.recipe.parent.glob(sim.recipe.name + ".bak.*"))
+    assert len(backups) == 1 and backups[0].read_text() == before_recipe
+
+    assert out["stamp"] is not None and out["pruned"] == [out["stamp"]]
+    assert stamps(sim) == before_stamps, "the planned stamp is gone and the earlier one remains"
+    assert out["boot"]["non_default_args"]["max_num_seqs"] == 64
+    log = (sim.head / "engine.log").read_text()
+    assert "'max_num_seqs': 64" in log
+    assert all(c["ok"] for c in out["checks"]), out["checks"]
+
+    running = asyncio.run(_peak_running(sim, concurrency=16))
+    assert running > 6, f"more than 6 requests should run at once with the cap at 64 (saw {running})"
+
+
+async def _peak_running(sim: Sim, concurrency: int) -> float:
+    """Send a burst and sample vllm:num_requests_running from /metrics."""
+    import aiohttp
+
+    from spark_ops.engine_api import EngineSnapshot
+
+    base = f"http://127.0.0.1:{sim.state['engine_port']}"
+    peak = 0.0
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "glm-5.3-flash", "prompt": "hello", "max_tokens": 60, "ignore_eos": True}
+        tasks = [asyncio.ensure_future(http.post(base + "/v1/completions", json=body)) for _ in range(concurrency)]  # noqa: E501
+        for _ in range(20):
+            await asyncio.sleep(0.1)
+            async with http.get(base + "/metrics") as r:
+                snap = EngineSnapshot.from_metrics(await r.text())
+            peak = max(peak, snap.running or 0)
+        for t in tasks:
+            (await t).release()
+    return peak
+
+
+def test_dry_run_changes_nothing(sim: Sim, cli_env: dict[str, str]) -> None:
+    """--dry-run prints the diff and the steps and touches no node."""
+    before = tree_digest(sim.root)
+    res = spark_ops(cli_env, "apply", "--max-num-seqs", "64", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "+  max_num_seqs: 64" in res.stdout
+    assert "Dry run: nothing was changed." in res.stdout
+    assert tree_digest(sim.root) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (["--max-num-seqs", "0"], ExitStatus.RECIPE, "--max-num-seqs"),
+        (["--kv-cache-memory", "60GB"], ExitStatus.RECIPE, "60GB"),
+        (["--moe-backend", "warp_drive"], ExitStatus.RECIPE, "warp_drive"),
+    ],
+)
+def test_bad_input_changes_nothing(
+    sim: Sim, cli_env: dict[str, str], args: list[str], status: int, message: str
+) -> None:
+    """A value vLLM would reject is refused before anything changes."""
+    before = tree_digest(sim.root)
+    res = spark_ops(cli_env, "apply", *args, "--yes")
+    assert res.returncode == status, res.stderr
+    assert message in res.stderr
+    assert tree_digest(sim.root) == before
+
+
+def test_unreachable_node_changes_nothing(sim: Sim, cli_env: dict[str, str]) -> None:
+    """A node that does not answer stops apply before any write, naming the node."""
+    before = tree_digest(sim.root)
+    sim.stop_node("node3")
+    res = spark_ops(cli_env, "apply", "--max-num-seqs", "64", "--yes")
+    assert res.returncode == ExitStatus.UNREACHABLE, res.stderr
+    assert "node3" in res.stderr
+    assert tree_digest(sim.root) == before
+
+
+def test_second_operator_is_told_who_holds_the_lock(sim: Sim, cli_env: dict[str, str]) -> None:
+    """While one apply runs, a second is refused with the holder named; the lock frees after."""
+    first = subprocess.Popen(
+        [sys.executable, "-m", "spark_ops.cli.main", "restart", "--yes", "--no-drain"],
+        env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        owner = sim.head / ".local" / "state" / "spark-ops" / "sim.lock.owner"
+        deadline = time.monotonic() + 30
+        while not owner.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert owner.exists()
+        res = spark_ops(cli_env, "apply", "--max-num-seqs", "64", "--yes")
+        assert res.returncode == ExitStatus.LOCKED
+        assert "locked by" in res.stderr and "restart" in res.stderr
+    finally:
+        out, err = first.communicate(timeout=240)
+    assert first.returncode == 0, err[-2000:]
+    assert not owner.exists()
+
+
+def test_sigkilled_holder_leaves_no_stale_lock(sim: Sim, cli_env: dict[str, str]) -> None:
+    """SIGKILL the tool while it holds the lock: the next run gets the lock at once."""
+    victim = subprocess.Popen(
+        [sys.executable, "-m", "spark_ops.cli.main", "restart", "--yes", "--no-drain"],
+        env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    owner = sim.head / ".local" / "state" / "spark-ops" / "sim.lock.owner"
+    deadline = time.monotonic() + 30
+    while not owner.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    victim.kill()
+    victim.wait()
+    time.sleep(1.0)
+    res = spark_ops(cli_env, "plan", "--max-num-seqs", "32")
+    assert res.returncode == 0, res.stderr
+    res = spark_ops(cli_env, "budget", "prune", "--planned", "--yes", "--json")
+    assert res.returncode == 0, res.stderr
+
+
+def test_boot_that_never_serves_ends_at_the_deadline(tmp_path: Path) -> None:
+    """An engine that never answers ends in a clear timeout; the planned stamp is pruned anyway."""
+    from spark_ops.sim.control import down
+
+    s = start_sim(tmp_path / "sim", fault="never_ready")
+    try:
+        env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
+        before = stamps(s)
+        res = spark_ops(env, "restart", "--yes", "--no-drain", "--deadline", "6")
+        assert res.returncode == ExitStatus.TIMEOUT, res.stderr
+        assert "deadline" in res.stderr.lower()
+        assert stamps(s) == before
+    finally:
+        down(s.root)
