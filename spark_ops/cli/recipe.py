@@ -37,6 +37,10 @@ def write_atomically(path: Path, text: str) -> Path:
     """Back up PATH to PATH.bak.<UTC stamp>, then replace it via temp file, fsync and rename."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     backup = path.with_name(f"{path.name}.bak.{stamp}")
+    serial = 1
+    while backup.exists():
+        backup = path.with_name(f"{path.name}.bak.{stamp}.{serial}")
+        serial += 1
     shutil.copy2(path, backup)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

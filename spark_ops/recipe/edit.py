@@ -108,6 +108,12 @@ class _Command:
         rt = self.rt
         first_line = rt.line_of(self.tokens[0].start)
         last_line = rt.line_of(self.tokens[-1].end - 1)
+        owner = {opt.value_token.start: opt.flag for opt in self.options if opt.value_token}
+        while last_line > first_line:
+            head = next(t for t in self.tokens if rt.line_of(t.end - 1) >= last_line)
+            if head.start not in owner:
+                break
+            last_line = rt.line_of(owner[head.start].start)
         if last_line > first_line:
             line = rt.lines[last_line]
             indent = line[: len(line) - len(line.lstrip(" \t"))]
@@ -218,6 +224,11 @@ class _Editor:
         if spec.boolean:
             return self._flag(rt, spec.flag, None, not change.value, set(spec.aliases))
         value = str(change.value)
+        if change.name == "kv_cache_memory" and rt.entry("env", "VLLM_CPU_KVCACHE_SPACE"):
+            self.warn(
+                f"{self.source}: env VLLM_CPU_KVCACHE_SPACE overrides --kv-cache-memory-bytes "
+                "on vLLM's CPU build; remove it for the flag to count"
+            )
         if change.name == "moe_backend":
             validate_moe_backend(value, self.version)
             env = rt.blocks.get("env")
@@ -330,6 +341,11 @@ class _Editor:
 
 def _entry_edit(rt: RecipeText, entry: Entry, scalar: str) -> Edit:
     """Replace a mapping value, keeping a trailing comment in its column when there is room."""
+    if not entry.raw or entry.raw[0] in "|>[{&*!":
+        raise UnsupportedRecipe(
+            f"{rt.source}: line {entry.line + 1}: {entry.key!r} is not a one-line scalar "
+            f"({entry.raw or 'value on the next lines'!r}); spark-ops edits only `key: value`"
+        )
     line_end = rt.offsets[entry.line] + len(rt.lines[entry.line].rstrip("\r\n"))
     rest = rt.text[entry.value_end : line_end]
     gap = len(rest) - len(rest.lstrip(" "))
@@ -430,14 +446,37 @@ def _verify(old: str, new: str, changes: Sequence[Change], source: str, version:
         render_recipe(old, source=source).args()
     except SparkOpsError:
         return
+    old_rendered = render_recipe(old, source=source)
     rendered = render_recipe(new, source=source)
     args = rendered.args()
+    _check_others(old_rendered.args(), args, old_rendered.env, rendered.env, changes, source)
     for change in changes:
         if not _took_effect(change, args, rendered.env, after.get("defaults") or {}, version):
             raise RecipeError(
                 f"{source}: internal: {change.describe()} did not take effect in the rendered "
                 "command; nothing written"
             )
+
+
+def _check_others(
+    old_args: dict[str, object],
+    args: dict[str, object],
+    old_env: dict[str, str],
+    env: dict[str, str],
+    changes: Sequence[Change],
+    source: str,
+) -> None:
+    """Check that flags and env vars no change asked for kept their effective values."""
+    if any(c.kind == "setting" for c in changes):
+        return  # a defaults key may feed any number of flags
+    allowed = {KNOBS[c.name].flag if c.kind == "knob" else c.name for c in changes}
+    for key in set(old_args) | set(args):
+        if key not in allowed and old_args.get(key) != args.get(key):
+            raise RecipeError(f"{source}: internal: edit changed {key} too; nothing written")
+    legacy = set(LEGACY_MOE_SETTINGS["auto"]) if "--moe-backend" in allowed else set()
+    for key in set(old_env) | set(env):
+        if key not in legacy and old_env.get(key) != env.get(key):
+            raise RecipeError(f"{source}: internal: edit changed env {key}; nothing written")
 
 
 def _took_effect(

@@ -9,7 +9,7 @@ from typing import Any
 from spark_ops.errors import RecipeError, UnsupportedRecipe
 from spark_ops.recipe.knobs import FLAG_ALIASES
 
-_TOP_KEY = re.compile(r"^([A-Za-z_][\w.-]*)[ \t]*:(?=[ \t]|$)")
+_TOP_KEY = re.compile(r"^([A-Za-z_][\w.-]*)[ \t]*:(?=[ \t\r]|$)")
 _CHILD = re.compile(r"^([ \t]+)([A-Za-z_][\w.-]*)[ \t]*:[ \t]*")
 
 
@@ -200,9 +200,9 @@ def scan_shell(text: str, start: int = 0, end: int | None = None) -> Scan:
 
     while i < stop:
         ch = text[i]
-        if ch == "\\" and i + 1 < stop and text[i + 1] == "\n":
+        if ch == "\\" and text.startswith(("\n", "\r\n"), i + 1, stop):
             close(i)
-            i += 2
+            i += 2 if text[i + 1] == "\n" else 3
         elif ch in " \t\r":
             close(i)
             i += 1
