@@ -161,3 +161,15 @@ def test_env_created_for_legacy_moe() -> None:
     assert render_recipe(result.text, source="x.yaml").env["VLLM_MXFP4_USE_MARLIN"] == "1"
     with pytest.raises(RecipeError, match="legacy environment variables can only select"):
         edit_recipe(text, [Change.knob("moe_backend", "triton")], source="x", vllm_version="0.17")
+
+
+def test_self_check_refuses_collateral_changes() -> None:
+    """The post-edit check refuses a result where an unrequested flag or env var moved."""
+    from spark_ops.recipe.edit import _check_others
+
+    change = [Change.knob("max_num_seqs", 8)]
+    _check_others({"--max-num-seqs": "4"}, {"--max-num-seqs": "8"}, {}, {}, change, "r.yaml")
+    with pytest.raises(RecipeError, match="changed --port too"):
+        _check_others({"--port": "1"}, {"--port": "2"}, {}, {}, change, "r.yaml")
+    with pytest.raises(RecipeError, match="changed env A"):
+        _check_others({}, {}, {"A": "1"}, {}, change, "r.yaml")

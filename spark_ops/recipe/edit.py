@@ -470,6 +470,7 @@ def _check_others(
     if any(c.kind == "setting" for c in changes):
         return  # a defaults key may feed any number of flags
     allowed = {KNOBS[c.name].flag if c.kind == "knob" else c.name for c in changes}
+    allowed |= {"--" + name[5:] for name in allowed if name.startswith("--no-")}
     for key in set(old_args) | set(args):
         if key not in allowed and old_args.get(key) != args.get(key):
             raise RecipeError(f"{source}: internal: edit changed {key} too; nothing written")
@@ -490,6 +491,8 @@ def _took_effect(
             )
         return args.get("--" + change.name.replace("_", "-")) == change.value
     if change.kind == "flag":
+        if change.remove and change.name.startswith("--no-"):
+            return args.get("--" + change.name[5:]) is not False
         if change.remove:
             return args.get(change.name) in (None, False)
         return args.get(change.name) == (True if change.value is None else str(change.value))
