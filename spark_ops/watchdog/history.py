@@ -1,0 +1,825 @@
+"""A watchdog's restart history: read, budget, append and prune, under a lock, written atomically.
+
+Standard library only: spark-ops runs this file on a node where it is not installed by sending its
+source to ``python3 - SUBCOMMAND ARGS``. Each subcommand prints one JSON object on stdout.
+
+Two formats: ``stamps`` (one Unix time per line, as a bash watchdog writes them) and ``jsonl``
+(one JSON object per line with a numeric ``ts`` key). Lines that parse in neither are kept verbatim
+and reported, never dropped. Exit codes: 0 ok, 2 usage, 3 lock timeout, 4 unreadable / IO error,
+5 a stamp asked for with ``--strict`` is absent (nothing changed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import math
+import os
+import re
+import socket
+import stat
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_LOCK = 3
+EXIT_IO = 4
+EXIT_NOT_FOUND = 5
+
+FORMATS = ("auto", "stamps", "jsonl")
+DEFAULT_LOCK_TIMEOUT = 10.0
+DEFAULT_KEEP_BACKUPS = 10
+DEFAULT_PLANNED_BY = "spark-ops"
+
+_STAMP_RE = re.compile(rb"^[ \t]*(\d{1,15})(\.\d{1,9})?[ \t\r]*$")
+
+Stamp = int | float
+
+
+class HistoryFailure(Exception):
+    """A history operation failed; carries the exit code and a JSON-able description."""
+
+    exit_code = EXIT_IO
+    kind = "io"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        """Keep the message and the details that go into the JSON output."""
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize as the one JSON object a failing subcommand prints."""
+        return {"ok": False, "error": self.kind, "message": self.message, **self.details}
+
+
+class LockTimeout(HistoryFailure):
+    """The lock file stayed held by someone else past the timeout."""
+
+    exit_code = EXIT_LOCK
+    kind = "lock_timeout"
+
+
+class StampNotFound(HistoryFailure):
+    """With --strict, a stamp asked for is not in the history; nothing was changed."""
+
+    exit_code = EXIT_NOT_FOUND
+    kind = "not_found"
+
+
+class UsageFailure(HistoryFailure):
+    """The command line or an argument value is not allowed."""
+
+    exit_code = EXIT_USAGE
+    kind = "usage"
+
+
+@dataclass
+class Entry:
+    """One well-formed history line: its 1-based line number, stamp and JSON record (jsonl)."""
+
+    line: int
+    stamp: Stamp
+    record: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for JSON output."""
+        data: dict[str, Any] = {"line": self.line, "stamp": self.stamp}
+        if self.record is not None:
+            data["record"] = self.record
+        return data
+
+
+@dataclass
+class History:
+    """The parsed content of a history file; ``lines`` are the raw bytes of every line."""
+
+    path: str
+    format: str
+    exists: bool
+    lines: list[bytes] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)
+    malformed: list[dict[str, Any]] = field(default_factory=list)
+
+    def stamps(self) -> list[Stamp]:
+        """Return the stamps in file order."""
+        return [e.stamp for e in self.entries]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for the ``read`` subcommand."""
+        return {
+            "ok": True,
+            "path": self.path,
+            "exists": self.exists,
+            "format": self.format,
+            "count": len(self.entries),
+            "entries": [e.to_dict() for e in self.entries],
+            "malformed": self.malformed,
+        }
+
+
+def _num(value: float) -> Stamp:
+    """Return an int when the number is integral, else the float."""
+    return int(value) if float(value).is_integer() else value
+
+
+def parse_stamp(text: str) -> Stamp:
+    """Parse a stamp given on the command line (a non-negative number of seconds)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise UsageFailure(
+            f"stamp {text!r} is not a number; allowed: Unix seconds such as 1764470000"
+        ) from None
+    if not math.isfinite(value) or value < 0:
+        raise UsageFailure(f"stamp {text!r} is not allowed: must be finite and >= 0")
+    return _num(value)
+
+
+def _parse_stamp_line(raw: bytes) -> Stamp | None:
+    """Parse a line of the stamps format; None when it is not one."""
+    m = _STAMP_RE.match(raw)
+    if not m:
+        return None
+    if m.group(2):
+        return _num(float(m.group(1) + m.group(2)))
+    return int(m.group(1))
+
+
+def _parse_json_line(raw: bytes) -> tuple[Stamp, dict[str, Any]] | None:
+    """Parse a line of the jsonl format; None when it is not an object with a numeric ``ts``."""
+    text = raw.strip()
+    if not text.startswith(b"{"):
+        return None
+    try:
+        record = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    ts = record.get("ts")
+    if isinstance(ts, bool) or not isinstance(ts, int | float):
+        return None
+    if not math.isfinite(ts) or ts < 0:
+        return None
+    return _num(ts), record
+
+
+def _split_lines(data: bytes) -> list[bytes]:
+    """Split file content into lines without their newline; a final newline ends the last line."""
+    if not data:
+        return []
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
+def _detect(lines: Sequence[bytes]) -> str:
+    """Pick the format from the first line that parses in either; stamps when none does."""
+    for raw in lines:
+        if not raw.strip():
+            continue
+        if _parse_stamp_line(raw) is not None:
+            return "stamps"
+        if _parse_json_line(raw) is not None:
+            return "jsonl"
+    return "stamps"
+
+
+def _check_format(fmt: str) -> None:
+    """Reject a format name outside FORMATS."""
+    if fmt not in FORMATS:
+        raise UsageFailure(f"format {fmt!r} is not allowed; allowed: {', '.join(FORMATS)}")
+
+
+def parse_history(
+    data: bytes, *, path: str = "", fmt: str = "auto", exists: bool = True
+) -> History:
+    """Parse history content; malformed lines are reported with their line numbers."""
+    _check_format(fmt)
+    lines = _split_lines(data)
+    used = _detect(lines) if fmt == "auto" else fmt
+    hist = History(path=path, format=used, exists=exists, lines=lines)
+    for i, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue  # blank lines are kept as they are, and are not an error
+        if used == "stamps":
+            stamp = _parse_stamp_line(raw)
+            if stamp is not None:
+                hist.entries.append(Entry(i, stamp))
+                continue
+        else:
+            parsed = _parse_json_line(raw)
+            if parsed is not None:
+                hist.entries.append(Entry(i, parsed[0], parsed[1]))
+                continue
+        hist.malformed.append({"line": i, "raw": raw.decode("utf-8", "replace")})
+    return hist
+
+
+def read_history(path: str, fmt: str = "auto") -> History:
+    """Read and parse a history file; a missing file is an empty history."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return parse_history(b"", path=path, fmt=fmt, exists=False)
+    except OSError as exc:
+        raise HistoryFailure(f"cannot read history {path}: {exc.strerror}", path=path) from None
+    return parse_history(data, path=path, fmt=fmt)
+
+
+def default_lock(history: str) -> str:
+    """Return the default lock path for a history file."""
+    return history + ".lock"
+
+
+def default_journal(history: str) -> str:
+    """Return the default journal path for a history file."""
+    return history + ".journal.jsonl"
+
+
+def _flock_wait(fd: int, timeout: float) -> bool:
+    """Wait up to timeout for an exclusive flock on fd; on timeout the waiter thread owns fd.
+
+    A blocking flock in a helper thread is woken by the kernel as soon as the holder lets go,
+    which polling would miss under contention; it needs no signals, so it works in any thread.
+    """
+    done = threading.Event()
+    guard = threading.Lock()
+    state = {"got": False, "abandoned": False}
+
+    def waiter() -> None:
+        """Block on the lock; hand it over, or drop it if the caller gave up meanwhile."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            ok = True
+        except OSError:
+            ok = False
+        with guard:
+            if state["abandoned"]:
+                os.close(fd)  # closing releases the lock if we got it
+                return
+            state["got"] = ok
+            done.set()
+
+    threading.Thread(target=waiter, name="history-lock", daemon=True).start()
+    done.wait(timeout)
+    with guard:
+        if state["got"]:
+            return True
+        state["abandoned"] = True
+        return False
+
+
+@contextlib.contextmanager
+def locked(lock_path: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold an exclusive flock on lock_path; raise LockTimeout naming it after timeout seconds."""
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise HistoryFailure(
+            f"cannot open lock file {lock_path}: {exc.strerror}", lock=lock_path
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        if timeout <= 0 or not _flock_wait(fd, timeout):
+            if timeout <= 0:
+                os.close(fd)
+            raise LockTimeout(
+                f"lock {lock_path} is held by another process; gave up after {timeout:g} s",
+                lock=lock_path,
+                timeout=timeout,
+            ) from None
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _fsync_dir(directory: str) -> None:
+    """fsync a directory so that a rename in it is durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _tmp_prefix(path: str) -> str:
+    """Return the prefix of temporary files written beside path."""
+    return "." + os.path.basename(path) + ".tmp."
+
+
+def _clean_stale_tmp(path: str) -> None:
+    """Remove temp files a killed writer left beside path (call only while holding the lock)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    prefix = _tmp_prefix(path)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+
+
+def atomic_write(path: str, data: bytes, *, mode: int | None = None) -> None:
+    """Write data to path atomically: temp file in the same directory, fsync, rename, fsync dir."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if mode is None:
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except FileNotFoundError:
+            mode = 0o644
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), dir=directory)
+    except OSError as exc:
+        raise HistoryFailure(f"cannot write beside {path}: {exc.strerror}", path=path) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise HistoryFailure(f"cannot write {path}: {exc.strerror}", path=path) from None
+        raise
+    _fsync_dir(directory)
+
+
+def _join(lines: Sequence[bytes]) -> bytes:
+    """Join lines into file content, each ended by a newline."""
+    return b"".join(line + b"\n" for line in lines)
+
+
+def _read_bytes(path: str) -> tuple[bytes, bool]:
+    """Read a file's bytes; (b'', False) when it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(), True
+    except FileNotFoundError:
+        return b"", False
+    except OSError as exc:
+        raise HistoryFailure(f"cannot read history {path}: {exc.strerror}", path=path) from None
+
+
+def _utc_tag(now: float) -> str:
+    """Return a sortable UTC time tag with microseconds, for backup names."""
+    whole = int(now)
+    micro = round((now - whole) * 1_000_000) % 1_000_000
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(whole)) + f".{micro:06d}Z"
+
+
+def backup_prefix(path: str) -> str:
+    """Return the prefix of backup files of path (``<history>.bak.``)."""
+    return os.path.basename(path) + ".bak."
+
+
+def list_backups(path: str) -> list[str]:
+    """Return the backup files of path, oldest first."""
+    directory = os.path.dirname(os.path.abspath(path))
+    prefix = backup_prefix(path)
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+    except OSError:
+        return []
+    return [os.path.join(directory, n) for n in sorted(names)]
+
+
+def _write_backup(path: str, data: bytes, keep: int) -> str:
+    """Write a timestamped copy of data beside path and keep only the last ``keep`` backups."""
+    base = path + ".bak." + _utc_tag(time.time())
+    target, n = base, 0
+    while os.path.exists(target):
+        n += 1
+        target = f"{base}-{n}"
+    atomic_write(target, data)
+    backups = list_backups(path)
+    for old in backups[: max(0, len(backups) - keep)]:
+        with contextlib.suppress(OSError):
+            os.unlink(old)
+    return target
+
+
+def _journal_line(
+    *, stamp: Stamp, action: str, reason: str, forced: bool, by: str, **extra: Any
+) -> bytes:
+    """Build one journal line."""
+    record = {
+        "time": round(time.time(), 3),
+        "stamp": stamp,
+        "reason": reason,
+        "forced": forced,
+        "by": by,
+        "action": action,
+        **extra,
+    }
+    return json.dumps(record, sort_keys=False).encode() + b"\n"
+
+
+def _append_journal(journal: str, lines: Sequence[bytes]) -> None:
+    """Append lines to the journal and fsync it (caller holds the history lock)."""
+    if not lines:
+        return
+    try:
+        fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, b"".join(lines))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise HistoryFailure(
+            f"cannot append to journal {journal}: {exc.strerror}", journal=journal
+        ) from None
+
+
+def read_journal(journal: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Read a journal: (records, malformed lines with line numbers); missing file is empty."""
+    data, _ = _read_bytes(journal)
+    records: list[dict[str, Any]] = []
+    malformed: list[dict[str, Any]] = []
+    for i, raw in enumerate(_split_lines(data), start=1):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            rec = None
+        if isinstance(rec, dict):
+            rec["_line"] = i
+            records.append(rec)
+        else:
+            malformed.append({"line": i, "raw": raw.decode("utf-8", "replace")})
+    return records, malformed
+
+
+def _is_planned(rec: dict[str, Any], planned_by: str) -> bool:
+    """Tell whether a journal record is a planned restart (forced, by spark-ops, or marked)."""
+    if rec.get("action", "restart") not in ("restart", "append"):
+        return False
+    if rec.get("planned") is True:
+        return True
+    by = rec.get("by")
+    return rec.get("forced") is True and isinstance(by, str) and by.startswith(planned_by)
+
+
+def planned_stamps(journal: str, planned_by: str = DEFAULT_PLANNED_BY) -> dict[Stamp, int]:
+    """Return planned restart stamps from the journal, with how many are still to prune."""
+    records, _ = read_journal(journal)
+    counts: dict[Stamp, int] = {}
+    for rec in records:
+        ts = rec.get("stamp")
+        if isinstance(ts, bool) or not isinstance(ts, int | float):
+            continue
+        ts = _num(ts)
+        if _is_planned(rec, planned_by):
+            counts[ts] = counts.get(ts, 0) + 1
+        elif rec.get("action") == "prune" and counts.get(ts, 0) > 0:
+            counts[ts] -= 1
+    return {k: v for k, v in counts.items() if v > 0}
+
+
+def clock() -> dict[str, Any]:
+    """Return this node's wall clock and host name."""
+    return {"ok": True, "time": time.time(), "host": socket.gethostname()}
+
+
+def budget_of(
+    stamps: Sequence[Stamp], *, allowed: int, window: float, now: float
+) -> dict[str, Any]:
+    """Compute the sliding-window budget: stamps newer than now - window count as used."""
+    inside = sorted(s for s in stamps if s > now - window)
+    used = len(inside)
+    if used < allowed:
+        next_free: float = now
+    else:
+        next_free = inside[used - allowed] + window
+    return {
+        "used": used,
+        "allowed": allowed,
+        "remaining": max(0, allowed - used),
+        "over_budget": used >= allowed,
+        "window": _num(window),
+        "now": _num(now),
+        "stamps": inside,
+        "next_free_at": _num(next_free),
+    }
+
+
+def budget(
+    path: str,
+    *,
+    allowed: int = 2,
+    window: float = 21600,
+    now: float | None = None,
+    fmt: str = "auto",
+) -> dict[str, Any]:
+    """Read the history and compute the budget at ``now`` (this node's clock by default)."""
+    if allowed < 0 or window <= 0:
+        raise UsageFailure(f"budget --max {allowed} / --window {window}: need max >= 0, window > 0")
+    hist = read_history(path, fmt)
+    result = budget_of(
+        hist.stamps(), allowed=allowed, window=window, now=time.time() if now is None else now
+    )
+    return {
+        "ok": True,
+        "path": path,
+        "format": hist.format,
+        **result,
+        "malformed": hist.malformed,
+    }
+
+
+def append(
+    path: str,
+    *,
+    stamp: Stamp | None = None,
+    reason: str = "",
+    by: str = "",
+    forced: bool = False,
+    action: str = "restart",
+    fmt: str = "auto",
+    lock: str | None = None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    journal: str | None = None,
+    write_journal: bool = True,
+) -> dict[str, Any]:
+    """Append a stamp (and a journal entry) under the lock; returns the stamp and line number."""
+    _check_format(fmt)
+    lock = lock or default_lock(path)
+    journal = journal or default_journal(path)
+    with locked(lock, lock_timeout):
+        _clean_stale_tmp(path)
+        data, _exists = _read_bytes(path)
+        hist = parse_history(data, path=path, fmt=fmt)
+        if stamp is None:
+            stamp = int(time.time())
+        if hist.format == "jsonl":
+            rec: dict[str, Any] = {"ts": stamp, "reason": reason, "by": by, "forced": forced}
+            line = json.dumps(rec).encode()
+        else:
+            line = str(stamp).encode()
+        lines = [*hist.lines, line]
+        atomic_write(path, _join(lines))
+        if write_journal:
+            _append_journal(
+                journal,
+                [_journal_line(stamp=stamp, action=action, reason=reason, forced=forced, by=by)],
+            )
+    return {
+        "ok": True,
+        "path": path,
+        "format": hist.format,
+        "stamp": stamp,
+        "line": len(lines),
+        "journal": journal if write_journal else None,
+    }
+
+
+def _select(
+    hist: History,
+    stamps: Sequence[Stamp],
+    since: float | None,
+    until: float | None,
+    planned: dict[Stamp, int],
+) -> tuple[set[int], list[Stamp], list[Stamp]]:
+    """Choose entry indexes to remove; returns (indexes, stamps not found, planned absent)."""
+    chosen: set[int] = set()
+    by_value: dict[Stamp, list[int]] = {}
+    for idx, entry in enumerate(hist.entries):
+        by_value.setdefault(entry.stamp, []).append(idx)
+
+    def take(value: Stamp) -> bool:
+        """Select the latest not-yet-chosen entry with this value."""
+        for idx in reversed(by_value.get(value, [])):
+            if idx not in chosen:
+                chosen.add(idx)
+                return True
+        return False
+
+    not_found = [s for s in stamps if not take(s)]
+    planned_absent: list[Stamp] = []
+    for value, count in planned.items():
+        for _ in range(count):
+            if not take(value):
+                planned_absent.append(value)
+    if since is not None or until is not None:
+        lo = -math.inf if since is None else since
+        hi = math.inf if until is None else until
+        for idx, entry in enumerate(hist.entries):
+            if lo <= entry.stamp <= hi:
+                chosen.add(idx)
+    return chosen, not_found, planned_absent
+
+
+def prune(
+    path: str,
+    *,
+    stamps: Sequence[Stamp] = (),
+    since: float | None = None,
+    until: float | None = None,
+    planned: bool = False,
+    planned_by: str = DEFAULT_PLANNED_BY,
+    dry_run: bool = False,
+    strict: bool = False,
+    reason: str = "",
+    by: str = "",
+    fmt: str = "auto",
+    lock: str | None = None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    journal: str | None = None,
+    write_journal: bool = True,
+    keep_backups: int = DEFAULT_KEEP_BACKUPS,
+) -> dict[str, Any]:
+    """Remove chosen stamps under the lock; back up the old content; rewrite atomically."""
+    _check_format(fmt)
+    if not stamps and since is None and until is None and not planned:
+        raise UsageFailure("prune needs --stamp, --since/--until or --planned")
+    if keep_backups < 1:
+        raise UsageFailure(f"--keep-backups {keep_backups} is not allowed: must be >= 1")
+    lock = lock or default_lock(path)
+    journal = journal or default_journal(path)
+    with locked(lock, lock_timeout):
+        _clean_stale_tmp(path)
+        data, exists = _read_bytes(path)
+        hist = parse_history(data, path=path, fmt=fmt, exists=exists)
+        plan = planned_stamps(journal, planned_by) if planned else {}
+        chosen, not_found, planned_absent = _select(hist, stamps, since, until, plan)
+        if strict and not_found:
+            raise StampNotFound(
+                f"stamps {not_found} are not in history {path}; nothing was changed (--strict)",
+                not_found=not_found,
+                path=path,
+            )
+        removed = [hist.entries[i] for i in sorted(chosen)]
+        drop_lines = {e.line for e in removed}
+        backup = None
+        if removed and not dry_run:
+            kept_lines = [raw for i, raw in enumerate(hist.lines, start=1) if i not in drop_lines]
+            backup = _write_backup(path, data, keep_backups)
+            atomic_write(path, _join(kept_lines))
+            if write_journal:
+                _append_journal(
+                    journal,
+                    [
+                        _journal_line(
+                            stamp=e.stamp, action="prune", reason=reason, forced=False, by=by
+                        )
+                        for e in removed
+                    ],
+                )
+    return {
+        "ok": True,
+        "path": path,
+        "format": hist.format,
+        "dry_run": dry_run,
+        "removed": [
+            {**e.to_dict(), "raw": hist.lines[e.line - 1].decode("utf-8", "replace")}
+            for e in removed
+        ],
+        "kept": len(hist.entries) - len(removed),
+        "not_found": not_found,
+        "planned_absent": planned_absent,
+        "backup": backup,
+        "malformed": hist.malformed,
+    }
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors print one JSON object and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Report a usage error as JSON on stdout and text on stderr, exit 2."""
+        print(json.dumps({"ok": False, "error": "usage", "message": message}))
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(EXIT_USAGE)
+
+
+def _stamp_arg(text: str) -> Stamp:
+    """argparse type for stamps."""
+    try:
+        return parse_stamp(text)
+    except UsageFailure as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def _nonneg_float(text: str) -> float:
+    """argparse type for a non-negative number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: must be >= 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the command-line parser."""
+    common = _Parser(add_help=False)
+    common.add_argument("--history", required=True, help="the restart history file")
+    common.add_argument("--format", choices=FORMATS, default="auto")
+    locking = _Parser(add_help=False)
+    locking.add_argument("--lock", help="lock file (default <history>.lock)")
+    locking.add_argument(
+        "--lock-timeout", type=_nonneg_float, default=DEFAULT_LOCK_TIMEOUT, help="seconds"
+    )
+    locking.add_argument("--journal", help="journal file (default <history>.journal.jsonl)")
+    locking.add_argument("--no-journal", action="store_true", help="do not write the journal")
+    locking.add_argument("--reason", default="")
+    locking.add_argument("--by", default="")
+
+    parser = _Parser(prog="history.py", description=__doc__.splitlines()[0] if __doc__ else "")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("clock", help="this node's time.time()")
+    sub.add_parser("read", parents=[common], help="entries and malformed lines")
+    p = sub.add_parser("budget", parents=[common], help="restarts used in the sliding window")
+    p.add_argument("--max", type=int, default=2, dest="allowed")
+    p.add_argument("--window", type=_nonneg_float, default=21600.0)
+    p.add_argument("--now", type=_nonneg_float)
+    p = sub.add_parser("append", parents=[common, locking], help="append a stamp")
+    p.add_argument("--stamp", type=_stamp_arg, help="default: now")
+    p.add_argument("--forced", action="store_true")
+    p.add_argument("--action", default="restart", help="journal action (default restart)")
+    p = sub.add_parser("prune", parents=[common, locking], help="remove chosen stamps")
+    p.add_argument("--stamp", type=_stamp_arg, action="append", default=[], dest="stamps")
+    p.add_argument("--since", type=_nonneg_float)
+    p.add_argument("--until", type=_nonneg_float)
+    p.add_argument("--planned", action="store_true", help="stamps the journal marks planned")
+    p.add_argument("--planned-by", default=DEFAULT_PLANNED_BY, help="prefix of 'by' (spark-ops)")
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--strict", action="store_true", help="fail (exit 5) if a --stamp is absent")
+    p.add_argument("--keep-backups", type=int, default=DEFAULT_KEEP_BACKUPS)
+    return parser
+
+
+def run(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
+    """Run one subcommand; return (exit code, JSON object)."""
+    args = build_parser().parse_args(list(argv))
+    cmd = args.command
+    if cmd == "clock":
+        return EXIT_OK, clock()
+    if cmd == "read":
+        return EXIT_OK, read_history(args.history, args.format).to_dict()
+    if cmd == "budget":
+        return EXIT_OK, budget(
+            args.history, allowed=args.allowed, window=args.window, now=args.now, fmt=args.format
+        )
+    locking = {
+        "fmt": args.format,
+        "lock": args.lock,
+        "lock_timeout": args.lock_timeout,
+        "journal": args.journal,
+        "write_journal": not args.no_journal,
+        "reason": args.reason,
+        "by": args.by,
+    }
+    if cmd == "append":
+        return EXIT_OK, append(
+            args.history, stamp=args.stamp, forced=args.forced, action=args.action, **locking
+        )
+    return EXIT_OK, prune(
+        args.history,
+        stamps=args.stamps,
+        since=args.since,
+        until=args.until,
+        planned=args.planned,
+        planned_by=args.planned_by,
+        dry_run=args.dry_run,
+        strict=args.strict,
+        keep_backups=args.keep_backups,
+        **locking,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry: print one JSON object on stdout and return the exit code."""
+    try:
+        code, result = run(sys.argv[1:] if argv is None else argv)
+    except HistoryFailure as exc:
+        sys.stderr.write(f"history.py: {exc.message}\n")
+        code, result = exc.exit_code, exc.to_dict()
+    print(json.dumps(result))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
