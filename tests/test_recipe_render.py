@@ -165,11 +165,11 @@ def test_env_created_for_legacy_moe() -> None:
 
 def test_self_check_refuses_collateral_changes() -> None:
     """The post-edit check refuses a result where an unrequested flag or env var moved."""
-    from spark_ops.recipe.edit import _check_others
+    from spark_ops.recipe.diff import check_others
 
     change = [Change.knob("max_num_seqs", 8)]
-    _check_others({"--max-num-seqs": "4"}, {"--max-num-seqs": "8"}, {}, {}, change, "r.yaml")
+    check_others({"--max-num-seqs": "4"}, {"--max-num-seqs": "8"}, {}, {}, change, "r.yaml")
     with pytest.raises(RecipeError, match="changed --port too"):
-        _check_others({"--port": "1"}, {"--port": "2"}, {}, {}, change, "r.yaml")
+        check_others({"--port": "1"}, {"--port": "2"}, {}, {}, change, "r.yaml")
     with pytest.raises(RecipeError, match="changed env A"):
-        _check_others({}, {}, {"A": "1"}, {}, change, "r.yaml")
+        check_others({}, {}, {"A": "1"}, {}, change, "r.yaml")

@@ -1,8 +1,15 @@
-"""Diffs of recipe texts: a unified diff for people, changed-line pairs for checks."""
+"""Diffs of recipe texts (unified, changed-line pairs) and the post-edit verification."""
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
+
+from spark_ops.errors import RecipeError, SparkOpsError
+from spark_ops.recipe.changes import Change
+from spark_ops.recipe.knobs import KNOBS, LEGACY_MOE_SETTINGS, has_moe_flag
+from spark_ops.recipe.render import render_recipe
+from spark_ops.recipe.source import load_recipe_text
 
 
 def unified_diff(old: str, new: str, path: str) -> str:
@@ -45,3 +52,81 @@ def lines_outside(old: str, new: str, words: list[str]) -> list[tuple[str, str]]
         for before, after in changed_line_pairs(old, new)
         if not any(w in before or w in after for w in words)
     ]
+
+
+def verify_edit(old: str, new: str, changes: Sequence[Change], source: str, version: str) -> None:
+    """Check the new text keeps every other key and renders with each requested value."""
+    before = load_recipe_text(old, source=source)
+    after = load_recipe_text(new, source=source)
+    for key in set(before) | set(after):
+        if key not in ("defaults", "env", "command") and before.get(key) != after.get(key):
+            raise RecipeError(f"{source}: internal: edit changed key {key!r}; nothing written")
+    try:
+        render_recipe(old, source=source).args()
+    except SparkOpsError:
+        return
+    old_rendered = render_recipe(old, source=source)
+    rendered = render_recipe(new, source=source)
+    args = rendered.args()
+    check_others(old_rendered.args(), args, old_rendered.env, rendered.env, changes, source)
+    for change in changes:
+        if not _took_effect(change, args, rendered.env, after.get("defaults") or {}, version):
+            raise RecipeError(
+                f"{source}: internal: {change.describe()} did not take effect in the rendered "
+                "command; nothing written"
+            )
+
+
+def check_others(
+    old_args: dict[str, object],
+    args: dict[str, object],
+    old_env: dict[str, str],
+    env: dict[str, str],
+    changes: Sequence[Change],
+    source: str,
+) -> None:
+    """Check that flags and env vars no change asked for kept their effective values."""
+    if any(c.kind == "setting" for c in changes):
+        return  # a defaults key may feed any number of flags
+    allowed = {KNOBS[c.name].flag if c.kind == "knob" else c.name for c in changes}
+    allowed |= {"--" + name[5:] for name in allowed if name.startswith("--no-")}
+    for key in set(old_args) | set(args):
+        if key not in allowed and old_args.get(key) != args.get(key):
+            raise RecipeError(f"{source}: internal: edit changed {key} too; nothing written")
+    legacy = set(LEGACY_MOE_SETTINGS["auto"]) if "--moe-backend" in allowed else set()
+    for key in set(old_env) | set(env):
+        if key not in legacy and old_env.get(key) != env.get(key):
+            raise RecipeError(f"{source}: internal: edit changed env {key}; nothing written")
+
+
+def _took_effect(
+    change: Change, args: dict[str, object], env: dict[str, str], defaults: dict, version: str
+) -> bool:
+    """Whether the rendered result shows a change."""
+    if change.kind == "setting":
+        if change.name in defaults:
+            return str(defaults[change.name]) == str(change.value) or _same_number(
+                defaults[change.name], str(change.value)
+            )
+        return args.get("--" + change.name.replace("_", "-")) == change.value
+    if change.kind == "flag":
+        if change.remove and change.name.startswith("--no-"):
+            return args.get("--" + change.name[5:]) is not False
+        if change.remove:
+            return args.get(change.name) in (None, False)
+        return args.get(change.name) == (True if change.value is None else str(change.value))
+    spec = KNOBS[change.name]
+    if spec.boolean:
+        return (args.get(spec.flag) is True) == bool(change.value)
+    if change.name == "moe_backend" and not has_moe_flag(version):
+        wanted = LEGACY_MOE_SETTINGS[str(change.value)]
+        return all(env.get(k) == v for k, v in wanted.items() if v is not None)
+    return args.get(spec.flag) == str(change.value)
+
+
+def _same_number(value: object, text: str) -> bool:
+    """Whether a YAML-loaded number equals the requested text numerically (0.90 vs 0.9)."""
+    try:
+        return float(str(value)) == float(text)
+    except ValueError:
+        return False

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from spark_ops.errors import RecipeError, SparkOpsError, UnsupportedRecipe
+from spark_ops.errors import RecipeError
 from spark_ops.recipe.changes import Change
-from spark_ops.recipe.diff import unified_diff
+from spark_ops.recipe.command import (
+    CommandView,
+    Edit,
+    apply_edits,
+    entry_edit,
+    env_insert,
+    yaml_scalar,
+)
+from spark_ops.recipe.diff import unified_diff, verify_edit
 from spark_ops.recipe.knobs import (
     KNOBS,
     LEGACY_MOE_SETTINGS,
@@ -19,8 +26,8 @@ from spark_ops.recipe.knobs import (
     validate_moe_backend,
     version_from_container,
 )
-from spark_ops.recipe.render import Option, parse_options, render_recipe, serve_index
-from spark_ops.recipe.source import Entry, RecipeText, load_recipe_text, scan_shell
+from spark_ops.recipe.render import Option
+from spark_ops.recipe.source import RecipeText, load_recipe_text
 
 
 @dataclass
@@ -44,150 +51,6 @@ class RecipeEdit:
     def to_dict(self) -> dict[str, object]:
         """Serialize for --json output."""
         return {"changed": self.changed, "warnings": self.warnings, "vllm": self.vllm_version}
-
-
-Edit = tuple[int, int, str]
-
-
-def _apply(text: str, edits: list[Edit]) -> str:
-    """Apply (start, end, replacement) edits; same-start insertions keep their order."""
-    ordered = sorted(enumerate(edits), key=lambda item: (item[1][0], item[0]), reverse=True)
-    last_start = len(text) + 1
-    for _, (start, end, repl) in ordered:
-        if end > last_start:
-            raise RecipeError(f"internal: overlapping edits at offset {start}")
-        text = text[:start] + repl + text[end:]
-        last_start = start
-    return text
-
-
-class _Command:
-    """The command block of a recipe text: its words and options, refused if not vllm serve."""
-
-    def __init__(self, rt: RecipeText) -> None:
-        """Scan the command block and its options."""
-        self.rt = rt
-        start, end = rt.command_range()
-        self.scan = scan_shell(rt.text, start, end)
-        src = rt.source
-        if self.scan.rest_start is not None:
-            line = rt.line_of(self.scan.rest_start) + 1
-            raise UnsupportedRecipe(
-                f"{src}: line {line}: a second shell command starts inside 'command' (bash ends "
-                "the first at a blank or `#` line inside a continuation); refusing to edit",
-                hint="remove the blank/comment line, or move comments after the last line",
-            )
-        self.tokens = self.scan.tokens
-        first = serve_index([t.value for t in self.tokens])
-        if first is None:
-            words = " ".join(t.value for t in self.tokens[:2])
-            raise UnsupportedRecipe(
-                f"{src}: command is not `vllm serve` (it runs {words!r}); spark-ops will not guess "
-                "where its flags go",
-                hint="edit this recipe by hand, or make its command a literal `vllm serve ...`",
-            )
-        self.options = parse_options(self.tokens, first)
-
-    def find(self, names: Sequence[str]) -> list[Option]:
-        """Options whose canonical name is one of `names`."""
-        return [opt for opt in self.options if opt.name in names]
-
-    def placeholder_uses(self, key: str) -> int:
-        """How many `{key}` fields the active command words use."""
-        count = 0
-        for tok in self.tokens:
-            for _, fname, _, _ in string.Formatter().parse(
-                tok.raw.replace("{{", "").replace("}}", "")
-            ):
-                if fname == key:
-                    count += 1
-        return count
-
-    def insert_line(self, body: str) -> list[Edit]:
-        """Edits adding `body` as a continuation line before the last line (or after the first)."""
-        rt = self.rt
-        first_line = rt.line_of(self.tokens[0].start)
-        last_line = rt.line_of(self.tokens[-1].end - 1)
-        owner = {opt.value_token.start: opt.flag for opt in self.options if opt.value_token}
-        while last_line > first_line:
-            head = next(t for t in self.tokens if rt.line_of(t.end - 1) >= last_line)
-            if head.start not in owner:
-                break
-            last_line = rt.line_of(owner[head.start].start)
-        if last_line > first_line:
-            line = rt.lines[last_line]
-            indent = line[: len(line) - len(line.lstrip(" \t"))]
-            eol = "\r\n" if line.endswith("\r\n") else "\n"
-            return [(rt.offsets[last_line], rt.offsets[last_line], f"{indent}{body} \\{eol}")]
-        line = rt.lines[first_line]
-        content_end = rt.offsets[first_line] + len(line.rstrip("\r\n"))
-        if self.tokens[-1].end != len(rt.text[:content_end].rstrip(" \t")):
-            raise UnsupportedRecipe(
-                f"{rt.source}: line {first_line + 1}: the one-line command ends in a comment; "
-                "cannot add a continuation line safely"
-            )
-        indent = line[: len(line) - len(line.lstrip(" \t"))] + "    "
-        newline = "" if line.endswith("\n") else "\n"
-        tail = "\n" if line.endswith("\n") else ""
-        return [
-            (self.tokens[-1].end, content_end, f" \\{newline}"),
-            (
-                content_end + len(line) - len(line.rstrip("\r\n")),
-                content_end + len(line) - len(line.rstrip("\r\n")),
-                f"{indent}{body}{tail}",
-            ),
-        ]
-
-    def remove(self, opt: Option) -> list[Edit]:
-        """Edits removing an option (and its value): the whole line when it stands alone."""
-        rt = self.rt
-        last = opt.value_token or opt.flag
-        start, end = opt.flag.start, last.end
-        line_no = rt.line_of(start)
-        line = rt.lines[line_no]
-        body = line.rstrip("\r\n").rstrip(" \t")
-        continued = body.endswith("\\")
-        if continued:
-            body = body[:-1].rstrip(" \t")
-        if body.strip() == rt.text[start:end] and rt.line_of(end - 1) == line_no:
-            edits: list[Edit] = [(rt.offsets[line_no], rt.offsets[line_no + 1], "")]
-            if not continued:
-                prev = [t for t in self.tokens if t.end <= start]
-                if prev:
-                    pline = rt.line_of(prev[-1].end - 1)
-                    ptext = rt.lines[pline].rstrip("\r\n")
-                    cut = len(ptext.rstrip(" \t")) - 1
-                    if ptext.rstrip(" \t").endswith("\\"):
-                        keep = len(ptext[:cut].rstrip(" \t"))
-                        base = rt.offsets[pline]
-                        edits.append((base + keep, base + len(ptext), ""))
-            return edits
-        idx = self.tokens.index(last)
-        nxt = self.tokens[idx + 1] if idx + 1 < len(self.tokens) else None
-        if nxt is not None and rt.line_of(nxt.start) == line_no:
-            return [(start, nxt.start, "")]
-        pos = self.tokens.index(opt.flag)
-        prev_tok = self.tokens[pos - 1]
-        cut_from = prev_tok.end if rt.line_of(prev_tok.end - 1) == line_no else start
-        return [(cut_from, end, "")]
-
-
-def _yaml_scalar(value: str, old_raw: str | None) -> str:
-    """Spell a string value as a YAML scalar that reads back as exactly `value`."""
-    import yaml
-
-    if old_raw and old_raw[0] == "'":
-        return "'" + value.replace("'", "''") + "'"
-    if old_raw and old_raw[0] == '"':
-        return json.dumps(value, ensure_ascii=False)
-    try:
-        loaded = yaml.safe_load(f"k: {value}")
-    except yaml.YAMLError:
-        loaded = None
-    ok = isinstance(loaded, dict) and not isinstance(loaded.get("k"), bool)
-    if ok and loaded is not None and str(loaded.get("k")) == value and "#" not in value:
-        return value
-    return json.dumps(value, ensure_ascii=False)
 
 
 class _Editor:
@@ -216,7 +79,7 @@ class _Editor:
             edits = self._legacy_moe(rt, str(change.value))
         else:
             edits = self._knob(rt, change)
-        self.text = _apply(self.text, edits)
+        self.text = apply_edits(self.text, edits)
 
     def _knob(self, rt: RecipeText, change: Change) -> list[Edit]:
         """Edits for one of the four knobs."""
@@ -241,7 +104,7 @@ class _Editor:
         self, rt: RecipeText, flag: str, value: object, remove: bool, aliases: set[str]
     ) -> list[Edit]:
         """Set, add bare, or remove a flag in the command; placeholders edited in defaults."""
-        cmd = _Command(rt)
+        cmd = CommandView(rt)
         names = aliases | {flag}
         found = cmd.find(sorted(names))
         negated = cmd.find(["--no-" + flag[2:]]) if value is None else []
@@ -268,7 +131,7 @@ class _Editor:
         return self._set_values(rt, cmd, found, flag, text)
 
     def _set_values(
-        self, rt: RecipeText, cmd: _Command, found: list[Option], flag: str, text: str
+        self, rt: RecipeText, cmd: CommandView, found: list[Option], flag: str, text: str
     ) -> list[Edit]:
         """Set each occurrence: its defaults placeholder when unshared, else the literal."""
         edits: list[Edit] = []
@@ -291,7 +154,7 @@ class _Editor:
                 )
             if key and entry and cmd.placeholder_uses(key) == keys[key]:
                 if key not in edited_defaults:
-                    edits.append(_entry_edit(rt, entry, _yaml_scalar(text, entry.raw)))
+                    edits.append(entry_edit(rt, entry, yaml_scalar(text, entry.raw)))
                     edited_defaults.add(key)
                 continue
             if key:
@@ -307,11 +170,11 @@ class _Editor:
         key, value = change.name, str(change.value)
         entry = rt.entry("defaults", key)
         if entry is not None:
-            if _Command(rt).placeholder_uses(key) == 0:
+            if CommandView(rt).placeholder_uses(key) == 0:
                 self.warn(f"{self.source}: defaults.{key} is not used by command")
-            return [_entry_edit(rt, entry, _yaml_scalar(value, entry.raw))]
+            return [entry_edit(rt, entry, yaml_scalar(value, entry.raw))]
         flag = "--" + key.replace("_", "-")
-        if not _Command(rt).find([flag]):
+        if not CommandView(rt).find([flag]):
             self.warn(f"{self.source}: no defaults.{key} and no {flag} in command: added {flag}")
         return self._flag(rt, flag, value, False, set())
 
@@ -319,7 +182,7 @@ class _Editor:
         """Before vLLM 0.18: select the MoE backend through the recipe's env mapping."""
         validate_moe_backend(backend, self.version)
         edits: list[Edit] = []
-        cmd = _Command(rt)
+        cmd = CommandView(rt)
         for opt in cmd.find(["--moe-backend"]):
             self.warn(f"{self.source}: vLLM {self.version} has no --moe-backend flag: removed it")
             edits += cmd.remove(opt)
@@ -330,29 +193,13 @@ class _Editor:
                 if entry is not None:
                     edits.append((rt.offsets[entry.line], rt.offsets[entry.line + 1], ""))
             elif entry is not None:
-                edits.append(_entry_edit(rt, entry, _yaml_scalar(val, entry.raw)))
+                edits.append(entry_edit(rt, entry, yaml_scalar(val, entry.raw)))
             else:
                 adds.append(f"{key}: {json.dumps(val)}")
         if adds:
-            edits.append(_env_insert(rt, adds))
+            edits.append(env_insert(rt, adds))
         self.warn(f"{self.source}: vLLM {self.version} < 0.18: MoE backend set through env vars")
         return edits
-
-
-def _entry_edit(rt: RecipeText, entry: Entry, scalar: str) -> Edit:
-    """Replace a mapping value, keeping a trailing comment in its column when there is room."""
-    if not entry.raw or entry.raw[0] in "|>[{&*!":
-        raise UnsupportedRecipe(
-            f"{rt.source}: line {entry.line + 1}: {entry.key!r} is not a one-line scalar "
-            f"({entry.raw or 'value on the next lines'!r}); spark-ops edits only `key: value`"
-        )
-    line_end = rt.offsets[entry.line] + len(rt.lines[entry.line].rstrip("\r\n"))
-    rest = rt.text[entry.value_end : line_end]
-    gap = len(rest) - len(rest.lstrip(" "))
-    if gap and rest[gap:].startswith("#"):
-        width = max(1, gap - (len(scalar) - len(entry.raw)))
-        return (entry.value_start, entry.value_end + gap, scalar + " " * width)
-    return (entry.value_start, entry.value_end, scalar)
 
 
 def _placeholder(opt: Option) -> str | None:
@@ -384,28 +231,6 @@ def _quote(text: str) -> str:
     return escaped if escaped == shlex.quote(escaped) else shlex.quote(escaped)
 
 
-def _env_insert(rt: RecipeText, adds: list[str]) -> Edit:
-    """An edit adding `KEY: "value"` lines to the env mapping (creating it if needed)."""
-    block = rt.blocks.get("env")
-    if block is not None and block.entries:
-        last = block.entries[-1]
-        indent = rt.lines[last.line][: len(rt.lines[last.line]) - len(rt.lines[last.line].lstrip())]
-        at = rt.offsets[last.line + 1]
-        prefix = "" if rt.lines[last.line].endswith("\n") else "\n"
-        return (at, at, prefix + "".join(f"{indent}{a}\n" for a in adds))
-    body = "".join(f"  {a}\n" for a in adds)
-    if block is not None:
-        head = rt.lines[block.line]
-        eol_at = rt.offsets[block.line] + len(head.rstrip("\r\n"))
-        return (
-            rt.offsets[block.line],
-            rt.offsets[block.line + 1] if head.endswith("\n") else eol_at,
-            "env:\n" + body,
-        )
-    at = rt.offsets[rt.blocks["command"].line]
-    return (at, at, "env:\n" + body + "\n")
-
-
 def resolve_version(text: str, source: str, vllm_version: str | None) -> tuple[str, list[str]]:
     """The vLLM version to edit for: explicit, else the container tag's, else newest (warned)."""
     if vllm_version:
@@ -431,86 +256,8 @@ def edit_recipe(
         editor.warnings += version_warnings
     for change in changes:
         editor.apply(change)
-    _verify(text, editor.text, changes, source, version)
+    verify_edit(text, editor.text, changes, source, version)
     return RecipeEdit(editor.text, text, editor.warnings, version)
-
-
-def _verify(old: str, new: str, changes: Sequence[Change], source: str, version: str) -> None:
-    """Check the new text keeps every other key and renders with each requested value."""
-    before = load_recipe_text(old, source=source)
-    after = load_recipe_text(new, source=source)
-    for key in set(before) | set(after):
-        if key not in ("defaults", "env", "command") and before.get(key) != after.get(key):
-            raise RecipeError(f"{source}: internal: edit changed key {key!r}; nothing written")
-    try:
-        render_recipe(old, source=source).args()
-    except SparkOpsError:
-        return
-    old_rendered = render_recipe(old, source=source)
-    rendered = render_recipe(new, source=source)
-    args = rendered.args()
-    _check_others(old_rendered.args(), args, old_rendered.env, rendered.env, changes, source)
-    for change in changes:
-        if not _took_effect(change, args, rendered.env, after.get("defaults") or {}, version):
-            raise RecipeError(
-                f"{source}: internal: {change.describe()} did not take effect in the rendered "
-                "command; nothing written"
-            )
-
-
-def _check_others(
-    old_args: dict[str, object],
-    args: dict[str, object],
-    old_env: dict[str, str],
-    env: dict[str, str],
-    changes: Sequence[Change],
-    source: str,
-) -> None:
-    """Check that flags and env vars no change asked for kept their effective values."""
-    if any(c.kind == "setting" for c in changes):
-        return  # a defaults key may feed any number of flags
-    allowed = {KNOBS[c.name].flag if c.kind == "knob" else c.name for c in changes}
-    allowed |= {"--" + name[5:] for name in allowed if name.startswith("--no-")}
-    for key in set(old_args) | set(args):
-        if key not in allowed and old_args.get(key) != args.get(key):
-            raise RecipeError(f"{source}: internal: edit changed {key} too; nothing written")
-    legacy = set(LEGACY_MOE_SETTINGS["auto"]) if "--moe-backend" in allowed else set()
-    for key in set(old_env) | set(env):
-        if key not in legacy and old_env.get(key) != env.get(key):
-            raise RecipeError(f"{source}: internal: edit changed env {key}; nothing written")
-
-
-def _took_effect(
-    change: Change, args: dict[str, object], env: dict[str, str], defaults: dict, version: str
-) -> bool:
-    """Whether the rendered result shows a change."""
-    if change.kind == "setting":
-        if change.name in defaults:
-            return str(defaults[change.name]) == str(change.value) or _same_number(
-                defaults[change.name], str(change.value)
-            )
-        return args.get("--" + change.name.replace("_", "-")) == change.value
-    if change.kind == "flag":
-        if change.remove and change.name.startswith("--no-"):
-            return args.get("--" + change.name[5:]) is not False
-        if change.remove:
-            return args.get(change.name) in (None, False)
-        return args.get(change.name) == (True if change.value is None else str(change.value))
-    spec = KNOBS[change.name]
-    if spec.boolean:
-        return (args.get(spec.flag) is True) == bool(change.value)
-    if change.name == "moe_backend" and not has_moe_flag(version):
-        wanted = LEGACY_MOE_SETTINGS[str(change.value)]
-        return all(env.get(k) == v for k, v in wanted.items() if v is not None)
-    return args.get(spec.flag) == str(change.value)
-
-
-def _same_number(value: object, text: str) -> bool:
-    """Whether a YAML-loaded number equals the requested text numerically (0.90 vs 0.9)."""
-    try:
-        return float(str(value)) == float(text)
-    except ValueError:
-        return False
 
 
 def _dashed(flag: str) -> str:

@@ -1,0 +1,192 @@
+"""Text-level editing primitives: offset edits, the command block view, YAML scalar edits."""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Sequence
+
+from spark_ops.errors import RecipeError, UnsupportedRecipe
+from spark_ops.recipe.render import Option, parse_options, serve_index
+from spark_ops.recipe.source import Entry, RecipeText, scan_shell
+
+Edit = tuple[int, int, str]
+
+
+def apply_edits(text: str, edits: list[Edit]) -> str:
+    """Apply (start, end, replacement) edits; same-start insertions keep their order."""
+    ordered = sorted(enumerate(edits), key=lambda item: (item[1][0], item[0]), reverse=True)
+    last_start = len(text) + 1
+    for _, (start, end, repl) in ordered:
+        if end > last_start:
+            raise RecipeError(f"internal: overlapping edits at offset {start}")
+        text = text[:start] + repl + text[end:]
+        last_start = start
+    return text
+
+
+class CommandView:
+    """The command block of a recipe text: its words and options, refused if not vllm serve."""
+
+    def __init__(self, rt: RecipeText) -> None:
+        """Scan the command block and its options."""
+        self.rt = rt
+        start, end = rt.command_range()
+        self.scan = scan_shell(rt.text, start, end)
+        src = rt.source
+        if self.scan.rest_start is not None:
+            line = rt.line_of(self.scan.rest_start) + 1
+            raise UnsupportedRecipe(
+                f"{src}: line {line}: a second shell command starts inside 'command' (bash ends "
+                "the first at a blank or `#` line inside a continuation); refusing to edit",
+                hint="remove the blank/comment line, or move comments after the last line",
+            )
+        self.tokens = self.scan.tokens
+        first = serve_index([t.value for t in self.tokens])
+        if first is None:
+            words = " ".join(t.value for t in self.tokens[:2])
+            raise UnsupportedRecipe(
+                f"{src}: command is not `vllm serve` (it runs {words!r}); spark-ops will not guess "
+                "where its flags go",
+                hint="edit this recipe by hand, or make its command a literal `vllm serve ...`",
+            )
+        self.options = parse_options(self.tokens, first)
+
+    def find(self, names: Sequence[str]) -> list[Option]:
+        """Options whose canonical name is one of `names`."""
+        return [opt for opt in self.options if opt.name in names]
+
+    def placeholder_uses(self, key: str) -> int:
+        """How many `{key}` fields the active command words use."""
+        count = 0
+        for tok in self.tokens:
+            for _, fname, _, _ in string.Formatter().parse(
+                tok.raw.replace("{{", "").replace("}}", "")
+            ):
+                if fname == key:
+                    count += 1
+        return count
+
+    def insert_line(self, body: str) -> list[Edit]:
+        """Edits adding `body` as a continuation line before the last line (or after the first)."""
+        rt = self.rt
+        first_line = rt.line_of(self.tokens[0].start)
+        last_line = rt.line_of(self.tokens[-1].end - 1)
+        owner = {opt.value_token.start: opt.flag for opt in self.options if opt.value_token}
+        while last_line > first_line:
+            head = next(t for t in self.tokens if rt.line_of(t.end - 1) >= last_line)
+            if head.start not in owner:
+                break
+            last_line = rt.line_of(owner[head.start].start)
+        if last_line > first_line:
+            line = rt.lines[last_line]
+            indent = line[: len(line) - len(line.lstrip(" \t"))]
+            eol = "\r\n" if line.endswith("\r\n") else "\n"
+            return [(rt.offsets[last_line], rt.offsets[last_line], f"{indent}{body} \\{eol}")]
+        line = rt.lines[first_line]
+        content_end = rt.offsets[first_line] + len(line.rstrip("\r\n"))
+        if self.tokens[-1].end != len(rt.text[:content_end].rstrip(" \t")):
+            raise UnsupportedRecipe(
+                f"{rt.source}: line {first_line + 1}: the one-line command ends in a comment; "
+                "cannot add a continuation line safely"
+            )
+        indent = line[: len(line) - len(line.lstrip(" \t"))] + "    "
+        newline = "" if line.endswith("\n") else "\n"
+        tail = "\n" if line.endswith("\n") else ""
+        return [
+            (self.tokens[-1].end, content_end, f" \\{newline}"),
+            (
+                content_end + len(line) - len(line.rstrip("\r\n")),
+                content_end + len(line) - len(line.rstrip("\r\n")),
+                f"{indent}{body}{tail}",
+            ),
+        ]
+
+    def remove(self, opt: Option) -> list[Edit]:
+        """Edits removing an option (and its value): the whole line when it stands alone."""
+        rt = self.rt
+        last = opt.value_token or opt.flag
+        start, end = opt.flag.start, last.end
+        line_no = rt.line_of(start)
+        line = rt.lines[line_no]
+        body = line.rstrip("\r\n").rstrip(" \t")
+        continued = body.endswith("\\")
+        if continued:
+            body = body[:-1].rstrip(" \t")
+        if body.strip() == rt.text[start:end] and rt.line_of(end - 1) == line_no:
+            edits: list[Edit] = [(rt.offsets[line_no], rt.offsets[line_no + 1], "")]
+            if not continued:
+                prev = [t for t in self.tokens if t.end <= start]
+                if prev:
+                    pline = rt.line_of(prev[-1].end - 1)
+                    ptext = rt.lines[pline].rstrip("\r\n")
+                    cut = len(ptext.rstrip(" \t")) - 1
+                    if ptext.rstrip(" \t").endswith("\\"):
+                        keep = len(ptext[:cut].rstrip(" \t"))
+                        base = rt.offsets[pline]
+                        edits.append((base + keep, base + len(ptext), ""))
+            return edits
+        idx = self.tokens.index(last)
+        nxt = self.tokens[idx + 1] if idx + 1 < len(self.tokens) else None
+        if nxt is not None and rt.line_of(nxt.start) == line_no:
+            return [(start, nxt.start, "")]
+        pos = self.tokens.index(opt.flag)
+        prev_tok = self.tokens[pos - 1]
+        cut_from = prev_tok.end if rt.line_of(prev_tok.end - 1) == line_no else start
+        return [(cut_from, end, "")]
+
+
+def yaml_scalar(value: str, old_raw: str | None) -> str:
+    """Spell a string value as a YAML scalar that reads back as exactly `value`."""
+    import yaml
+
+    if old_raw and old_raw[0] == "'":
+        return "'" + value.replace("'", "''") + "'"
+    if old_raw and old_raw[0] == '"':
+        return json.dumps(value, ensure_ascii=False)
+    try:
+        loaded = yaml.safe_load(f"k: {value}")
+    except yaml.YAMLError:
+        loaded = None
+    ok = isinstance(loaded, dict) and not isinstance(loaded.get("k"), bool)
+    if ok and loaded is not None and str(loaded.get("k")) == value and "#" not in value:
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def entry_edit(rt: RecipeText, entry: Entry, scalar: str) -> Edit:
+    """Replace a mapping value, keeping a trailing comment in its column when there is room."""
+    if not entry.raw or entry.raw[0] in "|>[{&*!":
+        raise UnsupportedRecipe(
+            f"{rt.source}: line {entry.line + 1}: {entry.key!r} is not a one-line scalar "
+            f"({entry.raw or 'value on the next lines'!r}); spark-ops edits only `key: value`"
+        )
+    line_end = rt.offsets[entry.line] + len(rt.lines[entry.line].rstrip("\r\n"))
+    rest = rt.text[entry.value_end : line_end]
+    gap = len(rest) - len(rest.lstrip(" "))
+    if gap and rest[gap:].startswith("#"):
+        width = max(1, gap - (len(scalar) - len(entry.raw)))
+        return (entry.value_start, entry.value_end + gap, scalar + " " * width)
+    return (entry.value_start, entry.value_end, scalar)
+
+
+def env_insert(rt: RecipeText, adds: list[str]) -> Edit:
+    """An edit adding `KEY: "value"` lines to the env mapping (creating it if needed)."""
+    block = rt.blocks.get("env")
+    if block is not None and block.entries:
+        last = block.entries[-1]
+        indent = rt.lines[last.line][: len(rt.lines[last.line]) - len(rt.lines[last.line].lstrip())]
+        at = rt.offsets[last.line + 1]
+        prefix = "" if rt.lines[last.line].endswith("\n") else "\n"
+        return (at, at, prefix + "".join(f"{indent}{a}\n" for a in adds))
+    body = "".join(f"  {a}\n" for a in adds)
+    if block is not None:
+        head = rt.lines[block.line]
+        eol_at = rt.offsets[block.line] + len(head.rstrip("\r\n"))
+        return (
+            rt.offsets[block.line],
+            rt.offsets[block.line + 1] if head.endswith("\n") else eol_at,
+            "env:\n" + body,
+        )
+    at = rt.offsets[rt.blocks["command"].line]
+    return (at, at, "env:\n" + body + "\n")
