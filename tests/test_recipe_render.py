@@ -45,7 +45,7 @@ def test_glm_example_edit_roundtrip() -> None:
     diff = result.diff("glm.yaml").splitlines()
     assert [line for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---")] == [
         "-  max_num_seqs: 6          # interactive default; raise for batch work",
-        "+  max_num_seqs: 64         # interactive default; raise for batch work",
+        "+  max_num_seqs: 64          # interactive default; raise for batch work",
     ]
     assert result.warnings == []
 

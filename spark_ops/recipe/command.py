@@ -155,18 +155,12 @@ def yaml_scalar(value: str, old_raw: str | None) -> str:
 
 
 def entry_edit(rt: RecipeText, entry: Entry, scalar: str) -> Edit:
-    """Replace a mapping value, keeping a trailing comment in its column when there is room."""
+    """Replace only a mapping value's bytes (spacing and a trailing comment stay as they are)."""
     if not entry.raw or entry.raw[0] in "|>[{&*!":
         raise UnsupportedRecipe(
             f"{rt.source}: line {entry.line + 1}: {entry.key!r} is not a one-line scalar "
             f"({entry.raw or 'value on the next lines'!r}); spark-ops edits only `key: value`"
         )
-    line_end = rt.offsets[entry.line] + len(rt.lines[entry.line].rstrip("\r\n"))
-    rest = rt.text[entry.value_end : line_end]
-    gap = len(rest) - len(rest.lstrip(" "))
-    if gap and rest[gap:].startswith("#"):
-        width = max(1, gap - (len(scalar) - len(entry.raw)))
-        return (entry.value_start, entry.value_end + gap, scalar + " " * width)
     return (entry.value_start, entry.value_end, scalar)
 
 
