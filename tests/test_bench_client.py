@@ -186,3 +186,17 @@ def test_parse_prometheus_sums_engines() -> None:
         "vllm:generation_tokens_total": 15.5,
         "vllm:num_requests_running": 3.0,
     }
+
+
+def test_fd_limit_is_raised_or_refused() -> None:
+    """The open-files limit grows to fit the connections; past the hard limit, a clear error."""
+    import resource
+
+    from spark_ops.bench.client import ensure_fd_limit
+
+    assert ensure_fd_limit(10) >= 266
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert soft >= 266 or soft == resource.RLIM_INFINITY
+    if hard != resource.RLIM_INFINITY:
+        with pytest.raises(BenchError, match=r"ulimit -Hn"):
+            ensure_fd_limit(hard + 1)

@@ -154,10 +154,13 @@ async def test_compare_before_after(serve: Serve) -> None:
 async def test_no_usage_chunk_counts_chunks_and_warns(serve: Serve) -> None:
     """A server without usage: tokens counted from content chunks, flagged, warned."""
     _, url = await serve(usage=False)
-    result = await run_sweep(config(url, levels=[2]))
+    result = await run_sweep(config(url, levels=[2], cpu_warn_fraction=0.0))
     level = result.levels[0]
     assert level.total_output_tokens == 24 and not level.usage_reported
     assert any("no usage chunk" in w for w in result.warnings)
+    # the client's own CPU is recorded; with a 0% threshold it is always warned about
+    assert level.client_cpu_s > 0
+    assert any("client used" in w and "of a core" in w for w in result.warnings)
 
 
 async def test_completions_api_and_midstream_error(serve: Serve) -> None:

@@ -133,6 +133,26 @@ class SSEParser:
             self.record.error = f"stream error: {msg}"
 
 
+def ensure_fd_limit(connections: int, *, spare: int = 256) -> int:
+    """Raise the soft open-files limit to fit `connections` sockets; return the limit in effect."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX: nothing to adjust
+        return connections + spare
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + spare
+    if soft != resource.RLIM_INFINITY and soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            raise BenchError(
+                f"concurrency {connections} needs about {want} open files but the hard limit "
+                f"(ulimit -Hn) is {hard}",
+                hint="raise the hard limit or lower --concurrency",
+            )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        return want
+    return soft if soft != resource.RLIM_INFINITY else want
+
+
 class StreamClient:
     """An aiohttp session tuned for many concurrent long streams against one server."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.bench import stats
-from spark_ops.bench.client import RequestRecord, StreamClient
+from spark_ops.bench.client import RequestRecord, StreamClient, ensure_fd_limit
 from spark_ops.bench.metrics import MetricsScraper, MetricsWatch
 from spark_ops.bench.workload import APIS, ENDPOINTS, Prompt, build_payload, load_prompts
 from spark_ops.errors import BenchError
@@ -295,6 +295,7 @@ async def run_sweep(config: SweepConfig, *, on_level: LevelCallback | None = Non
     log = get_logger(op="bench")
     started = _now()
     prompts = load_prompts(config.prompts_path)
+    ensure_fd_limit(max(max(config.levels), config.warmup))
     warnings: list[str] = []
     levels: list[stats.LevelResult] = []
     max_cpu_fraction = 0.0

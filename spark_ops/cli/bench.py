@@ -65,7 +65,13 @@ def _knob_value(text: str) -> Any:
     "--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True
 )
 @click.option("--concurrency", default=DEFAULT_CONCURRENCY, show_default=True, help="Levels.")
-@click.option("--output-tokens", type=click.IntRange(min=1), default=300, show_default=True)
+@click.option(
+    "--output-tokens",
+    type=click.IntRange(min=1),
+    default=300,
+    show_default=True,
+    help="Tokens per request (ignore_eos).",
+)
 @click.option(
     "--mode",
     type=click.Choice(["burst", "sustained", "poisson"]),
@@ -75,19 +81,48 @@ def _knob_value(text: str) -> Any:
 )
 @click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds per run.")
 @click.option("--rate", type=float, help="Poisson arrivals per second (mode poisson).")
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Runs per level."
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Requests sent first, left out of the figures.",
+)
 @click.option("--slo-tok-s", type=float, help="Per-user tok/s to keep (e.g. 12).")
-@click.option("--steady-fraction", type=float, default=0.9, show_default=True)
+@click.option(
+    "--steady-fraction",
+    type=float,
+    default=0.9,
+    show_default=True,
+    help="Steady window: in flight >= this share of C.",
+)
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Per request, s.")
 @click.option("--api-key", envvar="SPARK_OPS_API_KEY", help="Bearer token ($SPARK_OPS_API_KEY).")
 @click.option("--header", "headers", multiple=True, help="Extra header 'Name: value'.")
 @click.option("--knob", "knobs", multiple=True, help="Knob in effect, reported: max_num_seqs=64.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Poisson arrivals seed.")
 @click.option("--no-metrics", is_flag=True, help="Do not scrape /metrics.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the result (vllm bench serve key names).",
+)
+@click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write one row per level.",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write a PNG of tok/s against concurrency.",
+)
 @click.pass_context
 def cli(
     ctx: click.Context,
