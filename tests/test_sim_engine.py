@@ -250,6 +250,17 @@ def test_missing_sim_config_named(tmp_path: Path) -> None:
     assert res.returncode == 1 and "absent.yaml: cannot read sim config" in res.stderr
 
 
+def test_port_in_use_fails(tmp_path: Path) -> None:
+    """A port already taken fails the start with exit 1 and the OSError."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        res = _run_cli(tmp_path, "m", "--host", "127.0.0.1", "--port", port, "-O3")
+    assert res.returncode == 1 and "Address already in use" in res.stderr
+    assert "'O3': True" in res.stdout
+
+
 def test_bad_kv_cache_memory_bytes_rejected(tmp_path: Path) -> None:
     """`60GB` is refused at argument parsing (exit 2), naming the flag."""
     res = _run_cli(tmp_path, "m", "--kv-cache-memory-bytes", "60GB")
@@ -359,6 +370,30 @@ async def test_burst_twice_the_cap_waits(tmp_path: Path) -> None:
         await p.wait_line(
             r"Engine 000: Avg prompt throughput: [\d.]+ tokens/s, .*Running: \d+ reqs"
         )
+
+
+async def test_small_kv_cache_preempts_and_completes(tmp_path: Path) -> None:
+    """A KV pool of 10 blocks under 4 growing sequences: preemptions happen, all still finish."""
+    kv = str(int(640 * 24813.26) + 1)  # 640 tokens = 10 blocks of 64
+    async with engine(tmp_path, "--kv-cache-memory-bytes", kv, "--max-model-len", "512") as p:
+        url = await p.url()
+        await p.wait_line(r"GPU KV cache size: 640 tokens")
+        async with aiohttp.ClientSession() as s:
+            body = {"prompt": "y" * 40, "max_tokens": 150, "ignore_eos": True}
+            jobs = [_stream(s, url + "/v1/completions", body) for _ in range(4)]
+            results = await asyncio.gather(*jobs)
+            assert all(done and len(chunks) == 150 for chunks, done in results)
+            async with s.get(url + "/metrics") as r:
+                text = await r.text()
+        assert _metric(text, "vllm:num_preemptions_total") > 0
+        assert _metric(text, "vllm:generation_tokens_total") == 600
+
+
+async def test_max_model_len_larger_than_kv_pool_fails(tmp_path: Path) -> None:
+    """A KV pool smaller than max_model_len fails the boot like vLLM (exit 1)."""
+    async with engine(tmp_path, "--kv-cache-memory-bytes", "16M") as p:
+        assert await p.wait_exit() == 1
+        assert any("estimated maximum model length is 676" in ln for ln in p.out)
 
 
 # -- Ray workers -----------------------------------------------------------------------------------

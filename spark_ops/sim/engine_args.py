@@ -116,6 +116,16 @@ def _split_unknown(
                 extras[key] = True
             i += 1
             continue
+        if (
+            tok.startswith("-")
+            and not tok.startswith("--")
+            and len(tok) > 1
+            and tok not in known_opts
+            and not tok[1:].replace(".", "", 1).isdigit()
+        ):
+            extras[tok[1:]] = True  # e.g. -O3: echoed, not interpreted
+            i += 1
+            continue
         kept.append(tok)
         i += 1
     return kept, extras

@@ -225,6 +225,8 @@ class Booter:
             f"GPU KV cache size: {kv_tokens:,} tokens, Maximum concurrency for {max_len:,} tokens "
             f"per request: {conc:.2f}x",
         )
+        if kv_tokens < max_len:
+            self._fail_max_len(max_len, kv_bytes, kv_tokens)
         await self._maybe_hang("kv")
         if not a.enforce_eager:
             took = await self._phase("graph_capture_s")
@@ -271,6 +273,20 @@ class Booter:
     def _fail_kv(self) -> None:
         """Print an out-of-memory failure during KV cache allocation and fail the boot."""
         root = str(cfg_get(self.cfg, "faults.kv_alloc_fail.root_cause"))
+        engine_core_failed(self.log, KV_FRAMES, root)
+        raise BootFailed(1)
+
+    def _fail_max_len(self, max_len: int, kv_bytes: int, kv_tokens: int) -> None:
+        """Refuse a max_model_len that does not fit in the KV pool, as vLLM does at init."""
+        per_token = cfg_float(self.cfg, "memory.kv_bytes_per_token")
+        root = (
+            f"ValueError: To serve at least one request with the models's max seq len "
+            f"({max_len}), ({max_len * per_token / 2**30:.2f} GiB KV cache is needed, which is "
+            f"larger than the available KV cache memory ({kv_bytes / 2**30:.2f} GiB). Based on "
+            f"the available memory, the estimated maximum model length is {kv_tokens}. Try "
+            "increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing "
+            "the engine."
+        )
         engine_core_failed(self.log, KV_FRAMES, root)
         raise BootFailed(1)
 

@@ -174,11 +174,23 @@ class EngineCore:
         """Return running plus waiting requests."""
         return len(self.running) + len(self.waiting)
 
+    def _blocks(self, tokens: int) -> int:
+        """Return the KV blocks that hold this many tokens."""
+        return -(-tokens // self.block_size)
+
+    @property
+    def kv_blocks(self) -> int:
+        """Return the number of KV cache blocks in the pool."""
+        return max(1, self.kv_tokens // self.block_size)
+
     def kv_usage(self) -> float:
         """Return the KV cache usage (0..1) in whole blocks held by running requests."""
-        bs = self.block_size
-        blocks = sum(-(-(r.prompt_tokens + r.generated) // bs) for r in self.running)
-        return min(1.0, blocks * bs / self.kv_tokens)
+        blocks = sum(self._blocks(r.prompt_tokens + r.generated) for r in self.running)
+        return min(1.0, blocks / self.kv_blocks)
+
+    def _blocks_next_step(self, reqs: list[Request]) -> int:
+        """Return the blocks these requests need to hold their next token."""
+        return sum(self._blocks(r.prompt_tokens + r.generated + 1) for r in reqs)
 
     # -- engine loop ------------------------------------------------------------------------
     def _finish(self, req: Request, reason: str) -> None:
@@ -190,25 +202,26 @@ class EngineCore:
     def _admit(self) -> int:
         """Move waiting requests into the batch within the caps; return joining prompt tokens."""
         budget = self.max_num_batched_tokens - len(self.running)
-        used = self.kv_usage() * self.kv_tokens
+        used = self._blocks_next_step(self.running)
         joining = 0
         while self.waiting and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             need = req.prompt_tokens + req.generated
+            blocks = self._blocks(need + 1)
             if joining and need > budget - joining:
                 break
-            if self.running and used + need > self.kv_tokens:
+            if self.running and used + blocks > self.kv_blocks:
                 break
             self.waiting.popleft()
             self.running.append(req)
             joining += need
-            used += need
+            used += blocks
         self.stats.prompt_tokens += joining
         return joining
 
     def _preempt_if_full(self) -> None:
         """Send the newest running requests back to waiting while the KV cache would overflow."""
-        while len(self.running) > 1 and self.kv_usage() >= 1.0:
+        while len(self.running) > 1 and self._blocks_next_step(self.running) > self.kv_blocks:
             victim = self.running.pop()
             self.waiting.appendleft(victim)
             self.stats.preemptions += 1
