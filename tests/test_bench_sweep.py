@@ -56,13 +56,13 @@ def config(url: str, **kwargs: Any) -> SweepConfig:
 async def test_burst_sweep_counts_caps_and_writes(serve: Serve, tmp_path: Path) -> None:
     """Burst sweep: usage token counts, an injected failure, the cap, JSON/CSV/PNG/compare."""
     # server request numbers: C=1 x 2 repeats -> 1, 2; C=4 repeat 1 -> 3..6; request 5 fails.
-    engine, url = await serve(max_num_seqs=4, step_s=0.01, fail_http={5})
+    engine, url = await serve(max_num_seqs=4, step_s=0.015, fail_http={5})
     seen: list[int] = []
     result = await run_sweep(
         config(
             url,
             levels=[1, 4, 8],
-            output_tokens=30,
+            output_tokens=20,
             repeats=2,
             slo_tok_s=50,
             knobs={"max_num_seqs": 4},
@@ -79,7 +79,7 @@ async def test_burst_sweep_counts_caps_and_writes(serve: Serve, tmp_path: Path) 
     }
     for lv in result.levels:
         assert lv.usage_reported
-        assert lv.total_output_tokens == 30 * lv.completed
+        assert lv.total_output_tokens == 20 * lv.completed
         assert lv.total_input_tokens == 25 * lv.completed
         assert lv.engine_output_throughput is not None
     # the server generated exactly what the client counted
@@ -90,7 +90,7 @@ async def test_burst_sweep_counts_caps_and_writes(serve: Serve, tmp_path: Path) 
     c8 = [b["messages"][0]["content"] for b in bodies[-16:]]
     assert len(set(c8)) == 16
     for b in bodies:
-        assert b["max_tokens"] == 30 and b["temperature"] == 0 and b["ignore_eos"] is True
+        assert b["max_tokens"] == 20 and b["temperature"] == 0 and b["ignore_eos"] is True
         assert b["stream"] is True and b["stream_options"] == {"include_usage": True}
     # max_num_seqs=4: at C=8 half the requests wait; running plateaus at 4
     assert result.reading.cap.detected and result.reading.cap.plateau == 4
@@ -147,7 +147,7 @@ async def test_compare_before_after(serve: Serve) -> None:
     assert ratio is not None and ratio > 1.5  # the cap of 2 halved throughput at C=4
     assert cmp.only_before == [1] and cmp.only_after == [8]
     text = report.render_compare_text(cmp)
-    assert "before.json → after.json" in text and f"×{ratio:.2f}" in text
+    assert "before.json → after.json" in text and f"×{ratio:.2f} better" in text
     assert "{'max_num_seqs': 2} → {'max_num_seqs': 64}" in text
 
 
@@ -179,7 +179,7 @@ async def test_sustained_keeps_concurrency_for_the_duration(serve: Serve) -> Non
     engine, url = await serve(step_s=0.005)
     result = await run_sweep(config(url, levels=[3], mode="sustained", duration_s=0.6))
     level = result.levels[0]
-    assert level.completed >= 3 * 6  # each request takes ~0.06 s, so ~10 rounds per stream
+    assert level.completed >= 3 * 3  # each request takes >= 0.06 s: ~10 rounds per stream
     assert level.duration >= 0.6
     assert level.steady_window_s is not None and level.steady_window_s > 0.5
     assert engine.requests == level.completed

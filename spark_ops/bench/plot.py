@@ -25,7 +25,7 @@ def plot_sweep(result: SweepResult, path: Path, *, title: str | None = None) -> 
     lo = [lv.output_throughput - lv.output_throughput_min for lv in levels]
     hi = [lv.output_throughput_max - lv.output_throughput for lv in levels]
     user = [lv.per_user_tok_s or 0.0 for lv in levels]
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     try:
         ax.errorbar(xs, agg, yerr=[lo, hi], marker="o", capsize=3, label="aggregate (wall clock)")
         steady = [(x, lv.steady_output_throughput) for x, lv in zip(xs, levels, strict=False)]
@@ -46,12 +46,34 @@ def plot_sweep(result: SweepResult, path: Path, *, title: str | None = None) -> 
         ax2.plot(xs, user, marker="^", color="tab:red", label="average per user")
         ax2.set_ylabel("per-user tok/s")
         if result.reading.slo_tok_s:
-            ax2.axhline(result.reading.slo_tok_s, color="tab:red", alpha=0.4, linestyle=":")
+            ax2.axhline(
+                result.reading.slo_tok_s,
+                color="tab:red",
+                alpha=0.4,
+                linestyle=":",
+                label=f"per-user SLO {result.reading.slo_tok_s:g} tok/s",
+            )
         if result.reading.knee is not None:
-            ax.axvline(result.reading.knee, color="grey", alpha=0.5, linestyle=":")
+            ax.axvline(
+                result.reading.knee,
+                color="grey",
+                alpha=0.6,
+                linestyle=":",
+                label=f"knee (C={result.reading.knee})",
+            )
+        ax.set_ylim(bottom=0)
+        ax2.set_ylim(bottom=0)
         handles = ax.get_legend_handles_labels()
         handles2 = ax2.get_legend_handles_labels()
-        ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], loc="center right")
+        ax.legend(
+            handles[0] + handles2[0],
+            handles[1] + handles2[1],
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.14),
+            ncol=3,
+            fontsize="small",
+            frameon=False,
+        )
         knobs = ", ".join(f"{k}={v}" for k, v in (result.knobs or {}).items())
         ax.set_title(title or f"{result.model} ({result.mode}{', ' + knobs if knobs else ''})")
         fig.tight_layout()

@@ -174,6 +174,7 @@ def load_result(path: Path) -> SweepResult:
     return SweepResult.from_dict(data, source=str(path))
 
 
+# (key, column label, whether a higher value is better); ratios of ±5% or more are marked.
 COMPARED = (
     ("output_throughput", "aggregate tok/s", True),
     ("per_user_tok_s", "per user tok/s", True),
@@ -261,11 +262,14 @@ def compare_table(cmp: Comparison) -> Table:
         table.add_column(label, justify="right")
     for row in cmp.rows:
         cells = [str(row.max_concurrency)]
-        for key, _, _ in COMPARED:
+        for key, _, higher_is_better in COMPARED:
             ratio = row.ratio[key]
+            mark = ""
+            if ratio is not None and abs(ratio - 1) >= 0.05:
+                mark = " better" if (ratio > 1) == higher_is_better else " worse"
             cells.append(
                 f"{_num(row.before[key])} → {_num(row.after[key])}"
-                + (f" (×{ratio:.2f})" if ratio is not None else "")
+                + (f" (×{ratio:.2f}{mark})" if ratio is not None else "")
             )
         table.add_row(*cells)
     return table
