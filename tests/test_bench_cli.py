@@ -107,6 +107,8 @@ def test_usage_errors() -> None:
     runner = CliRunner()
     res = runner.invoke(cli, ["--url", "http://127.0.0.1:9", "--concurrency", "1,x"])
     assert res.exit_code == 2 and "comma-separated integers" in res.output
+    res = runner.invoke(cli, ["--url", "http://127.0.0.1:9", "--mode", "poisson"])
+    assert isinstance(res.exception, BenchError) and "needs a rate" in str(res.exception)
     res = runner.invoke(cli, ["compare", "/nonexistent/a.json", "/nonexistent/b.json"])
     assert isinstance(res.exception, BenchError)
     assert "/nonexistent/a.json: cannot read" in str(res.exception)

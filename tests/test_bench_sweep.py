@@ -207,6 +207,10 @@ async def test_wrong_model_warmup_fails_clearly(serve: Serve) -> None:
     _, url = await serve()
     with pytest.raises(BenchError, match="does not exist"):
         await run_sweep(config(url, model="nope", warmup=1))
+    # without warm-up the sweep runs, counts the refusals and says so
+    result = await run_sweep(config(url, model="nope", levels=[2]))
+    assert result.levels[0].failed == 2 and result.levels[0].completed == 0
+    assert any("every request failed (HTTP 404" in w for w in result.warnings)
 
 
 async def test_unreachable_server_is_a_bench_error() -> None:

@@ -296,7 +296,12 @@ def _mean(values: Iterable[float | None]) -> float | None:
 
 @dataclass
 class LevelResult:
-    """One concurrency level over its repeats; names follow `vllm bench serve` where they agree."""
+    """One concurrency level over its repeats; names follow `vllm bench serve` where they agree.
+
+    Counts (completed, failed, total_*_tokens, errors) are summed over the repeats; duration and the
+    throughputs are means over the repeats (with min/max/stdev); latency percentiles pool every
+    request of every repeat. per_user_tok_s is output tokens / end-to-end latency, averaged.
+    """
 
     max_concurrency: int
     repeats: int

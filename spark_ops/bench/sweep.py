@@ -361,6 +361,9 @@ async def run_sweep(config: SweepConfig, *, on_level: LevelCallback | None = Non
                     failed=run.failed,
                 )
             level = stats.summarize_level(runs)
+            if level.completed == 0:
+                first = next(iter(level.errors), "no request was sent")
+                warnings.append(f"concurrency {c}: every request failed ({first})")
             if not level.usage_reported and level.completed:
                 warnings.append(
                     f"concurrency {c}: the server sent no usage chunk; tokens were counted from "
