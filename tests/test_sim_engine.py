@@ -244,6 +244,28 @@ def test_moe_backend_flag_unknown_before_0_18(tmp_path: Path) -> None:
     assert "'moe_backend': 'b12x'" in res.stdout
 
 
+@pytest.mark.parametrize(
+    ("version", "evidence"),
+    [
+        ("0.32.0", "VLLM_MXFP4_USE_MARLIN is deprecated"),
+        ("0.33.0", "Unknown vLLM environment variable detected: VLLM_MXFP4_USE_MARLIN"),
+        ("0.21.0", None),
+    ],
+)
+def test_old_moe_env_vars_warned_by_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str, evidence: str | None
+) -> None:
+    """The pre-0.18 MoE env vars: deprecated in 0.22+, unknown (ignored) from 0.33."""
+    monkeypatch.setenv("VLLM_MXFP4_USE_MARLIN", "1")
+    res = _run_cli(tmp_path, "m", vllm_version=version, fault="kv_alloc_fail")
+    assert res.returncode == 1
+    warnings = [ln for ln in res.stdout.splitlines() if "VLLM_MXFP4_USE_MARLIN" in ln]
+    if evidence is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and evidence in warnings[0] and " WARNING " in warnings[0]
+
+
 def test_missing_sim_config_named(tmp_path: Path) -> None:
     """--sim-config pointing nowhere fails with exit 1 naming the file."""
     res = _run_cli(tmp_path, "m", "--sim-config", str(tmp_path / "absent.yaml"))

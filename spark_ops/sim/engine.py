@@ -18,7 +18,13 @@ from typing import Any
 from spark_ops.sim.engine_api import Api, ServerState, stats_logger
 from spark_ops.sim.engine_args import ServeArgs, parse_serve_args
 from spark_ops.sim.engine_boot import ROUTES_LOG, Booter, BootFailed, Worker, probe
-from spark_ops.sim.engine_config import SimConfigError, cfg_get, load_config, scaled
+from spark_ops.sim.engine_config import (
+    SimConfigError,
+    active_fault,
+    cfg_get,
+    load_config,
+    scaled,
+)
 from spark_ops.sim.engine_log import VllmLog
 from spark_ops.sim.engine_model import EngineCore
 
@@ -114,10 +120,7 @@ class SimEngine:
         ]
         tasks += [asyncio.ensure_future(self._watch_worker(core, w)) for w in workers]
         fatal = asyncio.Event()
-        if (
-            self.cfg.get("fault") == "dead_while_serving"
-            or os.environ.get("SPARK_SIM_FAULT") == "dead_while_serving"
-        ):
+        if active_fault(self.cfg) == "dead_while_serving":
             tasks.append(asyncio.ensure_future(self._die_later(st, fatal)))
         stop = asyncio.ensure_future(self.stop_requested.wait())
         dead = asyncio.ensure_future(fatal.wait())

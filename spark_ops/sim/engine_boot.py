@@ -17,6 +17,7 @@ from spark_ops.sim.engine_config import (
     cfg_float,
     cfg_get,
     scaled,
+    version_tuple,
 )
 from spark_ops.sim.engine_log import (
     KV_FRAMES,
@@ -145,6 +146,7 @@ class Booter:
         for line in _BANNER:
             log.info("APIServer", "api_utils.py:347", line.format(version=version, model=a.model))
         log.info("APIServer", "api_utils.py:286", f"non-default args: {a.non_default!r}")
+        self._env_warnings(version)
         log.info(
             "APIServer",
             "model.py:733",
@@ -244,6 +246,19 @@ class Booter:
         await self._maybe_hang("init")
         await self._phase("api_start_s")
         return BootResult(sock, host, port, max_len, kv_bytes, kv_tokens)
+
+    def _env_warnings(self, version: str) -> None:
+        """Warn about old MoE environment variables the emulated version deprecates or ignores."""
+        current = version_tuple(version)
+        for name, spec in (self.cfg.get("moe_env_vars") or {}).items():
+            if name not in os.environ:
+                continue
+            if current >= version_tuple(str(spec["removed"])):
+                msg = f"Unknown vLLM environment variable detected: {name} (ignored)"
+                self.log.warning("APIServer", "envs.py:1762", msg)
+            elif current >= version_tuple(str(spec["deprecated"])):
+                msg = f"{name} is deprecated, removed in v{spec['removed']}; use --moe-backend"
+                self.log.warning("APIServer", "envs.py:1748", msg)
 
     async def _maybe_hang(self, phase: str) -> None:
         """With the never_ready fault, hang forever (silently) after the configured phase."""

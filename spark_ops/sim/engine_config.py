@@ -11,6 +11,8 @@ from typing import Any
 from spark_ops.errors import SparkOpsError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "recipes" / "sim" / "engine.yaml"
+# Installed without the repo: the copy shipped as package data (a symlink in the repo).
+PACKAGED_CONFIG = Path(__file__).resolve().parents[1] / "data" / "sim" / "engine.yaml"
 FAULTS = (
     "exit_during_weights",
     "kv_alloc_fail",
@@ -39,7 +41,8 @@ def load_config(path: str | Path | None = None) -> dict[str, Any]:
     """Load the sim YAML (path, else $SPARK_SIM_CONFIG, else the repo's recipes/sim/engine.yaml)."""
     import yaml
 
-    chosen = Path(path or os.environ.get("SPARK_SIM_CONFIG") or DEFAULT_CONFIG)
+    default = DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else PACKAGED_CONFIG
+    chosen = Path(path or os.environ.get("SPARK_SIM_CONFIG") or default)
     try:
         data = yaml.safe_load(chosen.read_text(encoding="utf-8")) or {}
     except OSError as exc:
