@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from spark_ops.sim.engine_config import load_config, parse_human_int
-from spark_ops.sim.engine_model import StepModel
+from spark_ops.sim.engine_model import EngineCore, Request, StepModel
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sim"
 REPO = Path(__file__).resolve().parents[1]
@@ -74,6 +74,29 @@ def test_parse_kv_cache_memory_bytes(case: dict[str, Any]) -> None:
             parse_human_int(case["text"])
     else:
         assert parse_human_int(case["text"]) == case["value"]
+
+
+async def test_engine_core_caps_batch_and_serves_fifo() -> None:
+    """In-process: never more than max_num_seqs running; requests start in arrival order."""
+    cfg = load_config(FIXTURES / "fast.yaml")
+    cfg["time_scale"] = 1e4
+    core = EngineCore(cfg, max_num_seqs=3, max_num_batched_tokens=8192, kv_tokens=10**6)
+    loop_task = asyncio.ensure_future(core.run())
+    reqs = [Request(prompt_tokens=5, max_tokens=4 + (i % 2)) for i in range(8)]
+    for req in reqs:
+        core.submit(req)
+    peak = 0
+    while not all(r.done for r in reqs):
+        peak = max(peak, len(core.running))
+        await asyncio.sleep(0)
+    core.stop()
+    await loop_task
+    assert peak == 3
+    starts = [r.first_token_at for r in reqs]
+    assert starts == sorted(starts)  # type: ignore[type-var]
+    assert [r.finish_reason for r in reqs] == ["length"] * 8
+    assert core.stats.generation_tokens == sum(r.max_tokens for r in reqs)
+    assert core.stats.success["length"] == 8
 
 
 def test_config_base_merge_and_missing_file(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from spark_ops.sim.engine_api import Api, ServerState, stats_logger
 from spark_ops.sim.engine_args import ServeArgs, parse_serve_args
-from spark_ops.sim.engine_boot import ROUTES_LOG, Booter, BootFailed, Worker, probe
+from spark_ops.sim.engine_boot import ROUTES_LOG, Booter, BootFailed, BootResult, Worker, probe
 from spark_ops.sim.engine_config import (
     SimConfigError,
     active_fault,
@@ -71,7 +71,7 @@ class SimEngine:
             return exc.code
         return await self._serve(result, booter.workers)
 
-    async def _serve(self, boot: Any, workers: list[Worker]) -> int:
+    async def _serve(self, boot: BootResult, workers: list[Worker]) -> int:
         """Start the HTTP API on the reserved socket and the engine loop; wait for the end."""
         from aiohttp import web
 
@@ -112,14 +112,16 @@ class SimEngine:
             "INFO:     Application startup complete.",
         ):
             log.raw(text, stderr=True)
+        fatal = asyncio.Event()
+        core_task = asyncio.ensure_future(core.run())
+        core_task.add_done_callback(lambda t: self._core_ended(t, st, fatal))
         tasks = [
-            asyncio.ensure_future(core.run()),
+            core_task,
             asyncio.ensure_future(
                 stats_logger(st, scaled(self.cfg, "server.stats_log_interval_s"))
             ),
         ]
         tasks += [asyncio.ensure_future(self._watch_worker(core, w)) for w in workers]
-        fatal = asyncio.Event()
         if active_fault(self.cfg) == "dead_while_serving":
             tasks.append(asyncio.ensure_future(self._die_later(st, fatal)))
         stop = asyncio.ensure_future(self.stop_requested.wait())
@@ -139,6 +141,20 @@ class SimEngine:
         if code == 0:
             self._shutdown_tail()
         return code
+
+    def _core_ended(
+        self, task: asyncio.Future[None], st: ServerState, fatal: asyncio.Event
+    ) -> None:
+        """If the engine loop crashed, report it like vLLM's dead engine and end the process."""
+        if task.cancelled() or task.exception() is None:
+            return
+        st.dead = True
+        self.log.error(
+            "EngineCore",
+            "core.py:1120",
+            f"EngineCore encountered a fatal error: {task.exception()!r}",
+        )
+        fatal.set()
 
     async def _drain(self, st: ServerState) -> None:
         """Stop accepting; wait up to --shutdown-timeout (unscaled) for in-flight requests."""
