@@ -594,6 +594,31 @@ def append(
     }
 
 
+def journal_event(
+    path: str,
+    *,
+    stamp: Stamp,
+    action: str,
+    reason: str = "",
+    forced: bool = False,
+    by: str = "",
+    lock: str | None = None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    journal: str | None = None,
+    **extra: Any,
+) -> None:
+    """Append one journal entry (e.g. a failed restart) under the history's lock."""
+    with locked(lock or default_lock(path), lock_timeout):
+        _append_journal(
+            journal or default_journal(path),
+            [
+                _journal_line(
+                    stamp=stamp, action=action, reason=reason, forced=forced, by=by, **extra
+                )
+            ],
+        )
+
+
 def _select(
     hist: History,
     stamps: Sequence[Stamp],

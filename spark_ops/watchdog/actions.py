@@ -1,0 +1,292 @@
+"""The restart action of the reference watchdog: recipe, launcher, systemd, docker or command."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spark_ops.errors import WatchdogError
+from spark_ops.watchdog import history
+from spark_ops.watchdog.config import ActionConfig, PathsConfig
+
+
+class ActionError(WatchdogError):
+    """A restart step failed, timed out or could not be started."""
+
+
+@dataclass
+class ActionResult:
+    """What a restart did: the steps run, the engine pid when known, and an error if any."""
+
+    kind: str
+    ok: bool = True
+    engine_pid: int | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for JSON output."""
+        return {
+            "kind": self.kind,
+            "ok": self.ok,
+            "engine_pid": self.engine_pid,
+            "steps": self.steps,
+            "error": self.error,
+        }
+
+
+def read_pid(pid_file: str) -> int | None:
+    """Read a pid file; None when it is missing or does not hold a positive integer."""
+    try:
+        text = Path(pid_file).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Return the fields of /proc/PID/stat after the command name, or None if gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def _reap(pid: int) -> None:
+    """Collect pid if it is our exited child, so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Tell whether a process exists and is not a zombie."""
+    if pid is None:
+        return False
+    _reap(pid)
+    fields = _proc_stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Return the live (non-zombie) processes of a process group."""
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fields = _proc_stat(int(name))
+        if fields and fields[0] not in ("Z", "X") and fields[2] == str(pgid):
+            members.append(int(name))
+    return members
+
+
+def stop_engine(pid_file: str, stop_timeout: float) -> dict[str, Any]:
+    """Stop the engine in the pid file: SIGTERM its process group, wait, then SIGKILL."""
+    step: dict[str, Any] = {"step": "stop", "pid_file": pid_file, "pid": read_pid(pid_file)}
+    pid = step["pid"]
+    if not pid_alive(pid):
+        step["result"] = "not running"
+        return step
+    assert pid is not None
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        step["result"] = "not running"
+        return step
+    own_group = pgid == os.getpgrp()
+
+    def send(sig: signal.Signals) -> None:
+        """Signal the engine's group (never our own group: then only the engine)."""
+        with contextlib.suppress(ProcessLookupError):
+            if own_group:
+                os.kill(pid, sig)
+            else:
+                os.killpg(pgid, sig)
+
+    def alive() -> bool:
+        """Tell whether the engine (or, for its own group, any member) still runs."""
+        return pid_alive(pid) if own_group else bool(group_members(pgid)) or pid_alive(pid)
+
+    send(signal.SIGTERM)
+    deadline = time.monotonic() + stop_timeout
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if alive():
+        send(signal.SIGKILL)
+        end = time.monotonic() + 10
+        while alive() and time.monotonic() < end:
+            time.sleep(0.05)
+        step["result"] = "killed" if not alive() else "still running after SIGKILL"
+    else:
+        step["result"] = "terminated"
+    if step["result"].startswith("still"):
+        raise ActionError(f"engine pid {pid} from {pid_file} survived SIGKILL")
+    return step
+
+
+def start_detached(
+    argv: list[str],
+    *,
+    env: dict[str, str] | None,
+    log_file: str,
+    pid_file: str,
+    cwd: str | None = None,
+) -> int:
+    """Start argv in a new session, output appended to log_file, pid file written atomically."""
+    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, **(env or {})}
+    with open(log_file, "ab") as log, open(os.devnull, "rb") as devnull:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=devnull,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=cwd,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise ActionError(f"cannot start {argv[0]!r}: {exc.strerror}") from None
+    history.atomic_write(pid_file, f"{proc.pid}\n".encode())
+    return proc.pid
+
+
+def run_step(
+    argv: list[str], *, timeout: float, log_file: str, cwd: str | None = None
+) -> dict[str, Any]:
+    """Run one command to completion with a timeout; its output goes to the log file."""
+    Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    step: dict[str, Any] = {"step": "run", "argv": argv}
+    with open(log_file, "ab") as log, open(os.devnull, "rb") as devnull:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=devnull,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ActionError(f"cannot run {argv[0]!r}: {exc.strerror}") from None
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise ActionError(f"{' '.join(argv)} timed out after {timeout:g} s") from None
+    step.update(rc=rc, seconds=round(time.monotonic() - started, 3))
+    if rc != 0:
+        raise ActionError(f"{' '.join(argv)} exited {rc} (output in {log_file})")
+    return step
+
+
+def _first_pid(argv: list[str], timeout: float) -> int | None:
+    """Run a query command and read a positive pid from its output (best effort)."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = out.stdout.strip()
+    return int(text) if out.returncode == 0 and text.isdigit() and int(text) > 0 else None
+
+
+def _recipe(action: ActionConfig, paths: PathsConfig, result: ActionResult) -> None:
+    """Stop the engine by its pid file, render the recipe and start it detached."""
+    from spark_ops.recipe import render_recipe  # another part; imported only when used
+
+    assert action.recipe is not None
+    result.steps.append(stop_engine(paths.pid, action.stop_timeout))
+    try:
+        text = Path(action.recipe).read_text()
+    except OSError as exc:
+        raise ActionError(f"cannot read recipe {action.recipe}: {exc.strerror}") from None
+    rendered = render_recipe(text, source=action.recipe)
+    cwd = action.workdir or str(Path(action.recipe).parent)
+    pid = start_detached(
+        list(rendered.argv),
+        env=dict(rendered.env),
+        log_file=paths.engine_log,
+        pid_file=paths.pid,
+        cwd=cwd,
+    )
+    result.engine_pid = pid
+    result.steps.append({"step": "start", "argv": list(rendered.argv), "pid": pid})
+
+
+def _command(action: ActionConfig, paths: PathsConfig, result: ActionResult) -> None:
+    """Run the configured stop command (or stop by pid file), then the start command."""
+    assert action.start is not None
+    if action.stop is not None:
+        result.steps.append(
+            run_step(action.stop, timeout=action.timeout, log_file=paths.engine_log)
+        )
+    elif action.detach:
+        result.steps.append(stop_engine(paths.pid, action.stop_timeout))
+    if action.detach:
+        pid = start_detached(
+            action.start,
+            env=None,
+            log_file=paths.engine_log,
+            pid_file=paths.pid,
+            cwd=action.workdir,
+        )
+        result.engine_pid = pid
+        result.steps.append({"step": "start", "argv": action.start, "pid": pid})
+    else:
+        result.steps.append(
+            run_step(
+                action.start, timeout=action.timeout, log_file=paths.engine_log, cwd=action.workdir
+            )
+        )
+        result.engine_pid = read_pid(paths.pid)
+
+
+def restart_engine(action: ActionConfig, paths: PathsConfig) -> ActionResult:
+    """Run the configured restart; never raises for a failed step, the result carries the error."""
+    result = ActionResult(kind=action.kind)
+    log = paths.engine_log
+    try:
+        if action.kind == "recipe":
+            _recipe(action, paths, result)
+        elif action.kind == "launcher":
+            assert action.workdir is not None and action.recipe is not None
+            for argv in (["./launch-cluster.sh", "stop"], ["./run-recipe.py", action.recipe, "-d"]):
+                result.steps.append(
+                    run_step(argv, timeout=action.timeout, log_file=log, cwd=action.workdir)
+                )
+            result.engine_pid = read_pid(paths.pid)
+        elif action.kind == "systemd":
+            assert action.unit is not None
+            result.steps.append(
+                run_step(
+                    ["systemctl", "restart", action.unit], timeout=action.timeout, log_file=log
+                )
+            )
+            result.engine_pid = _first_pid(
+                ["systemctl", "show", "-p", "MainPID", "--value", action.unit], 10
+            )
+        elif action.kind == "docker":
+            assert action.container is not None
+            argv = ["docker", "restart", "-t", str(int(action.stop_timeout)), action.container]
+            result.steps.append(run_step(argv, timeout=action.timeout, log_file=log))
+            result.engine_pid = _first_pid(
+                ["docker", "inspect", "-f", "{{.State.Pid}}", action.container], 10
+            )
+        else:
+            _command(action, paths, result)
+    except (WatchdogError, history.HistoryFailure) as exc:
+        result.ok, result.error = False, str(exc)
+    except Exception as exc:  # a recipe that cannot render, an unexpected OS error
+        result.ok, result.error = False, f"{type(exc).__name__}: {exc}"
+    return result

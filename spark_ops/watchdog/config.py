@@ -1,0 +1,286 @@
+"""Configuration of the reference watchdog: a YAML file, every key checked, errors name the key."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spark_ops.errors import WatchdogError
+
+DEFAULT_CONFIG = "/etc/spark-watchdog/config.yaml"
+DEFAULT_STATE_DIR = "/var/lib/spark-watchdog"
+ACTION_KINDS = ("recipe", "launcher", "systemd", "docker", "command")
+PROBE_ENDPOINTS = ("completions", "chat")
+HISTORY_FORMATS = ("auto", "stamps", "jsonl")
+
+
+class WatchdogConfigError(WatchdogError):
+    """The watchdog's configuration file is missing or has a key with a value not allowed."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Where the engine's OpenAI-compatible API answers."""
+
+    base_url: str = "http://127.0.0.1:8000"
+    model: str | None = None  # None: ask /v1/models
+    api_key: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """How and how often the engine is probed with a tiny real completion."""
+
+    interval: float = 120.0
+    timeout: float = 30.0
+    failures: int = 3
+    grace: float = 1800.0
+    endpoint: str = "completions"
+    prompt: str = "Say OK."
+    max_tokens: int = 5
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """At most ``max`` automatic restarts in any ``window`` seconds."""
+
+    max: int = 2
+    window: float = 21600.0
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    """The files the watchdog reads and writes (absolute after loading)."""
+
+    dir: str = DEFAULT_STATE_DIR
+    history: str = ""
+    format: str = "auto"
+    journal: str = ""
+    lock: str = ""
+    lock_timeout: float = 10.0
+    pause: str = ""
+    gave_up: str = ""
+    pid: str = ""
+    engine_log: str = ""
+    state: str = ""
+
+
+@dataclass(frozen=True)
+class ActionConfig:
+    """How the engine is restarted; which keys matter depends on ``kind``."""
+
+    kind: str = "recipe"
+    timeout: float = 600.0
+    stop_timeout: float = 60.0
+    recipe: str | None = None
+    workdir: str | None = None
+    unit: str | None = None
+    container: str | None = None
+    stop: list[str] | None = None
+    start: list[str] | None = None
+    detach: bool = False
+
+
+@dataclass(frozen=True)
+class WatchdogConfig:
+    """The whole configuration, with the file it came from."""
+
+    source: str
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    action: ActionConfig = field(default_factory=ActionConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize (the api key is masked)."""
+        data = asdict(self)
+        if data["engine"]["api_key"]:
+            data["engine"]["api_key"] = "***"
+        return data
+
+
+class _Reader:
+    """Validates one section of the YAML mapping, naming file and key in every error."""
+
+    def __init__(self, source: str, name: str, data: Any, allowed: tuple[str, ...]) -> None:
+        """Check that the section is a mapping with only allowed keys."""
+        self.source, self.name = source, name
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            self.fail("", data, "a mapping")
+        unknown = sorted(str(k) for k in data if k not in allowed)
+        if unknown:
+            raise WatchdogConfigError(
+                f"{source}: unknown key {name}.{unknown[0]}; "
+                f"allowed in {name}: {', '.join(allowed)}"
+            )
+        self.data: dict[str, Any] = data
+
+    def fail(self, key: str, value: Any, allowed: str) -> None:
+        """Raise an error naming the file, the key, the value and what is allowed."""
+        where = f"{self.name}.{key}" if key else self.name
+        raise WatchdogConfigError(
+            f"{self.source}: {where} = {value!r} is not allowed; expected {allowed}"
+        )
+
+    def number(self, key: str, default: float, *, minimum: float, strict: bool = False) -> float:
+        """Read a finite number >= minimum (> minimum when strict)."""
+        value = self.data.get(key, default)
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value) and (value > minimum if strict else value >= minimum)
+        if not ok:
+            self.fail(key, value, f"a number {'>' if strict else '>='} {minimum:g}")
+        return float(value)
+
+    def integer(self, key: str, default: int, *, minimum: int) -> int:
+        """Read an integer >= minimum."""
+        value = self.data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.fail(key, value, f"an integer >= {minimum}")
+        return int(value)
+
+    def text(self, key: str, default: str | None, *, choices: tuple[str, ...] = ()) -> str | None:
+        """Read an optional non-empty string, restricted to choices when given."""
+        value = self.data.get(key, default)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.fail(key, value, "a non-empty string")
+        if choices and value not in choices:
+            self.fail(key, value, f"one of {', '.join(choices)}")
+        return str(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        """Read a boolean."""
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            self.fail(key, value, "true or false")
+        return bool(value)
+
+    def command(self, key: str) -> list[str] | None:
+        """Read a command: a string (run by /bin/sh -c) or a non-empty list of strings (argv)."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, str) and value.strip():
+            return ["/bin/sh", "-c", value]
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            return list(value)
+        self.fail(key, value, "a shell command string or a non-empty list of strings")
+        return None
+
+
+def _resolve(base: Path, value: str | None, default: str) -> str:
+    """Make a path absolute against base, using default when value is None."""
+    return str((base / (value if value is not None else default)).resolve())
+
+
+def load_config(path: str | os.PathLike[str]) -> WatchdogConfig:
+    """Load and validate the YAML configuration at path."""
+    import yaml
+
+    source = str(path)
+    try:
+        text = Path(source).read_text()
+    except OSError as exc:
+        raise WatchdogConfigError(f"{source}: cannot read the config: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise WatchdogConfigError(f"{source}: not valid YAML: {exc}") from None
+    return parse_config(data, source=source)
+
+
+def parse_config(data: Any, *, source: str = "<config>") -> WatchdogConfig:
+    """Validate a configuration mapping (as loaded from YAML)."""
+    top = _Reader(source, "config", data, ("engine", "probe", "budget", "paths", "action"))
+
+    e = _Reader(source, "engine", top.data.get("engine"), ("base_url", "model", "api_key"))
+    base_url = e.text("base_url", EngineConfig.base_url) or EngineConfig.base_url
+    if not base_url.startswith(("http://", "https://")):
+        e.fail("base_url", base_url, "an http:// or https:// URL")
+    engine = EngineConfig(
+        base_url=base_url.rstrip("/"), model=e.text("model", None), api_key=e.text("api_key", None)
+    )
+
+    p = _Reader(
+        source,
+        "probe",
+        top.data.get("probe"),
+        ("interval", "timeout", "failures", "grace", "endpoint", "prompt", "max_tokens"),
+    )
+    d = ProbeConfig()
+    probe = ProbeConfig(
+        interval=p.number("interval", d.interval, minimum=0, strict=True),
+        timeout=p.number("timeout", d.timeout, minimum=0, strict=True),
+        failures=p.integer("failures", d.failures, minimum=1),
+        grace=p.number("grace", d.grace, minimum=0),
+        endpoint=p.text("endpoint", d.endpoint, choices=PROBE_ENDPOINTS) or d.endpoint,
+        prompt=p.text("prompt", d.prompt) or d.prompt,
+        max_tokens=p.integer("max_tokens", d.max_tokens, minimum=1),
+    )
+
+    b = _Reader(source, "budget", top.data.get("budget"), ("max", "window"))
+    budget = BudgetConfig(
+        max=b.integer("max", BudgetConfig.max, minimum=0),
+        window=b.number("window", BudgetConfig.window, minimum=0, strict=True),
+    )
+
+    paths_keys = tuple(PathsConfig.__dataclass_fields__)
+    r = _Reader(source, "paths", top.data.get("paths"), paths_keys)
+    config_dir = Path(source).parent if source != "<config>" else Path.cwd()
+    base = Path(_resolve(config_dir, r.text("dir", None), DEFAULT_STATE_DIR))
+    history = _resolve(base, r.text("history", None), "restart-history")
+    paths = PathsConfig(
+        dir=str(base),
+        history=history,
+        format=r.text("format", "auto", choices=HISTORY_FORMATS) or "auto",
+        journal=_resolve(base, r.text("journal", None), history + ".journal.jsonl"),
+        lock=_resolve(base, r.text("lock", None), history + ".lock"),
+        lock_timeout=r.number("lock_timeout", PathsConfig.lock_timeout, minimum=0),
+        pause=_resolve(base, r.text("pause", None), "pause"),
+        gave_up=_resolve(base, r.text("gave_up", None), "gave-up"),
+        pid=_resolve(base, r.text("pid", None), "engine.pid"),
+        engine_log=_resolve(base, r.text("engine_log", None), "engine.log"),
+        state=_resolve(base, r.text("state", None), "state.json"),
+    )
+
+    action_keys = tuple(ActionConfig.__dataclass_fields__)
+    a = _Reader(source, "action", top.data.get("action"), action_keys)
+    kind = a.text("kind", "recipe", choices=ACTION_KINDS) or "recipe"
+    workdir = a.text("workdir", None)
+    recipe = a.text("recipe", None)
+    action = ActionConfig(
+        kind=kind,
+        timeout=a.number("timeout", ActionConfig.timeout, minimum=0, strict=True),
+        stop_timeout=a.number("stop_timeout", ActionConfig.stop_timeout, minimum=0),
+        recipe=recipe,
+        workdir=_resolve(config_dir, workdir, ".") if workdir else None,
+        unit=a.text("unit", None),
+        container=a.text("container", None),
+        stop=a.command("stop"),
+        start=a.command("start"),
+        detach=a.flag("detach", False),
+    )
+    needs = {
+        "recipe": ("recipe",),
+        "launcher": ("workdir", "recipe"),
+        "systemd": ("unit",),
+        "docker": ("container",),
+        "command": ("start",),
+    }[kind]
+    for key in needs:
+        if getattr(action, key) is None:
+            raise WatchdogConfigError(
+                f"{source}: action.{key} is required when action.kind is {kind}"
+            )
+    if kind == "recipe" and recipe:
+        action = ActionConfig(**{**asdict(action), "recipe": _resolve(config_dir, recipe, "")})
+    return WatchdogConfig(
+        source=source, engine=engine, probe=probe, budget=budget, paths=paths, action=action
+    )

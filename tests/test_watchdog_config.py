@@ -1,0 +1,85 @@
+"""Validation of the watchdog's YAML configuration: defaults, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spark_ops.watchdog.config import WatchdogConfigError, load_config, parse_config
+
+MINIMAL = {"action": {"kind": "command", "start": "true"}}
+
+
+def test_defaults(tmp_path: Path) -> None:
+    """Defaults follow the public watchdog: 120 s, 30 s, 3 failures, 1800 s grace, 2 per 6 h."""
+    cfg = parse_config({**MINIMAL, "paths": {"dir": str(tmp_path)}})
+    assert (cfg.probe.interval, cfg.probe.timeout, cfg.probe.failures, cfg.probe.grace) == (
+        120.0,
+        30.0,
+        3,
+        1800.0,
+    )
+    assert (cfg.budget.max, cfg.budget.window) == (2, 21600.0)
+    assert cfg.probe.max_tokens == 5 and cfg.engine.model is None
+    p = cfg.paths
+    assert p.history == str(tmp_path / "restart-history")
+    assert p.lock == p.history + ".lock" and p.journal == p.history + ".journal.jsonl"
+    assert p.pause == str(tmp_path / "pause") and p.gave_up == str(tmp_path / "gave-up")
+    assert cfg.action.start == ["/bin/sh", "-c", "true"]
+
+
+def test_relative_paths_resolve_against_config_dir(tmp_path: Path) -> None:
+    """paths.dir and the recipe resolve against the config file's directory."""
+    conf = tmp_path / "w.yaml"
+    conf.write_text(
+        "paths: {dir: state, history: /var/lib/x/history, lock: /run/wd.lock}\n"
+        "action: {kind: recipe, recipe: recipes/glm.yaml}\n"
+    )
+    cfg = load_config(conf)
+    assert cfg.paths.dir == str(tmp_path / "state")
+    assert cfg.paths.history == "/var/lib/x/history" and cfg.paths.lock == "/run/wd.lock"
+    assert cfg.paths.journal == "/var/lib/x/history.journal.jsonl"
+    assert cfg.action.recipe == str(tmp_path / "recipes" / "glm.yaml")
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"probe": {"interval": 0}}, "probe.interval = 0 is not allowed; expected a number > 0"),
+        ({"probe": {"failures": 1.5}}, "probe.failures = 1.5"),
+        ({"probe": {"grace": -1}}, "probe.grace = -1"),
+        ({"probe": {"timeout": True}}, "probe.timeout = True"),
+        ({"probe": {"endpoint": "health"}}, "one of completions, chat"),
+        ({"probe": {"intervall": 5}}, "unknown key probe.intervall; allowed in probe: interval"),
+        ({"budget": {"max": -1}}, "budget.max = -1"),
+        ({"budget": {"window": "6h"}}, "budget.window = '6h'"),
+        ({"engine": {"base_url": "localhost:8000"}}, "engine.base_url = 'localhost:8000'"),
+        ({"paths": {"format": "csv"}}, "paths.format = 'csv'"),
+        ({"paths": []}, "paths = [] is not allowed; expected a mapping"),
+        ({"action": {"kind": "ssh"}}, "action.kind = 'ssh'"),
+        ({"action": {"kind": "recipe"}}, "action.recipe is required when action.kind is recipe"),
+        ({"action": {"kind": "launcher", "recipe": "x"}}, "action.workdir is required"),
+        ({"action": {"kind": "systemd"}}, "action.unit is required"),
+        ({"action": {"kind": "docker"}}, "action.container is required"),
+        ({"action": {"kind": "command", "start": []}}, "action.start = []"),
+        ({"action": {"kind": "command", "start": "x", "detach": "yes"}}, "action.detach"),
+        ({"watchdog": {}}, "unknown key config.watchdog"),
+    ],
+)
+def test_errors_name_the_key(data: dict, needle: str) -> None:
+    """Each bad value is reported with file, key, value and what is allowed."""
+    merged = {**MINIMAL, **data}
+    with pytest.raises(WatchdogConfigError) as info:
+        parse_config(merged, source="/etc/wd.yaml")
+    assert needle in info.value.message and info.value.message.startswith("/etc/wd.yaml: ")
+
+
+def test_unreadable_and_bad_yaml(tmp_path: Path) -> None:
+    """A missing file and invalid YAML are errors naming the file."""
+    with pytest.raises(WatchdogConfigError, match=r"nope\.yaml: cannot read"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("probe: [unclosed\n")
+    with pytest.raises(WatchdogConfigError, match=r"bad\.yaml: not valid YAML"):
+        load_config(bad)
