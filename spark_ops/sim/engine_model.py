@@ -139,6 +139,7 @@ class EngineCore:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.kv_tokens = max(1, kv_tokens)
         self.block_size = int(cfg_get(cfg, "memory.block_size"))
+        self.max_catch_up = cfg_float(cfg, "scheduler.max_catch_up_s")
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = Stats()
@@ -262,7 +263,7 @@ class EngineCore:
             self._preempt_if_full()
             step = self.model.decode_time(len(self.running)) + self.model.prefill_time(joining)
             start = loop.time()
-            deadline = max(deadline, start - 0.05) + step / self.scale
+            deadline = max(deadline, start - self.max_catch_up) + step / self.scale
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             if self.wedged or self.stopped:
                 continue
