@@ -1,0 +1,46 @@
+"""`spark-ops doctor`: every precondition of apply, one line each, with the fix for each failure."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from spark_ops.cli.common import emit_json, load_cluster, run_async
+
+_MARK = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red")}
+
+
+def echo_report(report: Any) -> None:
+    """Print the checks for a person: mark, name, host, detail; the fix under each failure."""
+    click.secho(f"Doctor: cluster {report.cluster} ({report.inventory})", bold=True)
+    for c in report.checks:
+        mark, color = _MARK[c.status]
+        click.secho(f"{mark} {c.name:<18} {c.host:<8} {c.detail}", fg=color)
+        if c.fix and c.status != "ok":
+            click.echo(f"    fix: {c.fix}")
+    counts = report.to_dict()["counts"]
+    summary = f"{counts['ok']} ok, {counts['warn']} warning(s), {counts['fail']} failed"
+    if report.ok:
+        click.secho(f"Ready for apply: {summary}.", fg="green", bold=True)
+    else:
+        click.secho(f"Not ready for apply: {summary}.", fg="red", bold=True)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
+@click.pass_context
+def cli(ctx: click.Context, as_json: bool) -> None:
+    """Check every precondition of apply without changing anything (exit 11 when one fails)."""
+    from spark_ops.doctor import run_doctor
+    from spark_ops.errors import ExitStatus
+
+    cluster = load_cluster(ctx)
+    report = run_async(run_doctor(cluster))
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        echo_report(report)
+    if not report.ok:
+        sys.exit(int(ExitStatus.CHECK_FAILED))

@@ -1,0 +1,67 @@
+"""`spark-ops log`: the cluster's audit log, as every operator sees it on the head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from spark_ops.cli.common import emit_json, load_cluster, run_async, when
+
+
+async def _read(cluster: Any, limit: int) -> list[dict[str, Any]]:
+    """Connect to the head only and read the last entries."""
+    from spark_ops import audit
+    from spark_ops.remote import ClusterSession
+
+    async with ClusterSession(cluster) as session:
+        await session.connect([cluster.head.name])
+        return await audit.read(session, limit)
+
+
+def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
+    """Print entries for a person, one block per entry."""
+    if not entries:
+        click.echo("The audit log is empty: no operation has been recorded on this cluster yet.")
+        return
+    for e in entries:
+        if "malformed" in e:
+            click.secho(f"(unreadable line) {e['malformed'][:200]}", fg="yellow")
+            continue
+        what = e.get("what") or {}
+        args = what.get("args") or {}
+        arg_text = " ".join(f"{k}={v}" for k, v in args.items())
+        outcome = str(e.get("outcome", ""))
+        color = "green" if outcome in ("ok", "done") else ("red" if outcome else None)
+        stamp = e.get("when")
+        head = (
+            f"{when(float(stamp)) if isinstance(stamp, int | float) else '-'}  {e.get('who', '?')}"
+        )
+        click.echo(f"{head}  {what.get('operation', '?')} {arg_text}".rstrip())
+        nodes = ", ".join(e.get("nodes") or []) or "-"
+        click.secho(f"    nodes: {nodes}  outcome: {outcome or '-'}", fg=color)
+        if diffs and e.get("diff"):
+            for line in str(e["diff"]).splitlines():
+                click.echo(f"    {line}")
+
+
+@click.command()
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="How many of the latest entries.",
+)
+@click.option("--diff", "diffs", is_flag=True, help="Show each entry's recipe diff too.")
+@click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
+@click.pass_context
+def cli(ctx: click.Context, limit: int, diffs: bool, as_json: bool) -> None:
+    """Show the audit log kept on the head: when, who, what, on which nodes, the outcome."""
+    cluster = load_cluster(ctx)
+    entries = run_async(_read(cluster, limit))
+    if as_json:
+        emit_json(entries)
+    else:
+        echo_entries(entries, diffs=diffs)

@@ -1,0 +1,808 @@
+"""`init`: write an inventory from the cluster you already run, never guessing silently.
+
+From a host list (first = head) or the community launch setup's `.env` on the head, connect, then
+look on the head for the recipe, the watchdog (reference `spark-watchdog` config or a bash watchdog
+and its history), the engine's log (docker container, systemd unit or file) and API (through a
+tunnel). Everything found is written with where it came from; everything not found is left as a `#
+TODO(spark-ops init): …` line and reported. Nothing is written on the nodes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spark_ops.errors import InventoryError, SparkOpsError
+from spark_ops.inventory import (
+    Cluster,
+    EngineSettings,
+    Node,
+    RecipeSettings,
+    SSHSettings,
+    WatchdogSettings,
+)
+from spark_ops.remote import ClusterSession, quote_path
+
+TODO = "# TODO(spark-ops init):"
+RECIPE_DIRS = ("~/spark-vllm-docker/recipes", "~/recipes", "/opt/spark-vllm-docker/recipes")
+WATCHDOG_CONFIG = "~/.config/spark-watchdog.yaml"
+WATCHDOG_STATE = "~/.local/state/spark-watchdog"
+BASH_WATCHDOGS = (
+    "~/spark-vllm-docker/watchdog.sh",
+    "~/watchdog.sh",
+    "~/bin/watchdog.sh",
+    "~/bin/vllm-watchdog",
+    "/usr/local/bin/vllm-watchdog",
+    "/usr/local/bin/watchdog.sh",
+)
+HISTORY_GLOBS = (
+    "~/.local/state/*/restarts",
+    "~/.local/state/*/restart_history",
+    "~/.watchdog/restart_history",
+    "~/.cache/vllm-watchdog/restarts",
+    "~/spark-vllm-docker/.restart_history",
+    "/var/lib/vllm-watchdog/restarts",
+)
+LOG_FILES = ("~/engine.log", "~/vllm.log", "~/spark-vllm-docker/vllm.log", "/var/log/vllm.log")
+DOCKER_CONTAINER = "vllm_node"
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
+
+
+@dataclass
+class InitOptions:
+    """What the operator gave `spark-ops init`."""
+
+    hosts: str | None = None
+    from_env: str | None = None
+    user: str | None = None
+    identity: tuple[str, ...] = ()
+    known_hosts: str | None = None
+    port: int | None = None
+    recipe: str | None = None
+    name: str = "spark"
+    connect_timeout: float = 10.0
+
+
+@dataclass
+class Finding:
+    """One thing init looked for: found (with where from), missing (a TODO line), or a warning."""
+
+    key: str
+    status: str  # found | missing | warn
+    value: Any = None
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json."""
+        return {"key": self.key, "status": self.status, "value": self.value, "detail": self.detail}
+
+
+@dataclass
+class NodeSpec:
+    """A node to write: name, host, port."""
+
+    name: str
+    host: str
+    port: int | None = None
+
+
+@dataclass
+class InitResult:
+    """The inventory text and what was found or not."""
+
+    text: str
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """True when nothing was left as a TODO."""
+        return not any(f.status == "missing" for f in self.findings)
+
+    def missing(self) -> list[Finding]:
+        """The findings left as TODO lines."""
+        return [f for f in self.findings if f.status == "missing"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json."""
+        return {
+            "complete": self.complete,
+            "findings": [f.to_dict() for f in self.findings],
+            "inventory": self.text,
+        }
+
+
+def parse_hosts(spec: str, *, source: str = "--hosts") -> list[NodeSpec]:
+    """Parse `a,b,c`, each item HOST, HOST:PORT or NAME=HOST[:PORT]; the first is the head."""
+    items = [s.strip() for s in re.split(r"[,\s]+", spec) if s.strip()]
+    if not items:
+        raise InventoryError(f"{source}: no host given; expected e.g. node1,node2 (first = head)")
+    out: list[NodeSpec] = []
+    for item in items:
+        name = None
+        if "=" in item:
+            name, item = item.split("=", 1)
+            if not NAME_RE.match(name):
+                raise InventoryError(
+                    f"{source}: node name {name!r} is not allowed; use letters, digits, - and _"
+                )
+        host, port = item, None
+        m = re.match(r"^\[(.+)\]:(\d+)$", item) or re.match(r"^([^:\[\]]+):(\d+)$", item)
+        if m:
+            host, port = m.group(1), int(m.group(2))
+            if not 0 < port < 65536:
+                raise InventoryError(f"{source}: port {port} of {item!r} must be 1-65535")
+        if not host:
+            raise InventoryError(f"{source}: empty host in {spec!r}")
+        out.append(NodeSpec(name or "", host, port))
+    _name_nodes(out)
+    return out
+
+
+def _is_ip(host: str) -> bool:
+    """True for an IPv4/IPv6 literal."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _name_nodes(nodes: list[NodeSpec]) -> None:
+    """Name unnamed nodes by their short host name, or node1..N when that is not unique or an IP."""
+    shorts = [n.host.split(".")[0] for n in nodes]
+    usable = all(
+        n.name or (not _is_ip(n.host) and NAME_RE.match(s))
+        for n, s in zip(nodes, shorts, strict=True)
+    )
+    names = [n.name or s for n, s in zip(nodes, shorts, strict=True)]
+    if not usable or len(set(names)) != len(names):
+        names = [n.name or f"node{i}" for i, n in enumerate(nodes, 1)]
+    if len(set(names)) != len(names):
+        raise InventoryError(f"--hosts: node names are not unique: {names}")
+    for n, name in zip(nodes, names, strict=True):
+        n.name = name
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    """Parse a shell-style .env: KEY=VALUE lines, optional `export`, quotes, comments."""
+    out: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[7:].strip()
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip().isidentifier():
+            continue
+        value = value.strip()
+        if value[:1] in ("'", '"'):
+            try:
+                words = shlex.split(value, comments=True)
+                value = words[0] if words else ""
+            except ValueError:
+                value = value.strip("'\"")
+        else:
+            value = value.split(" #", 1)[0].strip()
+        out[key.strip()] = value
+    return out
+
+
+def _bare_cluster(nodes: list[NodeSpec], opts: InitOptions) -> Cluster:
+    """An in-memory cluster to connect with (placeholders where init has not looked yet)."""
+    ssh = _ssh_settings(opts)
+    built = tuple(
+        Node(n.name, n.host, n.port or ssh.port, opts.user, "head" if i == 0 else "worker")
+        for i, n in enumerate(nodes)
+    )
+    return Cluster(
+        name=opts.name,
+        tensor_parallel=len(built),
+        nodes=built,
+        ssh=ssh,
+        recipe=RecipeSettings("~/recipe.yaml", (built[0].name,)),
+        watchdog=WatchdogSettings("true", "~/restarts"),
+        engine=EngineSettings(),
+        source="spark-ops init",
+    )
+
+
+def _ssh_settings(opts: InitOptions) -> SSHSettings:
+    """SSH settings from the options."""
+    return SSHSettings(
+        user=opts.user,
+        port=opts.port or 22,
+        known_hosts=opts.known_hosts,
+        identity=tuple(opts.identity),
+        connect_timeout=opts.connect_timeout,
+    )
+
+
+def _tilde(path: str, home: str) -> str:
+    """Write a path under the remote home as ~/…"""
+    home = home.rstrip("/")
+    if home and (path == home or path.startswith(home + "/")):
+        return "~" + path[len(home) :]
+    return path
+
+
+class Discovery:
+    """Looks around the head of a connected session and collects findings and inventory values."""
+
+    def __init__(self, session: ClusterSession, opts: InitOptions) -> None:
+        """Bind to a session whose nodes are connected (or have errors recorded)."""
+        self.session = session
+        self.opts = opts
+        self.cluster = session.cluster
+        self.head = self.cluster.head.name
+        self.findings: list[Finding] = []
+        self.values: dict[str, Any] = {}
+        self.home = ""
+
+    def found(self, key: str, value: Any, detail: str) -> None:
+        """Record something found and the value to write."""
+        self.values[key] = value
+        self.findings.append(Finding(key, "found", value, detail))
+
+    def missing(self, key: str, detail: str) -> None:
+        """Record something not found (a TODO line)."""
+        self.findings.append(Finding(key, "missing", None, detail))
+
+    def warn(self, key: str, detail: str, value: Any = None) -> None:
+        """Record a warning (written, but worth a look)."""
+        self.findings.append(Finding(key, "warn", value, detail))
+
+    async def sh(self, command: str, host: str | None = None) -> tuple[bool, str]:
+        """Run a read-only command on the head; (exit 0, stdout)."""
+        res = await self.session.run(host or self.head, command, check=False)
+        return res.ok, res.stdout
+
+    async def exists(self, path: str, host: str | None = None, test: str = "-f") -> bool:
+        """Whether a path exists on a node (`test -f` by default)."""
+        ok, _ = await self.sh(f"test {test} {quote_path(path)}", host)
+        return ok
+
+    async def run(self) -> None:
+        """Look for everything, in order: recipe, watchdog, engine log, engine API."""
+        ok, out = await self.sh('printf "%s" "$HOME"')
+        self.home = out.strip() if ok else ""
+        config = await self.read_watchdog_config()
+        await self.find_watchdog(config)
+        await self.find_recipe()
+        await self.find_engine_log(config)
+        await self.find_engine_api()
+
+    async def find_recipe(self) -> None:
+        """--recipe or the watchdog's, else the one `vllm serve` recipe in the usual places."""
+        from spark_ops.recipe import render_recipe
+
+        named = self.values.pop("config:recipe.path", None)
+        if self.opts.recipe or named:
+            path = self.opts.recipe or named
+            how = (
+                "given with --recipe" if self.opts.recipe else f"action.recipe in {WATCHDOG_CONFIG}"
+            )
+            if await self.exists(path):
+                await self._recipe_found(path, how)
+            else:
+                self.missing("recipe.path", f"{path} ({how}) does not exist on {self.head}")
+            return
+        dirs = " ".join(quote_path(d) for d in RECIPE_DIRS)
+        _, out = await self.sh(
+            f'for d in {dirs}; do [ -d "$d" ] && find "$d" -maxdepth 3 -type f '
+            "\\( -name '*.yaml' -o -name '*.yml' \\) 2>/dev/null; done | sort | head -n 100"
+        )
+        candidates: list[tuple[str, Any]] = []
+        for p in out.splitlines():
+            path = _tilde(p.strip(), self.home)
+            text = await self.session.read_file(self.head, path)
+            if text is None:
+                continue
+            try:
+                rendered = render_recipe(text, source=path)
+                if rendered.is_vllm_serve():
+                    candidates.append((path, rendered))
+            except SparkOpsError:
+                continue
+        where = ", ".join(RECIPE_DIRS)
+        if len(candidates) == 1:
+            await self._recipe_found(candidates[0][0], f"the only vllm serve recipe under {where}")
+            return
+        if not candidates:
+            self.missing(
+                "recipe.path",
+                f"no `vllm serve` recipe under {where} on {self.head}; pass --recipe PATH",
+            )
+            return
+        served = await self._served_by_candidates(candidates)
+        if len(served) == 1:
+            await self._recipe_found(served[0], "the recipe whose model the running engine serves")
+            return
+        self.missing(
+            "recipe.path",
+            f"{len(candidates)} recipes found ({', '.join(c[0] for c in candidates[:6])}) and the "
+            "running engine does not tell which; pass --recipe PATH",
+        )
+
+    async def _served_by_candidates(self, candidates: list[tuple[str, Any]]) -> list[str]:
+        """The candidates whose served model name answers on their port on the head."""
+        hits = []
+        for path, rendered in candidates:
+            try:
+                args = rendered.args()
+            except SparkOpsError:
+                continue
+            names = {str(args.get("--served-model-name") or rendered.model or "")}
+            models = await self._models_at(_api_url(args))
+            if names & set(models):
+                hits.append(path)
+        return hits
+
+    async def _recipe_found(self, path: str, how: str) -> None:
+        """Record the recipe, the nodes that hold a copy and its API settings."""
+        from spark_ops.recipe import render_recipe
+
+        holders = []
+        for node in self.cluster.nodes:
+            if node.name in self.session.connectors and await self.exists(path, node.name):
+                holders.append(node.name)
+        self.found("recipe.path", path, f"{how} (on {', '.join(holders)})")
+        self.values["recipe.nodes"] = holders
+        text = await self.session.read_file(self.head, path)
+        try:
+            args = render_recipe(text or "", source=path).args()
+        except SparkOpsError:
+            return
+        self.values["recipe.args"] = args
+        tp = args.get("--tensor-parallel-size")
+        if isinstance(tp, str) and tp.isdigit():
+            self.values["tensor_parallel"] = int(tp)
+
+    async def read_watchdog_config(self) -> dict[str, Any] | None:
+        """The reference watchdog's config on the head as {inventory key: value}; None if absent."""
+        import yaml
+
+        text = await self.session.read_file(self.head, WATCHDOG_CONFIG)
+        if text is None:
+            return None
+        where = f"{self.head}:{WATCHDOG_CONFIG}"
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            self.warn("watchdog", f"{where} is not valid YAML ({exc}); its values were not read")
+            return {}
+        try:
+            from spark_ops.watchdog.config import parse_config
+        except ImportError:  # the reference watchdog is not installed here
+            return {}
+        source = f"{self.home}/{WATCHDOG_CONFIG[2:]}" if self.home else WATCHDOG_CONFIG
+        try:
+            cfg = parse_config(data, source=source)
+        except SparkOpsError as exc:
+            self.warn("watchdog", f"{where} is not a valid spark-watchdog config: {exc.message}")
+            return {}
+        p = cfg.paths
+        return {
+            "watchdog.history_file": self._path(p.history),
+            "watchdog.history_format": p.format,
+            "watchdog.lock_file": self._path(p.lock),
+            "watchdog.journal_file": self._path(p.journal),
+            "watchdog.pause_file": self._path(p.pause),
+            "watchdog.gave_up_file": self._path(p.gave_up),
+            "watchdog.budget.max_restarts": cfg.budget.max,
+            "watchdog.budget.window_s": int(cfg.budget.window),
+            "engine.log.path": self._path(p.engine_log),
+            "engine.api.url": cfg.engine.base_url,
+            "recipe.path": self._path(cfg.action.recipe) if cfg.action.recipe else None,
+            "engine.model": cfg.engine.model,
+        }
+
+    async def find_watchdog(self, config: dict[str, Any] | None) -> None:
+        """Restart command, history, lock, journal, pause / gave-up files and budget."""
+        if config is not None:
+            await self._reference_watchdog(config)
+        else:
+            await self._bash_watchdog()
+
+    def _path(self, value: Any) -> str:
+        """A path written as ~/… when under the remote home."""
+        return _tilde(str(value), self.home)
+
+    async def _reference_watchdog(self, cfg: dict[str, Any]) -> None:
+        """The reference spark-watchdog: its config names every file."""
+        ok, where = await self.sh("command -v spark-watchdog")
+        base = f"spark-watchdog --config {WATCHDOG_CONFIG}"
+        restart = f"{base} --restart-now --force --reason {{reason}} --by {{by}}"
+        if ok:
+            self.found(
+                "watchdog.restart_command",
+                restart,
+                f"spark-watchdog at {where.strip()}, config {WATCHDOG_CONFIG}",
+            )
+        else:
+            self.values["watchdog.restart_command"] = restart
+            self.warn(
+                "watchdog.restart_command",
+                f"{WATCHDOG_CONFIG} exists but spark-watchdog is not on the head's PATH for "
+                "SSH commands; use its absolute path",
+                restart,
+            )
+        self.values["watchdog.status_command"] = f"{base} --status --json"
+        self.values["watchdog.reports_stamp"] = True
+        if not cfg:
+            self.missing(
+                "watchdog.history_file",
+                f"{WATCHDOG_CONFIG} could not be read; set the history file the watchdog writes",
+            )
+            return
+        for key in (
+            "watchdog.history_file",
+            "watchdog.lock_file",
+            "watchdog.journal_file",
+            "watchdog.pause_file",
+            "watchdog.gave_up_file",
+            "watchdog.budget.max_restarts",
+            "watchdog.budget.window_s",
+        ):
+            self.found(key, cfg[key], f"from {WATCHDOG_CONFIG}")
+        self.values["watchdog.history_format"] = cfg["watchdog.history_format"]
+        for key in ("engine.log.path", "engine.api.url", "recipe.path", "engine.model"):
+            if cfg.get(key):
+                self.values[f"config:{key}"] = cfg[key]
+
+    async def _bash_watchdog(self) -> None:
+        """A bash watchdog of the community kind: find the script and its stamps history."""
+        script = None
+        for path in BASH_WATCHDOGS:
+            if await self.exists(path):
+                script = path
+                break
+        if script is None:
+            self.missing(
+                "watchdog.restart_command",
+                f"no {WATCHDOG_CONFIG} and no watchdog script at {', '.join(BASH_WATCHDOGS)}; "
+                "write your watchdog's forced-restart command (docs/adopting-a-watchdog.md)",
+            )
+        else:
+            ok, _ = await self.sh(f"grep -q -e '--restart-now' {quote_path(script)}")
+            if ok:
+                cmd = f"{script} --restart-now --force"
+                self.found("watchdog.restart_command", cmd, f"{script} accepts --restart-now")
+            else:
+                self.missing(
+                    "watchdog.restart_command",
+                    f"{script} found but it has no --restart-now switch; write the command "
+                    "that forces a restart through it (docs/adopting-a-watchdog.md)",
+                )
+        globs = " ".join(_glob(g) for g in HISTORY_GLOBS)
+        _, out = await self.sh(f'for f in {globs}; do [ -f "$f" ] && echo "$f"; done')
+        found = [_tilde(p.strip(), self.home) for p in out.splitlines() if p.strip()]
+        if len(found) == 1:
+            self.found("watchdog.history_file", found[0], "the only restart history found")
+            self.values["watchdog.history_format"] = "auto"
+            parent = str(Path(found[0]).parent)
+            for key, name in (
+                ("watchdog.pause_file", "pause"),
+                ("watchdog.gave_up_file", "gave-up"),
+            ):
+                if await self.exists(f"{parent}/{name}"):
+                    self.found(key, f"{parent}/{name}", "present beside the history")
+            if "watchdog.pause_file" not in self.values:
+                self.missing(
+                    "watchdog.pause_file",
+                    "optional: the file that pauses your watchdog, if it has one",
+                )
+        elif found:
+            self.missing(
+                "watchdog.history_file",
+                f"several restart histories found ({', '.join(found)}); keep the right one",
+            )
+        else:
+            self.missing(
+                "watchdog.history_file",
+                "no restart history found; set the file your watchdog writes stamps to",
+            )
+
+    async def find_engine_log(self, config: dict[str, Any] | None) -> None:
+        """The engine log: the watchdog config's, a docker container, a systemd unit, or a file."""
+        named = self.values.pop("config:engine.log.path", None)
+        if named and await self.exists(named):
+            self.found("engine.log", {"kind": "file", "path": named}, f"from {WATCHDOG_CONFIG}")
+            return
+        ok, out = await self.sh("docker ps --format '{{.Names}}' 2>/dev/null")
+        if ok and DOCKER_CONTAINER in out.split():
+            self.found(
+                "engine.log",
+                {"kind": "docker", "container": DOCKER_CONTAINER},
+                f"docker container {DOCKER_CONTAINER} is running",
+            )
+            return
+        ok, out = await self.sh(
+            "systemctl list-units --type=service --all --no-legend --plain 'vllm*' 2>/dev/null"
+        )
+        units = [ln.split()[0] for ln in out.splitlines() if ln.strip()] if ok else []
+        if len(units) == 1:
+            self.found(
+                "engine.log", {"kind": "journalctl", "unit": units[0]}, f"systemd unit {units[0]}"
+            )
+            return
+        files = [p for p in LOG_FILES if await self.exists(p)]
+        if len(files) == 1:
+            self.found("engine.log", {"kind": "file", "path": files[0]}, "the only engine log file")
+            return
+        why = (
+            f"several candidates ({', '.join(files + units)})"
+            if files or units
+            else (
+                f"no container {DOCKER_CONTAINER}, no vllm* systemd unit, "
+                f"none of {', '.join(LOG_FILES)}"
+            )
+        )
+        self.missing("engine.log", f"engine log not identified: {why}; set engine.log")
+
+    async def _models_at(self, url: str) -> list[str]:
+        """Models served at a URL as seen from the head (through a tunnel); [] when no answer."""
+        from urllib.parse import urlsplit
+
+        from spark_ops.engine_api import EngineAPI
+
+        parts = urlsplit(url)
+        try:
+            local = await self.session.tunnel(
+                self.head, parts.hostname or "127.0.0.1", parts.port or 80
+            )
+        except SparkOpsError:
+            return []
+        async with EngineAPI(f"{parts.scheme}://127.0.0.1:{local}", timeout=5) as api:
+            return await api.models()
+
+    async def find_engine_api(self) -> None:
+        """The API URL from the recipe's --host/--port (or 8000), checked through a tunnel."""
+        args = self.values.get("recipe.args") or {}
+        url = self.values.pop("config:engine.api.url", None)
+        if self.values.get("config:engine.model"):
+            self.values["engine.model"] = self.values.pop("config:engine.model")
+        from_where = f"engine.base_url in {WATCHDOG_CONFIG}"
+        if not (isinstance(url, str) and url.startswith("http")):
+            url = _api_url(args)
+            from_where = "the recipe's --port" if "--port" in args else "vLLM's default port"
+        models = await self._models_at(url)
+        if models:
+            self.found(
+                "engine.api.url",
+                url,
+                f"{from_where}; answers through a tunnel to "
+                f"{self.head}, serving {', '.join(models)}",
+            )
+        else:
+            self.values["engine.api.url"] = url
+            self.warn(
+                "engine.api.url",
+                f"{url} ({from_where}) did not answer /v1/models through a "
+                f"tunnel to {self.head}; written anyway, check it",
+                url,
+            )
+
+
+def _glob(pattern: str) -> str:
+    """A constant glob for the remote shell, a leading ~/ written as "$HOME"/ (left unquoted)."""
+    return '"$HOME"/' + pattern[2:] if pattern.startswith("~/") else pattern
+
+
+def _api_url(args: dict[str, Any]) -> str:
+    """http://HOST:PORT from recipe flags (0.0.0.0 and unset mean loopback on the head)."""
+    host = str(args.get("--host") or "127.0.0.1")
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    port = str(args.get("--port") or "8000")
+    return f"http://{host}:{port}"
+
+
+async def _nodes_from_env(opts: InitOptions) -> tuple[list[NodeSpec], list[Finding], list[str]]:
+    """Read the launch setup's .env on the head: nodes from CLUSTER_NODES, interfaces noted."""
+    assert opts.from_env
+    host, sep, path = opts.from_env.partition(":")
+    if not sep or not host or not path:
+        raise InventoryError(
+            f"--from-env {opts.from_env!r}: expected HOST:PATH, e.g. node1:~/spark-vllm-docker/.env"
+        )
+    head = parse_hosts(host, source="--from-env")[0]
+    cluster = _bare_cluster([head], opts)
+    async with ClusterSession(cluster) as session:
+        await session.connect()
+        text = await session.read_file(cluster.head.name, path)
+    if text is None:
+        raise InventoryError(f"--from-env: {host}:{path} does not exist")
+    env = parse_env_file(text)
+    listed = env.get("CLUSTER_NODES", "")
+    if not listed.strip():
+        raise InventoryError(
+            f"{host}:{path}: CLUSTER_NODES is missing or empty; it must list the nodes' addresses"
+        )
+    nodes = parse_hosts(listed, source=f"{host}:{path}: CLUSTER_NODES")
+    findings = [
+        Finding("nodes", "found", [n.host for n in nodes], f"CLUSTER_NODES in {host}:{path}")
+    ]
+    same = [
+        n for n in nodes if n.host == head.host and (n.port or head.port) == (head.port or n.port)
+    ]
+    if same:
+        nodes.remove(same[0])
+        nodes.insert(0, same[0])
+    else:
+        findings.append(
+            Finding(
+                "nodes",
+                "warn",
+                nodes[0].host,
+                f"{host} is not in CLUSTER_NODES; its first entry is taken as the head",
+            )
+        )
+    for n in nodes:
+        n.name = ""
+    _name_nodes(nodes)
+    notes = [f"{k}={env[k]}" for k in ("ETH_IF", "IB_IF") if k in env]
+    if notes:
+        findings.append(
+            Finding("network", "found", notes, f"from {host}:{path} (kept as a comment)")
+        )
+    return nodes, findings, notes
+
+
+async def discover(opts: InitOptions) -> InitResult:
+    """Connect to the cluster described by the options, look around, return the inventory text."""
+    findings: list[Finding] = []
+    notes: list[str] = []
+    if opts.from_env:
+        nodes, findings, notes = await _nodes_from_env(opts)
+        origin = f"--from-env {opts.from_env}"
+    elif opts.hosts:
+        nodes = parse_hosts(opts.hosts)
+        origin = f"--hosts {opts.hosts}"
+    else:
+        raise InventoryError(
+            "spark-ops init needs --hosts H1,H2,… (first = head) or --from-env HOST:PATH"
+        )
+    cluster = _bare_cluster(nodes, opts)
+    values: dict[str, Any] = {}
+    async with ClusterSession(cluster) as session:
+        await session.connect(required=False)
+        for node in cluster.nodes:
+            err = session.errors.get(node.name)
+            if err is not None:
+                findings.append(
+                    Finding(
+                        f"nodes.{node.name}",
+                        "warn",
+                        node.host,
+                        f"not reachable: {err.message}" + (f" ({err.hint})" if err.hint else ""),
+                    )
+                )
+        if cluster.head.name in session.errors:
+            why = f"the head {cluster.head.name} was not reachable"
+            for key in (
+                "recipe.path",
+                "watchdog.restart_command",
+                "watchdog.history_file",
+                "engine.log",
+            ):
+                findings.append(Finding(key, "missing", None, why))
+        else:
+            d = Discovery(session, opts)
+            await d.run()
+            findings.extend(d.findings)
+            values = d.values
+    text = render_inventory(cluster, values, findings, origin=origin, notes=notes)
+    return InitResult(text, findings)
+
+
+def _q(value: Any) -> str:
+    """A YAML scalar: JSON-quoted strings (valid YAML), plain numbers and booleans."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return json.dumps(str(value))
+
+
+def render_inventory(
+    cluster: Cluster,
+    values: dict[str, Any],
+    findings: list[Finding],
+    *,
+    origin: str,
+    notes: list[str] = (),  # type: ignore[assignment]
+) -> str:
+    """The inventory YAML text, with a TODO line for every missing item."""
+    todo = {f.key: f.detail for f in findings if f.status == "missing"}
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    ssh = cluster.ssh
+    out = [
+        f"# Written by `spark-ops init` ({origin}) on {stamp}.",
+        "# Check it before the first apply: spark-ops -i THIS_FILE doctor",
+    ]
+    if todo:
+        out.append(f"# {len(todo)} item(s) could not be found: see the TODO(spark-ops init) lines.")
+    out += ["clusters:", f"  {cluster.name}:"]
+    out.append(f"    tensor_parallel: {values.get('tensor_parallel', len(cluster.nodes))}")
+    if notes:
+        out.append(f"    # network (from the launch .env): {' '.join(notes)}")
+    out.append("    ssh:")
+    if ssh.user:
+        out.append(f"      user: {_q(ssh.user)}")
+    if ssh.port != 22:
+        out.append(f"      port: {ssh.port}")
+    if ssh.known_hosts:
+        out.append(f"      known_hosts: {_q(ssh.known_hosts)}")
+    if ssh.identity:
+        out.append(f"      identity: [{', '.join(_q(i) for i in ssh.identity)}]")
+    out.append(f"      connect_timeout: {_q(ssh.connect_timeout)}")
+    out.append("    nodes:")
+    for n in cluster.nodes:
+        port = f", port: {n.port}" if n.port != ssh.port else ""
+        out.append(f"      {n.name}: {{host: {_q(n.host)}{port}, role: {n.role}}}")
+    out.append("    recipe:")
+    if "recipe.path" in values:
+        out.append(f"      path: {_q(values['recipe.path'])}")
+        holders = values.get("recipe.nodes") or [cluster.head.name]
+        out.append(f"      nodes: [{', '.join(holders)}]")
+    else:
+        out.append(f"      {TODO} recipe.path — {todo.get('recipe.path', 'not found')}")
+        out.append("      # path: ~/spark-vllm-docker/recipes/4x-spark-cluster/MODEL.yaml")
+    out.append("    watchdog:")
+    for key in (
+        "restart_command",
+        "status_command",
+        "reports_stamp",
+        "history_file",
+        "history_format",
+        "lock_file",
+        "journal_file",
+        "pause_file",
+        "gave_up_file",
+    ):
+        full = f"watchdog.{key}"
+        if full in values:
+            out.append(f"      {key}: {_q(values[full])}")
+        elif full in todo:
+            out.append(f"      {TODO} {full} — {todo[full]}")
+            out.append(f"      # {key}: …")
+    mx = values.get("watchdog.budget.max_restarts", 2)
+    win = values.get("watchdog.budget.window_s", 21600)
+    if "watchdog.budget.max_restarts" not in values:
+        out.append("      # budget: spark-ops' default (2 per 6 h); set it to your watchdog's")
+    out.append(f"      budget: {{max_restarts: {mx}, window_s: {win}}}")
+    out.append("    engine:")
+    log = values.get("engine.log")
+    if isinstance(log, dict):
+        items = ", ".join(f"{k}: {_q(v) if k != 'kind' else v}" for k, v in log.items())
+        out.append(f"      log: {{{items}}}")
+    else:
+        out.append(f"      {TODO} engine.log — {todo.get('engine.log', 'not found')}")
+        out.append("      # log: {kind: docker, container: vllm_node}")
+    url = values.get("engine.api.url", "http://127.0.0.1:8000")
+    out.append(f"      api: {{url: {_q(url)}, tunnel: true}}")
+    if values.get("engine.model"):
+        out.append(f"      model: {_q(values['engine.model'])}")
+    return "\n".join(out) + "\n"
+
+
+def write_inventory(path: str | Path, text: str, *, force: bool = False) -> Path:
+    """Write the inventory file; refuse to replace an existing one unless force."""
+    p = Path(path).expanduser()
+    if p.exists() and not force:
+        raise InventoryError(
+            f"{p} already exists; not overwritten",
+            hint="pass --force to replace it, or -o OTHER_FILE",
+        )
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(p)
+    return p

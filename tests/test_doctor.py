@@ -1,0 +1,248 @@
+"""doctor on a real embedded cluster (SSH nodes, simulated engine): all green, then one damage per
+case.
+
+Each tests/fixtures/doctor/<case>.yaml names the damage done to the running cluster (and inventory
+overrides), and the one check expected to fail (or warn) with words of its detail and its fix. The
+damage is undone after each case, so one cluster serves the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from spark_ops.doctor import Check, DoctorReport, _first_word, run_doctor
+from spark_ops.errors import ExitStatus
+from spark_ops.inventory import Cluster, load_inventory
+
+FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
+sys.path.insert(0, str(FIXTURES))
+from minicluster import MiniCluster  # noqa: E402
+
+CASES = sorted(p.stem for p in FIXTURES.glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MiniCluster]:
+    """A 4-node embedded cluster with the engine serving, for the whole module."""
+    m = MiniCluster(tmp_path_factory.mktemp("doctor") / "sim", nodes=4).start()
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+def inventory_with(mini: MiniCluster, tmp: Path, overrides: dict[str, Any]) -> Path:
+    """A copy of the cluster's inventory with dotted keys (under the cluster) replaced."""
+    data = yaml.safe_load(mini.inventory.read_text())
+    cluster = data["clusters"]["sim"]
+    for dotted, value in overrides.items():
+        *parents, last = dotted.split(".")
+        node = cluster
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    path = tmp / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def is_root() -> bool:
+    """True when the tests run as root (mode bits do not stop root's writes)."""
+    return os.geteuid() == 0
+
+
+def apply_damage(
+    mini: MiniCluster, tmp: Path, damage: dict[str, Any], inv: dict[str, Any]
+) -> Callable[[], None]:
+    """Do one damage to the running cluster; returns the function that undoes it."""
+    kind = damage["kind"]
+    node = damage.get("node", "node1")
+    path = mini.home(node) / damage.get("path", "")
+    if kind == "remove":
+        moved = path.with_name(path.name + ".moved")
+        path.rename(moved)
+        return lambda: moved.rename(path)
+    if kind == "copy":
+        text = (mini.home(damage["from_node"]) / damage["path"]).read_text()
+        old, new = damage["replace"]
+        assert old in text, f"fixture: {old!r} not in the recipe"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text.replace(old, new))
+        return lambda: path.unlink()
+    if kind == "write":
+        path.write_text(damage["content"])
+        return lambda: path.unlink()
+    if kind == "append_stamp":
+        before = path.read_text()
+        path.write_text(before + f"{int(time.time()) - int(damage['age_s'])}\n")
+        return lambda: path.write_text(before)
+    if kind == "forget_host_key":
+        port = mini.ports[node]
+        known = (mini.root / "keys" / "known_hosts").read_text().splitlines()
+        kept = [ln for ln in known if not ln.startswith(f"[127.0.0.1]:{port} ")]
+        assert len(kept) == len(known) - 1
+        other = tmp / "known_hosts"
+        other.write_text("\n".join(kept) + "\n")
+        inv["ssh.known_hosts"] = str(other)
+        return lambda: None
+    if kind == "readonly":
+        if is_root():
+            if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+                pytest.skip("running as root and chattr +i is not supported here")
+
+            def unfreeze() -> None:
+                """Make the file mutable again."""
+                subprocess.run(["chattr", "-i", str(path)], check=True)
+
+            return unfreeze
+        mode_f, mode_d = path.stat().st_mode, path.parent.stat().st_mode
+        path.chmod(0o444)
+        path.parent.chmod(0o555)
+
+        def undo() -> None:
+            """Restore both modes."""
+            path.parent.chmod(mode_d)
+            path.chmod(mode_f)
+
+        return undo
+    if kind == "engine_stop":
+        assert mini.engine is not None
+        os.killpg(mini.engine.pid, signal.SIGSTOP)
+        return lambda: os.killpg(mini.engine.pid, signal.SIGCONT)  # type: ignore[union-attr]
+    raise AssertionError(f"fixture: unknown damage kind {kind!r}")
+
+
+def failing(report: DoctorReport) -> list[tuple[str, str]]:
+    """(check, host) of every failed check."""
+    return [(c.name, c.host) for c in report.failed()]
+
+
+async def test_healthy_cluster_is_all_green(mini: MiniCluster) -> None:
+    """Every check passes on a healthy cluster, and each precondition of apply is covered."""
+    report = await run_doctor(load_inventory(mini.inventory).cluster())
+    assert report.ok, [c for c in report.checks if c.status != "ok"]
+    assert all(c.status == "ok" for c in report.checks)
+    names = {c.name for c in report.checks}
+    assert {
+        "ssh",
+        "tools",
+        "state-dir",
+        "recipe",
+        "watchdog-command",
+        "history",
+        "history-writable",
+        "budget",
+        "engine-log",
+        "engine-api",
+        "engine-completion",
+    } <= names
+    assert [c.host for c in report.checks if c.name == "ssh"] == [
+        "node1",
+        "node2",
+        "node3",
+        "node4",
+    ]
+    api = next(c for c in report.checks if c.name == "engine-api")
+    assert "vLLM 0.32.0" in api.detail and "glm-5.3-flash" in api.detail
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_doctor_case(mini: MiniCluster, tmp_path: Path, case: str) -> None:
+    """The damage of the case makes exactly its check fail (or warn), with the fix shown."""
+    spec = yaml.safe_load((FIXTURES / f"{case}.yaml").read_text())
+    inv = dict(spec.get("inventory") or {})
+    undo = [apply_damage(mini, tmp_path, d, inv) for d in spec.get("damage") or []]
+    try:
+        cluster: Cluster = load_inventory(inventory_with(mini, tmp_path, inv)).cluster()
+        report = await run_doctor(cluster)
+    finally:
+        for u in reversed(undo):
+            u()
+    exp = spec["expect"]
+    hits = [c for c in report.checks if c.name == exp["check"] and c.host == exp["host"]]
+    assert hits, f"no {exp['check']} check on {exp['host']}: {report.checks}"
+    check = hits[0]
+    assert check.status == exp["status"], check
+    assert exp["detail"] in check.detail, check
+    assert exp["fix"] in check.fix, check
+    if exp["status"] == "fail":
+        assert failing(report) == [(exp["check"], exp["host"])], report.failed()
+        assert not report.ok
+    else:
+        assert report.ok, report.failed()
+
+
+def spark_ops(inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess."""
+    env = {**os.environ, "SPARK_OPS_INVENTORY": str(inventory)}
+    return subprocess.run(
+        [sys.executable, "-m", "spark_ops.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_exit_codes_and_json(mini: MiniCluster, tmp_path: Path) -> None:
+    """`doctor` exits 0 when green and 11 with the failing check's fix on screen; --json parses."""
+    res = spark_ops(mini.inventory, "doctor", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(res.stdout)
+    assert data["ok"] is True and data["counts"]["fail"] == 0
+    assert all(set(c) == {"name", "host", "status", "detail", "fix"} for c in data["checks"])
+
+    bad = inventory_with(mini, tmp_path, {"recipe.path": "~/recipes/absent.yaml"})
+    res = spark_ops(bad, "doctor")
+    assert res.returncode == ExitStatus.CHECK_FAILED, res.stdout + res.stderr
+    assert "✗ recipe" in res.stdout and "~/recipes/absent.yaml not found" in res.stdout
+    assert "fix: copy the recipe to node1:~/recipes/absent.yaml" in res.stdout
+    assert "Not ready for apply" in res.stdout
+
+
+def test_unreachable_node_fails_ssh_only_for_it(mini: MiniCluster, tmp_path: Path) -> None:
+    """A node that does not answer fails its ssh check with the address; the rest still runs."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    bad = inventory_with(mini, tmp_path, {"nodes.node4.port": dead})
+    res = spark_ops(bad, "doctor", "--json")
+    assert res.returncode == ExitStatus.CHECK_FAILED
+    data = json.loads(res.stdout)
+    fails = [c for c in data["checks"] if c["status"] == "fail"]
+    assert [(c["name"], c["host"]) for c in fails] == [("ssh", "node4")]
+    assert f"127.0.0.1:{dead}" in fails[0]["detail"]
+    assert "sshd listens" in fails[0]["fix"]
+
+
+@pytest.mark.parametrize(
+    ("command", "program"),
+    [
+        ("spark-watchdog --config x --restart-now --force", "spark-watchdog"),
+        ("sudo -n /opt/wd/watchdog.sh --restart-now", "/opt/wd/watchdog.sh"),
+        ("WD_FORCE=1 env LANG=C ~/bin/wd --now", "~/bin/wd"),
+        ("", None),
+    ],
+)
+def test_first_word(command: str, program: str | None) -> None:
+    """The program checked with command -v skips sudo, env and VAR=value words."""
+    assert _first_word(command) == program
+
+
+def test_check_status_is_validated() -> None:
+    """A check's status must be ok, warn or fail."""
+    with pytest.raises(ValueError, match="ok"):
+        Check("x", "node1", "bad", "detail")
