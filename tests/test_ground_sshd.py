@@ -8,7 +8,6 @@ from pathlib import Path
 
 import asyncssh
 import pytest
-from ground.fixtures import openssh_cluster  # noqa: F401  (fixture)
 from ground.sshd import SshdCluster, start_sshd_nodes, unavailable_reason
 
 pytestmark = pytest.mark.openssh
@@ -24,9 +23,7 @@ async def _run(cluster: SshdCluster, name: str, command: str, **overrides: objec
     return str(result.stdout)
 
 
-async def test_each_node_has_its_own_user_and_home(
-    openssh_cluster: SshdCluster,  # noqa: F811
-) -> None:
+async def test_each_node_has_its_own_user_and_home(openssh_cluster: SshdCluster) -> None:
     """Every node logs its own user into its own HOME, which exists and belongs to that user."""
     cluster = openssh_cluster
     assert cluster.names == ["node1", "node2", "node3", "node4"]
@@ -46,7 +43,7 @@ async def test_each_node_has_its_own_user_and_home(
     assert len(homes) == 4
 
 
-def test_known_hosts_lists_every_node_by_port(openssh_cluster: SshdCluster) -> None:  # noqa: F811
+def test_known_hosts_lists_every_node_by_port(openssh_cluster: SshdCluster) -> None:
     """known_hosts holds one `[127.0.0.1]:PORT ssh-ed25519 KEY` line per node."""
     lines = openssh_cluster.known_hosts.read_text().splitlines()
     expected = {
@@ -56,7 +53,7 @@ def test_known_hosts_lists_every_node_by_port(openssh_cluster: SshdCluster) -> N
     assert set(lines) == expected
 
 
-async def test_changed_host_key_is_refused(openssh_cluster: SshdCluster) -> None:  # noqa: F811
+async def test_changed_host_key_is_refused(openssh_cluster: SshdCluster) -> None:
     """After rotate_host_key the old known_hosts refuses the node; trusting the new key works."""
     cluster = openssh_cluster
     old = cluster["node2"].host_key_pub
@@ -69,7 +66,7 @@ async def test_changed_host_key_is_refused(openssh_cluster: SshdCluster) -> None
     assert (await _run(cluster, "node2", "echo ok")).strip() == "ok"
 
 
-async def test_wrong_client_key_is_refused(openssh_cluster: SshdCluster) -> None:  # noqa: F811
+async def test_wrong_client_key_is_refused(openssh_cluster: SshdCluster) -> None:
     """A client key that is not in authorized_keys gets PermissionDenied; the right one gets in."""
     stranger = asyncssh.generate_private_key("ssh-ed25519")
     with pytest.raises(asyncssh.PermissionDenied):
@@ -80,9 +77,7 @@ async def test_wrong_client_key_is_refused(openssh_cluster: SshdCluster) -> None
     assert (await _run(openssh_cluster, "node1", "id -un")).strip() == node.user
 
 
-async def test_forty_concurrent_connections_to_one_node(
-    openssh_cluster: SshdCluster,  # noqa: F811
-) -> None:
+async def test_forty_concurrent_connections_to_one_node(openssh_cluster: SshdCluster) -> None:
     """40 simultaneous connections (past sshd's default MaxStartups of 10) all log in and run."""
     outs = await asyncio.gather(
         *(_run(openssh_cluster, "node3", f"echo {i}") for i in range(40)),
@@ -93,9 +88,7 @@ async def test_forty_concurrent_connections_to_one_node(
     assert sorted(int(str(out)) for out in outs) == list(range(40))
 
 
-async def test_stopped_node_refuses_then_comes_back(
-    openssh_cluster: SshdCluster,  # noqa: F811
-) -> None:
+async def test_stopped_node_refuses_then_comes_back(openssh_cluster: SshdCluster) -> None:
     """stop() drops open sessions and refuses new connections; start() brings the same node back."""
     cluster = openssh_cluster
     kwargs = {**cluster.connect_kwargs("node4"), "connect_timeout": CONNECT_TIMEOUT}

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ground.fixtures import real_vllm, real_vllm_factory  # noqa: F401  (fixtures)
 from ground.vllm import VllmFactory, VllmServer, parse_metrics
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
@@ -18,7 +17,7 @@ BURST_CONCURRENCY = 16
 BURST_MAX_TOKENS = 256
 
 
-def test_tiny_llama_streams_chat_with_usage(real_vllm: VllmServer) -> None:  # noqa: F811
+def test_tiny_llama_streams_chat_with_usage(real_vllm: VllmServer) -> None:
     """tiny-llama boots; a streamed chat yields deltas, a usage chunk without choices, [DONE]."""
     assert real_vllm.boot_seconds is not None and real_vllm.boot_seconds > 0
     events = real_vllm.stream_chat("Tell me about the cluster.", max_tokens=8)
@@ -44,9 +43,7 @@ def test_tiny_llama_streams_chat_with_usage(real_vllm: VllmServer) -> None:  # n
     assert not real_vllm.running
 
 
-def test_moe_with_triton_backend_fails_the_boot(
-    real_vllm_factory: VllmFactory,  # noqa: F811
-) -> None:
+def test_moe_with_triton_backend_fails_the_boot(real_vllm_factory: VllmFactory) -> None:
     """tiny-moe with --moe-backend triton: the CPU build refuses it; the process exits non-zero."""
     server = real_vllm_factory.launch(
         "tiny-moe", max_num_seqs=64, extra_args=["--moe-backend", "triton"]
@@ -60,6 +57,18 @@ def test_moe_with_triton_backend_fails_the_boot(
         "Engine core initialization failed" in line for line in server.log_text().splitlines()
     )
     assert "'moe_backend': 'triton'" in (server.non_default_args_line() or "")
+
+
+def test_moe_with_auto_backend_serves(real_vllm_factory: VllmFactory) -> None:
+    """The same tiny-moe boots with --moe-backend auto, so the triton failure is the backend's."""
+    server = real_vllm_factory.start(
+        "tiny-moe", max_num_seqs=64, extra_args=["--moe-backend", "auto"]
+    )
+    answer = server.complete("Hello", max_tokens=4)
+    assert answer["choices"][0]["finish_reason"] in ("length", "stop")
+    line = server.non_default_args_line() or ""
+    assert "'max_num_seqs': 64" in line
+    assert server.log_lines("Resolved architecture: Qwen3MoeForCausalLM")
 
 
 def _burst(server: VllmServer, concurrency: int) -> dict[str, Any]:
@@ -107,8 +116,8 @@ def _burst(server: VllmServer, concurrency: int) -> dict[str, Any]:
 
 
 def test_burst_shows_the_running_count_capped(
-    real_vllm: VllmServer,  # noqa: F811
-    real_vllm_factory: VllmFactory,  # noqa: F811
+    real_vllm: VllmServer,
+    real_vllm_factory: VllmFactory,
     record_property: Any,
     tmp_path: Path,
 ) -> None:
