@@ -1,0 +1,138 @@
+"""Phase durations of earlier boots, kept in a small local JSON file, for ETAs."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from spark_ops.log import get_logger
+from spark_ops.readiness.phases import PHASE_ORDER, Phase
+
+log = get_logger(op="boot-eta")
+
+DEFAULT_STATE_PATH = Path("~/.local/state/spark-ops/boots.json")
+FORMAT_VERSION = 1
+
+
+class BootHistory:
+    """Per-cluster records of earlier boots (newest last), stored as JSON."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, keep: int = 10) -> None:
+        """Use `path` (default ~/.local/state/spark-ops/boots.json); keep the last `keep` boots."""
+        self.path = Path(path if path is not None else DEFAULT_STATE_PATH).expanduser()
+        self.keep = keep
+
+    def load(self) -> dict[str, list[dict[str, Any]]]:
+        """All records by cluster; an unreadable file counts as empty (it is only a cache)."""
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("boot_history_unreadable", path=str(self.path), error=str(exc))
+            return {}
+        clusters = raw.get("clusters") if isinstance(raw, dict) else None
+        if not isinstance(clusters, dict):
+            log.warning("boot_history_unexpected_shape", path=str(self.path))
+            return {}
+        return {
+            str(name): [r for r in recs if isinstance(r, dict)]
+            for name, recs in clusters.items()
+            if isinstance(recs, list)
+        }
+
+    def records(self, cluster: str) -> list[dict[str, Any]]:
+        """The records of one cluster, oldest first."""
+        return self.load().get(cluster, [])
+
+    def previous(self, cluster: str) -> dict[str, Any] | None:
+        """The newest record of a cluster (e.g. its KV pool in tokens), or None."""
+        recs = self.records(cluster)
+        return recs[-1] if recs else None
+
+    def record(self, cluster: str, report: Any) -> dict[str, Any]:
+        """Append a boot (a BootReport or its dict) to the cluster's records and save atomically."""
+        data: Mapping[str, Any] = report.to_dict() if hasattr(report, "to_dict") else report
+        durations = {
+            str(k): float(v)
+            for k, v in dict(data.get("durations") or {}).items()
+            if isinstance(v, (int, float))
+        }
+        entry: dict[str, Any] = {
+            "at": float(data.get("started_at") or time.time()),
+            "total_s": float(data.get("total_s") or sum(durations.values())),
+            "durations": durations,
+            "skipped": list(data.get("skipped") or []),
+            "kv_cache_tokens": data.get("kv_cache_tokens"),
+            "vllm_version": data.get("vllm_version"),
+        }
+        everything = self.load()
+        recs = everything.setdefault(cluster, [])
+        recs.append(entry)
+        everything[cluster] = recs[-self.keep :]
+        self._save(everything)
+        return entry
+
+    def estimate(self, cluster: str) -> dict[str, float]:
+        """Expected seconds per phase (median of earlier boots); empty when none is known."""
+        per_phase: dict[str, list[float]] = {}
+        for rec in self.records(cluster):
+            for phase, secs in (rec.get("durations") or {}).items():
+                if isinstance(secs, (int, float)):
+                    per_phase.setdefault(phase, []).append(float(secs))
+        order = {p.value: p.rank for p in PHASE_ORDER}
+        return {
+            phase: statistics.median(values)
+            for phase, values in sorted(per_phase.items(), key=lambda kv: order.get(kv[0], 99))
+        }
+
+    def _save(self, everything: Mapping[str, Any]) -> None:
+        """Write the file atomically (temp file in the same directory, then rename)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps(
+            {"version": FORMAT_VERSION, "clusters": everything}, indent=1, sort_keys=True
+        )
+        fd, tmp = tempfile.mkstemp(prefix=".boots-", suffix=".json", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(payload + "\n")
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def estimate(cluster: str, *, path: str | os.PathLike[str] | None = None) -> dict[str, float]:
+    """Expected seconds per phase for a cluster, from earlier boots."""
+    return BootHistory(path).estimate(cluster)
+
+
+def record(cluster: str, report: Any, *, path: str | os.PathLike[str] | None = None) -> None:
+    """Store a finished boot's phase durations for later ETAs."""
+    BootHistory(path).record(cluster, report)
+
+
+def eta_seconds(
+    estimates: Mapping[str, float],
+    phase: Phase | str,
+    in_phase_s: float,
+    remaining: Iterable[Phase | str] | None = None,
+) -> float | None:
+    """Seconds left: the rest of the current phase plus the phases after it; None if unknown."""
+    current = Phase(phase)
+    if current is Phase.READY:
+        return 0.0
+    if not estimates:
+        return None
+    candidates: list[Phase] = (
+        list(PHASE_ORDER) if remaining is None else [Phase(p) for p in remaining]
+    )
+    after = [p for p in candidates if p.rank > current.rank and p is not Phase.READY]
+    left = max(0.0, estimates.get(current.value, 0.0) - in_phase_s)
+    return left + sum(estimates.get(p.value, 0.0) for p in after)

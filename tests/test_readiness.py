@@ -1,0 +1,597 @@
+"""Tests of spark_ops.readiness: line cases, real boot logs, wait_for_boot against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp import web
+
+from spark_ops.errors import BootError, BootTimeout
+from spark_ops.readiness import (
+    BootEvent,
+    BootHistory,
+    BootTracker,
+    FatalKind,
+    Phase,
+    classify_line,
+    estimate,
+    eta_seconds,
+    exit_line,
+    expected_phases,
+    record,
+    wait_for_boot,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "readiness"
+CASES = yaml.safe_load((FIXTURES / "cases.yaml").read_text(encoding="utf-8"))
+
+
+def _log(name: str) -> list[str]:
+    """Lines of a recorded boot log."""
+    return (FIXTURES / name).read_text(encoding="utf-8").splitlines()
+
+
+# ---- data-driven line classification ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_case(case: dict[str, Any]) -> None:
+    """Each case of cases.yaml classifies as written."""
+    if "line" in case:
+        info = classify_line(case["line"])
+        if "phase" in case:
+            assert (info.phase.value if info.phase else None) == case["phase"]
+        if "fatal" in case:
+            assert (info.fatal.value if info.fatal else None) == case["fatal"]
+        if "exception" in case:
+            assert info.exception is case["exception"]
+        for key, value in (case.get("data") or {}).items():
+            assert info.data.get(key) == value, key
+        return
+    tracker = BootTracker()
+    for line in case["lines"]:
+        tracker.feed(line)
+    if "phase" in case:
+        assert tracker.phase.value == case["phase"]
+    if "kv_cache_tokens" in case:
+        assert tracker.kv_cache_tokens == case["kv_cache_tokens"]
+    best = tracker.best_fatal()
+    if case.get("best_fatal") is None:
+        assert best is None, best and best.line
+    else:
+        assert best is not None
+        assert best.line.endswith(case["best_fatal"])
+        assert best.kind.value == case["best_kind"]
+        assert best.context[-1] == best.line
+
+
+# ---- real recorded logs ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "tokens", "max_num_seqs"),
+    [("serve-startup.log", 2_097_152, 6), ("serve-startup-moe.log", 524_288, 64)],
+)
+def test_real_startup_log_phases(name: str, tokens: int, max_num_seqs: int) -> None:
+    """The CPU build's real boots pass the phases in order and report the KV pool."""
+    tracker = BootTracker()
+    reached = [Phase.STARTING]
+    for line in _log(name):
+        _, phase, fatal = tracker.feed(line)
+        assert fatal is None, line
+        if phase is not None:
+            reached.append(phase)
+    assert reached == [
+        Phase.STARTING,
+        Phase.WEIGHTS_LOADING,
+        Phase.WEIGHTS_DONE,
+        Phase.KV_CACHE,
+        Phase.API_UP,
+    ]
+    assert tracker.kv_cache_tokens == tokens
+    assert tracker.non_default_args["max_num_seqs"] == max_num_seqs
+    assert tracker.non_default_args["enforce_eager"] is True
+    assert tracker.vllm_version == "0.32.0"
+    assert tracker.api_url == "http://127.0.0.1:18011"
+    # eager boots have no graph capture to wait for, and no Ray here
+    assert expected_phases(tracker.non_default_args) == [
+        Phase.STARTING,
+        Phase.WEIGHTS_LOADING,
+        Phase.WEIGHTS_DONE,
+        Phase.KV_CACHE,
+        Phase.API_UP,
+        Phase.READY,
+    ]
+
+
+def test_expected_phases_with_ray_and_graphs() -> None:
+    """A Ray TP boot without --enforce-eager expects the Ray and graph-capture phases."""
+    phases = expected_phases({"distributed_executor_backend": "ray"})
+    assert Phase.RAY_WORKERS in phases and Phase.GRAPH_CAPTURE in phases
+    assert Phase.GRAPH_CAPTURE not in expected_phases({}, expect_graph_capture=False)
+
+
+def test_triton_refusal_names_root_cause() -> None:
+    """The refused MoE backend: the ValueError is the evidence, not vLLM's summary lines."""
+    tracker = BootTracker()
+    for line in _log("serve-fail-moe-backend-triton.log"):
+        tracker.feed(line)
+    best = tracker.best_fatal()
+    assert best is not None
+    assert best.kind is FatalKind.TRACEBACK
+    assert "Unquantized MoE backend TRITON does not support" in best.line
+    assert best.phase is Phase.WEIGHTS_LOADING
+    assert tracker.non_default_args["moe_backend"] == "triton"
+    assert len(best.context) > 1 and best.context[-1] == best.line
+
+
+# ---- wait_for_boot against a real local server -----------------------------------------------
+
+
+class EngineStub:
+    """A local aiohttp server that answers completions only from a known moment on."""
+
+    def __init__(self, answer_after_s: float | None) -> None:
+        """Answer 503 until `answer_after_s` after start (never when None)."""
+        self.answer_after_s = answer_after_s
+        self.first_answer_at: float | None = None
+        self.completions = 0
+        self.health_calls = 0
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+        self.t0 = 0.0
+
+    def _serving(self) -> bool:
+        """True once the engine is 'up'."""
+        return self.answer_after_s is not None and time.monotonic() - self.t0 >= self.answer_after_s
+
+    async def _health(self, request: web.Request) -> web.Response:
+        """/health: 200 once serving."""
+        self.health_calls += 1
+        return web.Response(status=200 if self._serving() else 503)
+
+    async def _completion(self, request: web.Request) -> web.Response:
+        """/v1/completions: a real-looking answer once serving."""
+        body = await request.json()
+        self.completions += 1
+        if not self._serving():
+            return web.Response(status=503, text="engine starting")
+        if self.first_answer_at is None:
+            self.first_answer_at = time.monotonic()
+        return web.json_response(
+            {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "model": body.get("model", "tiny"),
+                "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+            }
+        )
+
+    async def start(self) -> None:
+        """Listen on 127.0.0.1, port 0."""
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/v1/completions", self._completion)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        self.t0 = time.monotonic()
+
+    async def stop(self) -> None:
+        """Shut the server down."""
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """One client session per test."""
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def _probes(stub: EngineStub, http: aiohttp.ClientSession) -> tuple[Any, Any]:
+    """(probe, health) callables against the stub, as the CLI would build them."""
+
+    async def probe() -> bool:
+        """A one-token completion."""
+        async with http.post(
+            f"{stub.url}/v1/completions",
+            json={"model": "tiny", "prompt": "hi", "max_tokens": 1},
+            timeout=aiohttp.ClientTimeout(total=2),
+        ) as resp:
+            if resp.status != 200:
+                return False
+            data = await resp.json()
+            return bool(data.get("choices"))
+
+    async def health() -> bool:
+        """GET /health."""
+        async with http.get(f"{stub.url}/health", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+            return resp.status == 200
+
+    return probe, health
+
+
+async def _feed(
+    lines: Iterable[str],
+    *,
+    delay: float = 0.0,
+    then_hang: bool = True,
+    marks: dict[str, float] | None = None,
+    mark_when: str | None = None,
+) -> AsyncIterator[str]:
+    """Yield lines with a delay; optionally record when a line containing `mark_when` was sent."""
+    for line in lines:
+        if delay:
+            await asyncio.sleep(delay)
+        if marks is not None and mark_when and mark_when in line and "fatal" not in marks:
+            marks["fatal"] = time.monotonic()
+        yield line
+    if then_hang:
+        await asyncio.sleep(3600)
+
+
+def _boot_lines(name: str) -> list[str]:
+    """The lines of a recorded log up to (not including) the first served request."""
+    out = []
+    for line in _log(name):
+        if '"GET /health' in line or '"POST /v1/' in line:
+            break
+        out.append(line)
+    return out
+
+
+async def test_ready_within_a_second_of_first_answer(http: aiohttp.ClientSession) -> None:
+    """READY is reported within 1 s of the engine answering its first completion."""
+    stub = EngineStub(answer_after_s=1.2)
+    await stub.start()
+    events: list[BootEvent] = []
+    try:
+        probe, health = _probes(stub, http)
+        report = await wait_for_boot(
+            _feed(_boot_lines("serve-startup.log"), delay=0.0005),
+            probe=probe,
+            health=health,
+            deadline_s=20,
+            on_event=events.append,
+            probe_interval_s=0.2,
+        )
+        returned = time.monotonic()
+    finally:
+        await stub.stop()
+    assert stub.first_answer_at is not None
+    assert returned - stub.first_answer_at < 1.0
+    assert report.last_phase == "READY"
+    assert report.kv_cache_tokens == 2_097_152
+    assert report.non_default_args["max_num_seqs"] == 6
+    assert report.total_s >= 1.0
+    assert list(report.phase_times) == [
+        "STARTING",
+        "WEIGHTS_LOADING",
+        "WEIGHTS_DONE",
+        "KV_CACHE",
+        "API_UP",
+        "READY",
+    ]
+    assert report.durations["API_UP"] >= 0.5  # the engine answered ~1 s after its log said so
+    assert "GRAPH_CAPTURE" in report.skipped and "RAY_WORKERS" in report.skipped
+    assert report.lines_seen == len(_boot_lines("serve-startup.log"))
+    phases = [e.phase.value for e in events if e.kind == "phase"]
+    assert phases[0] == "STARTING" and phases[-1] == "READY"
+    assert sum(1 for e in events if e.kind == "line") == report.lines_seen
+    json.dumps([e.to_dict() for e in events])  # events serialize
+    json.dumps(report.to_dict())
+
+
+async def test_probe_without_api_up_line(http: aiohttp.ClientSession) -> None:
+    """A log that stops early (no API_UP line) still ends in READY when the engine answers."""
+    stub = EngineStub(answer_after_s=0.3)
+    await stub.start()
+    try:
+        probe, _ = _probes(stub, http)
+        lines = _boot_lines("serve-startup.log")[:40]
+        report = await wait_for_boot(_feed(lines), probe=probe, deadline_s=10, probe_interval_s=0.1)
+    finally:
+        await stub.stop()
+    assert report.last_phase == "READY"
+    assert "API_UP" not in report.phase_times
+
+
+async def test_health_gates_the_completion_probe(http: aiohttp.ClientSession) -> None:
+    """While /health fails no completion is sent; the deadline then names the phase."""
+    stub = EngineStub(answer_after_s=None)
+    await stub.start()
+    try:
+        probe, health = _probes(stub, http)
+        with pytest.raises(BootTimeout) as info:
+            await wait_for_boot(
+                _feed(_boot_lines("serve-startup.log")[:47]),
+                probe=probe,
+                health=health,
+                deadline_s=0.8,
+                probe_interval_s=0.1,
+            )
+    finally:
+        await stub.stop()
+    assert stub.health_calls >= 2
+    assert stub.completions == 0
+    assert info.value.phase == "WEIGHTS_DONE"
+    assert "last phase WEIGHTS_DONE" in info.value.message
+    assert info.value.lines and info.value.lines[-1] == _boot_lines("serve-startup.log")[46]
+
+
+async def test_fatal_line_raises_within_a_second(http: aiohttp.ClientSession) -> None:
+    """The refused backend fails the wait within 1 s of the error line, with the cause shown."""
+    stub = EngineStub(answer_after_s=None)
+    await stub.start()
+    marks: dict[str, float] = {}
+    events: list[BootEvent] = []
+    try:
+        probe, _ = _probes(stub, http)
+        started = time.monotonic()
+        with pytest.raises(BootError) as info:
+            await wait_for_boot(
+                _feed(
+                    _log("serve-fail-moe-backend-triton.log"),
+                    delay=0.001,
+                    marks=marks,
+                    mark_when="WorkerProc failed to start",
+                ),
+                probe=probe,
+                deadline_s=30,
+                on_event=events.append,
+                probe_interval_s=0.2,
+            )
+        raised = time.monotonic()
+    finally:
+        await stub.stop()
+    err = info.value
+    assert not isinstance(err, BootTimeout)
+    assert raised - marks["fatal"] < 1.0
+    assert raised - started < 5
+    assert "Unquantized MoE backend TRITON does not support" in err.message
+    assert err.phase == "WEIGHTS_LOADING"
+    assert any("ValueError: Unquantized MoE backend TRITON" in line for line in err.lines)
+    assert len(err.lines) > 1
+    assert err.hint
+    assert err.to_dict()["lines"] == err.lines
+    assert events[-1].kind == "fatal"
+
+
+async def test_fatal_line_without_source_end_uses_grace() -> None:
+    """A fatal line on a source that stays open still raises after the short grace."""
+    lines = [
+        "(EngineCore_DP0 pid=903) INFO 09-04 11:10:41 [kv_cache_utils.py:1291] GPU KV cache size: "
+        "2,596,374 tokens, Maximum concurrency for 131,072 tokens per request: 19.81x",
+        "[rank1]:[E904 11:20:01.123456789 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE) ran for 600008 ms",
+    ]
+
+    async def never() -> bool:
+        """The engine never answers."""
+        return False
+
+    started = time.monotonic()
+    with pytest.raises(BootError) as info:
+        await wait_for_boot(_feed(lines), probe=never, deadline_s=30, fatal_grace_s=0.3)
+    assert time.monotonic() - started < 1.5
+    assert "NCCL" in info.value.message
+    assert info.value.phase == "KV_CACHE"
+    assert "Watchdog caught collective operation timeout" in info.value.lines[-1]
+
+
+async def test_source_end_is_an_exit() -> None:
+    """The log source ending before READY means the engine exited: fail at once."""
+
+    async def never() -> bool:
+        """The engine never answers."""
+        return False
+
+    lines = [*_boot_lines("serve-startup.log")[:50], exit_line(137)]
+    with pytest.raises(BootError) as info:
+        await wait_for_boot(_feed(lines, then_hang=False), probe=never, deadline_s=30)
+    assert "exited" in info.value.message
+    with pytest.raises(BootError) as info2:
+        await wait_for_boot(_feed(lines[:50], then_hang=False), probe=never, deadline_s=30)
+    assert "log ended" in info2.value.message
+    assert info2.value.lines[-1] == lines[49]
+
+
+async def test_source_end_not_fatal_when_told() -> None:
+    """With source_end_fatal=False an ended log is waited past until the deadline."""
+
+    async def never() -> bool:
+        """The engine never answers."""
+        return False
+
+    with pytest.raises(BootTimeout):
+        await wait_for_boot(
+            _feed(["INFO:     Application startup complete."], then_hang=False),
+            probe=never,
+            deadline_s=0.5,
+            source_end_fatal=False,
+        )
+
+
+async def test_never_ready_times_out_at_deadline() -> None:
+    """A boot that never answers raises BootTimeout at the deadline with the last phase."""
+    calls = 0
+
+    async def refused() -> bool:
+        """Connection refused, as before the API is up."""
+        nonlocal calls
+        calls += 1
+        raise aiohttp.ClientConnectionError("Cannot connect to host 127.0.0.1:9")
+
+    lines = _boot_lines("serve-startup.log")[:55]
+    started = time.monotonic()
+    with pytest.raises(BootTimeout) as info:
+        await wait_for_boot(_feed(lines), probe=refused, deadline_s=0.8, probe_interval_s=0.1)
+    took = time.monotonic() - started
+    assert 0.8 <= took < 2.0
+    assert calls >= 2
+    err = info.value
+    assert err.phase == "KV_CACHE"
+    assert "Cannot connect" in err.message
+    assert err.lines[-1] == lines[-1]
+
+
+async def test_missing_worker_past_stall_names_node() -> None:
+    """A worker missing past the stall limit fails the boot, naming the node."""
+    pg = (
+        "(APIServer pid=1) INFO 09-04 10:58:40 [ray_utils.py:334] Waiting for creating a "
+        "placement group of specs for 10 seconds. specs=[{'node:10.10.0.1': 0.001, 'GPU': 1.0}, "
+        "{'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}]. Check `ray status` and `ray list nodes`."
+    )
+
+    async def never() -> bool:
+        """The engine never answers."""
+        return False
+
+    async def missing() -> list[str]:
+        """node3 never joined Ray."""
+        return ["node3"]
+
+    started = time.monotonic()
+    with pytest.raises(BootError) as info:
+        await wait_for_boot(
+            _feed([pg]),
+            probe=never,
+            deadline_s=30,
+            missing_workers=missing,
+            worker_stall_s=0.5,
+            worker_poll_s=0.1,
+        )
+    assert time.monotonic() - started < 2.0
+    assert not isinstance(info.value, BootTimeout)
+    assert "node3" in info.value.message
+    assert info.value.lines == [pg]
+
+
+async def test_placement_group_stall_without_names() -> None:
+    """Without a way to name the node, a placement group waiting past the limit still fails."""
+    pg = (
+        "(APIServer pid=1) INFO 09-04 11:03:40 [ray_utils.py:334] Waiting for creating a "
+        "placement group of specs for 330 seconds. specs=[{'GPU': 1.0}, {'GPU': 1.0}]. Check."
+    )
+
+    async def never() -> bool:
+        """The engine never answers."""
+        return False
+
+    with pytest.raises(BootError) as info:
+        await wait_for_boot(_feed([pg]), probe=never, deadline_s=30, worker_stall_s=300)
+    assert "placement group still waiting after 330 s" in info.value.message
+    assert info.value.phase == "RAY_WORKERS"
+
+
+async def test_workers_that_rejoin_reset_the_stall() -> None:
+    """A worker missing briefly (then back) does not fail the boot."""
+    seen = 0
+
+    async def flaky() -> list[str]:
+        """Missing on the first poll only."""
+        nonlocal seen
+        seen += 1
+        return ["node2"] if seen == 1 else []
+
+    async def later() -> bool:
+        """Answers after a few polls."""
+        return seen >= 5
+
+    report = await wait_for_boot(
+        _feed([]),
+        probe=later,
+        deadline_s=10,
+        missing_workers=flaky,
+        worker_stall_s=0.3,
+        worker_poll_s=0.1,
+        probe_interval_s=0.1,
+    )
+    assert report.last_phase == "READY"
+
+
+async def test_bad_deadline() -> None:
+    """A non-positive deadline is a caller error."""
+
+    async def never() -> bool:
+        """Never."""
+        return False
+
+    with pytest.raises(ValueError, match="deadline_s"):
+        await wait_for_boot(_feed([]), probe=never, deadline_s=0)
+
+
+# ---- ETA state ---------------------------------------------------------------------------------
+
+
+def test_history_records_and_estimates(tmp_path: Path) -> None:
+    """Earlier boots give median phase durations; the file keeps the last N per cluster."""
+    path = tmp_path / "state" / "boots.json"
+    history = BootHistory(path, keep=3)
+    for weights in (500.0, 560.0, 540.0, 900.0):
+        history.record(
+            "spark4",
+            {
+                "started_at": 1_790_000_000.0,
+                "total_s": weights + 100,
+                "durations": {"STARTING": 30.0, "WEIGHTS_LOADING": weights, "API_UP": 2.0},
+                "kv_cache_tokens": 2_596_374,
+            },
+        )
+    assert len(history.records("spark4")) == 3
+    est = estimate("spark4", path=path)
+    assert est == {"STARTING": 30.0, "WEIGHTS_LOADING": 560.0, "API_UP": 2.0}
+    assert list(est) == ["STARTING", "WEIGHTS_LOADING", "API_UP"]
+    assert estimate("other", path=path) == {}
+    assert history.previous("spark4")["kv_cache_tokens"] == 2_596_374  # type: ignore[index]
+    data = json.loads(path.read_text())
+    assert data["version"] == 1
+    assert not list(path.parent.glob(".boots-*"))  # no temp file left behind
+
+
+async def test_record_a_real_report(tmp_path: Path) -> None:
+    """A BootReport from wait_for_boot can be recorded as is."""
+
+    async def ok() -> bool:
+        """Ready at once."""
+        return True
+
+    report = await wait_for_boot(
+        _feed(_boot_lines("serve-startup.log")[:5]), probe=ok, deadline_s=5
+    )
+    record("c1", report, path=tmp_path / "b.json")
+    assert set(estimate("c1", path=tmp_path / "b.json")) <= {p.value for p in Phase}
+
+
+def test_history_unreadable_is_empty(tmp_path: Path) -> None:
+    """A corrupt state file is only a lost cache: estimates are empty and recording repairs it."""
+    path = tmp_path / "boots.json"
+    path.write_text("{not json")
+    history = BootHistory(path)
+    assert history.estimate("x") == {}
+    history.record("x", {"durations": {"STARTING": 1.0}, "total_s": 1.0})
+    assert history.estimate("x") == {"STARTING": 1.0}
+
+
+def test_eta_seconds() -> None:
+    """ETA = rest of the current phase plus the expected later phases."""
+    est = {"STARTING": 30.0, "WEIGHTS_LOADING": 500.0, "KV_CACHE": 60.0, "API_UP": 5.0}
+    assert eta_seconds(est, Phase.WEIGHTS_LOADING, 100.0) == 400.0 + 60.0 + 5.0
+    assert eta_seconds(est, "WEIGHTS_LOADING", 900.0) == 65.0  # overdue: not negative
+    assert eta_seconds(est, Phase.KV_CACHE, 0.0, remaining=[Phase.KV_CACHE, Phase.READY]) == 60.0
+    assert eta_seconds({}, Phase.STARTING, 0.0) is None
+    assert eta_seconds(est, Phase.READY, 0.0) == 0.0
