@@ -1,0 +1,154 @@
+"""The audit log on the head, through real SSH: append under flock, head clock, concurrent operators, CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spark_ops import audit
+from spark_ops.inventory import Cluster, load_inventory
+from spark_ops.remote import ClusterSession
+
+FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
+sys.path.insert(0, str(FIXTURES))
+from minicluster import MiniCluster  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MiniCluster]:
+    """A 2-node embedded cluster (no engine needed), for the whole module."""
+    m = MiniCluster(tmp_path_factory.mktemp("audit") / "sim", nodes=2).start(engine=False)
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+def cluster_in(mini: MiniCluster, state: str) -> Cluster:
+    """The cluster with its own state_dir under the head's home (one audit file per test)."""
+    base = load_inventory(mini.inventory).cluster()
+    return dataclasses.replace(base, state_dir=f"~/.local/state/{state}")
+
+
+async def test_record_then_read(mini: MiniCluster) -> None:
+    """An entry comes back whole, with the head's time, who, nodes, a multi-line diff, outcome."""
+    cluster = cluster_in(mini, "one")
+    diff = "--- a\n+++ b\n@@ -1 +1 @@\n-  max_num_seqs: 6\n+  max_num_seqs: 64\n"
+    entry = audit.make_entry(
+        "apply", args={"max_num_seqs": 64}, nodes=["node1"], diff=diff, outcome="ok"
+    )
+    before = time.time()
+    async with ClusterSession(cluster) as session:
+        await session.connect([cluster.head.name])
+        await audit.record(session, entry)
+        got = await audit.read(session, 10)
+    after = time.time()
+    assert len(got) == 1
+    e = got[0]
+    assert before - 1 <= e["when"] <= after + 1, "when comes from the head's clock"
+    assert e["who"] == audit.who() and "@" in e["who"]
+    assert e["what"] == {"operation": "apply", "args": {"max_num_seqs": 64}}
+    assert e["nodes"] == ["node1"] and e["diff"] == diff and e["outcome"] == "ok"
+    path = mini.head / ".local" / "state" / "one" / "audit.jsonl"
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0]) == e, "one line per entry on the head"
+
+
+async def test_concurrent_operators_never_interleave(mini: MiniCluster) -> None:
+    """Four operators' sessions append 40 entries at once (large diffs): 40 whole JSON lines."""
+    cluster = cluster_in(mini, "many")
+    big = "+" + "x" * 20000 + "\n"  # larger than a pipe buffer: torn writes would show
+
+    async def operator(k: int) -> None:
+        """One operator's session recording ten entries concurrently."""
+        async with ClusterSession(cluster) as session:
+            await session.connect([cluster.head.name])
+            await asyncio.gather(
+                *(
+                    audit.record(session, audit.make_entry(f"op{k}-{i}", diff=big, outcome="ok"))
+                    for i in range(10)
+                )
+            )
+
+    await asyncio.gather(*(operator(k) for k in range(4)))
+    path = mini.head / ".local" / "state" / "many" / "audit.jsonl"
+    lines = path.read_text().splitlines()
+    assert len(lines) == 40
+    entries = [json.loads(line) for line in lines]
+    assert sorted(e["what"]["operation"] for e in entries) == sorted(
+        f"op{k}-{i}" for k in range(4) for i in range(10)
+    )
+    whens = [e["when"] for e in entries]
+    assert whens == sorted(whens), (
+        "the head's clock is read under the lock: file order = time order"
+    )
+
+
+async def test_limit_order_malformed_and_empty(mini: MiniCluster) -> None:
+    """read() returns the last N oldest first; a hand-edited bad line is reported, not dropped."""
+    cluster = cluster_in(mini, "limit")
+    async with ClusterSession(cluster) as session:
+        await session.connect([cluster.head.name])
+        assert await audit.read(session, 5) == []
+        for i in range(5):
+            await audit.record(session, audit.make_entry(f"op{i}", outcome="ok"))
+        path = mini.head / ".local" / "state" / "limit" / "audit.jsonl"
+        with path.open("a") as f:
+            f.write("not json {\n")
+        await audit.record(session, {"what": {"operation": "last"}})
+        got = await audit.read(session, 3)
+        with pytest.raises(ValueError, match="limit"):
+            await audit.read(session, 0)
+    assert [e.get("what", {}).get("operation") for e in got] == ["op4", None, "last"]
+    assert got[1] == {"malformed": "not json {"}
+    assert got[2]["who"] == audit.who(), "who is filled in when the caller left it out"
+
+
+def test_log_cli(mini: MiniCluster, tmp_path: Path) -> None:
+    """`spark-ops log` shows the entries for a person and as JSON."""
+    data = yaml.safe_load(mini.inventory.read_text())
+    data["clusters"]["sim"]["state_dir"] = "~/.local/state/cli"
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(data))
+    cluster = load_inventory(inv).cluster()
+
+    async def fill() -> None:
+        """Record two entries."""
+        async with ClusterSession(cluster) as session:
+            await session.connect([cluster.head.name])
+            await audit.record(
+                session,
+                audit.make_entry(
+                    "apply", args={"max_num_seqs": 64}, nodes=["node1"], diff="-a\n+b\n",
+                    outcome="ok",
+                ),
+            )  # fmt: skip
+            await audit.record(session, audit.make_entry("restart", outcome="boot failed"))
+
+    env = {**os.environ, "SPARK_OPS_INVENTORY": str(inv)}
+    cmd = [sys.executable, "-m", "spark_ops.cli.main", "log"]
+    empty = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 0 and "audit log is empty" in empty.stdout
+    asyncio.run(fill())
+    res = subprocess.run([*cmd, "--json"], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert [e["what"]["operation"] for e in got] == ["apply", "restart"]
+    res = subprocess.run(
+        [*cmd, "--limit", "1", "--diff"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    assert "restart" in res.stdout and "apply" not in res.stdout
+    assert "outcome: boot failed" in res.stdout
+    res = subprocess.run([*cmd, "--diff"], env=env, capture_output=True, text=True, timeout=60)
+    assert "apply max_num_seqs=64" in res.stdout and "    +b" in res.stdout
