@@ -1,4 +1,4 @@
-"""The audit log on the head through real SSH: flock append, head clock, concurrent operators, CLI."""
+"""The audit log on the head, real SSH: flock append, head clock, concurrent operators, CLI."""
 
 from __future__ import annotations
 
