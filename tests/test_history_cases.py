@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spark_ops.watchdog import history
 
@@ -164,3 +166,36 @@ def test_mode_preserved(tmp_path: Path) -> None:
     hist.chmod(0o600)
     rc, _, _ = run_script(["prune", "--history", "h", "--stamp", "1"], tmp_path)
     assert rc == 0 and (hist.stat().st_mode & 0o777) == 0o600
+
+
+LINE_PARTS = [
+    b'{"ts": 1764400000}',
+    b'{"ts": 1764400001.5, "reason": "x"}',
+    b'{"ts": true}',
+    b'{"ts": -1}',
+    b'{"reason": "no ts"}',
+    b'{"ts": 1}, {"ts": 2}',
+    b'{"ts": "1"}',
+    b"[1]",
+    b"1764400002",
+    b"",
+    b"   ",
+    b'{"ts": 3',
+    b'{"a": "}"}',
+    b"\xff{}",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(LINE_PARTS), max_size=12))
+def test_batch_json_matches_line_by_line(lines: list[bytes]) -> None:
+    """The one-call JSON fast path gives the same entries and malformed lines as line by line."""
+    data = b"\n".join(lines) + b"\n"
+    fast = history.parse_history(data, fmt="jsonl")
+    original = history._batch_json
+    try:
+        history._batch_json = lambda lines: None
+        slow = history.parse_history(data, fmt="jsonl")
+    finally:
+        history._batch_json = original
+    assert fast.to_dict() == slow.to_dict()

@@ -161,8 +161,13 @@ def _parse_json_line(raw: bytes) -> tuple[Stamp, dict[str, Any]] | None:
         return None
     try:
         record = json.loads(text)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
+    return _record_stamp(record)
+
+
+def _record_stamp(record: Any) -> tuple[Stamp, dict[str, Any]] | None:
+    """Return (stamp, record) when record is an object with a numeric ``ts``, else None."""
     if not isinstance(record, dict):
         return None
     ts = record.get("ts")
@@ -171,6 +176,28 @@ def _parse_json_line(raw: bytes) -> tuple[Stamp, dict[str, Any]] | None:
     if not math.isfinite(ts) or ts < 0:
         return None
     return _num(ts), record
+
+
+def _batch_json(lines: Sequence[bytes]) -> list[Any] | None:
+    """Decode all lines in one json.loads call (fast path); None when any line is not one object.
+
+    Each element is aligned with its line (None for blank lines). The caller falls back to
+    line-by-line parsing when this returns None, so malformed lines are still found one by one.
+    """
+    index = [i for i, raw in enumerate(lines) if raw.strip()]
+    parts = [lines[i].strip() for i in index]
+    if not all(p.startswith(b"{") and p.endswith(b"}") for p in parts):
+        return None
+    try:
+        decoded = json.loads(b"[" + b",".join(parts) + b"]")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if len(decoded) != len(parts) or not all(isinstance(d, dict) for d in decoded):
+        return None
+    out: list[Any] = [None] * len(lines)
+    for i, record in zip(index, decoded, strict=True):
+        out[i] = record
+    return out
 
 
 def _split_lines(data: bytes) -> list[bytes]:
@@ -209,6 +236,7 @@ def parse_history(
     lines = _split_lines(data)
     used = _detect(lines) if fmt == "auto" else fmt
     hist = History(path=path, format=used, exists=exists, lines=lines)
+    records = _batch_json(lines) if used == "jsonl" else None
     for i, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue  # blank lines are kept as they are, and are not an error
@@ -218,7 +246,7 @@ def parse_history(
                 hist.entries.append(Entry(i, stamp))
                 continue
         else:
-            parsed = _parse_json_line(raw)
+            parsed = _record_stamp(records[i - 1]) if records else _parse_json_line(raw)
             if parsed is not None:
                 hist.entries.append(Entry(i, parsed[0], parsed[1]))
                 continue
@@ -404,13 +432,20 @@ def list_backups(path: str) -> list[str]:
 
 
 def _write_backup(path: str, data: bytes, keep: int) -> str:
-    """Write a timestamped copy of data beside path and keep only the last ``keep`` backups."""
+    """Keep the old content as a timestamped backup beside path; keep only the last ``keep``.
+
+    The old file is hard-linked (it is about to be replaced by a rename, so its inode is the
+    backup, with no copy); where links are not possible its bytes are written atomically.
+    """
     base = path + ".bak." + _utc_tag(time.time())
     target, n = base, 0
     while os.path.exists(target):
         n += 1
         target = f"{base}-{n}"
-    atomic_write(target, data)
+    try:
+        os.link(path, target)
+    except OSError:
+        atomic_write(target, data)
     backups = list_backups(path)
     for old in backups[: max(0, len(backups) - keep)]:
         with contextlib.suppress(OSError):
