@@ -158,7 +158,7 @@ def make_env(tmp_path: Path) -> Iterator[Callable[..., Env]]:
 @pytest.mark.slow
 def test_three_kills_two_restarts_then_gave_up(make_env: Callable[..., Env]) -> None:
     """Kill the engine three times: the loop restarts it twice, then stands down with gave-up."""
-    env = make_env(grace=2)
+    env = make_env(grace=6)
     env.start_engine()
     log = open(env.root / "daemon.log", "w")  # noqa: SIM115
     daemon = subprocess.Popen(
@@ -332,3 +332,12 @@ def test_usage_errors(make_env: Callable[..., Env], tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "probe.failures" in proc.stderr and str(bad) in proc.stderr
+
+
+def test_second_instance_refused(make_env: Callable[..., Env]) -> None:
+    """Only one run loop per state file: a second one exits 3 naming the lock."""
+    env = make_env()
+    lock = env.paths.state + ".lock"
+    with history.locked(lock):
+        _, out, err = env.run(check_rc=3)
+    assert out["error"] == "lock_timeout" and lock in out["message"] and lock in err

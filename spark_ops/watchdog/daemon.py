@@ -125,6 +125,11 @@ class Watchdog:
         self.loop_started = loop_started
         self.log = get_logger(component="watchdog", config=cfg.source)
         self.model_cache: dict[str, str] = {}
+        self.action_lock = self.paths.state + ".action.lock"
+        self.instance_lock = self.paths.state + ".lock"
+        for path in (self.paths.state, self.paths.history):
+            with contextlib.suppress(OSError):
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
 
     def budget(self, now: float | None = None) -> dict[str, Any]:
         """Return the history budget at now."""
@@ -174,6 +179,11 @@ class Watchdog:
 
     def restart(self, *, reason: str, by: str, forced: bool) -> dict[str, Any]:
         """Record a stamp and journal entry, then run the restart action."""
+        with history.locked(self.action_lock, self.cfg.action.timeout + 60):
+            return self._restart_locked(reason=reason, by=by, forced=forced)
+
+    def _restart_locked(self, *, reason: str, by: str, forced: bool) -> dict[str, Any]:
+        """Record and restart while holding the action lock (one restart at a time)."""
         stamp = int(time.time())
         history.append(
             self.paths.history,
@@ -434,7 +444,15 @@ async def _run_loop(cfg: WatchdogConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await Watchdog(cfg, loop_started=time.time()).run(stop)
+    dog = Watchdog(cfg, loop_started=time.time())
+    try:
+        with history.locked(dog.instance_lock, 0):
+            await dog.run(stop)
+    except history.LockTimeout:
+        raise history.LockTimeout(
+            f"another spark-watchdog runs with this state ({dog.instance_lock} is locked)",
+            lock=dog.instance_lock,
+        ) from None
 
 
 def main() -> None:
