@@ -494,9 +494,10 @@ class Discovery:
                 if await self.exists(f"{parent}/{name}"):
                     self.found(key, f"{parent}/{name}", "present beside the history")
             if "watchdog.pause_file" not in self.values:
-                self.missing(
+                self.warn(
                     "watchdog.pause_file",
-                    "optional: the file that pauses your watchdog, if it has one",
+                    "optional, not found beside the history: set watchdog.pause_file (and "
+                    "gave_up_file) if your watchdog has them, so doctor and budget report them",
                 )
         elif found:
             self.missing(
@@ -607,12 +608,16 @@ def _api_url(args: dict[str, Any]) -> str:
 async def _nodes_from_env(opts: InitOptions) -> tuple[list[NodeSpec], list[Finding], list[str]]:
     """Read the launch setup's .env on the head: nodes from CLUSTER_NODES, interfaces noted."""
     assert opts.from_env
-    host, sep, path = opts.from_env.partition(":")
-    if not sep or not host or not path:
+    m = re.match(r"^(\[[^\]]+\]|[^:\[\]]+)(?::(\d+))?:(.+)$", opts.from_env)
+    if not m:
         raise InventoryError(
-            f"--from-env {opts.from_env!r}: expected HOST:PATH, e.g. node1:~/spark-vllm-docker/.env"
+            f"--from-env {opts.from_env!r}: expected HOST[:PORT]:PATH, "
+            "e.g. node1:~/spark-vllm-docker/.env"
         )
-    head = parse_hosts(host, source="--from-env")[0]
+    host = m.group(1).strip("[]")
+    path = m.group(3)
+    spec = host if not m.group(2) else (f"[{host}]" if ":" in host else host) + f":{m.group(2)}"
+    head = parse_hosts(spec, source="--from-env")[0]
     cluster = _bare_cluster([head], opts)
     async with ClusterSession(cluster) as session:
         await session.connect()

@@ -1,0 +1,218 @@
+"""`spark-ops init` as a new user runs it: against running nodes, then doctor, then apply."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from spark_ops.discover import parse_env_file, parse_hosts
+from spark_ops.errors import ExitStatus, InventoryError
+from spark_ops.inventory import load_inventory
+
+FIXTURES = Path(__file__).parent / "fixtures"
+sys.path.insert(0, str(FIXTURES / "doctor"))
+from minicluster import MiniCluster  # noqa: E402
+
+HOST_CASES = yaml.safe_load((FIXTURES / "init" / "hosts_cases.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MiniCluster]:
+    """A 4-node embedded cluster with the engine serving, for the whole module."""
+    m = MiniCluster(tmp_path_factory.mktemp("init") / "sim", nodes=4).start()
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+def spark_ops(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess (no inventory from the environment unless given)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SPARK_OPS_")}
+    return subprocess.run(
+        [sys.executable, "-m", "spark_ops.cli.main", *args],
+        env={**base, **(env or {})}, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+
+
+def key_args(root: Path) -> list[str]:
+    """The SSH options a new user passes: their key and known_hosts file."""
+    keys = root / "keys"
+    return ["--identity", str(keys / "client_ed25519"), "--known-hosts", str(keys / "known_hosts")]
+
+
+def hosts_of(ports: dict[str, int]) -> str:
+    """--hosts for loopback nodes, head first."""
+    return ",".join(f"127.0.0.1:{p}" for p in ports.values())
+
+
+@pytest.mark.parametrize("case", HOST_CASES, ids=[c["spec"] for c in HOST_CASES])
+def test_parse_hosts(case: dict[str, Any]) -> None:
+    """Host lists give named nodes (first = head) or an error naming what is wrong."""
+    if "error" in case:
+        with pytest.raises(InventoryError, match=case["error"].replace("(", r"\(")):
+            parse_hosts(case["spec"])
+        return
+    got = [[n.name, n.host, n.port] for n in parse_hosts(case["spec"])]
+    assert got == case["nodes"]
+
+
+def test_parse_env_file() -> None:
+    """The launch .env: export, quotes, comments."""
+    env = parse_env_file((FIXTURES / "init" / "launch.env").read_text())
+    assert env == {
+        "CLUSTER_NODES": "@NODES@",
+        "ETH_IF": "enp1s0f0np0",
+        "IB_IF": "rocep1s0f0,roceP2p1s0f0",
+        "MODEL_DIR": "/models",
+    }
+
+
+def test_init_then_doctor_green(mini: MiniCluster, tmp_path: Path) -> None:
+    """init --hosts writes a complete inventory that loads; doctor is all green on it."""
+    out = tmp_path / "inventory" / "cluster.yaml"
+    res = spark_ops("init", "--hosts", hosts_of(mini.ports), *key_args(mini.root), "-o", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"Wrote {out}" in res.stdout and "Everything was found" in res.stdout
+    text = out.read_text()
+    assert text in res.stdout, "the written file is shown"
+    assert "TODO" not in text
+    cluster = load_inventory(out).cluster()
+    assert [n.name for n in cluster.nodes] == ["node1", "node2", "node3", "node4"]
+    assert [n.port for n in cluster.nodes] == list(mini.ports.values())
+    assert cluster.head.name == "node1" and cluster.tensor_parallel == 4
+    assert cluster.recipe.path == "~/recipes/glm-5.3-flash-sim.yaml"
+    assert cluster.recipe.nodes == ("node1",)
+    wd = cluster.watchdog
+    assert wd.restart_command.startswith("spark-watchdog --config ~/.config/spark-watchdog.yaml")
+    assert "--restart-now --force" in wd.restart_command and wd.reports_stamp
+    assert wd.history_file == "~/.local/state/spark-watchdog/restarts"
+    assert wd.pause_file == "~/.local/state/spark-watchdog/pause"
+    assert wd.gave_up_file == "~/.local/state/spark-watchdog/gave-up"
+    assert (wd.max_restarts, wd.window_s) == (2, 21600)
+    assert (cluster.engine.log_kind, cluster.engine.log_target) == ("file", "~/engine.log")
+    assert cluster.engine.api_url == f"http://127.0.0.1:{mini.engine_port}"
+
+    res = spark_ops("-i", str(out), "doctor")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Ready for apply" in res.stdout and "✗" not in res.stdout
+
+    again = spark_ops("init", "--hosts", hosts_of(mini.ports), *key_args(mini.root), "-o", str(out))
+    assert again.returncode == ExitStatus.INVENTORY
+    assert "already exists" in again.stderr and "--force" in again.stderr
+    assert out.read_text() == text
+    forced = spark_ops(
+        "init", "--hosts", hosts_of(mini.ports), *key_args(mini.root), "-o", str(out), "--force"
+    )
+    assert forced.returncode == 0, forced.stderr
+
+
+def test_init_leaves_todo_lines_for_what_it_cannot_find(mini: MiniCluster, tmp_path: Path) -> None:
+    """No watchdog config and no recipe in the usual places: TODO lines, reported, never guessed."""
+    config = mini.head / ".config" / "spark-watchdog.yaml"
+    moved = [
+        (config, config.with_name("elsewhere.yaml")),
+        (mini.recipe, mini.head / "glm-moved.yaml.txt"),
+    ]
+    for a, b in moved:
+        a.rename(b)
+    try:
+        out = tmp_path / "partial.yaml"
+        res = spark_ops(
+            "init", "--hosts", hosts_of(mini.ports), *key_args(mini.root), "-o", str(out), "--json"
+        )
+    finally:
+        for a, b in moved:
+            b.rename(a)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["complete"] is False
+    missing = {f["key"] for f in data["findings"] if f["status"] == "missing"}
+    assert missing == {"recipe.path", "watchdog.restart_command"}
+    text = out.read_text()
+    assert "# TODO(spark-ops init): recipe.path — no `vllm serve` recipe under" in text
+    assert "# TODO(spark-ops init): watchdog.restart_command — no ~/.config/spark-watchdog" in text
+    found = {f["key"]: f for f in data["findings"] if f["status"] == "found"}
+    assert found["watchdog.history_file"]["value"] == "~/.local/state/spark-watchdog/restarts"
+    with pytest.raises(InventoryError, match=r"recipe\.path: is required"):
+        load_inventory(out)
+
+
+def test_init_from_launch_env(mini: MiniCluster, tmp_path: Path) -> None:
+    """--from-env reads CLUSTER_NODES (head first), keeps ETH_IF / IB_IF as a comment."""
+    ports = list(mini.ports.values())
+    listed = ",".join(f"127.0.0.1:{p}" for p in reversed(ports))  # head not first in the file
+    env_file = mini.head / "spark-vllm-docker" / ".env"
+    env_file.parent.mkdir(exist_ok=True)
+    env_file.write_text((FIXTURES / "init" / "launch.env").read_text().replace("@NODES@", listed))
+    out = tmp_path / "from-env.yaml"
+    res = spark_ops(
+        "init", "--from-env", f"127.0.0.1:{ports[0]}:~/spark-vllm-docker/.env",
+        *key_args(mini.root), "-o", str(out), "--name", "lab",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    cluster = load_inventory(out).cluster("lab")
+    assert cluster.head.port == ports[0], "the host given to --from-env is the head"
+    assert sorted(n.port for n in cluster.nodes) == sorted(ports)
+    text = out.read_text()
+    assert (
+        "# network (from the launch .env): ETH_IF=enp1s0f0np0 IB_IF=rocep1s0f0,roceP2p1s0f0" in text
+    )
+    bad = spark_ops("init", "--from-env", "127.0.0.1", "-o", str(tmp_path / "other.yaml"))
+    assert bad.returncode == ExitStatus.INVENTORY and "HOST[:PORT]:PATH" in bad.stderr
+
+
+def test_init_reports_unknown_host_key(mini: MiniCluster, tmp_path: Path) -> None:
+    """A node whose key is not in known_hosts is written but reported, with how to add the key."""
+    known = (mini.root / "keys" / "known_hosts").read_text().splitlines()
+    port3 = mini.ports["node3"]
+    partial = tmp_path / "known_hosts"
+    partial.write_text("\n".join(ln for ln in known if f"]:{port3} " not in ln) + "\n")
+    out = tmp_path / "inv.yaml"
+    res = spark_ops(
+        "init", "--hosts", hosts_of(mini.ports), "--identity",
+        str(mini.root / "keys" / "client_ed25519"), "--known-hosts", str(partial),
+        "-o", str(out), "--json",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    warn = [f for f in data["findings"] if f["key"] == "nodes.node3"]
+    assert warn and warn[0]["status"] == "warn" and "host key" in warn[0]["detail"]
+    assert data["complete"] is True, "the head answered: everything else was found"
+    assert load_inventory(out).cluster().node("node3").port == port3
+
+
+@pytest.mark.slow
+def test_init_doctor_apply_on_the_embedded_cluster(tmp_path: Path) -> None:
+    """First contact on `spark-ops sim up`: init, doctor green, apply 64 with it unchanged."""
+    pytest.importorskip("spark_ops.watchdog.daemon", reason="the reference watchdog is needed")
+    from conftest import start_sim
+
+    from spark_ops.sim.control import down
+
+    sim = start_sim(tmp_path / "sim")
+    try:
+        out = tmp_path / "cluster.yaml"
+        res = spark_ops("init", "--hosts", hosts_of(sim.state["ports"]), *key_args(sim.root),
+                        "-o", str(out))  # fmt: skip
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "Everything was found" in res.stdout
+        written = out.read_text()
+        doc = spark_ops("-i", str(out), "doctor")
+        assert doc.returncode == 0, doc.stdout + doc.stderr
+        res = spark_ops("-i", str(out), "apply", "--max-num-seqs", "64", "--yes", "--json")
+        assert res.returncode == 0, res.stderr[-3000:]
+        outcome = json.loads(res.stdout)
+        assert outcome["ok"] is True and outcome["pruned"] == [outcome["stamp"]]
+        assert "max_num_seqs: 64 " in sim.recipe.read_text()
+        assert out.read_text() == written
+    finally:
+        down(sim.root)
