@@ -277,7 +277,7 @@ def summarize_run(
         engine_tok_s=engine_generated / wall_s
         if engine_generated is not None and wall_s > 0
         else None,
-        usage_reported=bool(ok) and all(r.usage_reported for r in ok),
+        usage_reported=all(r.usage_reported for r in ok),  # vacuously true if none completed
         errors=errors,
         client_cpu_s=client_cpu_s,
         samples=list(samples),

@@ -64,7 +64,12 @@ def _knob_value(text: str) -> Any:
 @click.option(
     "--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True
 )
-@click.option("--concurrency", default=DEFAULT_CONCURRENCY, show_default=True, help="Levels.")
+@click.option(
+    "--concurrency",
+    default=DEFAULT_CONCURRENCY,
+    show_default=True,
+    help="Concurrency levels, comma-separated.",
+)
 @click.option(
     "--output-tokens",
     type=click.IntRange(min=1),
@@ -77,9 +82,16 @@ def _knob_value(text: str) -> Any:
     type=click.Choice(["burst", "sustained", "poisson"]),
     default="burst",
     show_default=True,
-    help="burst: C requests at once; sustained: keep C in flight; poisson: arrivals at --rate.",
+    help="burst: C requests at once; sustained: keep C in flight for --duration; "
+    "poisson: seeded arrivals at --rate for --duration, at most C in flight.",
 )
-@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds per run.")
+@click.option(
+    "--duration",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds per run (sustained, poisson).",
+)
 @click.option("--rate", type=float, help="Poisson arrivals per second (mode poisson).")
 @click.option(
     "--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Runs per level."
