@@ -71,7 +71,9 @@ done
 
 # 4. The `vllm` shim: $VENV/shim/vllm, so that PATH=$VENV/shim:$PATH makes `vllm serve MODEL …` work.
 mkdir -p "$VENV/shim"
-install -m 0755 "$REPO/scripts/vllm-shim" "$VENV/shim/vllm"
-"$VENV/shim/vllm" --version >/dev/null
-log "shim $VENV/shim/vllm ok ($("$VENV/shim/vllm" --version 2>/dev/null | tail -1))"
+sed "s#/opt/spark-ops-vllm#$VENV#g" "$REPO/scripts/vllm-shim" >"$VENV/shim/vllm.tmp"
+chmod 0755 "$VENV/shim/vllm.tmp" && mv "$VENV/shim/vllm.tmp" "$VENV/shim/vllm"
+version="$("$VENV/shim/vllm" --version 2>/dev/null | tail -1)"
+[[ "$version" == "$VLLM_VERSION"* ]] || { log "shim $VENV/shim/vllm answers '$version'"; exit 1; }
+log "shim $VENV/shim/vllm ok ($version)"
 log "done in $((SECONDS - t_all)) s"

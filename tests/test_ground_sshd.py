@@ -12,7 +12,7 @@ from ground.sshd import SshdCluster, start_sshd_nodes, unavailable_reason
 
 pytestmark = pytest.mark.openssh
 
-CONNECT_TIMEOUT = 15
+CONNECT_TIMEOUT = 30
 
 
 async def _run(cluster: SshdCluster, name: str, command: str, **overrides: object) -> str:
@@ -30,14 +30,19 @@ async def test_each_node_has_its_own_user_and_home(openssh_cluster: SshdCluster)
     assert len({node.port for node in cluster}) == 4
     assert len({node.host_key_pub for node in cluster}) == 4
     for node in cluster:
+        tool = node.home / "bin" / "which-node"  # a per-node program, found through PATH
+        tool.write_text(f"#!/bin/sh\necho {node.name}\n")
+        tool.chmod(0o755)
         out = await _run(
             cluster,
             node.name,
-            'echo "$HOME"; id -un; cd && pwd; echo x > ~/mark; ls ~ | tr "\\n" " "',
+            'echo "$HOME"; id -un; cd && pwd; echo x > ~/mark; ls ~ | tr "\\n" " "; echo; '
+            "which-node",
         )
-        home, user, cwd, listing = out.splitlines()[:4]
+        home, user, cwd, listing, which = out.splitlines()[:5]
         assert (home, user, cwd) == (str(node.home), node.user, str(node.home))
         assert "mark" in listing
+        assert which == node.name
         assert (node.home / "mark").stat().st_uid == node.uid
     homes = {node.home for node in cluster}
     assert len(homes) == 4
