@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from spark_ops.watchdog.actions import (
+    group_members,
     pid_alive,
     read_pid,
     restart_engine,
@@ -134,6 +135,19 @@ def test_stop_kills_group_and_ignores_term(tmp_path: Path) -> None:
     assert step["result"] == "killed" and not pid_alive(stubborn)
     assert time.monotonic() - started >= 0.5
     assert stop_engine(pid_file, 1)["result"] == "not running"
+    # the leader dies, its workers live on: the next stop still ends them
+    leader = start_detached(
+        ["/bin/sh", "-c", "sleep 60 & sleep 60 & echo started; wait"],
+        env=None,
+        log_file=log,
+        pid_file=pid_file,
+    )
+    assert wait_until(lambda: b"started" in Path(log).read_bytes())
+    assert wait_until(lambda: len(group_members(leader)) >= 3)
+    os.kill(leader, 9)
+    assert wait_until(lambda: not pid_alive(leader)) and group_members(leader)
+    step = stop_engine(pid_file, 5)
+    assert step["result"] == "orphans terminated" and group_members(leader) == []
 
 
 def _pgid(pid: str) -> int | None:

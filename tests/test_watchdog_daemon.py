@@ -341,3 +341,68 @@ def test_second_instance_refused(make_env: Callable[..., Env]) -> None:
     with history.locked(lock):
         _, out, err = env.run(check_rc=3)
     assert out["error"] == "lock_timeout" and lock in out["message"] and lock in err
+
+
+@pytest.mark.slow
+def test_recipe_action_with_sim_engine(tmp_path: Path) -> None:
+    """spark-watchdog with the recipe action runs the simulated vLLM engine and restarts it."""
+    port = free_port()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "name: sim\nmodel: tiny-model\nenv:\n  SPARK_TEST_MARK: '1'\n"
+        f"defaults:\n  port: {port}\n  host: 127.0.0.1\n"
+        f"command: |\n  {sys.executable} -m spark_ops.sim.engine serve tiny-model \\\n"
+        "      --host {host} --port {port} --max-num-seqs 8\n"
+    )
+    config = tmp_path / "watchdog.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "engine": {"base_url": f"http://127.0.0.1:{port}"},
+                "probe": {"interval": 0.3, "timeout": 5, "failures": 2, "grace": 0},
+                "paths": {"dir": str(tmp_path / "state")},
+                "action": {"kind": "recipe", "recipe": str(recipe), "stop_timeout": 10},
+            }
+        )
+    )
+    cfg = load_config(config)
+
+    def run(*args: str) -> dict[str, Any]:
+        """Run spark-watchdog and parse its JSON."""
+        proc = subprocess.run(
+            [sys.executable, "-m", "spark_ops.watchdog.daemon", "--config", str(config), *args],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return dict(json.loads(proc.stdout))
+
+    def completes() -> bool:
+        """Tell whether the engine serves a completion."""
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=json.dumps({"model": "tiny-model", "prompt": "hi", "max_tokens": 5}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    try:
+        out = run("--restart-now", "--force", "--reason", "first start", "--by", "spark-ops:test")
+        assert out["ok"] and out["engine_pid"] == read_pid(cfg.paths.pid)
+        wait_for(completes, 90, "the sim engine to serve")
+        first = out["engine_pid"]
+        os.kill(first, signal.SIGKILL)
+        decisions = [run("--once")["decision"] for _ in range(2)]
+        assert decisions == ["failing", "restarted"]
+        wait_for(completes, 90, "the restarted sim engine to serve")
+        st = run("--status", "--json")
+        assert st["used"] == 2 and st["engine"]["alive"] and st["engine"]["pid"] != first
+        assert [s["by"] for s in st["stamps"]] == ["spark-ops:test", "watchdog"]
+        assert "Application startup complete" in Path(cfg.paths.engine_log).read_text()
+    finally:
+        pid = read_pid(cfg.paths.pid)
+        if pid and pid_alive(pid):
+            os.killpg(pid, signal.SIGKILL)

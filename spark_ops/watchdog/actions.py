@@ -90,6 +90,9 @@ def stop_engine(pid_file: str, stop_timeout: float) -> dict[str, Any]:
     """Stop the engine in the pid file: SIGTERM its process group, wait, then SIGKILL."""
     step: dict[str, Any] = {"step": "stop", "pid_file": pid_file, "pid": read_pid(pid_file)}
     pid = step["pid"]
+    if pid is not None and not pid_alive(pid) and pid != os.getpgrp() and group_members(pid):
+        # the leader died but its group (workers it started) lives on: stop the orphans
+        return _stop_group(pid, pid, stop_timeout, step, orphans=True)
     if not pid_alive(pid):
         step["result"] = "not running"
         return step
@@ -99,6 +102,13 @@ def stop_engine(pid_file: str, stop_timeout: float) -> dict[str, Any]:
     except ProcessLookupError:
         step["result"] = "not running"
         return step
+    return _stop_group(pid, pgid, stop_timeout, step, orphans=False)
+
+
+def _stop_group(
+    pid: int, pgid: int, stop_timeout: float, step: dict[str, Any], *, orphans: bool
+) -> dict[str, Any]:
+    """SIGTERM the group (or only pid when it shares our group), wait, SIGKILL; fill step."""
     own_group = pgid == os.getpgrp()
 
     def send(sig: signal.Signals) -> None:
@@ -125,8 +135,10 @@ def stop_engine(pid_file: str, stop_timeout: float) -> dict[str, Any]:
         step["result"] = "killed" if not alive() else "still running after SIGKILL"
     else:
         step["result"] = "terminated"
-    if step["result"].startswith("still"):
-        raise ActionError(f"engine pid {pid} from {pid_file} survived SIGKILL")
+    if orphans:
+        step["result"] = "orphans " + step["result"]
+    if step["result"].endswith("still running after SIGKILL"):
+        raise ActionError(f"engine pid {pid} from {step['pid_file']} survived SIGKILL")
     return step
 
 
