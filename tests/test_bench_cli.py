@@ -93,8 +93,28 @@ def test_sweep_then_compare(live_server: tuple[Any, str], tmp_path: Path) -> Non
     assert (tmp_path / "a.png").stat().st_size > 1000
     assert engine.requests == 5
 
-    res = runner.invoke(cli, [*args, "--mode", "sustained", "--duration", "0.3", "--json", str(b)])
+    prompts = tmp_path / "p.yaml"
+    prompts.write_text(
+        "template: 'Write {title} in {language}. {detail}'\nlanguages: [Go, Zig]\n"
+        "tasks: [{id: t, title: a queue, detail: Be brief.}]\n"
+    )
+    res = runner.invoke(
+        cli,
+        [
+            *args,
+            "--mode",
+            "sustained",
+            "--duration",
+            "0.3",
+            "--json",
+            str(b),
+            "--prompts",
+            str(prompts),
+        ],
+    )
     assert res.exit_code == 0, res.output
+    sent = {m["content"] for body in engine.bodies[5:] for m in body["messages"]}
+    assert sent == {"Write a queue in Go. Be brief.", "Write a queue in Zig. Be brief."}
     res = runner.invoke(cli, ["compare", str(a), str(b), "--json", str(tmp_path / "c.json")])
     assert res.exit_code == 0, res.output
     assert "aggregate tok/s" in res.output and "×" in res.output

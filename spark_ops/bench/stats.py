@@ -301,6 +301,7 @@ class LevelResult:
     Counts (completed, failed, total_*_tokens, errors) are summed over the repeats; duration and the
     throughputs are means over the repeats (with min/max/stdev); latency percentiles pool every
     request of every repeat. per_user_tok_s is output tokens / end-to-end latency, averaged.
+    samples holds [seconds since its run started, running, waiting] from every repeat.
     """
 
     max_concurrency: int

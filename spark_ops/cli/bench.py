@@ -118,6 +118,12 @@ def _knob_value(text: str) -> Any:
 @click.option("--seed", type=int, default=0, show_default=True, help="Poisson arrivals seed.")
 @click.option("--no-metrics", is_flag=True, help="Do not scrape /metrics.")
 @click.option(
+    "--prompts",
+    "prompts_path",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Prompt file (template, languages, tasks); default: the packaged 120 prompts.",
+)
+@click.option(
     "--json",
     "json_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -156,6 +162,7 @@ def cli(
     knobs: tuple[str, ...],
     seed: int,
     no_metrics: bool,
+    prompts_path: Path | None,
     json_path: Path | None,
     csv_path: Path | None,
     plot_path: Path | None,
@@ -189,6 +196,7 @@ def cli(
         seed=seed,
         knobs={k: _knob_value(v) for k, v in _parse_pairs(knobs, "--knob", "=").items()} or None,
         metrics=not no_metrics,
+        prompts_path=prompts_path,
     )
     config.validate()
     err = Console(stderr=True)
