@@ -11,10 +11,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from spark_ops.log import get_logger
 from spark_ops.readiness.phases import PHASE_ORDER, Phase
 
-log = get_logger(op="boot-eta")
+
+def _log() -> Any:
+    """The module logger (structlog is imported only when something is logged)."""
+    from spark_ops.log import get_logger
+
+    return get_logger(op="boot-eta")
+
 
 DEFAULT_STATE_PATH = Path("~/.local/state/spark-ops/boots.json")
 FORMAT_VERSION = 1
@@ -35,11 +40,11 @@ class BootHistory:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:
-            log.warning("boot_history_unreadable", path=str(self.path), error=str(exc))
+            _log().warning("boot_history_unreadable", path=str(self.path), error=str(exc))
             return {}
         clusters = raw.get("clusters") if isinstance(raw, dict) else None
         if not isinstance(clusters, dict):
-            log.warning("boot_history_unexpected_shape", path=str(self.path))
+            _log().warning("boot_history_unexpected_shape", path=str(self.path))
             return {}
         return {
             str(name): [r for r in recs if isinstance(r, dict)]

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops.errors import BootError, BootTimeout
-from spark_ops.log import get_logger
 from spark_ops.readiness.phases import (
     FATAL_HINTS,
     PHASE_ORDER,
@@ -22,7 +21,13 @@ from spark_ops.readiness.phases import (
     split_prefix,
 )
 
-log = get_logger(op="readiness")
+
+def _log() -> Any:
+    """The module logger (structlog is imported only when something is logged)."""
+    from spark_ops.log import get_logger
+
+    return get_logger(op="readiness")
+
 
 Probe = Callable[[], Awaitable[bool]]
 
@@ -313,7 +318,7 @@ async def _watch_workers(
             names = list(await _bounded(missing_workers(), max(interval, 10.0)))
         except Exception as exc:  # the caller's ray status query failed: unknown, not "missing"
             names = None
-            log.debug("missing_workers_failed", error=f"{type(exc).__name__}: {exc}")
+            _log().debug("missing_workers_failed", error=f"{type(exc).__name__}: {exc}")
         if names is not None:
             if names:
                 if boot.missing_since is None:
