@@ -218,10 +218,17 @@ def _ssh_settings(opts: InitOptions) -> SSHSettings:
     return SSHSettings(
         user=opts.user,
         port=opts.port or 22,
-        known_hosts=opts.known_hosts,
-        identity=tuple(opts.identity),
+        known_hosts=_local_path(opts.known_hosts) if opts.known_hosts else None,
+        identity=tuple(_local_path(i) for i in opts.identity),
         connect_timeout=opts.connect_timeout,
     )
+
+
+def _local_path(path: str) -> str:
+    """A local file path made absolute, so that the inventory works from any directory."""
+    import os
+
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def _tilde(path: str, home: str) -> str:
