@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +202,62 @@ def test_batch_json_matches_line_by_line(lines: list[bytes]) -> None:
     finally:
         history._batch_json = original
     assert fast.to_dict() == slow.to_dict()
+
+
+NODE_PYTHONS = sorted(
+    {"/usr/bin/python3", *glob.glob(os.path.expanduser("~/.pyenv/versions/3.[789].*/bin/python3"))}
+)
+
+
+@pytest.mark.parametrize("python", NODE_PYTHONS)
+def test_runs_on_node_pythons(python: str, tmp_path: Path) -> None:
+    """history.py runs from stdin on the Pythons a node may have (3.7+), with the same answers."""
+    if not os.access(python, os.X_OK):
+        pytest.skip(f"{python} not installed")
+    (tmp_path / "h").write_text('{"ts": 1764400000}\n{"ts": 1764410000}\nbroken\n')
+    for args, key, expected in [
+        (["budget", "--now", "1764410001"], "used", 2),
+        (["prune", "--stamp", "1764400000"], "kept", 1),
+        (["append", "--stamp", "1764420000"], "line", 3),
+        (["read"], "count", 2),
+    ]:
+        proc = subprocess.run(
+            [python, "-", args[0], "--history", "h", *args[1:]],
+            input=SOURCE, cwd=tmp_path, capture_output=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)[key] == expected
+    assert (tmp_path / "h").read_text() == (
+        '{"ts": 1764410000}\nbroken\n{"ts": 1764420000, "reason": "", "by": "", "forced": false}\n'
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (spark-ops runs history.py with sudo)")
+def test_root_keeps_files_usable_for_the_watchdog_user() -> None:
+    """Run as root (sudo), history.py leaves files owned by the watchdog's user, who can go on."""
+    nobody = 65534
+    base = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        state = base / "state"
+        state.mkdir()
+        os.chown(state, nobody, nobody)
+        hist = state / "h"
+        hist.write_text("1764400000\n1764410000\n")
+        os.chown(hist, nobody, nobody)
+        for args in (["prune", "--stamp", "1764400000"], ["append", "--stamp", "1764430000"]):
+            proc = subprocess.run(
+                [sys.executable, "-", args[0], "--history", str(hist), *args[1:]],
+                input=SOURCE, capture_output=True, timeout=60,
+            )  # fmt: skip
+            assert proc.returncode == 0, proc.stderr
+        for name in ("h", "h.lock", "h.journal.jsonl"):
+            assert (state / name).stat().st_uid == nobody, name
+        proc = subprocess.run(
+            ["/usr/bin/python3", "-", "append", "--history", str(hist), "--stamp", "1764440000"],
+            input=SOURCE, capture_output=True, timeout=60, user=nobody, group=nobody,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert hist.read_text() == "1764410000\n1764430000\n1764440000\n"
+    finally:
+        shutil.rmtree(base)

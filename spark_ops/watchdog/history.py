@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Union
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -41,7 +41,7 @@ DEFAULT_PLANNED_BY = "spark-ops"
 
 _STAMP_RE = re.compile(rb"^[ \t]*(\d{1,15})(\.\d{1,9})?[ \t\r]*$")
 
-Stamp = int | float
+Stamp = Union[int, float]  # noqa: UP007 - runtime alias, valid on the nodes' Python 3.8+
 
 
 class HistoryFailure(Exception):
@@ -171,7 +171,7 @@ def _record_stamp(record: Any) -> tuple[Stamp, dict[str, Any]] | None:
     if not isinstance(record, dict):
         return None
     ts = record.get("ts")
-    if isinstance(ts, bool) or not isinstance(ts, int | float):
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)):
         return None
     if not math.isfinite(ts) or ts < 0:
         return None
@@ -195,7 +195,7 @@ def _batch_json(lines: Sequence[bytes]) -> list[Any] | None:
     if len(decoded) != len(parts) or not all(isinstance(d, dict) for d in decoded):
         return None
     out: list[Any] = [None] * len(lines)
-    for i, record in zip(index, decoded, strict=True):
+    for i, record in zip(index, decoded):  # noqa: B905 - lengths checked above; 3.8-compatible
         out[i] = record
     return out
 
@@ -309,11 +309,42 @@ def _flock_wait(fd: int, timeout: float) -> bool:
         return False
 
 
+def _owner_for(path: str) -> tuple[int, int] | None:
+    """As root, the (uid, gid) a file at path should get: its current owner, else its directory's.
+
+    spark-ops runs this script with sudo while the watchdog may run as another user: files that
+    root creates or replaces must stay writable for that user. None when not root.
+    """
+    if os.geteuid() != 0:
+        return None
+    for candidate in (path, os.path.dirname(os.path.abspath(path))):
+        try:
+            st = os.stat(candidate)
+        except OSError:
+            continue
+        return st.st_uid, st.st_gid
+    return None
+
+
+def _open_owned(path: str, flags: int) -> int:
+    """Open (maybe creating) path; a file created by root gets its directory's owner."""
+    existed = os.path.exists(path)
+    owner = None if existed else _owner_for(path)
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+    if owner is not None:
+        with contextlib.suppress(OSError):
+            os.fchown(fd, *owner)
+    return fd
+
+
 @contextlib.contextmanager
 def locked(lock_path: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
     """Hold an exclusive flock on lock_path; raise LockTimeout naming it after timeout seconds."""
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = _open_owned(lock_path, os.O_RDWR | os.O_CREAT)
+        except PermissionError:
+            fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)  # flock works on read-only fds
     except OSError as exc:
         raise HistoryFailure(
             f"cannot open lock file {lock_path}: {exc.strerror}", lock=lock_path
@@ -372,6 +403,7 @@ def atomic_write(path: str, data: bytes, *, mode: int | None = None) -> None:
             mode = stat.S_IMODE(os.stat(path).st_mode)
         except FileNotFoundError:
             mode = 0o644
+    owner = _owner_for(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), dir=directory)
     except OSError as exc:
@@ -381,6 +413,9 @@ def atomic_write(path: str, data: bytes, *, mode: int | None = None) -> None:
             f.write(data)
             f.flush()
             os.fchmod(f.fileno(), mode)
+            if owner is not None:
+                with contextlib.suppress(OSError):
+                    os.fchown(f.fileno(), *owner)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
@@ -474,7 +509,7 @@ def _append_journal(journal: str, lines: Sequence[bytes]) -> None:
     if not lines:
         return
     try:
-        fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = _open_owned(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(fd, b"".join(lines))
             os.fsync(fd)
@@ -522,7 +557,7 @@ def planned_stamps(journal: str, planned_by: str = DEFAULT_PLANNED_BY) -> dict[S
     counts: dict[Stamp, int] = {}
     for rec in records:
         ts = rec.get("stamp")
-        if isinstance(ts, bool) or not isinstance(ts, int | float):
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)):
             continue
         ts = _num(ts)
         if _is_planned(rec, planned_by):
