@@ -595,3 +595,57 @@ def test_eta_seconds() -> None:
     assert eta_seconds(est, Phase.KV_CACHE, 0.0, remaining=[Phase.KV_CACHE, Phase.READY]) == 60.0
     assert eta_seconds({}, Phase.STARTING, 0.0) is None
     assert eta_seconds(est, Phase.READY, 0.0) == 0.0
+
+
+def _old_engine_shutdown() -> list[str]:
+    """The previous engine's output from its shutdown on (real, with an EngineDeadError)."""
+    lines = _log("serve-shutdown.log")
+    start = next(i for i, line in enumerate(lines) if "shutdown triggered" in line)
+    return lines[start:]
+
+
+def test_previous_engine_shutdown_is_not_this_boots_failure() -> None:
+    """A restart's log starts with the old engine's teardown errors: they do not fail the boot."""
+    old = _old_engine_shutdown()
+    assert any("EngineDeadError" in line for line in old)
+    tracker = BootTracker()
+    for line in old + _boot_lines("serve-startup-moe.log"):
+        tracker.feed(line)
+    assert tracker.best_fatal() is None
+    assert any("EngineDeadError" in line for line in tracker.ignored)
+    assert tracker.phase is Phase.API_UP
+    assert tracker.kv_cache_tokens == 524_288
+
+
+def test_failure_after_this_boot_started_still_counts() -> None:
+    """Once this boot has started, its own failure lines count even next to shutdown lines."""
+    tracker = BootTracker()
+    for line in _log("serve-fail-moe-backend-triton.log"):
+        tracker.feed(line)
+    assert tracker.old_engine is False
+    best = tracker.best_fatal()
+    assert best is not None and "TRITON" in best.line
+
+
+async def test_restart_log_with_old_engine_tail_reaches_ready() -> None:
+    """wait_for_boot on a restart's log (old teardown, then the new boot) ends in READY."""
+    fed = asyncio.Event()
+    lines = _old_engine_shutdown() + _boot_lines("serve-startup-moe.log")
+
+    async def source() -> AsyncIterator[str]:
+        """The whole restart log, then silence while the engine serves."""
+        async for line in _feed(lines, delay=0.0005, then_hang=False):
+            yield line
+        fed.set()
+        await asyncio.sleep(3600)
+
+    async def answers_once_booted() -> bool:
+        """The engine answers once its boot log is out."""
+        return fed.is_set()
+
+    report = await wait_for_boot(
+        source(), probe=answers_once_booted, deadline_s=20, probe_interval_s=0.1
+    )
+    assert report.kv_cache_tokens == 524_288
+    assert report.non_default_args["max_num_seqs"] == 64
+    assert report.warnings == []

@@ -108,6 +108,9 @@ _GRAPH_DONE_RE = re.compile(r"Graph capturing finished in (?P<secs>[\d.]+) secs?
 _INIT_ENGINE_RE = re.compile(
     r"init engine \(profile, create kv cache, warmup model\) took (?P<secs>[\d.]+)"
 )
+_SHUTDOWN_RE = re.compile(
+    r"\[shutdown\]|shutdown triggered|Shutting down|Waiting for application shutdown"
+)
 _SERVER_RE = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on (?P<url>https?://\S+)")
 
 # (phase, pattern) for lines that only mark a phase and carry no data of their own.
@@ -392,6 +395,9 @@ class BootTracker:
         self._traceback_level: str | bool | None = False  # False: not inside a traceback
         self._traceback_benign = False
         self._last_message = ""
+        # True while reading the previous engine's shutdown output, before this boot starts.
+        self.old_engine = False
+        self.ignored: list[str] = []  # fatal-looking lines of the previous engine's shutdown
 
     def feed(self, line: str) -> tuple[LineInfo, Phase | None, Fatal | None]:
         """Take one line; return its classification, the phase newly reached and a new fatal."""
@@ -424,6 +430,12 @@ class BootTracker:
         if "init_engine_s" in data:
             self.metrics["init_engine_s"] = data["init_engine_s"]
 
+        if _SHUTDOWN_RE.search(info.message):
+            if self.phase is Phase.STARTING and not self.non_default_args:
+                self.old_engine = True
+        elif info.phase is Phase.STARTING or "vllm_version" in data:
+            self.old_engine = False
+
         new_phase: Phase | None = None
         if info.phase is not None and info.phase.rank > self.phase.rank:
             self.phase = info.phase
@@ -442,6 +454,10 @@ class BootTracker:
                 fatal_kind = FatalKind.TRACEBACK
             self._traceback_level = False
         self._last_message = info.message
+
+        if fatal_kind is not None and self.old_engine:
+            self.ignored.append(line)
+            fatal_kind = None
 
         fatal: Fatal | None = None
         if fatal_kind is not None:
