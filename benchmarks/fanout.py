@@ -1,0 +1,276 @@
+"""How fast is `spark-ops exec` against the tools an operator would use instead?
+
+Starts real OpenSSH nodes on 127.0.0.1 (tests/ground/sshd.py: one sshd process, Unix user and
+HOME per node, so 32 nodes are 32 sshd processes), writes each tool's inventory, and times whole
+processes, from exec to exit, interleaved (a shuffled round-robin per round) so that the load of
+the machine hits all tools alike. Two operations:
+
+- `true` on every node;
+- an atomic one-line edit of ~/bench-recipe.yaml: `spark-ops exec --edit … --sub …` (read, stage
+  a synced temp file with a digest check, rename, keep a backup — remote.FileWrite) against
+  `sed -i` run by each peer.
+
+Peers: a minimal asyncssh script, parallel-ssh (ssh2-python), pssh (Debian's parallel-ssh
+2.3.4), pyinfra and Ansible (raw module); a peer that is not installed is skipped and marked so.
+Peers are looked for in $SPARK_OPS_PEERS_VENV (default /tmp/sparkops-peers) and on PATH.
+
+    python benchmarks/fanout.py [--sizes 4,32] [--repeats 5] [--ops true,edit]
+    python benchmarks/fanout.py --limits-only   # connect cap / MaxStartups / MaxSessions
+
+Targets: within 1.1x of the fastest peer at 4 nodes, the fastest of all at 32, >= 3x faster
+than Ansible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common as c
+
+SED = "sed -i 's/^max_num_seqs: .*/max_num_seqs: {v}/' " + c.RECIPE_NAME
+Case = Callable[[int], "tuple[list[str], dict[str, str] | None] | None"]
+
+
+def cases_for(t: c.Target, op: str) -> dict[str, Case]:
+    """The per-tool process builders for one operation ('true' or 'edit')."""
+    out: dict[str, Case] = {}
+    for idx, (name, build) in enumerate(c.PEERS.items()):
+
+        def case(rnd: int, name: str = name, build: c.Builder = build, idx: int = idx) -> Any:
+            """argv and env of one run; the edit writes a value unique to (round, tool)."""
+            value = 1000 + rnd * 10 + idx
+            env = c.ansible_env(t) if name.startswith("ansible") else None
+            if op == "true":
+                argv = build(t, ["true"])
+            elif name == "spark-ops":
+                argv = [
+                    *c.spark_ops_argv(), "-q", "-i", str(t.files["spark-ops"]), "exec",
+                    "--edit", "~/" + c.RECIPE_NAME,
+                    "--sub", "^max_num_seqs: .*", f"max_num_seqs: {value}",
+                ]  # fmt: skip
+            else:
+                argv = build(t, [SED.format(v=value)])
+            return None if argv is None else (argv, env)
+
+        out[name] = case
+    return out
+
+
+def check_edits(cluster: Any) -> str:
+    """Check every node's recipe still has exactly one max_num_seqs line (no torn edits)."""
+    bad = []
+    for node in cluster:
+        text = (node.home / c.RECIPE_NAME).read_text()
+        if (
+            len(re.findall(r"^max_num_seqs: \d+$", text, flags=re.M)) != 1
+            or len(text.splitlines()) != 3
+        ):
+            bad.append(node.name)
+    return "all recipes intact" if not bad else f"recipes damaged on {bad}"
+
+
+def run_fanout(sizes: list[int], repeats: int, ops: list[str], work: Path) -> dict[str, Any]:
+    """Time every tool on every size and operation; return {op: {size: {tool: Samples}}}."""
+    results: dict[str, Any] = {op: {} for op in ops}
+    for n in sizes:
+        t0 = time.monotonic()
+        cluster = c.start_nodes(n, work / f"nodes{n}")
+        print(f"# {n} sshd nodes up in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        try:
+            target = c.Target.from_cluster(cluster, work / f"tools{n}")
+            target.write_all()
+            for op in ops:
+                reps = repeats if n <= 8 else max(3, repeats - 2)
+                results[op][n] = c.interleaved(cases_for(target, op), reps)
+                print(f"#   {op} on {n}: done ({check_edits(cluster)})", file=sys.stderr)
+        finally:
+            cluster.close()
+    return results
+
+
+def fanout_tables(results: dict[str, Any], sizes: list[int]) -> str:
+    """One table per operation: medians, ratio to the fastest peer, failures."""
+    text = []
+    for op, by_size in results.items():
+        cols = ["tool"]
+        for n in sizes:
+            cols += [f"{n} nodes", f"x fastest peer ({n})"]
+        rows: list[list[str]] = []
+        fastest: dict[int, float] = {}
+        for n in sizes:
+            peers = [s.median for name, s in by_size[n].items() if name != "spark-ops" and s.median]
+            fastest[n] = min(peers) if peers else float("nan")
+        for name in c.PEERS:
+            row = [name]
+            for n in sizes:
+                s = by_size[n][name]
+                if s.skipped:
+                    row += [f"skipped ({s.skipped})", ""]
+                    continue
+                fail = f" ({s.failures} failed runs)" if s.failures else ""
+                row += [c.fmt_s(s.median) + fail, f"{(s.median or 0) / fastest[n]:.2f}"]
+            rows.append(row)
+        title = (
+            "run `true`" if op == "true" else "atomic one-line edit (spark-ops --edit vs sed -i)"
+        )
+        text.append(c.table(f"{title}: whole-process wall time, median", cols, rows))
+        for n in sizes:
+            s = by_size[n]["spark-ops"]
+            ans = by_size[n].get("ansible (raw)")
+            if s.median is None:
+                continue
+            verdict = [f"{n} nodes: spark-ops {s.median / fastest[n]:.2f}x the fastest peer"]
+            if ans is not None and ans.median:
+                verdict.append(f"Ansible/spark-ops = {ans.median / s.median:.1f}x")
+            if s.failures:
+                verdict.append(f"spark-ops last error: {s.last_error[-200:]!r}")
+            text.append("- " + "; ".join(verdict))
+        text.append("")
+        for n in sizes:
+            for name, s in by_size[n].items():
+                if s.failures:
+                    text.append(
+                        f"- {op}/{n}/{name}: {s.failures} failed, last: {s.last_error[-160:]!r}"
+                    )
+        text.append("")
+    return "\n".join(text)
+
+
+# ----------------------------------------------------------------------------- limits
+
+
+def one_sshd_many_ports(n: int, work: Path, *, defaults: bool) -> tuple[Any, c.Target]:
+    """One sshd process listening on n ports (the load a jump host or a shared sshd sees)."""
+    from ground.sshd import free_port
+
+    cluster = c.start_nodes(1, work)
+    node = cluster.nodes[0]
+    ports = [node.port] + [free_port() for _ in range(n - 1)]
+    lines = [
+        ln
+        for ln in node.config_path.read_text().splitlines()
+        if not (defaults and ln.startswith(("MaxStartups", "MaxSessions")))
+    ]
+    lines += [f"Port {p}" for p in ports[1:]]
+    node.config_path.write_text("\n".join(lines) + "\n")
+    cluster.stop(node.name, kill_sessions=False)
+    cluster.start(node.name)
+    kind, b64 = node.host_key_pub.split()[:2]
+    kh = work / "known_hosts_many"
+    kh.write_text("".join(f"[{node.host}]:{p} {kind} {b64}\n" for p in ports))
+    eps = [c.Endpoint(f"node{i + 1}", node.host, p, node.user) for i, p in enumerate(ports)]
+    target = c.Target(eps, cluster.client_key, kh, work / "tools")
+    target.write_all()
+    return cluster, target
+
+
+def fixed(argv: list[str]) -> Case:
+    """A case that runs the same argv every round."""
+
+    def case(rnd: int) -> tuple[list[str], dict[str, str] | None] | None:
+        """The fixed argv, default environment."""
+        return argv, None
+
+    return case
+
+
+def limits(work: Path, runs: int, n: int = 16) -> str:
+    """Failures of `spark-ops exec` on n endpoints of ONE sshd with default limits, per cap."""
+    out = []
+    cluster, target = one_sshd_many_ports(n, work / "limits", defaults=True)
+    try:
+        rows = []
+        caps = [n, 16, 10, 8, 4]
+        cases: dict[str, Case] = {}
+        for cap in caps:
+            inv = target.write_inventory(cap, f"inventory-cap{cap}.yaml")
+            argv = [*c.spark_ops_argv(), "-q", "-i", str(inv), "exec", "--json", "--", "true"]
+            cases[f"cap {cap}"] = fixed(argv)
+        minimal = c.build_minimal(target, ["true"])
+        assert minimal is not None
+        cases["asyncssh minimal (no cap)"] = fixed(minimal)
+        samples = c.interleaved(cases, runs, warmup=0)
+        for name, s in samples.items():
+            rows.append([name, f"{s.failures}/{len(s.times)}", c.fmt_s(s.median)])
+        out.append(
+            c.table(
+                f"{n} connections at once to ONE sshd with default MaxStartups 10:30:100 "
+                "(runs with >= 1 host failed)",
+                ["connect cap (ssh.max_concurrent_connects)", "failed runs", "median"],
+                rows,
+            )
+        )
+        out.append(channels(target, runs))
+    finally:
+        cluster.close()
+    return "\n".join(out)
+
+
+def channels(target: c.Target, runs: int) -> str:
+    """Commands at once on ONE connection against default MaxSessions 10: how many fail."""
+    from spark_ops.inventory import load_inventory
+    from spark_ops.remote import ClusterSession
+
+    cl = load_inventory(target.files["spark-ops"]).cluster()
+
+    async def attempt(k: int) -> int:
+        """Run k concurrent `sleep 0.3` on node1 over one connection; count failures."""
+        async with ClusterSession(cl) as s:
+            await s.connect(["node1"])
+            res = await asyncio.gather(
+                *(s.run("node1", "sleep 0.3", check=False, timeout=20) for _ in range(k)),
+                return_exceptions=True,
+            )
+        return sum(1 for r in res if isinstance(r, BaseException) or not r.ok)
+
+    rows = []
+    for k in (4, 10, 11, 16, 32):
+        fails = [asyncio.run(attempt(k)) for _ in range(runs)]
+        rows.append([k, f"{sum(fails)}/{k * runs}"])
+    return c.table(
+        "commands at once on ONE connection, sshd default MaxSessions 10",
+        ["concurrent channels", "failed commands"],
+        rows,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run, print the tables."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="4,32")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--ops", default="true,edit")
+    ap.add_argument("--limits-runs", type=int, default=5)
+    ap.add_argument("--limits-only", action="store_true")
+    ap.add_argument("--no-limits", action="store_true")
+    ap.add_argument("--workdir", type=Path)
+    args = ap.parse_args(argv)
+    sizes = [int(x) for x in args.sizes.split(",")]
+    ops = [o for o in args.ops.split(",") if o]
+    if os.geteuid() != 0:
+        print("needs root (tests/ground/sshd.py creates one Unix user per node)", file=sys.stderr)
+        return 2
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="spark-ops-bench-fanout-"))
+    print(f"# workdir {work}; load average {os.getloadavg()[0]:.1f}; cores {os.cpu_count()}")
+    if not args.limits_only:
+        results = run_fanout(sizes, args.repeats, ops, work)
+        print(fanout_tables(results, sizes))
+    if not args.no_limits:
+        print(limits(work, args.limits_runs))
+    print(f"# load average at the end {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,373 @@
+"""Fan-out: run one command, or one atomic one-line file edit, on all or some nodes of a cluster.
+
+Everything goes through `remote.ClusterSession` (one connection per node, opened concurrently
+under the inventory's `ssh.max_concurrent_connects`). Results come back per host as data; nothing
+is printed here.
+A node that cannot be reached is a per-host failure, not an exception: the other nodes still run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from spark_ops.errors import (
+    CommandTimeout,
+    ConnectError,
+    ExitStatus,
+    InventoryError,
+    RemoteError,
+    SparkOpsError,
+)
+
+if TYPE_CHECKING:
+    from spark_ops.inventory import Cluster
+    from spark_ops.remote import ClusterSession, Result
+
+# How a host's outcome is classified (HostResult.kind).
+OK = "ok"
+EXIT = "exit"  # the command ran and exited non-zero
+TIMEOUT = "timeout"
+UNREACHABLE = "unreachable"
+ERROR = "error"  # anything else (edit refused, staging failed …)
+UNCHANGED = "unchanged"  # edit mode: the line already reads as wanted
+
+_KIND_STATUS = {
+    UNREACHABLE: ExitStatus.UNREACHABLE,
+    TIMEOUT: ExitStatus.TIMEOUT,
+    EXIT: ExitStatus.REMOTE,
+    ERROR: ExitStatus.REMOTE,
+}
+
+
+class FanoutError(RemoteError):
+    """An edit was refused on a host (no or several matching lines, unreadable file)."""
+
+
+@dataclass
+class HostResult:
+    """What happened on one host."""
+
+    host: str
+    kind: str
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    seconds: float = 0.0
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when the host did what was asked."""
+        return self.kind in (OK, UNCHANGED)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json output."""
+        data: dict[str, Any] = {
+            "host": self.host,
+            "ok": self.ok,
+            "kind": self.kind,
+            "exit_code": self.exit_code,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "seconds": round(self.seconds, 4),
+        }
+        if self.error is not None:
+            data["error"] = self.error
+        data.update(self.extra)
+        return data
+
+
+@dataclass
+class FanoutReport:
+    """The per-host outcomes of one fan-out, in inventory order."""
+
+    cluster: str
+    command: str
+    hosts: list[HostResult]
+    seconds: float
+    mode: str = "exec"
+
+    @property
+    def ok(self) -> bool:
+        """True when every host succeeded."""
+        return all(h.ok for h in self.hosts)
+
+    @property
+    def failed(self) -> list[HostResult]:
+        """The hosts that did not succeed."""
+        return [h for h in self.hosts if not h.ok]
+
+    def result(self, host: str) -> HostResult:
+        """The outcome of one host."""
+        for h in self.hosts:
+            if h.host == host:
+                return h
+        raise KeyError(host)
+
+    def exit_status(self) -> ExitStatus:
+        """The process exit code: 0, else unreachable (4) > timeout (8) > remote failure (12)."""
+        kinds = {h.kind for h in self.failed}
+        for kind in (UNREACHABLE, TIMEOUT, EXIT, ERROR):
+            if kind in kinds:
+                return _KIND_STATUS[kind]
+        return ExitStatus.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json output."""
+        return {
+            "cluster": self.cluster,
+            "mode": self.mode,
+            "command": self.command,
+            "ok": self.ok,
+            "seconds": round(self.seconds, 4),
+            "failed": [h.host for h in self.failed],
+            "hosts": [h.to_dict() for h in self.hosts],
+        }
+
+
+def select_nodes(cluster: Cluster, names: Sequence[str] | None) -> list[str]:
+    """The node names to act on: all (inventory order) or the named ones, each checked to exist."""
+    if not names:
+        return [n.name for n in cluster.nodes]
+    known = [n.name for n in cluster.nodes]
+    chosen: list[str] = []
+    for name in names:
+        if name not in known:
+            raise InventoryError(
+                f"{cluster.source}: cluster {cluster.name!r} has no node {name!r}; "
+                f"nodes are {known}"
+            )
+        if name not in chosen:
+            chosen.append(name)
+    return chosen
+
+
+def build_command(argv: Sequence[str], *, shell: bool = False) -> str:
+    """The remote command line: each argument quoted, or one shell string as is (shell=True)."""
+    from spark_ops.remote import quote_args
+
+    if not argv:
+        raise InventoryError("no command given: put it after --, e.g. spark-ops exec -- uptime")
+    if shell:
+        if len(argv) != 1:
+            raise InventoryError(
+                f"--shell takes the command as one string, got {len(argv)} arguments"
+            )
+        return argv[0]
+    return quote_args(argv)
+
+
+def _from_error(host: str, exc: SparkOpsError, seconds: float = 0.0) -> HostResult:
+    """Turn a per-host error into a HostResult."""
+    if isinstance(exc, ConnectError):
+        kind = UNREACHABLE
+    elif isinstance(exc, CommandTimeout):
+        kind = TIMEOUT
+    else:
+        kind = ERROR
+    return HostResult(host, kind, seconds=seconds, error=exc.message)
+
+
+def _from_result(res: Result) -> HostResult:
+    """Turn a remote Result into a HostResult."""
+    kind = OK if res.exit_code == 0 else EXIT
+    return HostResult(res.host, kind, res.exit_code, res.stdout, res.stderr, res.seconds)
+
+
+async def _connect_one(session: ClusterSession, host: str, sem: asyncio.Semaphore) -> bool:
+    """Connect one host under the shared cap; False (error in session.errors) if it failed."""
+    if host not in session.connectors:
+        async with sem:
+            await session.connect([host], required=False)
+    return host in session.connectors
+
+
+def _cap(session: ClusterSession) -> asyncio.Semaphore:
+    """The connect cap of the inventory (ssh.max_concurrent_connects) as a semaphore."""
+    return asyncio.Semaphore(session.cluster.ssh.max_concurrent_connects)
+
+
+async def exec_on(
+    session: ClusterSession,
+    command: str,
+    hosts: Sequence[str],
+    *,
+    timeout: float | None = None,
+    input: str | None = None,
+) -> list[HostResult]:
+    """Run command on hosts; each host runs as soon as it is connected (pipelined)."""
+    hosts = list(hosts)
+    sem = _cap(session)
+
+    async def one(h: str) -> HostResult:
+        """Connect (under the cap) then run on one host."""
+        if not await _connect_one(session, h, sem):
+            return _from_error(h, session.errors[h])
+        try:
+            res = await session.run(h, command, timeout=timeout, check=False, input=input)
+        except SparkOpsError as exc:
+            return _from_error(h, exc)
+        return _from_result(res)
+
+    return list(await asyncio.gather(*(one(h) for h in hosts)))
+
+
+async def run_command(
+    cluster: Cluster,
+    argv: Sequence[str],
+    *,
+    nodes: Sequence[str] | None = None,
+    timeout: float | None = None,
+    shell: bool = False,
+    input: str | None = None,
+) -> FanoutReport:
+    """Run one command (argv, each argument quoted) on the chosen nodes and report per host."""
+    from spark_ops.remote import ClusterSession
+
+    hosts = select_nodes(cluster, nodes)
+    command = build_command(argv, shell=shell)
+    start = time.monotonic()
+    async with ClusterSession(cluster) as session:
+        results = await exec_on(session, command, hosts, timeout=timeout, input=input)
+    return FanoutReport(cluster.name, command, results, time.monotonic() - start)
+
+
+@dataclass(frozen=True)
+class LineEdit:
+    """A one-line edit: the one line matching regex `pattern` is rewritten by re.sub()."""
+
+    path: str
+    pattern: str
+    replacement: str
+
+    def compiled(self) -> re.Pattern[str]:
+        """The pattern, compiled (an invalid regex is an InventoryError naming it)."""
+        try:
+            return re.compile(self.pattern)
+        except re.error as exc:
+            raise InventoryError(
+                f"edit pattern {self.pattern!r} is not a valid regex: {exc}"
+            ) from exc
+
+    def apply(self, host: str, text: str) -> tuple[str, str, str]:
+        """Return (new text, old line, new line); exactly one line must match."""
+        rx = self.compiled()
+        lines = text.splitlines(keepends=True)
+        hits = [i for i, line in enumerate(lines) if rx.search(line.rstrip("\r\n"))]
+        if len(hits) != 1:
+            found = (
+                "no line"
+                if not hits
+                else f"{len(hits)} lines (" + ", ".join(str(i + 1) for i in hits[:5]) + ")"
+            )
+            raise FanoutError(
+                host,
+                f"{self.path}: {found} match {self.pattern!r}; a one-line edit needs exactly one",
+            )
+        i = hits[0]
+        body = lines[i].rstrip("\r\n")
+        ending = lines[i][len(body) :]
+        new_body = rx.sub(self.replacement, body, count=1)
+        if "\n" in new_body or "\r" in new_body:
+            raise FanoutError(host, f"{self.path}: the replacement would split line {i + 1}")
+        lines[i] = new_body + ending
+        return "".join(lines), body, new_body
+
+
+async def edit_on(
+    session: ClusterSession,
+    edit: LineEdit,
+    hosts: Sequence[str],
+    *,
+    keep_backups: int = 5,
+) -> list[HostResult]:
+    """Edit one line on hosts all-or-nothing: read and stage on each, then rename everywhere."""
+    from spark_ops.remote import FileWrite, WriteOutcome, sha256
+
+    hosts = list(hosts)
+    edit.compiled()
+    start = time.monotonic()
+    sem = _cap(session)
+    results: dict[str, HostResult] = {}
+    writes: dict[str, FileWrite] = {}
+    staged: dict[str, WriteOutcome] = {}
+
+    async def prepare(h: str) -> None:
+        """Connect, read, edit in memory and stage the new content on one host."""
+        if not await _connect_one(session, h, sem):
+            results[h] = _from_error(h, session.errors[h])
+            return
+        try:
+            text = await session.read_file(h, edit.path, sudo=True)
+            if text is None:
+                raise FanoutError(h, f"{edit.path} does not exist")
+            new, old_line, new_line = edit.apply(h, text)
+            info = {"path": edit.path, "old_line": old_line, "new_line": new_line, "backup": None}
+            if new == text:
+                results[h] = HostResult(h, UNCHANGED, extra=info)
+                return
+            results[h] = HostResult(h, OK, extra=info)
+            w = FileWrite(h, edit.path, new, expected_sha=sha256(text), keep_backups=keep_backups)
+            writes[h] = w
+            staged[h] = await session.stage(w)
+        except SparkOpsError as exc:
+            results[h] = _from_error(h, exc)
+
+    await asyncio.gather(*(prepare(h) for h in hosts))
+    if not writes or any(not r.ok for r in results.values()):
+        await asyncio.gather(
+            *(session.discard(h, out.staged) for h, out in staged.items() if out.staged)
+        )
+        return _finish(hosts, results, writes, start, written=False)
+    done = await session.gather(list(writes), lambda h: session.commit(writes[h], staged[h]))
+    for h, value in done.items():
+        if isinstance(value, SparkOpsError):
+            results[h] = _from_error(h, value)
+        else:
+            results[h].extra["backup"] = value.backup
+    return _finish(hosts, results, writes, start, written=True)
+
+
+def _finish(
+    hosts: list[str],
+    results: dict[str, HostResult],
+    writes: dict[str, Any],
+    start: float,
+    *,
+    written: bool,
+) -> list[HostResult]:
+    """Order results by host; mark hosts whose write was held back because another host failed."""
+    took = time.monotonic() - start
+    out: list[HostResult] = []
+    for h in hosts:
+        r = results[h]
+        r.seconds = took
+        if h in writes and not written and r.kind == OK:
+            r.kind = ERROR
+            r.error = "not written: the edit failed on another node (all or nothing)"
+        r.extra.setdefault("written", written and h in writes and r.ok)
+        out.append(r)
+    return out
+
+
+async def edit_line(
+    cluster: Cluster,
+    edit: LineEdit,
+    *,
+    nodes: Sequence[str] | None = None,
+) -> FanoutReport:
+    """Apply a one-line edit of edit.path on the chosen nodes, atomically and all-or-nothing."""
+    from spark_ops.remote import ClusterSession
+
+    hosts = select_nodes(cluster, nodes)
+    start = time.monotonic()
+    async with ClusterSession(cluster) as session:
+        results = await edit_on(session, edit, hosts, keep_backups=cluster.recipe.keep_backups)
+    label = f"edit {edit.path}: s/{edit.pattern}/{edit.replacement}/"
+    return FanoutReport(cluster.name, label, results, time.monotonic() - start, mode="edit")

@@ -1,0 +1,283 @@
+"""spark-ops exec / spark_ops.fanout: per-host results on OpenSSH nodes and embedded nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spark_ops import fanout
+from spark_ops.errors import ExitStatus, InventoryError
+from spark_ops.inventory import Cluster, parse_inventory
+
+RECIPE = "model: glm\nmax_num_seqs: 6\nkv_cache_memory: 40G\n"
+ECHO_ARGV = "import sys, json; sys.stdout.write(json.dumps(sys.argv[1:]))"
+
+
+def inventory_for(ground: Any, *, max_connects: int = 16) -> Cluster:
+    """A spark-ops cluster for an sshd ground cluster (node1 head)."""
+    nodes = "".join(
+        f"      {n.name}: {{host: {n.host}, port: {n.port}, user: {n.user}"
+        + (", role: head" if i == 0 else "")
+        + "}\n"
+        for i, n in enumerate(ground)
+    )
+    text = (
+        "clusters:\n  t:\n    ssh:\n"
+        f"      known_hosts: {ground.known_hosts}\n      identity: {ground.client_key}\n"
+        "      agent: false\n      config: /dev/null\n      connect_timeout: 10\n"
+        f"      max_concurrent_connects: {max_connects}\n"
+        "    nodes:\n" + nodes + "    recipe: {path: ~/recipe.yaml}\n"
+        "    watchdog: {restart_command: 'true', history_file: ~/restarts}\n"
+    )
+    return parse_inventory(text, "test-inventory.yaml").cluster()
+
+
+def put_recipe(ground: Any, text: str = RECIPE) -> None:
+    """Write ~/recipe.yaml on every ground node, owned by its user."""
+    for n in ground:
+        p = n.home / "recipe.yaml"
+        p.write_text(text)
+        os.chown(p, n.uid, n.gid)
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+def test_line_edit_exactly_one_line() -> None:
+    """A one-line edit rewrites the matching line only, keeping its line ending."""
+    e = fanout.LineEdit("r.yaml", r"^max_num_seqs: .*", "max_num_seqs: 64")
+    new, old, line = e.apply("h", "a: 1\r\nmax_num_seqs: 6\r\nb: 2")
+    assert new == "a: 1\r\nmax_num_seqs: 64\r\nb: 2"
+    assert (old, line) == ("max_num_seqs: 6", "max_num_seqs: 64")
+
+
+@pytest.mark.parametrize("text", ["a: 1\n", "max_num_seqs: 1\nmax_num_seqs: 2\n"])
+def test_line_edit_refuses_zero_or_many(text: str) -> None:
+    """No match or several matches: refused, naming the file and the pattern."""
+    with pytest.raises(fanout.FanoutError, match=r"r\.yaml"):
+        fanout.LineEdit("r.yaml", "^max_num_seqs", "x").apply("h", text)
+
+
+def test_line_edit_bad_regex_and_split() -> None:
+    """An invalid regex and a replacement that adds a newline are refused."""
+    with pytest.raises(InventoryError, match=r"not a valid regex"):
+        fanout.LineEdit("r", "(", "x").compiled()
+    with pytest.raises(fanout.FanoutError, match="split"):
+        fanout.LineEdit("r", "^a", "a\nb").apply("h", "a\n")
+
+
+def test_build_command_quotes_and_shell() -> None:
+    """Arguments are quoted one by one; --shell passes one string as is."""
+    assert fanout.build_command(["echo", "a b", "$(x)"]) == "echo 'a b' '$(x)'"
+    assert fanout.build_command(["ls | wc -l"], shell=True) == "ls | wc -l"
+    with pytest.raises(InventoryError):
+        fanout.build_command([])
+    with pytest.raises(InventoryError):
+        fanout.build_command(["a", "b"], shell=True)
+
+
+def test_report_exit_status_order() -> None:
+    """Unreachable wins over timeout, which wins over a failed command."""
+    rep = fanout.FanoutReport(
+        "c",
+        "x",
+        [
+            fanout.HostResult("a", fanout.EXIT, 3),
+            fanout.HostResult("b", fanout.TIMEOUT),
+            fanout.HostResult("c", fanout.OK, 0),
+        ],
+        0.1,
+    )
+    assert rep.exit_status() == ExitStatus.TIMEOUT
+    rep.hosts.append(fanout.HostResult("d", fanout.UNREACHABLE))
+    assert rep.exit_status() == ExitStatus.UNREACHABLE
+    assert rep.to_dict()["failed"] == ["a", "b", "d"]
+
+
+# ----------------------------------------------------------------------------- OpenSSH nodes
+
+
+@pytest.mark.openssh
+async def test_exec_per_host_and_one_failing(openssh_cluster: Any) -> None:
+    """Each host answers with its own output; one host's exit code is reported, others succeed."""
+    cluster = inventory_for(openssh_cluster)
+    bad = openssh_cluster["node2"].user
+    script = f'echo "$USER"; [ "$USER" != {bad} ] || {{ echo boom >&2; exit 3; }}'
+    rep = await fanout.run_command(cluster, ["sh", "-c", script])
+    assert [h.host for h in rep.hosts] == ["node1", "node2", "node3", "node4"]
+    for node in openssh_cluster:
+        assert rep.result(node.name).stdout.strip() == node.user
+    n2 = rep.result("node2")
+    assert (n2.kind, n2.exit_code, n2.stderr.strip()) == (fanout.EXIT, 3, "boom")
+    assert [h.host for h in rep.failed] == ["node2"]
+    assert rep.exit_status() == ExitStatus.REMOTE
+    assert json.loads(json.dumps(rep.to_dict()))["hosts"][1]["exit_code"] == 3
+
+
+@pytest.mark.openssh
+async def test_exec_selected_nodes_unreachable_and_timeout(openssh_cluster: Any) -> None:
+    """--nodes limits the hosts; a stopped node is unreachable; a slow command hits its timeout."""
+    cluster = inventory_for(openssh_cluster)
+    rep = await fanout.run_command(cluster, ["true"], nodes=["node3", "node1"])
+    assert [h.host for h in rep.hosts] == ["node3", "node1"] and rep.ok
+    with pytest.raises(InventoryError, match="node9"):
+        await fanout.run_command(cluster, ["true"], nodes=["node9"])
+    openssh_cluster.stop("node4")
+    script = '[ "$USER" = {u} ] && exec sleep 30; true'.format(u=openssh_cluster["node2"].user)
+    rep = await fanout.run_command(cluster, ["sh", "-c", script], timeout=1.0)
+    kinds = {h.host: h.kind for h in rep.hosts}
+    assert kinds == {
+        "node1": fanout.OK,
+        "node2": fanout.TIMEOUT,
+        "node3": fanout.OK,
+        "node4": fanout.UNREACHABLE,
+    }
+    assert "node4" in (rep.result("node4").error or "")
+    assert rep.exit_status() == ExitStatus.UNREACHABLE
+
+
+@pytest.mark.openssh
+def test_hostile_arguments_arrive_exactly(openssh_cluster: Any) -> None:
+    """Quotes, $(), backticks, newlines, ; and globs in arguments reach remote argv unchanged."""
+    from spark_ops.remote import ClusterSession
+
+    cluster = inventory_for(openssh_cluster)
+    loop = asyncio.new_event_loop()
+    session = ClusterSession(cluster)
+    loop.run_until_complete(session.connect(["node1"]))
+    hostile = st.sampled_from(
+        [
+            "'",
+            '"',
+            "$(touch /tmp/pwned)",
+            "`id`",
+            "\n",
+            ";",
+            "&&",
+            "|",
+            "*",
+            "~",
+            "$HOME",
+            "\\",
+            " ",
+            "-n",
+            "--",
+            "'\"'\"'",
+            "\t",
+            "#",
+            "!",
+            "{a,b}",
+            "> x",
+            "é☃",
+        ]
+    )
+    text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"))
+    argument = st.lists(st.one_of(hostile, text), max_size=4).map("".join)
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(argument, max_size=5))
+    def check(args: list[str]) -> None:
+        """The remote python sees exactly args."""
+        results = loop.run_until_complete(
+            fanout.exec_on(
+                session,
+                fanout.build_command(["python3", "-c", ECHO_ARGV, *args]),
+                ["node1"],
+                timeout=20,
+            )
+        )
+        assert results[0].ok, results[0]
+        assert json.loads(results[0].stdout) == args
+
+    try:
+        check()
+    finally:
+        loop.run_until_complete(session.close())
+        loop.close()
+    assert not Path("/tmp/pwned").exists()
+
+
+@pytest.mark.openssh
+async def test_edit_all_or_nothing(openssh_cluster: Any) -> None:
+    """The edit lands everywhere with backups; when one node cannot take it, no node is written."""
+    cluster = inventory_for(openssh_cluster)
+    put_recipe(openssh_cluster)
+    edit = fanout.LineEdit("~/recipe.yaml", r"^max_num_seqs: .*", "max_num_seqs: 64")
+    rep = await fanout.edit_line(cluster, edit)
+    assert rep.ok, rep.to_dict()
+    for n in openssh_cluster:
+        assert (n.home / "recipe.yaml").read_text() == RECIPE.replace(": 6", ": 64")
+        h = rep.result(n.name)
+        assert h.extra["written"] and h.extra["backup"].startswith(str(n.home))
+        assert Path(h.extra["backup"]).read_text() == RECIPE
+    again = await fanout.edit_line(cluster, edit)
+    assert again.ok and {h.kind for h in again.hosts} == {fanout.UNCHANGED}
+
+    broken = openssh_cluster["node3"].home / "recipe.yaml"
+    broken.write_text("model: glm\n")
+    edit2 = fanout.LineEdit("~/recipe.yaml", r"^max_num_seqs: .*", "max_num_seqs: 32")
+    rep2 = await fanout.edit_line(cluster, edit2)
+    assert not rep2.ok and rep2.exit_status() == ExitStatus.REMOTE
+    assert "no line" in (rep2.result("node3").error or "")
+    assert "another node" in (rep2.result("node1").error or "")
+    for n in openssh_cluster:
+        text = (n.home / "recipe.yaml").read_text()
+        assert "32" not in text
+        assert not [p for p in n.home.iterdir() if ".spark-ops." in p.name]  # staged files removed
+
+
+@pytest.mark.openssh
+def test_cli_exec_exit_code_and_json(openssh_cluster: Any, tmp_path: Path) -> None:
+    """`spark-ops exec --json` prints per-host data and exits 12 when a host's command failed."""
+    inv = tmp_path / "inv.yaml"
+    nodes = "".join(
+        f"      {n.name}: {{host: {n.host}, port: {n.port}, user: {n.user}"
+        + (", role: head" if i == 0 else "")
+        + "}\n"
+        for i, n in enumerate(openssh_cluster)
+    )
+    inv.write_text(
+        "clusters:\n  t:\n    ssh:\n"
+        f"      known_hosts: {openssh_cluster.known_hosts}\n"
+        f"      identity: {openssh_cluster.client_key}\n      agent: false\n"
+        "    nodes:\n" + nodes + "    recipe: {path: ~/recipe.yaml}\n"
+        "    watchdog: {restart_command: 'true', history_file: ~/restarts}\n"
+    )
+    script = '[ "$USER" != {u} ] || exit 5'.format(u=openssh_cluster["node4"].user)
+    argv = [sys.executable, "-m", "spark_ops.cli.main", "-q", "-i", str(inv), "exec", "--json",
+            "--", "sh", "-c", script]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == int(ExitStatus.REMOTE), proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["failed"] == ["node4"] and data["hosts"][3]["exit_code"] == 5
+    argv2 = [*argv[:7], "--nodes", "node1,node2", "--", "true"]
+    ok = subprocess.run(argv2, capture_output=True, text=True, timeout=120, check=False)
+    assert ok.returncode == 0, ok.stderr
+    assert "2/2 ok" in ok.stderr
+
+
+# ----------------------------------------------------------------------------- embedded cluster
+
+
+async def test_exec_on_embedded_nodes(sim: Any) -> None:
+    """The fan-out works on the embedded asyncssh nodes: one result per node, a failure kept."""
+    from spark_ops.inventory import load_inventory
+
+    cluster = load_inventory(sim.inventory).cluster()
+    rep = await fanout.run_command(
+        cluster, ["sh", "-c", 'printf "%s" "$1"; exit "$2"', "sh", "a b", "0"]
+    )
+    names = [n.name for n in cluster.nodes]
+    assert [h.host for h in rep.hosts] == names and rep.ok
+    assert {h.stdout for h in rep.hosts} == {"a b"}
+    rep2 = await fanout.run_command(cluster, ["sh", "-c", "exit 7"], nodes=[names[1]], timeout=10)
+    assert rep2.hosts[0].exit_code == 7 and rep2.exit_status() == ExitStatus.REMOTE
