@@ -25,9 +25,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "recipe": ("spark_ops.cli.recipe", "cli", "Edit or render a local recipe file."),
     "bench": ("spark_ops.cli.bench", "cli", "Throughput sweep over concurrency levels."),
     "sim": ("spark_ops.cli.sim", "cli", "The embedded simulated cluster (up, down, status)."),
-    "init": ("spark_ops.cli.init", "cli", "Write an inventory from the cluster you already run."),
-    "doctor": ("spark_ops.cli.doctor", "cli", "Check every precondition of apply, with fixes."),
-    "log": ("spark_ops.cli.log", "cli", "The audit log kept on the head: who did what, when."),
     "exec": ("spark_ops.cli.exec", "cli", "Run a command on every node (fan-out)."),
 }
 
