@@ -260,7 +260,7 @@ class Watchdog:
             decision = "failing"
             self.log.warning("probe_failed", error=result.error, consecutive=failures)
         if failures >= self.cfg.probe.failures:
-            decision = self._act(failures, result, state)
+            decision = await asyncio.to_thread(self._act, failures, result, state)
             if decision == "restarted":
                 failures = 0
         state["consecutive_failures"] = failures
