@@ -13,6 +13,8 @@ import aiohttp
 import pytest
 import yaml
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spark_ops.errors import BootError, BootTimeout
 from spark_ops.readiness import (
@@ -26,6 +28,7 @@ from spark_ops.readiness import (
     eta_seconds,
     exit_line,
     expected_phases,
+    parse_args_literal,
     record,
     wait_for_boot,
 )
@@ -649,3 +652,42 @@ async def test_restart_log_with_old_engine_tail_reaches_ready() -> None:
     assert report.kv_cache_tokens == 524_288
     assert report.non_default_args["max_num_seqs"] == 64
     assert report.warnings == []
+
+
+# ---- properties --------------------------------------------------------------------------------
+
+_literals = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+_keys = st.from_regex(r"[a-z][a-z_]{0,15}", fullmatch=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(_keys, _literals, max_size=6))
+def test_non_default_args_round_trip(args: dict[str, Any]) -> None:
+    """Any dict of literals printed by vLLM parses back to itself."""
+    line = f"(APIServer pid=1) INFO 09-04 10:58:02 [utils.py:253] non-default args: {args!r}"
+    assert classify_line(line).data["non_default_args"] == args
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(_keys, st.integers() | st.text(max_size=8), min_size=1, max_size=5))
+def test_non_default_args_with_an_object_repr(args: dict[str, Any]) -> None:
+    """A value that is not a literal keeps the other keys parsed and itself as text."""
+    body = repr(args)[:-1] + ", 'compilation_config': CompilationConfig(level=3, mode=[1, 2])}"
+    parsed = parse_args_literal(body)
+    assert parsed["compilation_config"] == "CompilationConfig(level=3, mode=[1, 2])"
+    for key, value in args.items():
+        assert parsed[key] == value
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_classify_never_raises(text: str) -> None:
+    """Arbitrary text classifies without an exception."""
+    classify_line(text)
+    BootTracker().feed(text)

@@ -220,7 +220,40 @@ def parse_args_literal(text: str) -> dict[str, Any]:
         value = None
     if isinstance(value, dict):
         return {str(k): v for k, v in value.items()}
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return _parse_args_loosely(text)
+    if isinstance(tree.body, ast.Dict):
+        loose = _loose_value(tree.body, text)
+        if isinstance(loose, dict):
+            return {str(k): v for k, v in loose.items()}
     return _parse_args_loosely(text)
+
+
+_SPECIAL_FLOATS = {"inf": float("inf"), "nan": float("nan")}
+
+
+def _loose_value(node: ast.AST, src: str) -> Any:
+    """Evaluate literal parts of an expression; other parts (object reprs) become their text."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Dict):
+        return {
+            _loose_value(k, src) if k is not None else "**": _loose_value(v, src)
+            for k, v in zip(node.keys, node.values, strict=True)
+        }
+    if isinstance(node, ast.List):
+        return [_loose_value(e, src) for e in node.elts]
+    if isinstance(node, ast.Tuple):
+        return tuple(_loose_value(e, src) for e in node.elts)
+    if isinstance(node, ast.Name) and node.id in _SPECIAL_FLOATS:
+        return _SPECIAL_FLOATS[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = _loose_value(node.operand, src)
+        if isinstance(inner, (int, float)) and not isinstance(inner, bool):
+            return -inner if isinstance(node.op, ast.USub) else inner
+    return ast.get_source_segment(src, node)
 
 
 def _split_top_level(body: str) -> list[str]:
