@@ -286,6 +286,12 @@ def test_status_json_shape(make_env: Callable[..., Env]) -> None:
     assert st["state"] == "ok" and st["used"] == 0 and st["allowed"] == 2
     assert st["stamps"] == [] and st["last_restart"] is None and st["gave_up"] is None
     assert st["engine"]["alive"] is False and st["next_free_at"] == pytest.approx(st["now"])
+    text = subprocess.run(
+        [sys.executable, "-m", "spark_ops.watchdog.daemon", "--config", str(env.config),
+         "--status"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert text.startswith("state: ok   restarts used: 0/2 in 3600 s") and "(now)" in text
 
 
 async def test_wedged_engine_fails_probe_though_health_is_200(

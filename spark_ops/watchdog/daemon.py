@@ -356,19 +356,42 @@ class Watchdog:
         }
 
 
+def _when(ts: float, now: float) -> str:
+    """Format a Unix time as UTC with its distance from now."""
+    text = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+    delta = ts - now
+    if abs(delta) < 1:
+        return f"{text} (now)"
+    return f"{text} ({'in ' if delta > 0 else ''}{abs(delta):.0f} s{' ago' if delta < 0 else ''})"
+
+
 def _render_status(st: dict[str, Any]) -> str:
     """Render the status as a few human lines."""
+    now = float(st["now"])
     lines = [
         f"state: {st['state']}   restarts used: {st['used']}/{st['allowed']} "
-        f"in {st['window']} s   next slot free at: {st['next_free_at']}",
+        f"in {st['window']} s   next slot free at: {_when(st['next_free_at'], now)}",
         f"engine pid: {st['engine']['pid']} "
         f"({'alive' if st['engine']['alive'] else 'not running'})",
     ]
     for s in st["stamps"]:
-        lines.append(f"  stamp {s['stamp']}: {s['reason'] or '?'} (by {s['by'] or '?'})")
+        lines.append(
+            f"  stamp {s['stamp']} {_when(s['stamp'], now)}: {s['reason'] or '?'}"
+            f" (by {s['by'] or '?'})"
+        )
     if st["gave_up"]:
         lines.append(f"gave up: {st['gave_up'].get('reason')} — remove the file to resume")
     return "\n".join(lines)
+
+
+def _user() -> str:
+    """Return the name of the user running this, or 'unknown'."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "unknown"
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -419,7 +442,7 @@ def cli(
             st = dog.status()
             click.echo(json.dumps(st) if as_json else _render_status(st))
         elif restart_now:
-            who = by or os.environ.get("SUDO_USER") or os.environ.get("USER") or "unknown"
+            who = by or os.environ.get("SUDO_USER") or _user()
             out = dog.restart_now(force=force, reason=reason or "restart-now", by=who)
             _emit(out)
             sys.exit(EXIT_OK if out["ok"] else EXIT_ACTION_FAILED)
