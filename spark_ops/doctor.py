@@ -113,24 +113,33 @@ if [ -d "$d" ] && [ -w "$d" ]; then echo "ok $d"; else echo "no $d"; fi
 """
 
 
-def _first_word(command: str) -> str | None:
-    """The program a shell command runs: skips VAR=value words, `sudo` (and options), `env`."""
+def _program(command: str) -> tuple[str | None, str | None]:
+    """(directory, program) a shell command runs: skips `cd DIR &&`, VAR=value, sudo, env."""
     try:
         words = shlex.split(command)
     except ValueError:
         words = command.split()
+    directory = None
     i = 0
     while i < len(words):
         w = words[i]
-        if "=" in w and not w.startswith(("/", "~", ".")) and w.split("=", 1)[0].isidentifier():
+        if w == "cd" and i + 2 < len(words) and words[i + 2] in ("&&", ";"):
+            directory = words[i + 1]
+            i += 3
+        elif "=" in w and not w.startswith(("/", "~", ".")) and w.split("=", 1)[0].isidentifier():
             i += 1
         elif w in ("sudo", "env", "exec", "nice", "nohup"):
             i += 1
             while i < len(words) and words[i].startswith("-"):
                 i += 1
         else:
-            return w
-    return None
+            return directory, w
+    return directory, None
+
+
+def _first_word(command: str) -> str | None:
+    """The program a shell command runs (see _program)."""
+    return _program(command)[1]
 
 
 def _parse_kv(text: str) -> dict[str, str]:
@@ -328,7 +337,7 @@ class Doctor:
         if not self.up(self.head):
             return
         wd = self.cluster.watchdog
-        prog = _first_word(wd.restart_command)
+        directory, prog = _program(wd.restart_command)
         if prog is None:
             self.report.add(
                 "watchdog-command",
@@ -339,10 +348,20 @@ class Doctor:
             )
         else:
             target = quote_path(prog) if prog.startswith("~") else shlex.quote(prog)
-            res = await self.session.run(self.head, f"command -v {target}", check=False)
+            probe = f"command -v {target}"
+            if directory:
+                where = (
+                    quote_path(directory) if directory.startswith("~") else shlex.quote(directory)
+                )
+                probe = f"cd {where} && {probe}"
+            res = await self.session.run(self.head, probe, check=False)
             if res.ok and res.stdout.strip():
                 self.report.add(
-                    "watchdog-command", self.head, "ok", f"{prog} found at {res.stdout.strip()}"
+                    "watchdog-command",
+                    self.head,
+                    "ok",
+                    f"{prog} found at {res.stdout.strip()}"
+                    + (f" (in {directory})" if directory else ""),
                 )
             else:
                 self.report.add(

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from spark_ops.doctor import Check, DoctorReport, _first_word, run_doctor
+from spark_ops.doctor import Check, DoctorReport, _program, run_doctor
 from spark_ops.errors import ExitStatus
 from spark_ops.inventory import Cluster, load_inventory
 
@@ -81,7 +81,10 @@ def apply_damage(
         path.write_text(text.replace(old, new))
         return lambda: path.unlink()
     if kind == "write":
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(damage["content"])
+        if "mode" in damage:
+            path.chmod(int(str(damage["mode"]), 0))
         return lambda: path.unlink()
     if kind == "append_stamp":
         before = path.read_text()
@@ -229,17 +232,21 @@ def test_unreachable_node_fails_ssh_only_for_it(mini: MiniCluster, tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    ("command", "program"),
+    ("command", "expected"),
     [
-        ("spark-watchdog --config x --restart-now --force", "spark-watchdog"),
-        ("sudo -n /opt/wd/watchdog.sh --restart-now", "/opt/wd/watchdog.sh"),
-        ("WD_FORCE=1 env LANG=C ~/bin/wd --now", "~/bin/wd"),
-        ("", None),
+        ("spark-watchdog --config x --restart-now --force", (None, "spark-watchdog")),
+        ("sudo -n /opt/wd/watchdog.sh --restart-now", (None, "/opt/wd/watchdog.sh")),
+        ("WD_FORCE=1 env LANG=C ~/bin/wd --now", (None, "~/bin/wd")),
+        (
+            "cd ~/spark-vllm-docker && ./launch-cluster.sh stop && x",
+            ("~/spark-vllm-docker", "./launch-cluster.sh"),
+        ),
+        ("", (None, None)),
     ],
 )
-def test_first_word(command: str, program: str | None) -> None:
-    """The program checked with command -v skips sudo, env and VAR=value words."""
-    assert _first_word(command) == program
+def test_program(command: str, expected: tuple[str | None, str | None]) -> None:
+    """The program checked with command -v skips cd DIR &&, sudo, env and VAR=value words."""
+    assert _program(command) == expected
 
 
 def test_check_status_is_validated() -> None:
