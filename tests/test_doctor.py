@@ -121,8 +121,9 @@ def apply_damage(
         return undo
     if kind == "engine_stop":
         assert mini.engine is not None
-        os.killpg(mini.engine.pid, signal.SIGSTOP)
-        return lambda: os.killpg(mini.engine.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        pid = mini.engine.pid
+        os.killpg(pid, signal.SIGSTOP)
+        return lambda: os.killpg(pid, signal.SIGCONT)
     raise AssertionError(f"fixture: unknown damage kind {kind!r}")
 
 
