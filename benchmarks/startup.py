@@ -1,0 +1,147 @@
+"""How long does spark-ops take to start (--help, budget, exec -- true); what do imports cost?
+
+Times whole processes (medians of interleaved runs): `spark-ops --help` through the console script
+itself and through whatever `spark-ops` is first on PATH (a pyenv shim, for instance), and
+`spark-ops budget` / `spark-ops exec -- true` against the embedded cluster (`spark-ops sim up`, 4
+nodes). Then the cost of each import layer on the exec path, as the difference between
+`python -c 'import …'` processes, and the top imports by `python -X importtime`.
+
+    python benchmarks/startup.py [--repeats 15] [--no-sim]
+
+Target: `spark-ops --help` under 150 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common as c
+
+HELP_TARGET_S = 0.150
+PY = sys.executable
+
+# Import layers of the `exec` path, each including the previous ones.
+LAYERS: list[tuple[str, str]] = [
+    ("python -c pass (interpreter + site)", "pass"),
+    ("+ click, spark_ops.cli.main", "import spark_ops.cli.main"),
+    ("+ structlog (spark_ops.log)", "import spark_ops.cli.main, spark_ops.log"),
+    (
+        "+ yaml, inventory, fanout, remote",
+        "import spark_ops.cli.main, spark_ops.log, yaml, "
+        "spark_ops.inventory, spark_ops.fanout, spark_ops.remote",
+    ),
+    (
+        "+ asyncssh",
+        "import spark_ops.cli.main, spark_ops.log, yaml, spark_ops.inventory, "
+        "spark_ops.fanout, spark_ops.remote, asyncssh",
+    ),
+    (
+        "same, ending with os._exit (no teardown)",
+        "import spark_ops.cli.main, spark_ops.log, yaml, "
+        "spark_ops.inventory, spark_ops.fanout, spark_ops.remote, asyncssh, os; os._exit(0)",
+    ),
+]
+
+
+def fixed(argv: list[str], env: dict[str, str] | None = None) -> Any:
+    """A case of common.interleaved that runs the same argv every round."""
+
+    def case(rnd: int) -> tuple[list[str], dict[str, str] | None]:
+        """The fixed argv and environment."""
+        return argv, env
+
+    return case
+
+
+def importtime_top(code: str, n: int = 12) -> list[tuple[str, float]]:
+    """The n costliest top-level imports (cumulative ms) of `python -X importtime -c code`."""
+    proc = subprocess.run(
+        [PY, "-X", "importtime", "-c", code], capture_output=True, text=True, check=False
+    )
+    top: list[tuple[str, float]] = []
+    for line in proc.stderr.splitlines():
+        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( +)(\S+)", line)
+        if m and len(m.group(3)) <= 2:  # depth 0 (one space) or 1 (three spaces) is skipped
+            top.append((m.group(4), int(m.group(2)) / 1000))
+    return sorted(top, key=lambda t: -t[1])[:n]
+
+
+def start_sim(work: Path) -> tuple[Path, Path] | None:
+    """Start the embedded cluster; return (root, inventory) or None when it cannot start."""
+    try:
+        from spark_ops.sim.cluster import SimOptions
+        from spark_ops.sim.control import up
+    except ImportError:
+        return None
+    root = work / "sim"
+    state = up(root, SimOptions(time_scale=4.0, boot_scale=1.0))
+    return root, Path(state["inventory"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure and print the tables."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--no-sim", action="store_true")
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="spark-ops-bench-startup-"))
+    script = c.spark_ops_argv()
+    on_path = shutil.which("spark-ops")
+    print(f"# load average {os.getloadavg()[0]:.1f}; cores {os.cpu_count()}; python {PY}")
+
+    cases: dict[str, Any] = {"spark-ops --help (console script)": fixed([*script, "--help"])}
+    if on_path and Path(on_path).resolve() != Path(script[0]).resolve():
+        cases[f"spark-ops --help via PATH ({on_path})"] = fixed([on_path, "--help"])
+    cases["python -m spark_ops.cli.main --help"] = fixed([PY, "-m", "spark_ops.cli.main", "--help"])
+    sim = None if args.no_sim else start_sim(work)
+    try:
+        if sim is not None:
+            env = dict(os.environ, SPARK_OPS_INVENTORY=str(sim[1]))
+            cases["spark-ops budget (embedded cluster)"] = fixed([*script, "-q", "budget"], env)
+            cases["spark-ops exec -- true (embedded, 4 nodes)"] = fixed(
+                [*script, "-q", "exec", "--", "true"], env
+            )
+        samples = c.interleaved(cases, args.repeats, warmup=2)
+    finally:
+        if sim is not None:
+            from spark_ops.sim.control import down
+
+            down(sim[0])
+    rows = []
+    for name, s in samples.items():
+        fail = f" ({s.failures} failed: {s.last_error[-80:]!r})" if s.failures else ""
+        rows.append([name, f"{(s.median or 0) * 1000:.0f} ms{fail}"])
+    print(c.table("start-up, whole process, median", ["command", "median"], rows))
+    helps = samples["spark-ops --help (console script)"].median or 0
+    verdict = "met" if helps < HELP_TARGET_S else "NOT met"
+    print(f"- `spark-ops --help` {helps * 1000:.0f} ms: target < 150 ms {verdict}\n")
+
+    layer_cases = {name: fixed([PY, "-c", code]) for name, code in LAYERS}
+    layers = c.interleaved(layer_cases, args.repeats, warmup=1)
+    rows, prev = [], 0.0
+    for name, _ in LAYERS:
+        med = layers[name].median or 0.0
+        rows.append([name, f"{med * 1000:.0f} ms", f"{(med - prev) * 1000:+.0f} ms"])
+        prev = med
+    cols = ["layer", "total", "delta"]
+    print(c.table("what the exec path imports cost (python -c, median)", cols, rows))
+
+    code = "import spark_ops.cli.main, spark_ops.log, spark_ops.fanout, spark_ops.remote, asyncssh"
+    rows = [[mod, f"{ms:.1f} ms"] for mod, ms in importtime_top(code)]
+    print(c.table("top imports of the exec path (python -X importtime, cumulative)",
+                  ["module", "ms"], rows))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
