@@ -509,7 +509,9 @@ class ClusterSession:
                     break
             yield lines
         finally:
-            proc.stdin.write_eof()
+            with suppress(Exception):
+                proc.stdin.write_eof()
+                await asyncio.wait_for(proc.wait(), 5)
             proc.close()
             with suppress(Exception):
                 await asyncio.wait_for(proc.wait_closed(), 3)

@@ -259,18 +259,18 @@ async def execute(
         done = await op.session.write_atomic(writes)
         run.finish("write", "; ".join(f"{d.host}: backup {d.backup}" for d in done))
     try:
-        await _restart_and_wait(op, plan, run, out, opts, on_event)
-        out.ok = True
-    except BootError as exc:
-        out.error = exc.to_dict()
-        if opts.rollback_on_failure and plan.changes:
+        try:
+            await _restart_and_wait(op, plan, run, out, opts, on_event)
+            out.ok = True
+        except BootError as exc:
+            out.error = exc.to_dict()
+            if not (opts.rollback_on_failure and plan.changes):
+                raise
             await _rollback(op, plan, run, out, opts, on_event)
-        else:
-            raise
+        if out.ok:
+            out.checks = await _verify(op, plan, run, out)
     finally:
         out.budget = await _budget_step(op, run, plan)
-    if out.ok and not out.rolled_back:
-        out.checks = await _verify(op, plan, run, out)
     return out
 
 
@@ -352,7 +352,7 @@ async def _prune_step(
         run.skip(name, "the watchdog left no new stamp: nothing to prune")
         return
     result = await op.watchdog.prune(stamps=[stamp], reason=f"planned restart ({op.name})")
-    removed = [float(s) for s in result.get("removed", [])]
+    removed = result["removed_stamps"]
     out.pruned.extend(removed)
     run.finish(name, f"removed {removed}; backup {result.get('backup')}")
 

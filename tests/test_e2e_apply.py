@@ -28,10 +28,11 @@ def spark_ops(env: dict[str, str], *args: str, timeout: float = 240) -> subproce
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    """Digest of every file in the node trees except logs, pids and lock owners (what must not change)."""
+    """Digest of the node trees' files that spark-ops may change (not logs, pids, the daemon's state)."""
+    skip = (".log", ".pid", ".owner", ".lock", "state.json")
     out = {}
     for p in sorted((root / "nodes").rglob("*")):
-        if p.is_file() and not p.name.endswith((".log", ".pid", ".owner", ".lock")) and "engine" not in p.name:
+        if p.is_file() and not p.name.endswith(skip):
             out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 

@@ -66,8 +66,21 @@ def _changes(kw: dict[str, Any]) -> list[Any]:
 
 def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
     """connect → lock → plan → show → confirm → execute → report."""
-    from spark_ops.cli.progress import make_reporter
-    from spark_ops.errors import Aborted, SparkOpsError
+    try:
+        from spark_ops.cli.progress import make_reporter
+    except ImportError:  # TEMP until progress lands
+
+        class _R:
+            def __call__(self, ev: Any) -> None:
+                if ev.kind == "phase":
+                    click.echo(f"  phase {ev.phase.value} at {ev.elapsed_s:.1f}s", err=True)
+
+            def close(self) -> None:
+                pass
+
+        def make_reporter(cluster: str, json_lines: bool) -> Any:
+            return _R()
+    from spark_ops.errors import Aborted, ExitStatus, SparkOpsError
     from spark_ops.workflows import ApplyOptions, Operation, execute, plan_apply, plan_restart
 
     changes = _changes(kw) if operation == "apply" else []
@@ -119,7 +132,10 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
                 emit_json(outcome.to_dict())
             else:
                 _echo_outcome(outcome)
-            return 0 if outcome.ok and all(c["ok"] for c in outcome.checks) else 11
+            if outcome.rolled_back:
+                return int(ExitStatus.BOOT_FAILED)
+            failed = not all(c["ok"] for c in outcome.checks)
+            return int(ExitStatus.CHECK_FAILED) if failed else 0
 
     return run_async(flow())
 

@@ -106,7 +106,7 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
                 sel = {"stamps": kw["stamps"], "since": lo, "until": hi, "planned": kw["planned"]}
                 preview = await budget_prune(op, dry_run=True, **sel)
                 result = preview
-                chosen = preview.get("removed", [])
+                chosen = preview.get("removed_stamps", [])
                 if not kw["as_json"]:
                     click.echo(f"Would remove {len(chosen)} stamp(s): {chosen}")
                     for nf in preview.get("not_found", []):
@@ -126,7 +126,7 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
         return
     if kw["dry_run"]:
         click.echo("Dry run: nothing was removed.")
-    elif result.get("removed") is not None:
-        click.echo(f"Removed {result.get('removed')}; backup at {result.get('backup')}")
+    elif result.get("removed_stamps") is not None:
+        click.echo(f"Removed {result['removed_stamps']}; backup at {result.get('backup')}")
     b = result["budget"]
     click.echo(f"Budget now: {b['used']}/{b['allowed']} used.")

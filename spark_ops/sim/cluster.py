@@ -211,8 +211,13 @@ class SimCluster:
         head = self.root / "nodes" / self.names[0]
         cfg = str(head / ".config" / "spark-watchdog.yaml")
         env = self.head_env()
+        start = (
+            "import sys; from spark_ops.watchdog.config import load_config; "
+            "from spark_ops.watchdog.actions import restart_engine; "
+            "c = load_config(sys.argv[1]); restart_engine(c.action, c.paths)"
+        )
         subprocess.run(
-            [sys.executable, "-m", "spark_ops.watchdog.daemon", "--config", cfg, "--start-engine"],
+            [sys.executable, "-c", start, cfg],
             cwd=head, env=env, check=True, stdout=subprocess.DEVNULL, timeout=60,
         )  # fmt: skip
         log = open(head / "watchdog.log", "ab")  # noqa: SIM115

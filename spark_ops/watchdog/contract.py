@@ -262,7 +262,9 @@ class WatchdogContract:
         if dry_run:
             args.append("--dry-run")
         args += ["--keep-backups", str(self.cluster.recipe.keep_backups)]
-        return await self.history("prune", *args)
+        result = await self.history("prune", *args)
+        result["removed_stamps"] = [float(e["stamp"]) for e in result.get("removed", [])]
+        return result
 
     async def clear_gave_up(self) -> bool:
         """Remove the gave-up file once the window has room again; True when removed."""
