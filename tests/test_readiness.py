@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import time
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
@@ -20,6 +22,7 @@ from spark_ops.errors import BootError, BootTimeout
 from spark_ops.readiness import (
     BootEvent,
     BootHistory,
+    BootReport,
     BootTracker,
     FatalKind,
     Phase,
@@ -691,3 +694,133 @@ def test_classify_never_raises(text: str) -> None:
     """Arbitrary text classifies without an exception."""
     classify_line(text)
     BootTracker().feed(text)
+
+
+# ---- against the simulated engine (a subprocess printing vLLM's lines, serving real HTTP) ------
+
+
+async def _closed_port() -> int:
+    """A loopback port nothing listens on."""
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = int(server.sockets[0].getsockname()[1])
+    server.close()
+    await server.wait_closed()
+    return port
+
+
+async def _sim_boot(
+    tmp_path: Path,
+    http: aiohttp.ClientSession,
+    *,
+    flags: list[str],
+    env: dict[str, str],
+    **wait_kwargs: Any,
+) -> BootReport:
+    """Start the sim engine, follow its output and probe the URL its log announces."""
+    cfg = tmp_path / "sim.yaml"
+    base = Path(__file__).parents[1] / "recipes" / "sim" / "engine.yaml"
+    cfg.write_text(f"base: {base}\ntime_scale: 4.0\n")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "spark_ops.sim.engine",
+        "serve",
+        "zai-org/GLM-sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        *flags,
+        "--sim-config",
+        str(cfg),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, **env},
+    )
+    url: dict[str, str] = {}
+
+    async def output() -> AsyncIterator[str]:
+        """The engine's stdout+stderr, then an exit line."""
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            yield raw.decode("utf-8", "replace")
+        yield exit_line(await proc.wait())
+
+    def on_event(event: BootEvent) -> None:
+        """Learn the API URL from the log."""
+        if "api_url" in event.data:
+            url["base"] = event.data["api_url"]
+
+    async def probe() -> bool:
+        """A one-token completion at the announced URL."""
+        if "base" not in url:
+            return False
+        async with http.post(
+            f"{url['base']}/v1/completions",
+            json={"model": "zai-org/GLM-sim", "prompt": "hi", "max_tokens": 1},
+            timeout=aiohttp.ClientTimeout(total=5),
+        ) as resp:
+            return resp.status == 200 and bool((await resp.json()).get("choices"))
+
+    try:
+        return await wait_for_boot(
+            output(), probe=probe, on_event=on_event, probe_interval_s=0.1, **wait_kwargs
+        )
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
+
+
+async def test_sim_engine_boots_ready(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """A healthy simulated boot (graphs on) passes every phase and ends READY."""
+    report = await _sim_boot(tmp_path, http, flags=["--max-num-seqs", "64"], env={}, deadline_s=60)
+    assert report.last_phase == "READY"
+    assert "GRAPH_CAPTURE" in report.phase_times
+    assert report.kv_cache_tokens and report.kv_cache_tokens > 0
+    assert report.non_default_args["max_num_seqs"] == 64
+    assert report.metrics["kv_cache_memory_gib"] > 0
+
+
+async def test_sim_engine_nccl_timeout_fails_fast(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """The simulated NCCL watchdog timeout fails the boot with the NCCL line, not a timeout."""
+    with pytest.raises(BootError) as info:
+        await _sim_boot(
+            tmp_path, http, flags=[], env={"SPARK_SIM_FAULT": "nccl_timeout"}, deadline_s=60
+        )
+    assert not isinstance(info.value, BootTimeout)
+    assert "NCCL" in info.value.message
+    assert any("Watchdog caught collective operation timeout" in line for line in info.value.lines)
+
+
+async def test_sim_engine_missing_ray_worker_named(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """A Ray worker that never answers fails the boot at the stall limit, naming the node."""
+    port = await _closed_port()
+
+    async def missing() -> list[str]:
+        """node2 is missing while its Ray port refuses connections."""
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return ["node2"]
+        writer.close()
+        return []
+
+    with pytest.raises(BootError) as info:
+        await _sim_boot(
+            tmp_path,
+            http,
+            flags=["--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"],
+            env={"SPARK_SIM_RAY_WORKERS": f"node2=127.0.0.1:{port}"},
+            deadline_s=60,
+            missing_workers=missing,
+            worker_stall_s=3.0,
+            worker_poll_s=0.2,
+        )
+    assert not isinstance(info.value, BootTimeout)
+    assert "node2" in info.value.message
+    assert info.value.phase == "RAY_WORKERS"

@@ -77,6 +77,9 @@ _PREFIX_RE = re.compile(
     r"(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)"
     r"(?:\s+\d\d-\d\d\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s?|:\s+))?"
 )
+_WORKER_JOINED_RE = re.compile(
+    r"Ray worker (?P<name>\S+) at (?P<addr>\S+) joined the placement group"
+)
 _WORKER_IP_RE = re.compile(
     r"^\((?:RayWorkerWrapper|RayWorkerProc|\w*Worker\w*)\s+pid=\d+,\s*ip=([^)\s,]+)"
 )
@@ -99,6 +102,7 @@ _PG_WAIT_RE = re.compile(
 )
 _PG_GAVE_UP_RE = re.compile(r"Cannot provide a placement group")
 _KV_RE = re.compile(r"\b(?:GPU|CPU|XPU|TPU)?\s*KV cache size:\s*(?P<tokens>[\d,]+)\s+tokens")
+_KV_MEMORY_RE = re.compile(r"Available KV cache memory:\s*(?P<gib>[\d.]+)\s*GiB")
 _KV_BLOCKS_RE = re.compile(r"# (?:GPU|CUDA|cuda|gpu) blocks:\s*(?P<blocks>\d+)")
 _WEIGHTS_TOOK_RE = re.compile(r"Loading weights took (?P<secs>[\d.]+) seconds")
 _MODEL_LOADING_RE = re.compile(
@@ -332,6 +336,8 @@ def classify_line(line: str) -> LineInfo:
         if ip:
             data["worker_ip"] = ip.group(1)
 
+    if m := _WORKER_JOINED_RE.search(message):
+        data["worker_joined"] = m.group("name")
     if m := _NON_DEFAULT_RE.search(message):
         phase = Phase.STARTING
         data["non_default_args"] = parse_args_literal(m.group("args"))
@@ -361,6 +367,8 @@ def classify_line(line: str) -> LineInfo:
     elif m := _SERVER_RE.search(message):
         phase = Phase.API_UP
         data["api_url"] = m.group("url").rstrip(".,")
+    elif m := _KV_MEMORY_RE.search(message):
+        data["kv_cache_memory_gib"] = float(m.group("gib"))
     elif m := _INIT_ENGINE_RE.search(message):
         data["init_engine_s"] = float(m.group("secs"))
     else:
@@ -457,7 +465,15 @@ class BootTracker:
             self.placement_wait_s = data["placement_wait_s"]
         if "worker_ip" in data:
             self.worker_ips.add(data["worker_ip"])
-        for key in ("weights_load_s", "model_load_s", "model_memory_gib", "graph_capture_s"):
+        if "worker_joined" in data:
+            self.worker_ips.add(data["worker_joined"])
+        for key in (
+            "weights_load_s",
+            "model_load_s",
+            "model_memory_gib",
+            "graph_capture_s",
+            "kv_cache_memory_gib",
+        ):
             if key in data:
                 self.metrics[key] = data[key]
         if "init_engine_s" in data:
