@@ -503,9 +503,16 @@ def check_kv_pool(
     previous_tokens: int | None,
     *,
     kv_memory_changed: bool = False,
+    kv_memory_bytes: int | None = None,
+    previous_kv_memory_bytes: int | None = None,
     host: str = "",
 ) -> Check:
-    """The KV pool in tokens equals the previous boot's unless the KV cache memory was changed."""
+    """The KV pool in tokens equals the previous boot's unless the KV cache memory was changed.
+
+    The change is told directly (`kv_memory_changed`) or by both boots' --kv-cache-memory-bytes.
+    """
+    if kv_memory_bytes is not None and previous_kv_memory_bytes is not None:
+        kv_memory_changed = kv_memory_changed or kv_memory_bytes != previous_kv_memory_bytes
     if tokens is None:
         return Check(
             "kv-pool",

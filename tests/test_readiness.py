@@ -581,6 +581,8 @@ async def test_record_a_real_report(tmp_path: Path) -> None:
     )
     record("c1", report, path=tmp_path / "b.json")
     assert set(estimate("c1", path=tmp_path / "b.json")) <= {p.value for p in Phase}
+    last = BootHistory(tmp_path / "b.json").previous("c1")
+    assert last is not None and last["kv_cache_memory_bytes"] is None  # dense log: not set
 
 
 def test_history_unreadable_is_empty(tmp_path: Path) -> None:

@@ -122,6 +122,13 @@ def test_kv_pool() -> None:
     assert not bad.ok and "1,298,187" in bad.detail and "2,596,374" in bad.detail and bad.fix
     assert check_kv_pool(1_298_187, 2_596_374, kv_memory_changed=True).ok
     assert check_kv_pool(2_596_374, None).ok
+    gib60 = 64_424_509_440
+    assert check_kv_pool(
+        1_298_187, 2_596_374, kv_memory_bytes=gib60 // 2, previous_kv_memory_bytes=gib60
+    ).ok
+    assert not check_kv_pool(
+        1_298_187, 2_596_374, kv_memory_bytes=gib60, previous_kv_memory_bytes=gib60
+    ).ok
     assert not check_kv_pool(None, 2_596_374).ok
 
 

@@ -75,6 +75,9 @@ class BootHistory:
             "durations": durations,
             "skipped": list(data.get("skipped") or []),
             "kv_cache_tokens": data.get("kv_cache_tokens"),
+            "kv_cache_memory_bytes": (data.get("non_default_args") or {}).get(
+                "kv_cache_memory_bytes"
+            ),
             "vllm_version": data.get("vllm_version"),
         }
         everything = self.load()
