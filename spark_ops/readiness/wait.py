@@ -272,7 +272,11 @@ async def _bounded(aw: Awaitable[Any], timeout: float) -> Any:
 async def _call(fn: Probe, timeout: float, boot: _Boot, what: str) -> bool:
     """Await a probe with a timeout; any exception or timeout counts as not ready."""
     try:
-        return bool(await _bounded(fn(), max(0.05, timeout)))
+        if await _bounded(fn(), max(0.05, timeout)):
+            return True
+        boot.last_probe_error = f"{what}: answered, not ready"
+    except _NoAnswer as exc:
+        boot.last_probe_error = f"{what}: {exc}"
     except Exception as exc:  # a probe is a network call: any failure means "not yet"
         boot.last_probe_error = f"{what}: {type(exc).__name__}: {exc}"
     return False
@@ -462,7 +466,7 @@ async def wait_for_boot(
                     f"; last probe: {boot.last_probe_error}" if boot.last_probe_error else ""
                 )
                 message = (
-                    f"engine not ready after {deadline_s:.0f} s: last phase {t.phase.value} "
+                    f"engine not ready after {deadline_s:g} s: last phase {t.phase.value} "
                     f"(reached at +{reached:.0f} s), {t.lines_seen} lines seen{probe_note}"
                 )
                 boot.emit("timeout", None, message=message)
