@@ -33,6 +33,7 @@ from spark_ops.readiness import (
     expected_phases,
     parse_args_literal,
     record,
+    summarize_boot_log,
     wait_for_boot,
 )
 
@@ -826,3 +827,13 @@ async def test_sim_engine_missing_ray_worker_named(
     assert not isinstance(info.value, BootTimeout)
     assert "node2" in info.value.message
     assert info.value.phase == "RAY_WORKERS"
+
+
+def test_summarize_boot_log() -> None:
+    """A whole log read at once: the failed boot names its phase and cause; JSON-able."""
+    failed = summarize_boot_log((FIXTURES / "serve-fail-moe-backend-triton.log").read_text())
+    assert failed["phase"] == "WEIGHTS_LOADING"
+    assert "TRITON" in failed["fatal"]["line"] and failed["fatal"]["kind"] == "TRACEBACK"
+    ok = summarize_boot_log((FIXTURES / "serve-startup.log").read_text())
+    assert ok["phase"] == "API_UP" and ok["fatal"] is None and ok["kv_cache_tokens"] == 2_097_152
+    json.dumps(failed)

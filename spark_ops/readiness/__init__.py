@@ -13,6 +13,7 @@ from spark_ops.readiness.phases import (
     classify_line,
     parse_args_literal,
     split_prefix,
+    summarize_boot_log,
 )
 from spark_ops.readiness.wait import (
     BootEvent,
@@ -41,5 +42,6 @@ __all__ = [
     "parse_args_literal",
     "record",
     "split_prefix",
+    "summarize_boot_log",
     "wait_for_boot",
 ]

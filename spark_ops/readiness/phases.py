@@ -525,3 +525,27 @@ class BootTracker:
     def last_lines(self, n: int = 20) -> list[str]:
         """The last n lines seen."""
         return list(self.recent)[-n:]
+
+    def summary(self) -> dict[str, Any]:
+        """What the lines so far say: phase, KV pool, effective args, the fatal line if any."""
+        best = self.best_fatal()
+        return {
+            "phase": self.phase.value,
+            "lines_seen": self.lines_seen,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "non_default_args": dict(self.non_default_args),
+            "vllm_version": self.vllm_version,
+            "api_url": self.api_url,
+            "metrics": dict(self.metrics),
+            "workers_joined": sorted(self.worker_ips),
+            "workers_expected": self.workers_expected,
+            "fatal": best.to_dict() if best else None,
+        }
+
+
+def summarize_boot_log(text: str) -> dict[str, Any]:
+    """Read a whole boot log (e.g. `docker logs` output) and summarize it, without waiting."""
+    tracker = BootTracker()
+    for line in text.splitlines():
+        tracker.feed(line)
+    return tracker.summary()
