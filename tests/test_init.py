@@ -216,3 +216,19 @@ def test_init_doctor_apply_on_the_embedded_cluster(tmp_path: Path) -> None:
         assert out.read_text() == written
     finally:
         down(sim.root)
+
+
+def test_adopting_a_watchdog_examples_are_valid_inventories() -> None:
+    """Every YAML inventory section in docs/adopting-a-watchdog.md loads as documented."""
+    import re
+
+    from spark_ops.inventory import parse_inventory
+
+    doc = Path(__file__).parents[1] / "docs" / "adopting-a-watchdog.md"
+    blocks = re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S)
+    assert len(blocks) == 2
+    clusters = [parse_inventory(b, f"{doc.name} block {i}").cluster() for i, b in enumerate(blocks)]
+    assert clusters[0].watchdog.reports_stamp is True
+    bash = clusters[1]
+    assert bash.watchdog.lock_path == "~/.watchdog/restart_history.lock"
+    assert (bash.engine.log_kind, bash.engine.log_target) == ("docker", "vllm_node")
