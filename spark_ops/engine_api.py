@@ -1,4 +1,5 @@
-"""The engine's HTTP API as spark-ops uses it: health, version, models, metrics, a tiny real completion.
+"""The engine's HTTP API as spark-ops uses it: health, version, models, metrics, a tiny real
+completion.
 
 Reached directly or through an SSH tunnel to the head (the caller passes the base URL it resolved).
 """

@@ -1,4 +1,4 @@
-"""One exception tree rooted in SparkOpsError, and the process exit codes (only the CLI maps them)."""
+"""One exception tree rooted in SparkOpsError, and the exit codes (only the CLI maps them)."""
 
 from __future__ import annotations
 
@@ -91,9 +91,7 @@ class AuthError(ConnectError):
 class CommandError(RemoteError):
     """A remote command exited non-zero."""
 
-    def __init__(
-        self, host: str, command: str, exit_code: int | None, stderr: str = ""
-    ) -> None:
+    def __init__(self, host: str, command: str, exit_code: int | None, stderr: str = "") -> None:
         """Keep the command, its exit code and the tail of its stderr."""
         tail = stderr.strip().splitlines()[-3:]
         detail = f": {' | '.join(tail)}" if tail else ""

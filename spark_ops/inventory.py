@@ -1,6 +1,8 @@
-"""Inventory: clusters, nodes, SSH settings and the watchdog contract, loaded from YAML and validated.
+"""Inventory: clusters, nodes, SSH settings and the watchdog contract, loaded from YAML and
+validated.
 
-Every error names the file, the key (dotted path) and what is allowed. Nothing here connects anywhere.
+Every error names the file, the key (dotted path) and what is allowed. Nothing here connects
+anywhere.
 """
 
 from __future__ import annotations
@@ -211,7 +213,9 @@ class _Section:
         if isinstance(value, bool) and kind in (int, float):
             raise self.error(self.path(name), f"must be a number, got {value!r}")
         if not isinstance(value, kind):
-            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            names = (
+                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            )
             raise self.error(self.path(name), f"must be {names}, got {value!r}")
         return value
 
@@ -398,8 +402,7 @@ def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
         default = Path("inventory/cluster.yaml")
         if not default.exists():
             raise InventoryError(
-                f"no inventory given: pass --inventory FILE or set {ENV_VAR} "
-                f"(looked for {default})"
+                f"no inventory given: pass --inventory FILE or set {ENV_VAR} (looked for {default})"
             )
         chosen = default
     p = Path(chosen).expanduser()

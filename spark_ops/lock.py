@@ -1,9 +1,9 @@
 """The cluster lock: one operator at a time, held by a live SSH channel on the head.
 
-The head runs `flock` on a lock file and keeps it for as long as our channel's stdin stays open. When
-spark-ops exits, crashes or is SIGKILLed, the connection drops, the remote `cat` sees end of input and the
-lock is released by the kernel: a stale lock cannot outlive its holder. Who holds it is written beside it,
-so a second operator is told who, since when and doing what.
+The head runs `flock` on a lock file and keeps it for as long as our channel's stdin stays open.
+When spark-ops exits, crashes or is SIGKILLed, the connection drops, the remote `cat` sees end of
+input and the lock is released by the kernel: a stale lock cannot outlive its holder. Who holds it
+is written beside it, so a second operator is told who, since when and doing what.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Plans as data: what an operation will change where (as diffs) and the steps it will take.
 
-`--dry-run` prints a Plan, `--json` serializes it, and the workflows execute it step by step, reporting each
-step's outcome into the same structure.
+`--dry-run` prints a Plan, `--json` serializes it, and the workflows execute it step by step,
+reporting each step's outcome into the same structure.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 @dataclass
 class FileChange:
-    """One file to rewrite on one node: the diff, and the digest of the content it was planned from."""
+    """One file to rewrite on one node: the diff, and the digest of the content planned from."""
 
     host: str
     path: str

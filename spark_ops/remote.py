@@ -1,7 +1,8 @@
-"""The remote layer: one SSH connection per node for a whole run, commands with timeouts, atomic writes.
+"""The remote layer: one SSH connection per node for a whole run, commands with timeouts, atomic
+writes.
 
-This is the only module that imports asyncssh. Everything is built from quoted arguments; results and errors
-are kept per host.
+This is the only module that imports asyncssh. Everything is built from quoted arguments; results
+and errors are kept per host.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ class FileWrite:
     host: str
     path: str
     content: str
-    expected_sha: str | None = None  # None: the file must not have changed from "absent or anything"
+    expected_sha: str | None = (
+        None  # None: the file must not have changed from "absent or anything"
+    )
     keep_backups: int = 5
 
 
@@ -129,7 +132,7 @@ class Connector(ABC):
 
 
 class SSHConnector(Connector):
-    """A Connector over asyncssh, honouring known_hosts, identity, agent, ssh config and jump host."""
+    """A Connector over asyncssh: known_hosts, identity, agent, ssh config and jump host."""
 
     def __init__(self, node: Node, ssh: SSHSettings) -> None:
         """Keep the settings; connect later."""
@@ -243,7 +246,9 @@ class SSHConnector(Connector):
         try:
             listener = await conn.forward_local_port("127.0.0.1", 0, dest_host, dest_port)
         except Exception as exc:
-            raise RemoteError(self.node.name, f"cannot open a tunnel to {dest_host}:{dest_port}: {exc}")
+            raise RemoteError(
+                self.node.name, f"cannot open a tunnel to {dest_host}:{dest_port}: {exc}"
+            ) from exc
         self._listeners.append(listener)
         return int(listener.get_port())
 
@@ -258,8 +263,8 @@ class SSHConnector(Connector):
             self._conn = None
 
 
-# Shell programs run on the nodes. Arguments are passed as positional parameters ($1, $2 …) of `sh -c`,
-# never spliced into the program text.
+# Shell programs run on the nodes. Arguments are passed as positional parameters ($1, $2 …) of
+# `sh -c`, never spliced into the program text.
 _STAGE = r"""
 set -eu
 p=$1; expected=$2; want=$3
@@ -267,14 +272,21 @@ d=$(dirname -- "$p"); b=$(basename -- "$p")
 [ -d "$d" ] || { echo "directory $d does not exist" >&2; exit 66; }
 if [ "$expected" != "-" ]; then
   if [ "$expected" = "absent" ]; then [ ! -e "$p" ] || exit 45;
-  else [ -e "$p" ] || exit 45; have=$(sha256sum < "$p" | cut -d' ' -f1); [ "$have" = "$expected" ] || exit 45; fi
+  else
+    [ -e "$p" ] || exit 45
+    have=$(sha256sum < "$p" | cut -d' ' -f1)
+    [ "$have" = "$expected" ] || exit 45
+  fi
 fi
 tmp=$(mktemp "$d/.$b.spark-ops.XXXXXX")
 trap 'rm -f -- "$tmp"' EXIT
 cat > "$tmp"
 got=$(sha256sum < "$tmp" | cut -d' ' -f1)
 [ "$got" = "$want" ] || { echo "staged content does not match (got $got)" >&2; exit 65; }
-if [ -e "$p" ]; then chmod --reference="$p" -- "$tmp"; chown --reference="$p" -- "$tmp" 2>/dev/null || true; fi
+if [ -e "$p" ]; then
+  chmod --reference="$p" -- "$tmp"
+  chown --reference="$p" -- "$tmp" 2>/dev/null || true
+fi
 sync -- "$tmp"
 trap - EXIT
 printf '%s\n' "$tmp"
@@ -292,7 +304,8 @@ if [ -e "$p" ]; then
 fi
 mv -f -- "$tmp" "$p"
 sync -- "$d" 2>/dev/null || sync
-ls -1 -- "$p".bak.* 2>/dev/null | grep -v '\.part$' | sort | head -n "-$keep" | while IFS= read -r old; do rm -f -- "$old"; done
+ls -1 -- "$p".bak.* 2>/dev/null | grep -v '\.part$' | sort | head -n "-$keep" |
+  while IFS= read -r old; do rm -f -- "$old"; done
 """
 
 _READ = r"""
@@ -434,7 +447,7 @@ class ClusterSession:
         return res.stdout
 
     async def stage(self, w: FileWrite) -> WriteOutcome:
-        """Write content to a synced temp file beside the target, checking the target is unchanged."""
+        """Write content to a synced temp file beside the target, if the target is unchanged."""
         expected = "-" if w.expected_sha is None else w.expected_sha
         cmd = sh_program(_STAGE, w.path, expected, sha256(w.content))
         res = await self.run(w.host, cmd, input=w.content, check=False, sudo=True)
@@ -465,7 +478,9 @@ class ClusterSession:
 
     async def write_atomic(self, writes: Sequence[FileWrite]) -> list[WriteOutcome]:
         """Write files on several nodes all-or-nothing: stage everywhere, then rename everywhere."""
-        staged = await self.gather([str(i) for i in range(len(writes))], lambda i: self.stage(writes[int(i)]))
+        staged = await self.gather(
+            [str(i) for i in range(len(writes))], lambda i: self.stage(writes[int(i)])
+        )
         failures = [v for v in staged.values() if isinstance(v, SparkOpsError)]
         if failures:
             for i, v in staged.items():
@@ -473,8 +488,8 @@ class ClusterSession:
                     await self.discard(writes[int(i)].host, v.staged)
             raise failures[0]
         done: list[WriteOutcome] = []
-        for i, w in enumerate(writes):
-            out = staged[str(i)]
+        for n, w in enumerate(writes):
+            out = staged[str(n)]
             assert isinstance(out, WriteOutcome)
             done.append(await self.commit(w, out))
         return done
@@ -490,7 +505,7 @@ class ClusterSession:
 
     @asynccontextmanager
     async def held(self, host: str, command: str, *, ready: str) -> AsyncIterator[list[str]]:
-        """Run a command that holds something (a lock) while its stdin stays open; yields its first lines."""
+        """Run a command that holds a lock while its stdin stays open; yield its first lines."""
         conn = self.connector(host)
         if not isinstance(conn, SSHConnector):
             raise RemoteError(host, "holding a remote lock needs an SSH connector")
@@ -498,7 +513,9 @@ class ClusterSession:
         lines: list[str] = []
         try:
             while True:
-                line = await asyncio.wait_for(proc.stdout.readline(), self.cluster.ssh.command_timeout)
+                line = await asyncio.wait_for(
+                    proc.stdout.readline(), self.cluster.ssh.command_timeout
+                )
                 if not line:
                     break
                 lines.append(line.rstrip("\n"))

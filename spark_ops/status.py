@@ -1,4 +1,4 @@
-"""Cluster status as data: nodes reachable and latency, engine state and load, recipe knobs, budget."""
+"""Cluster status as data: nodes and latency, engine state and load, recipe knobs, budget."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
                     "role": node.role,
                     "address": f"{node.host}:{node.port}",
                     "reachable": err is None,
-                    "latency_ms": round(session.latency.get(node.name, 0) * 1000, 1) if err is None else None,  # noqa: E501
+                    "latency_ms": round(session.latency.get(node.name, 0) * 1000, 1)
+                    if err is None
+                    else None,
                     "error": err.message if err else None,
                 }
             )

@@ -1,7 +1,9 @@
-"""Workflows: apply, planned restart and budget prune. Each builds a Plan, then executes it step by step.
+"""Workflows: apply, planned restart and budget prune. Each builds a Plan, then executes it step by
+step.
 
-Nothing here knows about click. The CLI opens an Operation (connections + cluster lock), asks for a plan,
-shows it, confirms, then calls the matching execute_* with reporters for steps and boot events.
+Nothing here knows about click. The CLI opens an Operation (connections + cluster lock), asks for a
+plan, shows it, confirms, then calls the matching execute_* with reporters for steps and boot
+events.
 """
 
 from __future__ import annotations
@@ -214,17 +216,29 @@ def _restart_steps(plan: Plan, op: Operation, *, write: bool, drain: bool) -> No
         hosts = [ch.host for ch in plan.changes]
         plan.add("write", f"write the recipe atomically (backup kept) on {', '.join(hosts)}", hosts)
     if drain:
-        plan.add("drain", "wait for in-flight requests to finish (vllm:num_requests_running → 0)", head)
+        plan.add(
+            "drain", "wait for in-flight requests to finish (vllm:num_requests_running → 0)", head
+        )
     plan.add("restart", f"force a restart through the watchdog: {c.watchdog.restart_command}", head)
-    plan.add("boot", f"follow the boot until a real completion answers (deadline {c.engine.boot_deadline_s:.0f} s)", head)  # noqa: E501
+    plan.add(
+        "boot",
+        "follow the boot until a real completion answers "
+        f"(deadline {c.engine.boot_deadline_s:.0f} s)",
+        head,
+    )
     plan.add("prune", "remove exactly the stamp this planned restart wrote from the history", head)
-    plan.add("verify", "check effective args, KV pool, free memory, Xid lines", [n.name for n in c.nodes])  # noqa: E501
+    plan.add(
+        "verify", "check effective args, KV pool, free memory, Xid lines", [n.name for n in c.nodes]
+    )
     plan.add("budget", "report the restart budget", head)
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
     """Make knob values JSON-friendly."""
-    return {k: (v if isinstance(v, str | int | float | bool) or v is None else str(v)) for k, v in values.items()}  # noqa: E501
+    return {
+        k: (v if isinstance(v, str | int | float | bool) or v is None else str(v))
+        for k, v in values.items()
+    }
 
 
 async def _engine_version(op: Operation) -> str | None:
@@ -232,7 +246,7 @@ async def _engine_version(op: Operation) -> str | None:
     try:
         await op.api_url()
         async with op.engine(timeout=5) as api:
-            return await api.version()  # type: ignore[no-any-return]
+            return await api.version()
     except SparkOpsError:
         return None
 
@@ -245,7 +259,7 @@ async def execute(
     on_step: StepReporter | None = None,
     on_event: EventReporter | None = None,
 ) -> Outcome:
-    """Run an apply or restart plan step by step; the planned stamp is pruned even if the boot fails."""
+    """Run an apply or restart plan step by step; our stamp is pruned even if the boot fails."""
     run = StepRunner(plan, on_step)
     out = Outcome(plan, ok=False)
     steps = {s.name for s in plan.steps}
@@ -296,8 +310,11 @@ async def _restart_and_wait(
         run.finish("drain", _drain_text(drained), "done" if drained["drained"] else "skipped")
     before = await op.watchdog.stamps()
     start_at = await _log_offset(op)
+    if not suffix:
+        plan.facts["kv_pool_before"] = await _kv_pool(op)
     run.start("restart" + suffix)
     trigger = await op.watchdog.trigger(opts.reason)
+    plan.facts["restart_at"] = trigger.before
     stamp: float | None = None
     stamp_error: SparkOpsError | None = None
     try:
@@ -389,7 +406,9 @@ async def _rollback(
         plan.add(name, desc, [op.cluster.head.name])
     run.start("rollback")
     writes = [
-        FileWrite(ch.host, ch.path, ch.old_text, sha256(ch.new_text), op.cluster.recipe.keep_backups)
+        FileWrite(
+            ch.host, ch.path, ch.old_text, sha256(ch.new_text), op.cluster.recipe.keep_backups
+        )
         for ch in plan.changes
     ]
     await op.session.write_atomic(writes)
@@ -434,42 +453,80 @@ async def _follow_log(op: Operation, offset: int | None) -> AsyncIterator[str]:
 
 
 async def _verify(op: Operation, plan: Plan, run: StepRunner, out: Outcome) -> list[dict[str, Any]]:
-    """After a good boot: effective args match the recipe; workers have memory; no new Xid."""
+    """After a good boot: effective args, KV pool, workers' free memory, no new Xid."""
+    from spark_ops import verify
+
     if "verify" not in {s.name for s in plan.steps}:
         return []
     run.start("verify")
-    checks: list[dict[str, Any]] = []
+    c = op.cluster
+    head = c.head.name
+    boot = out.boot or {}
     expected = {k: v for k, v in plan.facts.get("knobs_after", {}).items() if v is not None}
-    seen = (out.boot or {}).get("non_default_args", {})
-    for key, want in expected.items():
-        have = seen.get(key)
-        ok = have == want or (have is None and key == "enforce_eager" and want is False)
-        checks.append(
-            {
-                "name": f"effective {key}",
-                "host": op.cluster.head.name,
-                "ok": ok,
-                "detail": f"engine has {have!r}, recipe says {want!r}",
-            }
+    checks = [verify.check_effective_args(boot.get("non_default_args", {}), expected, host=head)]
+    after = await _kv_pool(op)
+    before_kv = plan.facts.get("knobs_before", {}).get("kv_cache_memory_bytes")
+    checks.append(
+        verify.check_kv_pool(
+            after,
+            plan.facts.get("kv_pool_before"),
+            kv_memory_changed=before_kv != expected.get("kv_cache_memory_bytes"),
+            host=head,
         )
-    mem = await op.session.run_all("grep -m1 MemAvailable /proc/meminfo", [n.name for n in op.cluster.workers], check=False)  # noqa: E501
-    floor = op.cluster.engine.min_mem_available_gb
+    )
+    floor = int(c.engine.min_mem_available_gb * 1024**3)
+    mem = await op.session.run_all("cat /proc/meminfo", [n.name for n in c.workers], check=False)
     for host, res in mem.items():
         if isinstance(res, SparkOpsError):
-            checks.append({"name": "MemAvailable", "host": host, "ok": False, "detail": res.message})
+            checks.append(verify.Check("mem-available", host, False, res.message))
+        else:
+            checks.append(
+                verify.check_mem_available(
+                    verify.parse_meminfo(res.stdout), min_bytes=floor, host=host
+                )
+            )
+    since = plan.facts.get("restart_at")
+    if since is not None:
+        checks.extend(await _xid_checks(op, float(since)))
+    dicts = [ch.to_dict() for ch in checks]
+    bad = [d for d in dicts if not d["ok"]]
+    run.finish(
+        "verify",
+        f"{len(dicts) - len(bad)}/{len(dicts)} checks passed",
+        "done" if not bad else "failed",
+    )
+    return dicts
+
+
+async def _kv_pool(op: Operation) -> int | None:
+    """The engine's KV pool in tokens from /metrics (cache_config_info blocks × block size)."""
+    async with op.engine() as api:
+        snap = await api.metrics()
+    return snap.kv_tokens if snap is not None else None
+
+
+_KERNEL_LOG = (
+    "journalctl -k -o short-iso --no-pager --since @{since} 2>/dev/null | grep -i 'NVRM: Xid' "
+    "|| dmesg 2>/dev/null | grep -i 'NVRM: Xid' || true"
+)
+
+
+async def _xid_checks(op: Operation, since: float) -> list[Any]:
+    """No Xid kernel line since the restart on any node (journalctl -k, else dmesg)."""
+    import datetime as dt
+
+    from spark_ops import verify
+
+    when = dt.datetime.fromtimestamp(since, dt.timezone.utc)
+    cmd = _KERNEL_LOG.format(since=int(since))
+    results = await op.session.run_all(cmd, [n.name for n in op.cluster.nodes], check=False)
+    checks = []
+    for host, res in results.items():
+        if isinstance(res, SparkOpsError):
+            checks.append(verify.Check("xid", host, False, res.message))
             continue
-        parts = res.stdout.split()
-        gb = int(parts[1]) / 1024 / 1024 if len(parts) >= 2 and parts[1].isdigit() else None
-        checks.append(
-            {
-                "name": "MemAvailable",
-                "host": host,
-                "ok": gb is not None and gb >= floor,
-                "detail": f"{gb:.1f} GB free (floor {floor} GB)" if gb is not None else "unreadable",
-            }
-        )
-    bad = [c for c in checks if not c["ok"]]
-    run.finish("verify", f"{len(checks) - len(bad)}/{len(checks)} checks passed", "done" if not bad else "failed")  # noqa: E501
+        events = verify.parse_xid_lines(res.stdout)
+        checks.append(verify.check_no_new_xid(events, since=when, host=host))
     return checks
 
 
@@ -494,4 +551,3 @@ async def budget_prune(
         stamps=list(stamps), since=since, until=until, planned=planned, dry_run=dry_run,
         reason="operator prune",
     )  # fmt: skip
-

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from ground.fixtures import openssh_cluster, real_vllm, real_vllm_factory  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""End to end on the embedded cluster: apply, dry run, bad input, lock, deadline — through real SSH."""
+"""End to end on the embedded cluster: apply, dry run, bad input, lock, deadline (real SSH)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def spark_ops(env: dict[str, str], *args: str, timeout: float = 240) -> subproce
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    """Digest of the node trees' files that spark-ops may change (not logs, pids, the daemon's state)."""
+    """Digest of the node files spark-ops may change (not logs, pids, the daemon's state)."""
     skip = (".log", ".pid", ".owner", ".lock", "state.json")
     out = {}
     for p in sorted((root / "nodes").rglob("*")):
@@ -55,10 +55,16 @@ def test_apply_max_num_seqs_64_end_to_end(sim: Sim, cli_env: dict[str, str]) -> 
 
     after_recipe = sim.recipe.read_text()
     changed = [
-        (a, b) for a, b in zip(before_recipe.splitlines(), after_recipe.splitlines(), strict=True) if a != b
+        (a, b)
+        for a, b in zip(before_recipe.splitlines(), after_recipe.splitlines(), strict=True)
+        if a != b
     ]
-    assert changed == [("  max_num_seqs: 6          # interactive default; raise for batch work",
-                        "  max_num_seqs: 64          # interactive default; raise for batch work")]
+    assert changed == [
+        (
+            "  max_num_seqs: 6          # interactive default; raise for batch work",
+            "  max_num_seqs: 64          # interactive default; raise for batch work",
+        )
+    ]
     backups = list(sim.recipe.parent.glob(sim.recipe.name + ".bak.*"))
     assert len(backups) == 1 and backups[0].read_text() == before_recipe
 
@@ -70,7 +76,9 @@ def test_apply_max_num_seqs_64_end_to_end(sim: Sim, cli_env: dict[str, str]) -> 
     assert all(c["ok"] for c in out["checks"]), out["checks"]
 
     running = asyncio.run(_peak_running(sim, concurrency=16))
-    assert running > 6, f"more than 6 requests should run at once with the cap at 64 (saw {running})"
+    assert running > 6, (
+        f"more than 6 requests should run at once with the cap at 64 (saw {running})"
+    )
 
 
 async def _peak_running(sim: Sim, concurrency: int) -> float:
@@ -83,7 +91,10 @@ async def _peak_running(sim: Sim, concurrency: int) -> float:
     peak = 0.0
     async with aiohttp.ClientSession() as http:
         body = {"model": "glm-5.3-flash", "prompt": "hello", "max_tokens": 60, "ignore_eos": True}
-        tasks = [asyncio.ensure_future(http.post(base + "/v1/completions", json=body)) for _ in range(concurrency)]  # noqa: E501
+        tasks = [
+            asyncio.ensure_future(http.post(base + "/v1/completions", json=body))
+            for _ in range(concurrency)
+        ]
         for _ in range(20):
             await asyncio.sleep(0.1)
             async with http.get(base + "/metrics") as r:
@@ -149,7 +160,7 @@ def test_second_operator_is_told_who_holds_the_lock(sim: Sim, cli_env: dict[str,
         assert res.returncode == ExitStatus.LOCKED
         assert "locked by" in res.stderr and "restart" in res.stderr
     finally:
-        out, err = first.communicate(timeout=240)
+        _, err = first.communicate(timeout=240)
     assert first.returncode == 0, err[-2000:]
     assert not owner.exists()
 

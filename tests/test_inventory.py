@@ -1,4 +1,4 @@
-"""Inventory loading: every case in tests/fixtures/inventory/ states what it expects on its first line."""
+"""Inventory loading: each case in tests/fixtures/inventory/ states its expectation on line 1."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_env_var_and_missing_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     src = CASES / "valid" / "four-nodes.yaml"
     monkeypatch.setenv("SPARK_OPS_INVENTORY", str(src))
     assert load_inventory().cluster().name == "spark"
-    with pytest.raises(InventoryError, match="nope.yaml: cannot read inventory"):
+    with pytest.raises(InventoryError, match=r"nope\.yaml: cannot read inventory"):
         load_inventory(tmp_path / "nope.yaml")
 
 

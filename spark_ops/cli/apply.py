@@ -13,19 +13,31 @@ from spark_ops.cli.common import echo_plan, emit_json, load_cluster, run_async, 
 def knob_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The four knobs and the generic setters, shared by apply and plan."""
     options = [
-        click.option("--max-num-seqs", help="Engine cap on sequences per batch (positive integer)."),
+        click.option(
+            "--max-num-seqs", help="Engine cap on sequences per batch (positive integer)."
+        ),
         click.option(
             "--kv-cache-memory",
-            help="KV cache bytes per GPU: integer, or one suffix K/M/G/T (binary) k/m/g/t (decimal).",
+            help="KV cache bytes per GPU: an integer, or one suffix K M G T (binary) / k m g t.",
         ),
-        click.option("--moe-backend", help="MoE kernel backend (checked for the server's version)."),
         click.option(
-            "--enforce-eager/--no-enforce-eager", default=None, help="Add or remove --enforce-eager."
+            "--moe-backend", help="MoE kernel backend (checked for the server's version)."
         ),
-        click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a defaults key."),
+        click.option(
+            "--enforce-eager/--no-enforce-eager",
+            default=None,
+            help="Add or remove --enforce-eager.",
+        ),
+        click.option(
+            "--set", "sets", multiple=True, metavar="KEY=VALUE", help="Set a defaults key."
+        ),
         click.option("--flag", "flags", multiple=True, metavar="--FLAG[=V]", help="Add a flag."),
-        click.option("--unset-flag", "unset_flags", multiple=True, metavar="--FLAG", help="Remove a flag."),  # noqa: E501
-        click.option("--vllm-version", help="vLLM version to validate for when the engine is down."),
+        click.option(
+            "--unset-flag", "unset_flags", multiple=True, metavar="--FLAG", help="Remove a flag."
+        ),
+        click.option(
+            "--vllm-version", help="vLLM version to validate for when the engine is down."
+        ),
         click.option("--force", is_flag=True, help="Overwrite recipe copies that differ."),
     ]
     for opt in reversed(options):
@@ -41,7 +53,9 @@ def restart_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--json", "as_json", is_flag=True, help="Results as JSON on stdout."),
         click.option("--no-drain", is_flag=True, help="Do not wait for in-flight requests."),
         click.option("--drain-timeout", type=float, default=120.0, show_default=True),
-        click.option("--deadline", type=float, help="Boot deadline in seconds (inventory's by default)."),  # noqa: E501
+        click.option(
+            "--deadline", type=float, help="Boot deadline in seconds (inventory's by default)."
+        ),
         click.option("--reason", help="Reason recorded in the watchdog's journal."),
     ]
     for opt in reversed(options):
@@ -66,20 +80,7 @@ def _changes(kw: dict[str, Any]) -> list[Any]:
 
 def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
     """connect → lock → plan → show → confirm → execute → report."""
-    try:
-        from spark_ops.cli.progress import make_reporter
-    except ImportError:  # TEMP until progress lands
-
-        class _R:
-            def __call__(self, ev: Any) -> None:
-                if ev.kind == "phase":
-                    click.echo(f"  phase {ev.phase.value} at {ev.elapsed_s:.1f}s", err=True)
-
-            def close(self) -> None:
-                pass
-
-        def make_reporter(cluster: str, json_lines: bool) -> Any:
-            return _R()
+    from spark_ops.cli.progress import make_reporter
     from spark_ops.errors import Aborted, ExitStatus, SparkOpsError
     from spark_ops.workflows import ApplyOptions, Operation, execute, plan_apply, plan_restart
 
@@ -144,17 +145,22 @@ def _echo_outcome(outcome: Any) -> None:
     """Summarise an executed plan for a person."""
     click.echo()
     if outcome.rolled_back:
-        click.secho("The new recipe failed to boot; the previous recipe is serving again.", fg="yellow")
+        click.secho(
+            "The new recipe failed to boot; the previous recipe is serving again.", fg="yellow"
+        )
     elif outcome.ok:
         total = (outcome.boot or {}).get("total_s")
         click.secho(f"Done: engine serving (boot {total:.1f} s).", fg="green", bold=True)
     for c in outcome.checks:
         mark = "✓" if c["ok"] else "✗"
-        click.secho(f"  {mark} {c['name']} [{c['host']}]: {c['detail']}", fg=None if c["ok"] else "red")
+        click.secho(
+            f"  {mark} {c['name']} [{c['host']}]: {c['detail']}", fg=None if c["ok"] else "red"
+        )
     if outcome.budget:
         b = outcome.budget
         click.echo(
-            f"Restart budget: {b['used']}/{b['allowed']} used in the last {b['window_s'] / 3600:g} h; "
+            f"Restart budget: {b['used']}/{b['allowed']} used in the last "
+            f"{b['window_s'] / 3600:g} h; "
             f"pruned {outcome.pruned or 'nothing'}"
         )
 
@@ -162,7 +168,9 @@ def _echo_outcome(outcome: Any) -> None:
 @click.command("apply")
 @knob_options
 @restart_options
-@click.option("--rollback-on-failure", is_flag=True, help="Restore the old recipe if the boot fails.")
+@click.option(
+    "--rollback-on-failure", is_flag=True, help="Restore the old recipe if the boot fails."
+)
 @click.pass_context
 def apply_cmd(ctx: click.Context, **kw: Any) -> int:
     """Change knobs in the recipe, force a restart, wait for the boot, prune the planned stamp."""
@@ -175,7 +183,9 @@ def apply_cmd(ctx: click.Context, **kw: Any) -> int:
 @click.pass_context
 def plan_cmd(ctx: click.Context, **kw: Any) -> int:
     """Show the per-node diff and the steps apply would take; change nothing."""
-    kw.update(dry_run=True, yes=False, no_drain=False, drain_timeout=0.0, deadline=None, reason=None)
+    kw.update(
+        dry_run=True, yes=False, no_drain=False, drain_timeout=0.0, deadline=None, reason=None
+    )
     return _flow(ctx, "apply", kw)
 
 

@@ -40,7 +40,10 @@ def echo_budget(view: Any) -> None:
     for s in view.stamps:
         reason = s["reason"] or "(no journal entry)"
         by = f" by {s['by']}" if s["by"] else ""
-        click.echo(f"  {s['stamp']}  {when(float(s['stamp']))}  {s['age_s'] / 60:.0f} min ago  {reason}{by}")  # noqa: E501
+        click.echo(
+            f"  {s['stamp']}  {when(float(s['stamp']))}  "
+            f"{s['age_s'] / 60:.0f} min ago  {reason}{by}"
+        )
     if view.used >= view.allowed:
         click.echo(f"Next slot frees at {when(view.next_free_at)}")
     if view.paused:
@@ -75,11 +78,15 @@ def cli(ctx: click.Context, as_json: bool) -> None:
 
 
 @cli.command("prune")
-@click.option("--stamp", "stamps", multiple=True, type=float, help="Exact stamp value (repeatable).")
+@click.option(
+    "--stamp", "stamps", multiple=True, type=float, help="Exact stamp value (repeatable)."
+)
 @click.option("--since", help="Stamps at or after: Unix time or duration ago (90m, 6h).")
 @click.option("--until", help="With --since: stamps at or before this time.")
 @click.option("--planned", is_flag=True, help="Stamps the journal marks as planned restarts.")
-@click.option("--clear-gave-up", is_flag=True, help="Then remove the gave-up file if there is room.")
+@click.option(
+    "--clear-gave-up", is_flag=True, help="Then remove the gave-up file if there is room."
+)
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
@@ -97,7 +104,9 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
 
     async def flow() -> dict[str, Any]:
         """Preview, confirm, prune, report."""
-        async with Operation.open(cluster, "budget prune", lock=not kw["dry_run"], nodes=[cluster.head.name]) as op:  # noqa: E501
+        async with Operation.open(
+            cluster, "budget prune", lock=not kw["dry_run"], nodes=[cluster.head.name]
+        ) as op:
             now = await op.watchdog.clock() if since_ago or until_ago else 0.0
             lo = now - since_ago if since_ago is not None else since
             hi = now - until_ago if until_ago is not None else until

@@ -1,4 +1,4 @@
-"""Shared CLI plumbing: the chosen cluster, running coroutines, rendering plans, steps and tables."""
+"""Shared CLI plumbing: the chosen cluster, running coroutines, rendering plans and steps."""
 
 from __future__ import annotations
 

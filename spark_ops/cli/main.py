@@ -17,14 +17,33 @@ from spark_ops.errors import ExitStatus, SparkOpsError
 
 # name -> (module, attribute, one-line help shown by --help without importing the module)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "apply": ("spark_ops.cli.apply", "apply_cmd", "Change engine knobs, restart, wait, prune the stamp."),
-    "plan": ("spark_ops.cli.apply", "plan_cmd", "Show what apply would change (same as apply --dry-run)."),
-    "restart": ("spark_ops.cli.apply", "restart_cmd", "Planned maintenance restart: no recipe change."),
+    "apply": (
+        "spark_ops.cli.apply",
+        "apply_cmd",
+        "Change engine knobs, restart, wait, prune the stamp.",
+    ),
+    "plan": (
+        "spark_ops.cli.apply",
+        "plan_cmd",
+        "Show what apply would change (same as apply --dry-run).",
+    ),
+    "restart": (
+        "spark_ops.cli.apply",
+        "restart_cmd",
+        "Planned maintenance restart: no recipe change.",
+    ),
     "budget": ("spark_ops.cli.budget", "cli", "Show the restart budget; prune planned stamps."),
-    "status": ("spark_ops.cli.status", "cli", "Nodes, engine, load, watchdog and budget at a glance."),
+    "status": (
+        "spark_ops.cli.status",
+        "cli",
+        "Nodes, engine, load, watchdog and budget at a glance.",
+    ),
     "recipe": ("spark_ops.cli.recipe", "cli", "Edit or render a local recipe file."),
     "bench": ("spark_ops.cli.bench", "cli", "Throughput sweep over concurrency levels."),
     "sim": ("spark_ops.cli.sim", "cli", "The embedded simulated cluster (up, down, status)."),
+    "init": ("spark_ops.cli.init", "cli", "Write an inventory from the cluster you already run."),
+    "doctor": ("spark_ops.cli.doctor", "cli", "Check every precondition of apply, with fixes."),
+    "log": ("spark_ops.cli.log", "cli", "The audit log kept on the head: who did what, when."),
     "exec": ("spark_ops.cli.exec", "cli", "Run a command on every node (fan-out)."),
 }
 
@@ -43,7 +62,7 @@ class LazyGroup(click.Group):
         module, attr, _ = COMMANDS[cmd_name]
         cmd = getattr(importlib.import_module(module), attr)
         cmd.name = cmd_name
-        return cmd  # type: ignore[no-any-return]
+        return cmd
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """List commands with their one-line help without importing them."""
@@ -65,8 +84,10 @@ class LazyGroup(click.Group):
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors on stderr.")
 @click.version_option(__version__, prog_name="spark-ops")
 @click.pass_context
-def cli(ctx: click.Context, inventory: str | None, cluster: str | None, verbose: int, quiet: bool) -> None:
-    """Operate a vLLM cluster of DGX Spark nodes: knobs, planned restarts, restart budget, sweeps."""
+def cli(
+    ctx: click.Context, inventory: str | None, cluster: str | None, verbose: int, quiet: bool
+) -> None:
+    """Operate a vLLM cluster of DGX Spark nodes: knobs, planned restarts, budget, sweeps."""
     from spark_ops.log import configure
 
     configure(-1 if quiet else verbose)

@@ -17,7 +17,7 @@ _DIR = click.option(
 
 @click.group()
 def cli() -> None:
-    """The embedded cluster: four SSH nodes on loopback, the reference watchdog, a simulated vLLM."""
+    """The embedded cluster: SSH nodes on loopback, the reference watchdog, a simulated vLLM."""
 
 
 @cli.command()
@@ -45,7 +45,9 @@ def up(root: Path, nodes: int, max_num_seqs: int, time_scale: float, boot_scale:
     if as_json:
         emit_json(state)
         return
-    click.echo(f"Embedded cluster up: {nodes} nodes on 127.0.0.1 ports {list(state['ports'].values())}")
+    click.echo(
+        f"Embedded cluster up: {nodes} nodes on 127.0.0.1 ports {list(state['ports'].values())}"
+    )
     click.echo(f"Inventory: {state['inventory']}")
     click.echo(f"  export SPARK_OPS_INVENTORY={state['inventory']}")
 

@@ -15,9 +15,13 @@ def echo_status(data: dict[str, Any]) -> None:
     click.secho(f"Cluster {data['cluster']}", bold=True)
     for n in data["nodes"]:
         if n["reachable"]:
-            click.echo(f"  {n['name']:<8} {n['role']:<7} {n['address']:<22} up   {n['latency_ms']} ms")
+            click.echo(
+                f"  {n['name']:<8} {n['role']:<7} {n['address']:<22} up   {n['latency_ms']} ms"
+            )
         else:
-            click.secho(f"  {n['name']:<8} {n['role']:<7} {n['address']:<22} DOWN {n['error']}", fg="red")
+            click.secho(
+                f"  {n['name']:<8} {n['role']:<7} {n['address']:<22} DOWN {n['error']}", fg="red"
+            )
     e = data.get("engine") or {}
     if e.get("up"):
         click.echo(
@@ -45,7 +49,9 @@ def echo_status(data: dict[str, Any]) -> None:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
-@click.option("--watch", type=float, default=None, metavar="SECONDS", help="Refresh every N seconds.")
+@click.option(
+    "--watch", type=float, default=None, metavar="SECONDS", help="Refresh every N seconds."
+)
 @click.pass_context
 def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
     """Nodes reachable and latency, engine and load, recipe knobs, watchdog budget."""

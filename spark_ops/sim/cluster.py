@@ -1,8 +1,10 @@
-"""The embedded cluster: N simulated SSH nodes on loopback, the reference watchdog and a simulated engine.
+"""The embedded cluster: N simulated SSH nodes on loopback, the reference watchdog and a simulated
+engine.
 
-`prepare()` lays out a directory (keys, one file tree per node, the recipe, the watchdog's config and a
-history with one earlier automatic restart); `serve()` runs the nodes until SIGTERM and writes the
-inventory that spark-ops uses to reach them; `up()` / `down()` run serve() as a background process.
+`prepare()` lays out a directory (keys, one file tree per node, the recipe, the watchdog's config
+and a history with one earlier automatic restart); `serve()` runs the nodes until SIGTERM and writes
+the inventory that spark-ops uses to reach them; `up()` / `down()` run serve() as a background
+process.
 """
 
 from __future__ import annotations
@@ -195,7 +197,9 @@ class SimCluster:
         )
         await head.start()
         ports = {n: self.nodes[n].spec.port for n in self.names}
-        (self.root / "inventory.yaml").write_text(inventory_text(self.root, ports, self.engine_port))
+        (self.root / "inventory.yaml").write_text(
+            inventory_text(self.root, ports, self.engine_port)
+        )
         known = ""
         for n in self.names:
             pub = (self.root / "keys" / f"host_{n}.pub").read_text().strip()

@@ -1,4 +1,6 @@
-"""Control of the embedded cluster from outside: up (background process), down, status, node stop/start."""
+"""Control of the embedded cluster from outside: up (background process), down, status, node
+stop/start.
+"""
 
 from __future__ import annotations
 
@@ -32,8 +34,10 @@ def read_state(root: Path) -> dict[str, Any] | None:
     return state
 
 
-def up(root: Path, opts: SimOptions, *, fresh: bool = True, timeout: float = 60.0) -> dict[str, Any]:
-    """Lay out (fresh by default) and start the embedded cluster in the background; wait until up."""
+def up(
+    root: Path, opts: SimOptions, *, fresh: bool = True, timeout: float = 60.0
+) -> dict[str, Any]:
+    """Lay out (fresh by default) and start the embedded cluster in the background."""
     root = root.resolve()
     if read_state(root) is not None:
         raise SimError(
@@ -55,9 +59,13 @@ def up(root: Path, opts: SimOptions, *, fresh: bool = True, timeout: float = 60.
             return state
         if proc.poll() is not None:
             tail = (root / "cluster.log").read_text(errors="replace")[-2000:]
-            raise SimError(f"the embedded cluster exited at start (code {proc.returncode}):\n{tail}")
+            raise SimError(
+                f"the embedded cluster exited at start (code {proc.returncode}):\n{tail}"
+            )
         time.sleep(0.1)
-    raise SimError(f"the embedded cluster did not come up within {timeout:.0f} s; see {root}/cluster.log")
+    raise SimError(
+        f"the embedded cluster did not come up within {timeout:.0f} s; see {root}/cluster.log"
+    )
 
 
 def down(root: Path, timeout: float = 20.0) -> bool:

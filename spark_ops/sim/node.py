@@ -1,7 +1,9 @@
-"""A simulated cluster node: an asyncssh server that runs commands in a real bash with its own file tree.
+"""A simulated cluster node: an asyncssh server that runs commands in a real bash with its own file
+tree.
 
-Each node has a home directory (its file tree), its own host key, key-only authentication and, for worker
-nodes, a "raylet" TCP listener that the simulated engine on the head must reach for the boot to proceed.
+Each node has a home directory (its file tree), its own host key, key-only authentication and, for
+worker nodes, a "raylet" TCP listener that the simulated engine on the head must reach for the boot
+to proceed.
 """
 
 from __future__ import annotations
@@ -146,7 +148,9 @@ class SimNode:
         with suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
 
-    async def _raylet_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _raylet_conn(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         """Answer the engine's liveness connection and keep it until either side closes."""
         self._peers.add(writer)
         try:

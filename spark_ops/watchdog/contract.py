@@ -1,9 +1,10 @@
-"""The watchdog contract as spark-ops uses it over SSH: force a restart, find its stamp, read and prune.
+"""The watchdog contract as spark-ops uses it over SSH: force a restart, find its stamp, read and
+prune.
 
-Works with any watchdog that keeps a history of restart stamps (one Unix time per line, or JSON lines) under
-a lock file: the reference `spark-watchdog` or an operator's own. The history is read and changed on the head
-by `history.py`, whose source is sent to the head's python3, so nothing has to be installed there. Times
-always come from the head's clock.
+Works with any watchdog that keeps a history of restart stamps (one Unix time per line, or JSON
+lines) under a lock file: the reference `spark-watchdog` or an operator's own. The history is read
+and changed on the head by `history.py`, whose source is sent to the head's python3, so nothing has
+to be installed there. Times always come from the head's clock.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ from typing import Any
 from spark_ops.errors import AmbiguousStamp, HistoryError, WatchdogError
 from spark_ops.remote import ClusterSession, quote_path
 
-_EXIT_MEANING = {3: "the history lock is held too long", 4: "the history is unreadable", 5: "stamp absent"}
+_EXIT_MEANING = {
+    3: "the history lock is held too long",
+    4: "the history is unreadable",
+    5: "stamp absent",
+}
 
 
 def history_source() -> str:
@@ -38,7 +43,7 @@ def operator() -> str:
 
 @dataclass
 class BudgetView:
-    """The restart budget as the head sees it, with journal reasons and the pause / gave-up flags."""
+    """The restart budget as the head sees it, with journal reasons and pause / gave-up."""
 
     used: int
     allowed: int
@@ -106,7 +111,9 @@ class WatchdogContract:
             args += ["--journal", self.wd.journal_file]
         return args
 
-    async def history(self, command: str, *args: str, timeout: float | None = None) -> dict[str, Any]:
+    async def history(
+        self, command: str, *args: str, timeout: float | None = None
+    ) -> dict[str, Any]:
         """Run a history.py subcommand on the head and return its JSON answer."""
         argv = [command, *args]
         line = f"{shlex.quote(self.wd.python)} - " + " ".join(
@@ -202,7 +209,9 @@ class WatchdogContract:
     async def trigger(self, reason: str, *, timeout: float = 600.0) -> Trigger:
         """Force a restart through the watchdog, taking the head's clock before and after."""
         before = await self.clock()
-        res = await self.session.run(self.head, self.restart_command(reason), timeout=timeout, check=False)
+        res = await self.session.run(
+            self.head, self.restart_command(reason), timeout=timeout, check=False
+        )
         after = await self.clock()
         if res.exit_code != 0:
             raise WatchdogError(
@@ -212,7 +221,7 @@ class WatchdogContract:
         return Trigger(before, after, _reported_stamp(res.stdout), res.stdout)
 
     async def identify(self, trigger: Trigger, before: list[float]) -> float | None:
-        """The one stamp this restart wrote: reported, else the one new stamp in the clock window."""
+        """The stamp this restart wrote: reported, else the one new stamp in the clock window."""
         now = await self.stamps()
         old = list(before)
         new = []
@@ -249,7 +258,7 @@ class WatchdogContract:
         dry_run: bool = False,
         reason: str = "planned restart",
     ) -> dict[str, Any]:
-        """Remove chosen stamps under the history lock (backup kept); returns history.py's report."""
+        """Remove chosen stamps under the history lock (backup kept); history.py's report."""
         args = [*self._common(), *self._locking(), "--by", operator(), "--reason", reason]
         for s in stamps or []:
             args += ["--stamp", _fmt(s)]
@@ -273,7 +282,8 @@ class WatchdogContract:
         view = await self.budget()
         if view.used >= view.allowed:
             raise WatchdogError(
-                f"the budget is still full ({view.used}/{view.allowed}); clearing gave-up now would "
+                f"the budget is still full ({view.used}/{view.allowed}); clearing gave-up now "
+                f"would "
                 f"let the watchdog loop; next slot frees at {_fmt(view.next_free_at)}",
                 hint="prune planned stamps first (spark-ops budget prune --planned)",
             )
