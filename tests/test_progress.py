@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from spark_ops.cli.progress import JsonLinesReporter, LiveReporter, make_reporter
@@ -109,3 +111,34 @@ def test_importing_progress_does_not_import_rich_live() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert res.stdout.strip() == "False"
+
+
+async def test_reporter_follows_a_real_wait() -> None:
+    """Plugged into wait_for_boot on a real log, the JSON lines list the phases in order."""
+    from spark_ops.readiness import wait_for_boot
+
+    log = Path(__file__).parent / "fixtures" / "readiness" / "serve-startup.log"
+    lines = log.read_text().splitlines()[:70]
+
+    async def source() -> AsyncIterator[str]:
+        """The boot log, then silence."""
+        for line in lines:
+            yield line
+        await asyncio.sleep(3600)
+
+    seen = 0
+
+    async def probe() -> bool:
+        """Ready on the third probe."""
+        nonlocal seen
+        seen += 1
+        return seen >= 3
+
+    out = io.StringIO()
+    reporter = make_reporter("c", json_lines=True, stream=out, estimates={})
+    await wait_for_boot(
+        source(), probe=probe, deadline_s=10, on_event=reporter, probe_interval_s=0.05
+    )
+    reporter.close()
+    phases = [json.loads(r)["phase"] for r in out.getvalue().splitlines()]
+    assert phases == ["STARTING", "WEIGHTS_LOADING", "WEIGHTS_DONE", "KV_CACHE", "API_UP", "READY"]
