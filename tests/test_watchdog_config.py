@@ -83,3 +83,21 @@ def test_unreadable_and_bad_yaml(tmp_path: Path) -> None:
     bad.write_text("probe: [unclosed\n")
     with pytest.raises(WatchdogConfigError, match=r"bad\.yaml: not valid YAML"):
         load_config(bad)
+
+
+def test_documented_example_loads_with_the_defaults() -> None:
+    """The YAML example in docs/watchdog.md is valid and shows the real defaults."""
+    import re
+
+    import yaml
+
+    doc = (Path(__file__).parents[1] / "docs" / "watchdog.md").read_text()
+    match = re.search(r"```yaml\n(.*?)```", doc, re.S)
+    assert match, "docs/watchdog.md lost its YAML example"
+    cfg = parse_config(yaml.safe_load(match.group(1)), source="/etc/spark-watchdog/config.yaml")
+    default = parse_config(
+        {"action": {"kind": "recipe", "recipe": str(cfg.action.recipe)}},
+        source="/etc/spark-watchdog/config.yaml",
+    )
+    assert cfg.probe == default.probe and cfg.budget == default.budget
+    assert cfg.paths == default.paths and cfg.engine == default.engine
