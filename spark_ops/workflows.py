@@ -530,6 +530,21 @@ async def _xid_checks(op: Operation, since: float) -> list[Any]:
     return checks
 
 
+@asynccontextmanager
+async def engine_endpoint(cluster: Cluster) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """The engine's URL from here (tunnelled through the head if needed) and the recipe's knobs."""
+    from spark_ops.recipe import knob_values
+
+    async with Operation.open(cluster, "bench", lock=False, nodes=[cluster.head.name]) as op:
+        url = await op.api_url()
+        knobs: dict[str, Any] = {}
+        if cluster.head.name in cluster.recipe.nodes:
+            text = await op.session.read_file(cluster.head.name, cluster.recipe.path, sudo=True)
+            if text is not None:
+                knobs = _jsonable(knob_values(text, source=f"{cluster.head.name}:recipe"))
+        yield url, knobs
+
+
 async def budget_view(op: Operation) -> BudgetView:
     """The budget as the head sees it."""
     return await op.watchdog.budget()

@@ -14,12 +14,8 @@ DEFAULT_CONCURRENCY = "1,6,16,32,64"
 TABLE_WIDTH = 110
 
 
-def resolve_url(url: str | None) -> str:
-    """The engine's base URL to benchmark (the one place to swap for --inventory resolution)."""
-    from spark_ops.errors import BenchError
-
-    if not url:
-        raise BenchError("no server to benchmark", hint="pass --url http://HOST:PORT")
+def resolve_url(url: str) -> str:
+    """Normalise a base URL given with --url (scheme added, a trailing /v1 dropped)."""
     url = url.strip().rstrip("/")
     if url.endswith("/v1"):
         url = url[: -len("/v1")]
@@ -59,7 +55,7 @@ def _knob_value(text: str) -> Any:
 
 
 @click.group(name="bench", invoke_without_command=True)
-@click.option("--url", help="Engine base URL, e.g. http://node1:8000.")
+@click.option("--url", help="Engine base URL (default: the inventory's engine, tunnelled).")
 @click.option("--model", help="Model name (default: the first one /v1/models lists).")
 @click.option(
     "--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True
@@ -178,7 +174,7 @@ def cli(
     from spark_ops.bench.sweep import SweepConfig, run_sweep
 
     config = SweepConfig(
-        base_url=resolve_url(url),
+        base_url=resolve_url(url) if url else "http://via-inventory",
         model=model,
         api=api,
         levels=_parse_levels(concurrency),
@@ -209,7 +205,19 @@ def cli(
             highlight=False,
         )
 
-    result = asyncio.run(run_sweep(config, on_level=progress))
+    async def sweep() -> Any:
+        """Run against --url, or against the inventory's engine (tunnel to the head if needed)."""
+        if url:
+            return await run_sweep(config, on_level=progress)
+        from spark_ops.cli.common import load_cluster
+        from spark_ops.workflows import engine_endpoint
+
+        async with engine_endpoint(load_cluster(ctx)) as (base_url, recipe_knobs):
+            config.base_url = base_url
+            config.knobs = config.knobs or recipe_knobs
+            return await run_sweep(config, on_level=progress)
+
+    result = asyncio.run(sweep())
     out = Console()
     out.width = max(out.width, TABLE_WIDTH)  # ten columns: narrower terminals would truncate them
     out.print(report.sweep_table(result))

@@ -109,13 +109,21 @@ def _report_error(exc: SparkOpsError, as_json: bool) -> None:
         click.echo(f"hint: {exc.hint}", err=True)
 
 
+def _json_flag(args: list[str]) -> bool:
+    """True when --json was given as a flag (not as `--json FILE`, as bench uses it)."""
+    if "--json" not in args:
+        return False
+    i = args.index("--json")
+    return i == len(args) - 1 or args[i + 1].startswith("-")
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Run the CLI, mapping errors to ExitStatus codes."""
     args = sys.argv[1:] if argv is None else argv
     try:
         rc = cli.main(args=args, prog_name="spark-ops", standalone_mode=False)
     except SparkOpsError as exc:
-        _report_error(exc, "--json" in args)
+        _report_error(exc, _json_flag(args))
         sys.exit(int(exc.exit_status))
     except click.exceptions.Abort:
         click.echo("aborted", err=True)

@@ -150,7 +150,12 @@ class WatchdogContract:
         text = await self.session.read_file(self.head, path)
         if text is None:
             return False, ""
-        return True, (text.strip().splitlines() or [""])[0]
+        first = (text.strip().splitlines() or [""])[0]
+        try:
+            record = json.loads(first)
+        except ValueError:
+            return True, first
+        return True, str(record.get("reason", first)) if isinstance(record, dict) else first
 
     async def budget(self) -> BudgetView:
         """Used / allowed in the window, with journal reasons and flags."""
@@ -195,7 +200,7 @@ class WatchdogContract:
         for line in (text or "").splitlines():
             try:
                 rec = json.loads(line)
-                if rec.get("action", "restart") != "prune" and rec.get("stamp") is not None:
+                if rec.get("action", "restart") == "restart" and rec.get("stamp") is not None:
                     out[float(rec["stamp"])] = rec
             except (ValueError, TypeError, AttributeError):
                 continue
