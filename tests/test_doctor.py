@@ -80,12 +80,23 @@ def apply_damage(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text.replace(old, new))
         return lambda: path.unlink()
-    if kind == "write":
+    if kind in ("write", "append"):
+        before = path.read_text() if path.exists() else None
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(damage["content"])
+        path.write_text(
+            (before or "") + damage["content"] if kind == "append" else damage["content"]
+        )
         if "mode" in damage:
             path.chmod(int(str(damage["mode"]), 0))
-        return lambda: path.unlink()
+
+        def restore() -> None:
+            """Put the file back as it was (or remove it)."""
+            if before is None:
+                path.unlink()
+            else:
+                path.write_text(before)
+
+        return restore
     if kind == "append_stamp":
         before = path.read_text()
         path.write_text(before + f"{int(time.time()) - int(damage['age_s'])}\n")
