@@ -8,7 +8,13 @@ from pathlib import Path
 
 import asyncssh
 import pytest
-from ground.sshd import SshdCluster, start_sshd_nodes, unavailable_reason
+from ground.sshd import (
+    OWNER_FILE,
+    SshdCluster,
+    start_sshd_nodes,
+    sweep_stale_users,
+    unavailable_reason,
+)
 
 pytestmark = pytest.mark.openssh
 
@@ -135,3 +141,26 @@ def test_unavailable_when_not_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     reason = unavailable_reason()
     assert reason is not None and "root" in reason
+
+
+def test_sweep_removes_what_a_dead_run_left(tmp_path: Path) -> None:
+    """Users, homes and sshd listeners of a cluster whose owner process died are swept away."""
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    import pwd
+    import subprocess
+
+    cluster = start_sshd_nodes(1, tmp_path / "ssh", names=["lost"])
+    node = cluster["lost"]
+    listener = node.proc
+    assert listener is not None
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (cluster.home_root / OWNER_FILE).write_text(f"{dead.pid}\n")  # as if the test run was killed
+    assert node.user in sweep_stale_users()
+    assert listener.wait(timeout=10) != 0
+    assert not cluster.home_root.exists()
+    with pytest.raises(KeyError):
+        pwd.getpwnam(node.user)
+    cluster.close()  # nothing left to close: still fine

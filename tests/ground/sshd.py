@@ -187,11 +187,24 @@ def sweep_stale_users() -> list[str]:
         except (OSError, ValueError):
             alive = False
         if not alive:
+            _kill_listeners(tag_dir)
             _delete_user(entry.pw_name)
             removed.append(entry.pw_name)
             if tag_dir.parent == HOME_BASE:
                 shutil.rmtree(tag_dir, ignore_errors=True)
     return removed
+
+
+def _kill_listeners(tag_dir: Path) -> None:
+    """Kill the sshd listeners (and their children) recorded in a dead cluster's tag directory."""
+    for pid_file in tag_dir.glob(".sshd-*.pid"):
+        try:
+            pid = int(pid_file.read_text().strip())
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except (OSError, ValueError):
+            continue
+        if exe == str(SSHD):  # not a reused pid (sshd rewrites its cmdline, not its exe)
+            _kill_pids([*_descendants(pid), pid])
 
 
 @dataclass
@@ -369,6 +382,7 @@ class SshdCluster:
             )
             outcome = self._wait_listening(node, deadline)
             if outcome == "ok":
+                (self.home_root / f".sshd-{name}.pid").write_text(f"{node.proc.pid}\n")
                 return
             if outcome == "busy" and time.monotonic() < deadline:
                 time.sleep(
