@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -9,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ground.vllm import VllmFactory, VllmServer, parse_metrics
+from ground.vllm import OWNER_ENV, VllmFactory, VllmServer, parse_metrics, sweep_stale_servers
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
 
@@ -139,3 +141,16 @@ def test_burst_shows_the_running_count_capped(
     assert capped["max_running"] == 6
     assert capped["waiting_at_cap"]
     assert wide["max_running"] > 6
+
+
+def test_sweep_kills_servers_of_a_dead_run(real_vllm_factory: VllmFactory) -> None:
+    """A server whose owner process is gone (a killed test run) is killed by the next sweep."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    server = real_vllm_factory.launch("tiny-llama", env={OWNER_ENV: str(dead.pid)})
+    time.sleep(2.0)  # let the server get going (and maybe fork its engine)
+    mine = real_vllm_factory.launch("tiny-llama")  # owned by this live process: must survive
+    assert server.proc.pid in sweep_stale_servers()
+    assert server.proc.wait(timeout=10) == -signal.SIGKILL
+    assert mine.running
+    mine.stop()

@@ -84,7 +84,7 @@ def keygen(path: Path, comment: str) -> str:
     return path.with_name(path.name + ".pub").read_text().strip()
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Tell whether a process with this pid exists (zombies count as gone)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -183,7 +183,7 @@ def sweep_stale_users() -> list[str]:
         tag_dir = Path(entry.pw_dir).parent
         owner = tag_dir / OWNER_FILE
         try:
-            alive = _pid_alive(int(owner.read_text().strip()))
+            alive = pid_alive(int(owner.read_text().strip()))
         except (OSError, ValueError):
             alive = False
         if not alive:

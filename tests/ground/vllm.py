@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import GroundError
-from .sshd import free_port
+from .sshd import free_port, pid_alive
 
 VENV = Path(os.environ.get("SPARK_GROUND_VENV", "/opt/spark-ops-vllm"))
 MODELS = ("tiny-llama", "tiny-moe")
@@ -31,6 +31,29 @@ SERVED_NAME = "tiny"
 BOOT_TIMEOUT = 300.0
 STOP_TIMEOUT = 30.0
 _METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+OWNER_ENV = "SPARK_GROUND_VLLM_OWNER"
+
+
+def sweep_stale_servers() -> list[int]:
+    """Kill ground vLLM processes whose owner test process died (OWNER_ENV); return their pids."""
+    killed: list[int] = []
+    marker = OWNER_ENV.encode() + b"="
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        owners = [item[len(marker) :] for item in environ if item.startswith(marker)]
+        if not owners or not owners[0].isdigit() or pid_alive(int(owners[0])):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed.append(int(entry.name))
+    return killed
 
 
 class VllmBootFailed(GroundError):
@@ -211,6 +234,7 @@ class VllmFactory:
         """Remember the work directory (logs, cwd of the servers)."""
         self.workdir = workdir
         self.servers: list[VllmServer] = []
+        sweep_stale_servers()
 
     def __iter__(self) -> Iterator[VllmServer]:
         """Iterate over the servers started so far."""
@@ -238,7 +262,9 @@ class VllmFactory:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log_path = self.workdir / f"vllm-{len(self.servers) + 1}-{port}.log"
         run_env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
-        run_env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})})
+        run_env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        run_env[OWNER_ENV] = str(os.getpid())  # lets a later run kill what a killed run left
+        run_env.update(env or {})
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 argv,
