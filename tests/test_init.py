@@ -232,3 +232,78 @@ def test_adopting_a_watchdog_examples_are_valid_inventories() -> None:
     bash = clusters[1]
     assert bash.watchdog.lock_path == "~/.watchdog/restart_history.lock"
     assert (bash.engine.log_kind, bash.engine.log_target) == ("docker", "vllm_node")
+
+
+FAKE_DOCKER = """#!/bin/sh
+# stand-in for docker on the head (tests): one running container, vllm_node
+case "$1" in
+  ps) echo vllm_node;;
+  inspect) echo running;;
+  logs) tail -n 0 -F "$HOME/engine.log";;
+  *) echo "docker stand-in: $*" >&2; exit 1;;
+esac
+"""
+
+BASH_WATCHDOG = """#!/bin/bash
+# a community-style watchdog (tests): --restart-now --force appends a stamp under the lock
+HISTORY="$HOME/.watchdog/restart_history"
+if [ "$1" = "--restart-now" ]; then
+  ( flock -w 10 9 || exit 1; date +%s >> "$HISTORY" ) 9>>"$HISTORY.lock"
+  exit 0
+fi
+echo "probe loop not started in tests" >&2
+"""
+
+
+async def test_init_adopts_a_bash_watchdog(mini: MiniCluster, tmp_path: Path) -> None:
+    """No spark-watchdog config: init finds the bash watchdog, its history and flags, docker's log."""
+    from spark_ops.discover import InitOptions, discover
+    from spark_ops.doctor import run_doctor
+    from spark_ops.inventory import parse_inventory
+
+    head = mini.head
+    config = head / ".config" / "spark-watchdog.yaml"
+    state = head / ".local" / "state" / "spark-watchdog"
+    wd_dir = head / ".watchdog"
+    renames = [(config, config.with_name("off.yaml")), (state, head / "spark-watchdog-state-off")]
+    created = [head / "spark-vllm-docker" / "watchdog.sh", head / "bin" / "docker"]
+    for a, b in renames:
+        a.rename(b)
+    try:
+        wd_dir.mkdir()
+        (wd_dir / "restart_history").write_text("1795990000\n")
+        (wd_dir / "pause").write_text("")
+        created[0].parent.mkdir(exist_ok=True)
+        created[0].write_text(BASH_WATCHDOG)
+        created[1].write_text(FAKE_DOCKER)
+        for p in created:
+            p.chmod(0o755)
+        keys = mini.root / "keys"
+        opts = InitOptions(
+            hosts=hosts_of(mini.ports),
+            identity=(str(keys / "client_ed25519"),),
+            known_hosts=str(keys / "known_hosts"),
+        )
+        result = await discover(opts)
+        cluster = parse_inventory(result.text, "written").cluster()
+        report = await run_doctor(cluster)
+    finally:
+        for p in created:
+            p.unlink(missing_ok=True)
+        for f in wd_dir.iterdir():
+            f.unlink()
+        wd_dir.rmdir()
+        for a, b in renames:
+            b.rename(a)
+    assert result.complete, result.missing()
+    wd = cluster.watchdog
+    assert wd.restart_command == "~/spark-vllm-docker/watchdog.sh --restart-now --force"
+    assert wd.history_file == "~/.watchdog/restart_history" and wd.reports_stamp is False
+    assert wd.pause_file == "~/.watchdog/pause"
+    assert (cluster.engine.log_kind, cluster.engine.log_target) == ("docker", "vllm_node")
+    warned = {f.key for f in result.findings if f.status == "warn"}
+    assert warned == set(), result.findings
+    statuses = {(c.name, c.status) for c in report.checks}
+    assert ("watchdog-command", "ok") in statuses and ("engine-log", "ok") in statuses
+    assert ("watchdog-pause", "warn") in statuses, "the pause file exists: doctor warns"
+    assert report.ok, report.failed()
