@@ -256,7 +256,7 @@ echo "probe loop not started in tests" >&2
 
 
 async def test_init_adopts_a_bash_watchdog(mini: MiniCluster, tmp_path: Path) -> None:
-    """No spark-watchdog config: init finds the bash watchdog, its history and flags, docker's log."""
+    """No spark-watchdog config: init finds the bash watchdog, its history, flags, docker's log."""
     from spark_ops.discover import InitOptions, discover
     from spark_ops.doctor import run_doctor
     from spark_ops.inventory import parse_inventory
