@@ -837,3 +837,104 @@ def test_summarize_boot_log() -> None:
     ok = summarize_boot_log((FIXTURES / "serve-startup.log").read_text())
     assert ok["phase"] == "API_UP" and ok["fatal"] is None and ok["kv_cache_tokens"] == 2_097_152
     json.dumps(failed)
+
+
+# ---- against vLLM's real CPU build (the ground venv; skipped when absent) ------------------------
+
+
+async def _real_vllm_boot(
+    tmp_path: Path, http: aiohttp.ClientSession, model: str, extra: list[str]
+) -> BootReport:
+    """Boot the real CPU vLLM on 127.0.0.1 and wait for it through wait_for_boot."""
+    import signal
+
+    from ground.sshd import free_port
+    from ground.vllm import model_path, shim_path, vllm_unavailable_reason
+
+    reason = vllm_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    proc = await asyncio.create_subprocess_exec(
+        str(shim_path()),
+        "serve",
+        str(model_path(model)),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        "tiny",
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        "1G",
+        *extra,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        cwd=tmp_path,
+        env=env,
+        start_new_session=True,
+    )
+
+    async def output() -> AsyncIterator[str]:
+        """vLLM's stdout+stderr, then an exit line."""
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            yield raw.decode("utf-8", "replace")
+        yield exit_line(await proc.wait())
+
+    async def probe() -> bool:
+        """A one-token completion."""
+        async with http.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            json={"model": "tiny", "prompt": "hi", "max_tokens": 1},
+            timeout=aiohttp.ClientTimeout(total=10),
+        ) as resp:
+            return resp.status == 200 and bool((await resp.json()).get("choices"))
+
+    async def health() -> bool:
+        """GET /health."""
+        async with http.get(
+            f"http://127.0.0.1:{port}/health", timeout=aiohttp.ClientTimeout(total=5)
+        ) as resp:
+            return resp.status == 200
+
+    try:
+        return await wait_for_boot(output(), probe=probe, health=health, deadline_s=300)
+    finally:
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except asyncio.TimeoutError:
+                os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+
+
+@pytest.mark.realvllm
+@pytest.mark.slow
+async def test_real_vllm_boot_reaches_ready(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """vLLM's CPU build: the live log gives the phases and KV pool; READY on its first answer."""
+    report = await _real_vllm_boot(tmp_path, http, "tiny-llama", ["--max-num-seqs", "6"])
+    assert report.last_phase == "READY"
+    assert report.kv_cache_tokens and report.kv_cache_tokens > 0
+    assert report.non_default_args["max_num_seqs"] == 6
+    assert report.non_default_args["enforce_eager"] is True
+    assert {"WEIGHTS_DONE", "KV_CACHE", "API_UP", "READY"} <= set(report.phase_times)
+    assert "GRAPH_CAPTURE" in report.skipped
+
+
+@pytest.mark.realvllm
+@pytest.mark.slow
+async def test_real_vllm_refused_backend_fails_fast(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """vLLM's CPU build refusing --moe-backend triton: BootError naming the refusal."""
+    with pytest.raises(BootError) as info:
+        await _real_vllm_boot(
+            tmp_path, http, "tiny-moe", ["--max-num-seqs", "64", "--moe-backend", "triton"]
+        )
+    assert not isinstance(info.value, BootTimeout)
+    assert "TRITON" in info.value.message and "does not support" in info.value.message
