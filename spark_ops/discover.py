@@ -370,6 +370,14 @@ class Discovery:
         tp = args.get("--tensor-parallel-size")
         if isinstance(tp, str) and tp.isdigit():
             self.values["tensor_parallel"] = int(tp)
+            if int(tp) != len(self.cluster.nodes):
+                self.warn(
+                    "tensor_parallel",
+                    f"the recipe asks for --tensor-parallel-size {tp} but "
+                    f"{len(self.cluster.nodes)} node(s) were given; one GPU per DGX Spark means "
+                    "one node per rank",
+                    int(tp),
+                )
 
     async def read_watchdog_config(self) -> dict[str, Any] | None:
         """The reference watchdog's config on the head as {inventory key: value}; None if absent."""

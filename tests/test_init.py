@@ -307,3 +307,26 @@ async def test_init_adopts_a_bash_watchdog(mini: MiniCluster, tmp_path: Path) ->
     assert ("watchdog-command", "ok") in statuses and ("engine-log", "ok") in statuses
     assert ("watchdog-pause", "warn") in statuses, "the pause file exists: doctor warns"
     assert report.ok, report.failed()
+
+
+def test_init_with_the_head_down_writes_todo_lines(mini: MiniCluster, tmp_path: Path) -> None:
+    """The head does not answer: the nodes are written, everything else is a TODO, and said so."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    workers = list(mini.ports.values())[1:]
+    hosts = ",".join(f"127.0.0.1:{p}" for p in [dead, *workers])
+    out = tmp_path / "down.yaml"
+    res = spark_ops("init", "--hosts", hosts, *key_args(mini.root), "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    assert (
+        f"! nodes.node1 = 127.0.0.1: not reachable: node1: cannot connect to 127.0.0.1:{dead}"
+        in res.stdout
+    )
+    assert "4 item(s) left as TODO lines" in res.stdout
+    text = out.read_text()
+    for key in ("recipe.path", "watchdog.restart_command", "watchdog.history_file", "engine.log"):
+        assert f"# TODO(spark-ops init): {key} — the head node1 was not reachable" in text
+    assert "tensor_parallel: 4" in text and f'node1: {{host: "127.0.0.1", port: {dead}' in text
