@@ -107,8 +107,9 @@ class Target:
             "ssh_allow_agent": False,
             "ssh_look_for_keys": False,
         }
-        lines = [
-            f"({e.host!r}, {{**DATA, 'ssh_port': {e.port}, 'ssh_user': {e.user!r}}})"
+        lines = [  # unique names: pyinfra merges hosts that share a name
+            f"({e.name!r}, {{**DATA, 'ssh_hostname': {e.host!r}, 'ssh_port': {e.port}, "
+            f"'ssh_user': {e.user!r}}})"
             for e in self.endpoints
         ]
         inv.write_text(f"DATA = {data!r}\nhosts = [\n    " + ",\n    ".join(lines) + ",\n]\n")
@@ -309,8 +310,12 @@ def interleaved(
     *,
     warmup: int = 1,
     seed: int = 1,
+    verify: Callable[[str, int], str | None] | None = None,
 ) -> dict[str, Samples]:
-    """Run every case `repeats` times, interleaved round-robin in a shuffled order each round."""
+    """Run every case `repeats` times, interleaved in a shuffled order each round.
+
+    `verify(name, round)`, when given, checks a run's effect; a message back counts as a failure.
+    """
     samples = {name: Samples() for name in cases}
     order = list(cases)
     rng = random.Random(seed)
@@ -323,11 +328,12 @@ def interleaved(
                 continue
             argv, env = built
             took, rc, tail = time_process(argv, env)
+            problem = verify(name, rnd) if verify is not None and rc == 0 else None
             if rnd < warmup:
                 continue
-            if rc != 0:
+            if rc != 0 or problem:
                 samples[name].failures += 1
-                samples[name].last_error = tail
+                samples[name].last_error = problem or tail
             samples[name].times.append(took)
     return samples
 
