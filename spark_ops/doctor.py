@@ -113,6 +113,15 @@ if [ -d "$d" ] && [ -w "$d" ]; then echo "ok $d"; else echo "no $d"; fi
 """
 
 
+# $1 the cluster lock, $2 its owner file: "held" and the owner record when another process holds it.
+_LOCK_FREE = r"""
+l=$1; o=$2
+[ -e "$l" ] || { echo free; exit 0; }
+command -v flock >/dev/null 2>&1 || { echo free; exit 0; }
+if ( exec 9<"$l" && flock -n 9 ); then echo free; else echo held; cat -- "$o" 2>/dev/null; fi
+"""
+
+
 def _program(command: str) -> tuple[str | None, str | None]:
     """(directory, program) a shell command runs: skips `cd DIR &&`, VAR=value, sudo, env."""
     try:
@@ -214,6 +223,33 @@ class Doctor:
             )
         else:
             self.report.add("tools", self.head, "ok", f"flock, {py}, sha256sum, mktemp present")
+
+    async def check_cluster_lock(self) -> None:
+        """Nobody holds the cluster lock now (apply would stop with exit 6); names the holder."""
+        import json
+
+        from spark_ops.lock import describe_holder, lock_paths
+
+        if not self.up(self.head):
+            return
+        lock, owner = lock_paths(self.cluster.state_dir, self.cluster.name)
+        res = await self.session.run(self.head, sh_program(_LOCK_FREE, lock, owner), check=False)
+        first, _, rest = res.stdout.partition("\n")
+        if first.strip() != "held":
+            self.report.add("cluster-lock", self.head, "ok", f"free ({lock})")
+            return
+        try:
+            holder = json.loads(rest.strip() or "{}")
+        except ValueError:
+            holder = {}
+        self.report.add(
+            "cluster-lock",
+            self.head,
+            "fail",
+            f"held by {describe_holder(holder if isinstance(holder, dict) else {})}",
+            "wait for that operation to end (the lock frees itself if its holder dies), "
+            "then run doctor again",
+        )
 
     async def check_sudo(self) -> None:
         """`sudo -n true` on every node whose inventory entry says sudo: true."""
@@ -657,6 +693,7 @@ async def run_doctor(cluster: Cluster, *, session: ClusterSession | None = None)
         if doc.up(doc.head):
             await doc.check_tools()
             await doc.check_state_dir()
+            await doc.check_cluster_lock()
         await doc.check_sudo()
         await doc.check_recipe()
         await doc.check_watchdog()

@@ -130,6 +130,20 @@ def apply_damage(
             path.chmod(mode_f)
 
         return undo
+    if kind == "hold_lock":
+        path.touch()
+        holder = subprocess.Popen(
+            ["flock", str(path), "sh", "-c", "echo locked; exec sleep 60"],
+            stdout=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+
+        def release() -> None:
+            """Stop the holder (the kernel frees the lock)."""
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait(5)
+
+        return release
     if kind == "engine_stop":
         assert mini.engine is not None
         pid = mini.engine.pid
@@ -265,3 +279,21 @@ def test_check_status_is_validated() -> None:
     """A check's status must be ok, warn or fail."""
     with pytest.raises(ValueError, match="ok"):
         Check("x", "node1", "bad", "detail")
+
+
+async def test_cluster_lock_held_by_another_operator(mini: MiniCluster) -> None:
+    """While another operator's apply holds the cluster lock, doctor fails and names them."""
+    from spark_ops.lock import cluster_lock
+    from spark_ops.remote import ClusterSession
+
+    cluster = load_inventory(mini.inventory).cluster()
+    async with ClusterSession(cluster) as other:
+        await other.connect([cluster.head.name])
+        async with cluster_lock(other, "apply --max-num-seqs 64"):
+            report = await run_doctor(cluster)
+    assert failing(report) == [("cluster-lock", "node1")]
+    check = next(c for c in report.checks if c.name == "cluster-lock")
+    assert "apply --max-num-seqs 64" in check.detail and "pid" in check.detail
+    assert "wait for that operation to end" in check.fix
+    after = await run_doctor(cluster)
+    assert any(c.name == "cluster-lock" and c.status == "ok" for c in after.checks)
