@@ -164,3 +164,30 @@ def test_sweep_removes_what_a_dead_run_left(tmp_path: Path) -> None:
     with pytest.raises(KeyError):
         pwd.getpwnam(node.user)
     cluster.close()  # nothing left to close: still fine
+
+
+async def test_new_node_moves_off_a_taken_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port taken between picking and binding: the new node takes another; known_hosts follows."""
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    import socket
+
+    import ground.sshd as sshd_module
+
+    real_free_port = sshd_module.free_port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        ports = iter([taken])
+        monkeypatch.setattr(sshd_module, "free_port", lambda: next(ports, None) or real_free_port())
+        with start_sshd_nodes(1, tmp_path / "ssh") as cluster:
+            node = cluster["node1"]
+            assert node.port != taken
+            assert f"Port {node.port}\n" in node.config_path.read_text()
+            assert "Address already in use" in cluster.log_text("node1")
+            assert cluster.known_hosts.read_text() == node.known_hosts_line() + "\n"
+            assert (await _run(cluster, "node1", "echo moved")).strip() == "moved"

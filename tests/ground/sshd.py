@@ -222,6 +222,7 @@ class SshNode:
     dir: Path
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     starts: int = 0
+    listened: bool = False
 
     @property
     def config_path(self) -> Path:
@@ -383,16 +384,25 @@ class SshdCluster:
             outcome = self._wait_listening(node, deadline)
             if outcome == "ok":
                 (self.home_root / f".sshd-{name}.pid").write_text(f"{node.proc.pid}\n")
+                node.listened = True
                 return
             if outcome == "busy" and time.monotonic() < deadline:
-                time.sleep(
-                    0.2
-                )  # the port is held by someone else for now: try again on the same port
+                if not node.listened:  # a brand-new node: take another free port
+                    self._move_port(node, free_port())
+                else:  # clients know this port: wait for whoever holds it
+                    time.sleep(0.2)
                 continue
             log = node.log_path.read_text(errors="replace") if node.log_path.exists() else ""
             raise GroundError(
                 f"sshd for node {name} (port {node.port}) did not start: {log.strip()[-2000:]}"
             )
+
+    def _move_port(self, node: SshNode, port: int) -> None:
+        """Give a node that never listened another port (config and known_hosts follow)."""
+        text = node.config_path.read_text()
+        node.config_path.write_text(text.replace(f"Port {node.port}\n", f"Port {port}\n", 1))
+        node.port = port
+        self.write_known_hosts([n.name for n in self.nodes if n.host_key_pub])
 
     def _wait_listening(self, node: SshNode, deadline: float) -> str:
         """Wait for sshd's 'Server listening' line; return 'ok', 'busy' (port taken) or 'failed'."""
