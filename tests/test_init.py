@@ -330,3 +330,39 @@ def test_init_with_the_head_down_writes_todo_lines(mini: MiniCluster, tmp_path: 
     for key in ("recipe.path", "watchdog.restart_command", "watchdog.history_file", "engine.log"):
         assert f"# TODO(spark-ops init): {key} — the head node1 was not reachable" in text
     assert "tensor_parallel: 4" in text and f'node1: {{host: "127.0.0.1", port: {dead}' in text
+
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+# stand-in for systemctl on the head (tests): one vLLM unit
+case "$1" in
+  list-units) echo "vllm-glm.service loaded active running vLLM GLM 5.3 Flash";;
+  cat) [ "$2" = vllm-glm.service ] && echo "[Service]" || exit 1;;
+  *) exit 1;;
+esac
+"""
+
+
+async def test_init_finds_a_systemd_unit_before_a_log_file(mini: MiniCluster) -> None:
+    """With no watchdog config naming the log, a vllm* systemd unit wins over ~/engine.log."""
+    from spark_ops.discover import InitOptions, discover
+
+    config = mini.head / ".config" / "spark-watchdog.yaml"
+    systemctl = mini.head / "bin" / "systemctl"
+    config.rename(config.with_name("off.yaml"))
+    try:
+        systemctl.write_text(FAKE_SYSTEMCTL)
+        systemctl.chmod(0o755)
+        keys = mini.root / "keys"
+        result = await discover(
+            InitOptions(
+                hosts=hosts_of(mini.ports),
+                identity=(str(keys / "client_ed25519"),),
+                known_hosts=str(keys / "known_hosts"),
+            )
+        )
+    finally:
+        systemctl.unlink()
+        config.with_name("off.yaml").rename(config)
+    log = next(f for f in result.findings if f.key == "engine.log")
+    assert log.status == "found" and log.value == {"kind": "journalctl", "unit": "vllm-glm.service"}
+    assert 'log: {kind: journalctl, unit: "vllm-glm.service"}' in result.text
