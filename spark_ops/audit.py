@@ -108,6 +108,10 @@ def entry_for(
         result = "ok" if getattr(outcome, "ok", False) else "failed"
         if getattr(outcome, "rolled_back", False):
             result = "rolled back"
+        bad = [c for c in getattr(outcome, "checks", None) or () if not c.get("ok", True)]
+        if result == "ok" and bad:
+            names = ", ".join(sorted({f"{c.get('name')}@{c.get('host')}" for c in bad}))
+            result = f"ok, checks failed: {names}"
     detail: dict[str, Any] = {}
     if outcome is not None:
         detail = {

@@ -170,6 +170,9 @@ async def test_entry_for_an_executed_plan(mini: MiniCluster) -> None:
     }  # fmt: skip
     assert ok["nodes"] == ["node1"] and ok["diff"] == "-a\n+b\n" and ok["outcome"] == "ok"
     assert ok["detail"] == {"stamp": 17.0, "pruned": [17.0]}
+    checks = [{"name": "xid", "host": "node2", "ok": False}, {"name": "kv-pool", "ok": True}]
+    warned = audit.entry_for(plan, opts, Outcome(plan, ok=True, checks=checks))
+    assert warned["outcome"] == "ok, checks failed: xid@node2"
     failed = audit.entry_for(plan, opts, error=BootError("engine log ended during WEIGHTS"))
     assert failed["outcome"] == "failed: engine log ended during WEIGHTS"
     cluster = cluster_in(mini, "entry")
