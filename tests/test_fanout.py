@@ -8,14 +8,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_ops import fanout
-from spark_ops.errors import ExitStatus, InventoryError
+from spark_ops.errors import ConnectError, ExitStatus, HostKeyError, InventoryError
 from spark_ops.inventory import Cluster, parse_inventory
 
 RECIPE = "model: glm\nmax_num_seqs: 6\nkv_cache_memory: 40G\n"
@@ -101,6 +101,52 @@ def test_report_exit_status_order() -> None:
     rep.hosts.append(fanout.HostResult("d", fanout.UNREACHABLE))
     assert rep.exit_status() == ExitStatus.UNREACHABLE
     assert rep.to_dict()["failed"] == ["a", "b", "d"]
+
+
+class FlakyConnector:
+    """A fake connector whose first connects are dropped like an sshd past MaxStartups."""
+
+    attempts: ClassVar[dict[str, int]] = {}
+
+    def __init__(self, node: Any, ssh: Any) -> None:
+        """Remember the node."""
+        self.node = node
+
+    async def connect(self) -> None:
+        """Fail with a reset (node2: twice; node3: refused for good), then succeed."""
+        n = self.attempts[self.node.name] = self.attempts.get(self.node.name, 0) + 1
+        if self.node.name == "node3":
+            raise ConnectError("node3", "cannot connect to 127.0.0.1:1: Connection refused")
+        if self.node.name == "node2" and n <= 2:
+            raise ConnectError("node2", "cannot connect to 127.0.0.1:2: Connection reset by peer")
+
+    async def run(self, command: str, *, input: str | None = None, timeout: float) -> Any:
+        """Answer every command with exit 0."""
+        from spark_ops.remote import Result
+
+        return Result(self.node.name, command, 0, "ok\n", "", 0.0)
+
+    async def close(self) -> None:
+        """Nothing to close."""
+
+
+async def test_dropped_connects_are_retried_refused_are_not() -> None:
+    """A reset before login is retried (within the cap); a refused connection is not."""
+    from spark_ops.remote import ClusterSession
+
+    text = (
+        "clusters:\n  t:\n    nodes:\n      node1: {host: h, role: head}\n      node2: {host: h}\n"
+        "      node3: {host: h}\n    recipe: {path: r}\n"
+        "    watchdog: {restart_command: x, history_file: y}\n"
+    )
+    cluster = parse_inventory(text, "t.yaml").cluster()
+    FlakyConnector.attempts.clear()
+    session = ClusterSession(cluster, connector_factory=FlakyConnector)  # type: ignore[arg-type]
+    results = await fanout.exec_on(session, "true", ["node1", "node2", "node3"])
+    assert [r.kind for r in results] == [fanout.OK, fanout.OK, fanout.UNREACHABLE]
+    assert FlakyConnector.attempts == {"node1": 1, "node2": 3, "node3": 1}
+    assert fanout.transient(ConnectError("n", "disconnected while connecting: Connection lost"))
+    assert not fanout.transient(HostKeyError("n", "Connection lost"))
 
 
 # ----------------------------------------------------------------------------- OpenSSH nodes
