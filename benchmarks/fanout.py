@@ -204,36 +204,55 @@ def fixed(argv: list[str]) -> Case:
 
 
 def limits(work: Path, runs: int, n: int = 16) -> str:
-    """Failures of `spark-ops exec` on n endpoints of ONE sshd with default limits, per cap."""
+    """Failures of exec on n endpoints of ONE sshd with default limits, per cap, retries on/off."""
     out = []
     cluster, target = one_sshd_many_ports(n, work / "limits", defaults=True)
     try:
-        rows = []
-        caps = sorted({n, 12, 10, 8, 4}, reverse=True)
-        cases: dict[str, Case] = {}
-        for cap in caps:
-            inv = target.write_inventory(cap, f"inventory-cap{cap}.yaml")
-            argv = [*c.spark_ops_argv(), "-q", "-i", str(inv), "exec", "--json", "--", "true"]
-            cases[f"cap {cap}"] = fixed(argv)
-        minimal = c.build_minimal(target, ["true"])
-        assert minimal is not None
-        cases["asyncssh minimal (no cap)"] = fixed(minimal)
-        samples = c.interleaved(cases, runs, warmup=0)
-        for name, s in samples.items():
-            label = f"{name} (= no cap for {n} endpoints)" if name == f"cap {n}" else name
-            rows.append([label, f"{s.failures}/{len(s.times)}", c.fmt_s(s.median)])
-        out.append(
-            c.table(
-                f"{n} connections at once to ONE sshd with default MaxStartups 10:30:100 "
-                "(runs with >= 1 host failed)",
-                ["connect cap (ssh.max_concurrent_connects)", "failed runs", "median"],
-                rows,
-            )
-        )
+        out.append(connect_caps(target, runs, n))
         out.append(channels(target, runs))
     finally:
         cluster.close()
     return "\n".join(out)
+
+
+def connect_caps(target: c.Target, runs: int, n: int) -> str:
+    """In-process fan-outs of `true` per connect cap, with and without the connect retries."""
+    import dataclasses
+    import statistics
+
+    from spark_ops import fanout
+    from spark_ops.inventory import load_inventory
+
+    base = load_inventory(target.files["spark-ops"]).cluster()
+    caps = sorted({n, 12, 10, 8, 4}, reverse=True)
+    stats: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    saved = fanout.CONNECT_RETRIES
+    try:
+        for _ in range(runs):
+            for cap in caps:
+                for retries in (0, saved):
+                    fanout.CONNECT_RETRIES = retries
+                    ssh = dataclasses.replace(base.ssh, max_concurrent_connects=cap)
+                    cl = dataclasses.replace(base, ssh=ssh)
+                    t0 = time.perf_counter()
+                    rep = asyncio.run(fanout.run_command(cl, ["true"]))
+                    took = time.perf_counter() - t0
+                    stats.setdefault((cap, retries), []).append((len(rep.failed), took))
+    finally:
+        fanout.CONNECT_RETRIES = saved
+    rows = []
+    for (cap, retries), got in stats.items():
+        label = f"{cap} (no cap for {n} endpoints)" if cap == n else str(cap)
+        bad_runs = sum(1 for f, _ in got if f)
+        bad_hosts = sum(f for f, _ in got)
+        med = statistics.median(t for _, t in got)
+        rows.append([label, retries, f"{bad_runs}/{len(got)}", f"{bad_hosts}/{n * len(got)}",
+                     c.fmt_s(med)])  # fmt: skip
+    return c.table(
+        f"{n} connections at once to ONE sshd with default MaxStartups 10:30:100 (in-process)",
+        ["connect cap", "retries", "runs with a failed host", "failed hosts", "median"],
+        rows,
+    )
 
 
 def channels(target: c.Target, runs: int) -> str:
