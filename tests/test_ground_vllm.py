@@ -16,7 +16,7 @@ from ground.vllm import OWNER_ENV, VllmFactory, VllmServer, parse_metrics, sweep
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
 
 BURST_CONCURRENCY = 16
-BURST_MAX_TOKENS = 256
+BURST_MAX_TOKENS = 768
 
 
 def test_tiny_llama_streams_chat_with_usage(real_vllm: VllmServer) -> None:
@@ -114,6 +114,7 @@ def _burst(server: VllmServer, concurrency: int) -> dict[str, Any]:
         "max_running": max(r for r, _ in samples),
         "waiting_at_cap": any(r == max(r for r, _ in samples) and w > 0 for r, w in samples),
         "max_waiting": max(w for _, w in samples),
+        "busy_samples": sum(1 for r, _ in samples if r > 0),
     }
 
 
@@ -131,8 +132,9 @@ def test_burst_shows_the_running_count_capped(
     report = (
         f"C={BURST_CONCURRENCY} max_tokens={BURST_MAX_TOKENS}: "
         f"cap 6 {capped['tok_s']:.1f} tok/s (max running {capped['max_running']:.0f}, "
-        f"max waiting {capped['max_waiting']:.0f}); "
-        f"cap 64 {wide['tok_s']:.1f} tok/s (max running {wide['max_running']:.0f})"
+        f"max waiting {capped['max_waiting']:.0f}, {capped['busy_samples']} busy samples); "
+        f"cap 64 {wide['tok_s']:.1f} tok/s (max running {wide['max_running']:.0f}, "
+        f"{wide['busy_samples']} busy samples)"
     )
     record_property("burst", report)
     (tmp_path / "burst.txt").write_text(report + "\n")
