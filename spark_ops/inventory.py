@@ -100,6 +100,7 @@ class EngineSettings:
     worker_stall_s: float = 300.0
     min_mem_available_gb: float = 8.0
     model: str | None = None
+    pid_file: str | None = None
 
     def follow_command(self) -> str:
         """The shell command that prints new engine log lines as they come."""
@@ -274,7 +275,7 @@ _WATCHDOG_KEYS = (
 )  # fmt: skip
 _ENGINE_KEYS = (
     "log", "api", "boot_deadline_s", "probe_timeout_s", "worker_stall_s", "min_mem_available_gb",
-    "model",
+    "model", "pid_file",
 )  # fmt: skip
 _CLUSTER_KEYS = ("tensor_parallel", "ssh", "nodes", "recipe", "watchdog", "engine", "state_dir")
 
@@ -359,6 +360,7 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
         worker_stall_s=esec.positive("worker_stall_s", float, 300.0),
         min_mem_available_gb=esec.positive("min_mem_available_gb", float, 8.0),
         model=esec.get("model", str),
+        pid_file=esec.get("pid_file", str),
     )
     tp = sec.positive("tensor_parallel", int, len(nodes))
     return Cluster(

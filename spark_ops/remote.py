@@ -209,8 +209,9 @@ class SSHConnector(Connector):
         conn = self._require()
         start = time.monotonic()
         try:
+            stdin: dict[str, Any] = {"input": input} if input else {"stdin": asyncssh.DEVNULL}
             proc = await asyncio.wait_for(
-                conn.run(command, input=input, check=False, timeout=timeout), timeout + 5
+                conn.run(command, check=False, timeout=timeout, **stdin), timeout + 5
             )
         except (asyncssh.TimeoutError, asyncio.TimeoutError) as exc:
             raise CommandTimeout(

@@ -9,7 +9,7 @@ events.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -259,9 +259,45 @@ async def execute(
     on_step: StepReporter | None = None,
     on_event: EventReporter | None = None,
 ) -> Outcome:
-    """Run an apply or restart plan step by step; our stamp is pruned even if the boot fails."""
-    run = StepRunner(plan, on_step)
+    """Run an apply or restart plan step by step; the audit log on the head records the outcome."""
     out = Outcome(plan, ok=False)
+    failure: BaseException | None = None
+    try:
+        await _execute(op, plan, opts, out, StepRunner(plan, on_step), on_event)
+    except BaseException as exc:
+        failure = exc
+        raise
+    finally:
+        await _audit(op, audit_entry(plan, opts, out, failure))
+    return out
+
+
+def audit_entry(plan: Plan, opts: Any, out: Any, failure: BaseException | None) -> dict[str, Any]:
+    """The audit entry of an executed plan."""
+    from spark_ops import audit
+
+    return audit.entry_for(plan, opts, out, error=failure)
+
+
+async def _audit(op: Operation, entry: dict[str, Any]) -> None:
+    """Append to the head's audit log; a failure to do so is logged, never raised."""
+    from spark_ops import audit
+
+    try:
+        await audit.record(op.session, entry)
+    except SparkOpsError as exc:
+        op.log.warning("audit log not written", error=exc.message)
+
+
+async def _execute(
+    op: Operation,
+    plan: Plan,
+    opts: ApplyOptions,
+    out: Outcome,
+    run: StepRunner,
+    on_event: EventReporter | None,
+) -> None:
+    """The steps of apply / restart; our stamp is pruned even if the boot fails."""
     steps = {s.name for s in plan.steps}
     await op.api_url()
     if "write" in steps:
@@ -285,7 +321,6 @@ async def execute(
             out.checks = await _verify(op, plan, run, out)
     finally:
         out.budget = await _budget_step(op, run, plan)
-    return out
 
 
 async def _restart_and_wait(
@@ -299,6 +334,7 @@ async def _restart_and_wait(
     suffix: str = "",
 ) -> None:
     """Drain, trigger, follow the boot, and prune this restart's stamp whatever the boot did."""
+    from spark_ops.readiness import record as record_boot
     from spark_ops.readiness import wait_for_boot
 
     c = op.cluster
@@ -339,6 +375,7 @@ async def _restart_and_wait(
                 source_end_fatal=start_at is not None,
             )
         out.boot = report.to_dict()
+        record_boot(c.name, report)
         run.finish("boot" + suffix, f"ready in {report.total_s:.1f} s")
     except BaseException as exc:
         boot_error = exc
@@ -446,6 +483,12 @@ async def _follow_log(op: Operation, offset: int | None) -> AsyncIterator[str]:
     eng = op.cluster.engine
     if offset is None:
         cmd = eng.follow_command()
+    elif eng.pid_file:  # tail ends when the engine process does: an exit is seen at once
+        cmd = (
+            f"pid=$(cat {quote_path(eng.pid_file)} 2>/dev/null | head -n 1); "
+            f'exec tail -s 0.2 -c +{offset + 1} -F ${{pid:+--pid="$pid"}} '
+            f"-- {quote_path(eng.log_target)} 2>/dev/null"
+        )
     else:
         cmd = f"tail -c +{offset + 1} -F -- {quote_path(eng.log_target)} 2>/dev/null"
     async for line in op.session.stream_lines(op.cluster.head.name, cmd):
@@ -480,11 +523,12 @@ async def _verify(op: Operation, plan: Plan, run: StepRunner, out: Outcome) -> l
         if isinstance(res, SparkOpsError):
             checks.append(verify.Check("mem-available", host, False, res.message))
         else:
-            checks.append(
-                verify.check_mem_available(
-                    verify.parse_meminfo(res.stdout), min_bytes=floor, host=host
-                )
-            )
+            try:
+                info = verify.parse_meminfo(res.stdout)
+            except VerifyError as exc:
+                checks.append(verify.Check("mem-available", host, False, exc.message))
+                continue
+            checks.append(verify.check_mem_available(info, min_bytes=floor, host=host))
     since = plan.facts.get("restart_at")
     if since is not None:
         checks.extend(await _xid_checks(op, float(since)))
@@ -505,10 +549,17 @@ async def _kv_pool(op: Operation) -> int | None:
     return snap.kv_tokens if snap is not None else None
 
 
-_KERNEL_LOG = (
-    "journalctl -k -o short-iso --no-pager --since @{since} 2>/dev/null | grep -i 'NVRM: Xid' "
-    "|| dmesg 2>/dev/null | grep -i 'NVRM: Xid' || true"
-)
+_KERNEL_LOG = """
+if command -v journalctl >/dev/null 2>&1 && journalctl -k -n 0 >/dev/null 2>&1; then
+  echo SOURCE=journalctl
+  journalctl -k -o short-iso --no-pager --since "@$1" | grep -i 'NVRM: Xid' || true
+elif dmesg >/dev/null 2>&1; then
+  echo "SOURCE=dmesg BOOT=$(date -d "$(uptime -s)" +%s)"
+  dmesg | grep -i 'NVRM: Xid' || true
+else
+  echo SOURCE=none
+fi
+"""
 
 
 async def _xid_checks(op: Operation, since: float) -> list[Any]:
@@ -516,17 +567,31 @@ async def _xid_checks(op: Operation, since: float) -> list[Any]:
     import datetime as dt
 
     from spark_ops import verify
+    from spark_ops.remote import sh_program
 
     when = dt.datetime.fromtimestamp(since, dt.timezone.utc)
-    cmd = _KERNEL_LOG.format(since=int(since))
+    cmd = sh_program(_KERNEL_LOG, str(int(since)))
     results = await op.session.run_all(cmd, [n.name for n in op.cluster.nodes], check=False)
     checks = []
     for host, res in results.items():
         if isinstance(res, SparkOpsError):
             checks.append(verify.Check("xid", host, False, res.message))
             continue
-        events = verify.parse_xid_lines(res.stdout)
-        checks.append(verify.check_no_new_xid(events, since=when, host=host))
+        head, _, body = res.stdout.partition("\n")
+        if head.strip() == "SOURCE=none":
+            checks.append(
+                verify.Check(
+                    "xid", host, True, "unknown: neither journalctl -k nor dmesg is readable here",
+                    "give the ssh user read access to the kernel log (group adm / systemd-journal)",
+                )
+            )  # fmt: skip
+            continue
+        boot = None
+        if "BOOT=" in head:
+            with suppress(ValueError):
+                boot = dt.datetime.fromtimestamp(int(head.split("BOOT=")[1]), dt.timezone.utc)
+        events = verify.parse_xid_lines(body)
+        checks.append(verify.check_no_new_xid(events, since=when, boot_time=boot, host=host))
     return checks
 
 
@@ -562,7 +627,15 @@ async def budget_prune(
     """Remove chosen stamps (by value, time range, or the journal's planned entries)."""
     if not stamps and since is None and not planned:
         raise SparkOpsError("choose what to prune: --stamp S, --since T or --planned")
-    return await op.watchdog.prune(
+    result = await op.watchdog.prune(
         stamps=list(stamps), since=since, until=until, planned=planned, dry_run=dry_run,
         reason="operator prune",
     )  # fmt: skip
+    if not dry_run and result.get("removed_stamps"):
+        from spark_ops import audit
+
+        args = {"stamps": list(stamps), "since": since, "until": until, "planned": planned}
+        detail = {"removed": result["removed_stamps"], "backup": result.get("backup")}
+        entry = audit.make_entry("budget prune", args=args, outcome="ok", detail=detail)
+        await _audit(op, entry)
+    return result

@@ -135,8 +135,21 @@ def test_usage_errors() -> None:
 
 
 def test_resolve_url() -> None:
-    """URLs are normalised: scheme added, trailing /v1 and slash dropped; none is an error."""
+    """URLs are normalised: scheme added, trailing /v1 and slash dropped."""
     assert resolve_url("node1:8000") == "http://node1:8000"
     assert resolve_url("http://node1:8000/v1/") == "http://node1:8000"
-    with pytest.raises(BenchError, match="no server"):
-        resolve_url(None)
+
+
+def test_no_url_and_no_inventory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --url the inventory's engine is used; with neither, the error says what to give."""
+    from spark_ops.cli.main import main
+    from spark_ops.errors import ExitStatus
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SPARK_OPS_INVENTORY", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--concurrency", "1", "--repeats", "1"])
+    assert exc.value.code == ExitStatus.INVENTORY
+    assert "pass --inventory FILE or set SPARK_OPS_INVENTORY" in capsys.readouterr().err

@@ -1,0 +1,267 @@
+"""The remote layer against real SSH servers (embedded asyncssh nodes, keys made at run time)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncssh
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spark_ops.errors import CommandTimeout, ConnectError, HostKeyError, RemoteError
+from spark_ops.inventory import Cluster, parse_inventory
+from spark_ops.remote import ClusterSession, FileWrite, quote_args, sha256
+from spark_ops.sim.node import NodeSpec, SimNode
+
+
+async def _nodes(root: Path, n: int = 3) -> tuple[list[SimNode], Cluster]:
+    """Start n embedded nodes and an inventory reaching them."""
+    client = asyncssh.generate_private_key("ssh-ed25519")
+    client.write_private_key(str(root / "id"))
+    client.write_public_key(str(root / "id.pub"))
+    nodes, known = [], ""
+    for i in range(1, n + 1):
+        key = asyncssh.generate_private_key("ssh-ed25519")
+        key.write_private_key(str(root / f"host{i}"))
+        home = root / f"node{i}"
+        home.mkdir()
+        node = SimNode(
+            NodeSpec(
+                f"node{i}", "head" if i == 1 else "worker", home, root / f"host{i}", root / "id.pub"
+            )
+        )
+        await node.start()
+        nodes.append(node)
+        known += f"[127.0.0.1]:{node.spec.port} {key.export_public_key().decode().strip()}\n"
+    (root / "known_hosts").write_text(known)
+    inv = {
+        "clusters": {
+            "t": {
+                "ssh": {
+                    "known_hosts": str(root / "known_hosts"),
+                    "identity": str(root / "id"),
+                    "agent": False,
+                    "config": "/dev/null",
+                    "command_timeout": 20,
+                },
+                "nodes": {
+                    n.spec.name: {"host": "127.0.0.1", "port": n.spec.port, "role": n.spec.role}
+                    for n in nodes
+                },
+                "recipe": {"path": "~/r.yaml"},
+                "watchdog": {"restart_command": "true", "history_file": "~/h"},
+            }
+        }
+    }
+    return nodes, parse_inventory(yaml.safe_dump(inv), "test").cluster()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[tuple[list[SimNode], Cluster]]:
+    """Three running embedded nodes."""
+    nodes, c = await _nodes(tmp_path)
+    try:
+        yield nodes, c
+    finally:
+        for n in nodes:
+            await n.stop()
+
+
+async def test_run_everywhere_and_per_host_errors(cluster: tuple[list[SimNode], Cluster]) -> None:
+    """Each node runs in its own file tree; a failing host is reported, the others still answer."""
+    nodes, c = cluster
+    async with ClusterSession(c) as s:
+        await s.connect()
+        res = await s.run_all('echo "$HOME"; [ "$SPARK_SIM_NODE" != node2 ]', check=True)
+    assert res["node1"].stdout.strip() == str(nodes[0].spec.home)  # type: ignore[union-attr]
+    assert isinstance(res["node2"], RemoteError) and "exit 1" in res["node2"].message
+    assert res["node3"].ok  # type: ignore[union-attr]
+
+
+async def test_timeout_is_enforced(cluster: tuple[list[SimNode], Cluster]) -> None:
+    """A command past its timeout raises CommandTimeout naming the host."""
+    _, c = cluster
+    async with ClusterSession(c) as s:
+        await s.connect(["node1"])
+        with pytest.raises(CommandTimeout, match="node1"):
+            await s.run("node1", "sleep 10", timeout=0.5)
+
+
+async def test_atomic_write_with_backup_and_retention(
+    cluster: tuple[list[SimNode], Cluster],
+) -> None:
+    """Writes land whole, keep a timestamped backup, and keep only the last N backups."""
+    nodes, c = cluster
+    target = nodes[0].spec.home / "r.yaml"
+    target.write_text("v0\n")
+    os.chmod(target, 0o640)
+    async with ClusterSession(c) as s:
+        await s.connect()
+        old = "v0\n"
+        for i in range(1, 5):
+            new = f"v{i}\n"
+            [out] = await s.write_atomic([FileWrite("node1", "~/r.yaml", new, sha256(old), 2)])
+            assert out.backup and Path(out.backup).read_text() == old
+            old = new
+    assert target.read_text() == "v4\n"
+    assert oct(target.stat().st_mode & 0o777) == "0o640", "the file's mode is kept"
+    backups = sorted(p.name for p in target.parent.glob("r.yaml.bak.*"))
+    assert len(backups) == 2, backups
+    assert not list(target.parent.glob(".r.yaml.spark-ops.*")), "no temp file left"
+
+
+async def test_write_refused_on_one_node_changes_no_node(
+    cluster: tuple[list[SimNode], Cluster],
+) -> None:
+    """Staging fails on node3 (its directory is missing): node1 and node2 keep their content."""
+    nodes, c = cluster
+    for n in nodes[:2]:
+        (n.spec.home / "etc").mkdir()
+        (n.spec.home / "etc" / "r.yaml").write_text("old\n")
+    writes = [FileWrite(n.spec.name, "~/etc/r.yaml", "new\n", sha256("old\n")) for n in nodes[:2]]
+    writes.append(FileWrite("node3", "~/etc/r.yaml", "new\n"))
+    async with ClusterSession(c) as s:
+        await s.connect()
+        with pytest.raises(RemoteError, match="node3"):
+            await s.write_atomic(writes)
+    for n in nodes[:2]:
+        assert (n.spec.home / "etc" / "r.yaml").read_text() == "old\n"
+        assert sorted(p.name for p in (n.spec.home / "etc").iterdir()) == ["r.yaml"]
+
+
+async def test_write_refused_when_file_changed_since_read(
+    cluster: tuple[list[SimNode], Cluster],
+) -> None:
+    """The digest the plan was built on no longer matches: nothing is written."""
+    nodes, c = cluster
+    target = nodes[0].spec.home / "r.yaml"
+    target.write_text("edited by someone else\n")
+    async with ClusterSession(c) as s:
+        await s.connect(["node1"])
+        with pytest.raises(RemoteError, match="changed since it was read"):
+            await s.write_atomic([FileWrite("node1", "~/r.yaml", "mine\n", sha256("planned\n"))])
+    assert target.read_text() == "edited by someone else\n"
+
+
+async def test_unknown_host_key_and_missing_node(
+    cluster: tuple[list[SimNode], Cluster], tmp_path: Path
+) -> None:
+    """A node whose key is not in known_hosts is refused; a stopped node is named."""
+    nodes, c = cluster
+    (tmp_path / "known_hosts").write_text("")
+    async with ClusterSession(c) as s:
+        with pytest.raises(HostKeyError, match="node1"):
+            await s.connect(["node1"])
+    await nodes[2].stop()
+    bad = parse_inventory(
+        yaml.safe_dump(
+            {
+                "clusters": {
+                    "t": {
+                        "ssh": {"agent": False, "connect_timeout": 3, "config": "/dev/null"},
+                        "nodes": {
+                            "node3": {
+                                "host": "127.0.0.1",
+                                "port": nodes[2].spec.port,
+                                "role": "head",
+                            }
+                        },
+                        "recipe": {"path": "/r"},
+                        "watchdog": {"restart_command": "true", "history_file": "/h"},
+                    }
+                }
+            }
+        ),
+        "t",
+    ).cluster()
+    async with ClusterSession(bad) as s:
+        with pytest.raises(ConnectError, match="node3"):
+            await s.connect()
+
+
+async def test_tunnel_reaches_a_loopback_service(cluster: tuple[list[SimNode], Cluster]) -> None:
+    """A local port forwarded through the head reaches a service listening on the head."""
+    _, c = cluster
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer one line."""
+        writer.write(b"pong:" + await reader.readline())
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with ClusterSession(c) as s:
+        await s.connect(["node1"])
+        local = await s.tunnel("node1", "127.0.0.1", port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", local)
+        writer.write(b"ping\n")
+        assert await reader.readline() == b"pong:ping\n"
+        writer.close()
+    server.close()
+
+
+HOSTILE = st.text(
+    alphabet=st.sampled_from(list("ab '\"$();`\\\n\t|&*?~#!<>{}-=")), min_size=1, max_size=24
+)
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimNode, Cluster]]:
+    """One embedded node served from a background event loop for the whole module."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    root = tmp_path_factory.mktemp("one-node")
+    nodes, c = asyncio.run_coroutine_threadsafe(_nodes(root, 1), loop).result(30)
+    yield nodes[0], c
+    asyncio.run_coroutine_threadsafe(nodes[0].stop(), loop).result(30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(name=HOSTILE, content=st.text(max_size=200))
+def test_hostile_paths_and_content_round_trip(
+    one_node: tuple[SimNode, Cluster], name: str, content: str
+) -> None:
+    """Quotes, $(), newlines and ; in a file name and its content reach the node exactly."""
+    node, c = one_node
+    fname = name.replace("/", "_").lstrip("-") or "x"
+    if fname in (".", ".."):
+        fname = "dot"
+
+    async def go() -> None:
+        """Write, read back and echo through a real SSH node."""
+        async with ClusterSession(c) as s:
+            await s.connect()
+            await s.write_atomic([FileWrite("node1", f"~/{fname}", content)])
+            assert (node.spec.home / fname).read_bytes().decode() == content
+            assert await s.read_file("node1", f"~/{fname}") == content
+            res = await s.run("node1", "printf '%s' " + quote_args([name]))
+            assert res.stdout == name
+
+    asyncio.run(go())
+
+
+def test_help_imports_no_ssh_or_http_library() -> None:
+    """`spark-ops --help` must not import asyncssh, aiohttp or yaml."""
+    code = (
+        "import sys\n"
+        "from spark_ops.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('asyncssh', 'aiohttp', 'yaml', 'rich') if m in sys.modules]\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("HEAVY="), out.stdout[-300:]
