@@ -162,19 +162,19 @@ def test_sweep_removes_what_a_dead_run_left(tmp_path: Path) -> None:
     import pwd
     import subprocess
 
-    cluster = start_sshd_nodes(1, tmp_path / "ssh", names=["lost"])
-    node = cluster["lost"]
-    listener = node.proc
-    assert listener is not None
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (cluster.home_root / OWNER_FILE).write_text(f"{dead.pid}\n")  # as if the test run was killed
-    assert node.user in sweep_stale_users()
-    assert listener.wait(timeout=10) != 0
-    assert not cluster.home_root.exists()
-    with pytest.raises(KeyError):
-        pwd.getpwnam(node.user)
-    cluster.close()  # nothing left to close: still fine
+    with start_sshd_nodes(1, tmp_path / "ssh", names=["lost"]) as cluster:
+        node = cluster["lost"]
+        listener = node.proc
+        assert listener is not None
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        (cluster.home_root / OWNER_FILE).write_text(f"{dead.pid}\n")  # as if the run was killed
+        assert node.user in sweep_stale_users()
+        assert listener.wait(timeout=10) != 0
+        assert not cluster.home_root.exists()
+        with pytest.raises(KeyError):
+            pwd.getpwnam(node.user)
+    # leaving the block closes the cluster: nothing left to close, still fine
 
 
 async def test_new_node_moves_off_a_taken_port(
