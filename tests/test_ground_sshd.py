@@ -125,10 +125,12 @@ def test_close_removes_users_and_homes(tmp_path: Path) -> None:
     import pwd
 
     cluster = start_sshd_nodes(2, tmp_path / "ssh", names=["head", "worker"])
-    nodes = list(cluster)
-    assert [node.name for node in nodes] == ["head", "worker"]
-    procs = [node.proc for node in nodes]
-    cluster.close()
+    try:
+        nodes = list(cluster)
+        assert [node.name for node in nodes] == ["head", "worker"]
+        procs = [node.proc for node in nodes]
+    finally:
+        cluster.close()
     for node, proc in zip(nodes, procs, strict=True):
         assert proc is not None and proc.poll() is not None
         assert not node.home.exists()
