@@ -100,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# load average {os.getloadavg()[0]:.1f}; cores {os.cpu_count()}; python {PY}")
 
     cases: dict[str, Any] = {"spark-ops --help (console script)": fixed([*script, "--help"])}
-    if on_path and Path(on_path).resolve() != Path(script[0]).resolve():
-        cases[f"spark-ops --help via PATH ({on_path})"] = fixed([on_path, "--help"])
+    shim = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "shims" / "spark-ops"
+    for other in {on_path, str(shim) if shim.exists() else None} - {None, script[0]}:
+        assert other is not None
+        cases[f"spark-ops --help via {other}"] = fixed([other, "--help"])
     cases["python -m spark_ops.cli.main --help"] = fixed([PY, "-m", "spark_ops.cli.main", "--help"])
     sim = None if args.no_sim else start_sim(work)
     try:
