@@ -327,3 +327,22 @@ async def test_exec_on_embedded_nodes(sim: Any) -> None:
     assert {h.stdout for h in rep.hosts} == {"a b"}
     rep2 = await fanout.run_command(cluster, ["sh", "-c", "exit 7"], nodes=[names[1]], timeout=10)
     assert rep2.hosts[0].exit_code == 7 and rep2.exit_status() == ExitStatus.REMOTE
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["exec"],
+        ["exec", "--sub", "a", "b", "--", "true"],
+        ["exec", "--edit", "~/r.yaml"],
+        ["exec", "--edit", "~/r.yaml", "--sub", "a", "b", "--", "true"],
+    ],
+)
+def test_cli_usage_errors_before_inventory(args: list[str]) -> None:
+    """Bad combinations are usage errors (exit 2), reported before any inventory is read."""
+    from click.testing import CliRunner
+
+    from spark_ops.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["-i", "/nonexistent/inventory.yaml", *args])
+    assert result.exit_code == 2, result.output

@@ -49,7 +49,11 @@ def render(report: Any) -> None:
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--nodes", "nodes", help="Comma-separated node names (default: every node).")
 @click.option("--json", "as_json", is_flag=True, help="Per-host results as JSON on stdout.")
-@click.option("--timeout", type=float, help="Seconds per host (default: ssh.command_timeout).")
+@click.option(
+    "--timeout",
+    type=float,
+    help="Seconds per host (default: ssh.command_timeout); not with --edit.",
+)
 @click.option(
     "--shell", is_flag=True, help="COMMAND is one shell string, run as is (pipes, $VARS)."
 )
@@ -83,17 +87,18 @@ def cli(
 
     if timeout is not None and timeout <= 0:
         raise click.BadParameter(f"must be > 0, got {timeout}", param_hint="--timeout")
+    if edit_path is not None and (sub is None or command or shell or timeout is not None):
+        raise click.UsageError("--edit PATH takes --sub REGEX REPLACEMENT, and no COMMAND")
+    if edit_path is None and sub is not None:
+        raise click.UsageError("--sub goes with --edit PATH")
+    if edit_path is None and not command:
+        raise click.UsageError("give the command after --, e.g. spark-ops exec -- uptime")
     cluster = load_cluster(ctx)
     if edit_path is not None:
-        if sub is None or command:
-            raise click.UsageError("--edit PATH needs --sub REGEX REPLACEMENT and no COMMAND")
+        assert sub is not None
         edit = fanout.LineEdit(edit_path, sub[0], sub[1])
         report = run_async(fanout.edit_line(cluster, edit, nodes=_nodes(nodes)))
     else:
-        if sub is not None:
-            raise click.UsageError("--sub goes with --edit PATH")
-        if not command:
-            raise click.UsageError("give the command after --, e.g. spark-ops exec -- uptime")
         report = run_async(
             fanout.run_command(cluster, command, nodes=_nodes(nodes), timeout=timeout, shell=shell)
         )
