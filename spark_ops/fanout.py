@@ -9,7 +9,6 @@ A node that cannot be reached is a per-host failure, not an exception: the other
 from __future__ import annotations
 
 import asyncio
-import random
 import re
 import time
 from collections.abc import Sequence
@@ -17,11 +16,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spark_ops.errors import (
-    AuthError,
     CommandTimeout,
     ConnectError,
     ExitStatus,
-    HostKeyError,
     InventoryError,
     RemoteError,
     SparkOpsError,
@@ -41,8 +38,6 @@ UNCHANGED = "unchanged"  # edit mode: the line already reads as wanted
 
 # A connection reset or lost before login is what an sshd past its MaxStartups does (also a jump
 # host's); it is retried after a short random pause. Refused, timed out, host key, auth: never.
-CONNECT_RETRIES = 2
-_TRANSIENT = ("Connection reset by peer", "Connection lost", "Connection closed by peer")
 
 _KIND_STATUS = {
     UNREACHABLE: ExitStatus.UNREACHABLE,
@@ -188,26 +183,12 @@ def _from_result(res: Result) -> HostResult:
     return HostResult(res.host, kind, res.exit_code, res.stdout, res.stderr, res.seconds)
 
 
-def transient(exc: SparkOpsError | None) -> bool:
-    """True for a connection dropped before login (an sshd over MaxStartups), worth a retry."""
-    if not isinstance(exc, ConnectError) or isinstance(exc, (HostKeyError, AuthError)):
-        return False
-    return any(marker in exc.message for marker in _TRANSIENT)
-
-
 async def _connect_one(session: ClusterSession, host: str, sem: asyncio.Semaphore) -> bool:
-    """Connect one host under the shared cap, retrying drops; False (error kept) if it failed."""
-    for attempt in range(CONNECT_RETRIES + 1):
-        if host in session.connectors:
-            return True
+    """Connect one host under the shared cap (the session retries drops); False if it failed."""
+    if host not in session.connectors:
         async with sem:
             await session.connect([host], required=False)
-        if host in session.connectors:
-            return True
-        if attempt == CONNECT_RETRIES or not transient(session.errors.get(host)):
-            return False
-        await asyncio.sleep(random.uniform(0.05, 0.25) * (attempt + 1))
-    return False
+    return host in session.connectors
 
 
 def _cap(session: ClusterSession) -> asyncio.Semaphore:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
 import shlex
 import time
 from abc import ABC, abstractmethod
@@ -32,6 +33,15 @@ from spark_ops.log import get_logger
 T = TypeVar("T")
 MISSING_EXIT = 44  # our own exit code for "file does not exist"
 MISMATCH_EXIT = 45  # the file changed under us (compare-and-swap failed)
+CONNECT_RETRIES = 2  # for connections dropped before login only
+_TRANSIENT = ("Connection reset by peer", "Connection lost", "Connection closed by peer")
+
+
+def transient(exc: SparkOpsError | None) -> bool:
+    """True for a connection dropped before login (an sshd over MaxStartups): worth a retry."""
+    if not isinstance(exc, ConnectError) or isinstance(exc, HostKeyError | AuthError):
+        return False
+    return any(marker in exc.message for marker in _TRANSIENT)
 
 
 def quote_path(path: str) -> str:
@@ -269,21 +279,21 @@ class SSHConnector(Connector):
 _STAGE = r"""
 set -eu
 p=$1; expected=$2; want=$3
-d=$(dirname -- "$p"); b=$(basename -- "$p")
+case $p in */*) d=${p%/*}; b=${p##*/} ;; *) d=.; b=$p ;; esac
+[ -n "$d" ] || d=/
 [ -d "$d" ] || { echo "directory $d does not exist" >&2; exit 66; }
-if [ "$expected" != "-" ]; then
-  if [ "$expected" = "absent" ]; then [ ! -e "$p" ] || exit 45;
-  else
-    [ -e "$p" ] || exit 45
-    have=$(sha256sum < "$p" | cut -d' ' -f1)
-    [ "$have" = "$expected" ] || exit 45
-  fi
+if [ "$expected" = absent ]; then
+  [ ! -e "$p" ] || exit 45
+elif [ "$expected" != - ]; then
+  [ -e "$p" ] || exit 45
+  set -- $(sha256sum < "$p")
+  [ "$1" = "$expected" ] || exit 45
 fi
 tmp=$(mktemp "$d/.$b.spark-ops.XXXXXX")
 trap 'rm -f -- "$tmp"' EXIT
 cat > "$tmp"
-got=$(sha256sum < "$tmp" | cut -d' ' -f1)
-[ "$got" = "$want" ] || { echo "staged content does not match (got $got)" >&2; exit 65; }
+set -- $(sha256sum < "$tmp")
+[ "$1" = "$want" ] || { echo "staged content does not match (got $1)" >&2; exit 65; }
 if [ -e "$p" ]; then
   chmod --reference="$p" -- "$tmp"
   chown --reference="$p" -- "$tmp" 2>/dev/null || true
@@ -296,17 +306,21 @@ printf '%s\n' "$tmp"
 _COMMIT = r"""
 set -eu
 p=$1; tmp=$2; keep=$3
-d=$(dirname -- "$p")
+case $p in */*) d=${p%/*} ;; *) d=. ;; esac
 [ -f "$tmp" ] || { echo "staged file $tmp vanished" >&2; exit 67; }
 if [ -e "$p" ]; then
   bk="$p.bak.$(date -u +%Y%m%dT%H%M%S.%NZ)"
-  cp -p -- "$p" "$bk.part"; sync -- "$bk.part"; mv -f -- "$bk.part" "$bk"
+  ln -- "$p" "$bk" 2>/dev/null || { cp -p -- "$p" "$bk.part" && mv -f -- "$bk.part" "$bk"; }
   printf 'backup=%s\n' "$bk"
 fi
 mv -f -- "$tmp" "$p"
-sync -- "$d" 2>/dev/null || sync
-ls -1 -- "$p".bak.* 2>/dev/null | grep -v '\.part$' | sort | head -n "-$keep" |
-  while IFS= read -r old; do rm -f -- "$old"; done
+sync -- "${d:-/}" 2>/dev/null || sync
+n=0
+for f in "$p".bak.*; do [ -e "$f" ] && n=$((n + 1)); done
+if [ "$n" -gt "$keep" ]; then
+  ls -1 -- "$p".bak.* | grep -v '[.]part$' | sort | head -n "-$keep" |
+    while IFS= read -r old; do rm -f -- "$old"; done
+fi
 """
 
 _READ = r"""
@@ -357,20 +371,24 @@ class ClusterSession:
         sem = asyncio.Semaphore(self.cluster.ssh.max_concurrent_connects)
 
         async def one(node: Node) -> None:
-            """Connect one node, recording latency or the error."""
-            if node.name in self.connectors:
-                return
-            conn = self._factory(node, self.cluster.ssh)
-            async with sem:
-                start = time.monotonic()
-                try:
-                    await conn.connect()
-                except SparkOpsError as exc:
-                    self.errors[node.name] = exc
+            """Connect one node (retrying drops before login), recording latency or the error."""
+            for attempt in range(CONNECT_RETRIES + 1):
+                if node.name in self.connectors:
                     return
-            self.latency[node.name] = time.monotonic() - start
-            self.errors.pop(node.name, None)
-            self.connectors[node.name] = conn
+                conn = self._factory(node, self.cluster.ssh)
+                async with sem:
+                    start = time.monotonic()
+                    try:
+                        await conn.connect()
+                    except SparkOpsError as exc:
+                        self.errors[node.name] = exc
+                        if attempt == CONNECT_RETRIES or not transient(exc):
+                            return
+                        await asyncio.sleep(random.uniform(0.05, 0.25) * (attempt + 1))
+                        continue
+                self.latency[node.name] = time.monotonic() - start
+                self.errors.pop(node.name, None)
+                self.connectors[node.name] = conn
 
         await asyncio.gather(*(one(n) for n in nodes))
         failed = [self.errors[n.name] for n in nodes if n.name in self.errors]

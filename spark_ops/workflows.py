@@ -208,6 +208,55 @@ async def plan_restart(op: Operation, opts: ApplyOptions) -> Plan:
     return plan
 
 
+async def list_backups(op: Operation) -> dict[str, list[str]]:
+    """The recipe's backups on every node that holds it, oldest first."""
+    path = op.cluster.recipe.path
+    cmd = f"ls -1 -- {quote_path(path)}.bak.* 2>/dev/null | grep -v '[.]part$' | sort || true"
+    found = await op.session.run_all(cmd, op.cluster.recipe.nodes, check=False, sudo=True)
+    out: dict[str, list[str]] = {}
+    for host, res in found.items():
+        if isinstance(res, SparkOpsError):
+            raise res
+        out[host] = [line for line in res.stdout.splitlines() if line.strip()]
+    return out
+
+
+async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None) -> Plan:
+    """Plan restoring the latest recipe backup (or the one whose name holds `to`) everywhere."""
+    from spark_ops.recipe import knob_values, unified_diff
+
+    plan = Plan("rollback", op.cluster.name)
+    texts = await op.read_recipes()
+    backups = await list_backups(op)
+    for host, names in backups.items():
+        chosen = [b for b in names if to is None or to in b.rsplit(".bak.", 1)[-1]]
+        if not chosen:
+            raise RecipeError(
+                f"{host}:{op.cluster.recipe.path}: no backup"
+                + (f" matching {to!r}" if to else "")
+                + (f"; backups are {[b.rsplit('.bak.', 1)[-1] for b in names]}" if names else ""),
+                hint="spark-ops rollback --list shows them",
+            )
+        backup_text = await op.session.read_file(host, chosen[-1], sudo=True)
+        assert backup_text is not None
+        current = texts[host]
+        plan.facts.setdefault("backups", {})[host] = chosen[-1]
+        if backup_text != current:
+            diff = unified_diff(current, backup_text, f"{host}:{op.cluster.recipe.path}")
+            plan.changes.append(
+                FileChange(
+                    host, op.cluster.recipe.path, sha256(current), diff, backup_text, current
+                )
+            )
+    head_text = texts.get(op.cluster.head.name, next(iter(texts.values())))
+    plan.facts["knobs_before"] = _jsonable(knob_values(head_text, source="recipe"))
+    new_text = next((c.new_text for c in plan.changes), head_text)
+    plan.facts["knobs_after"] = _jsonable(knob_values(new_text, source="recipe"))
+    if plan.changes:
+        _restart_steps(plan, op, write=True, drain=opts.drain)
+    return plan
+
+
 def _restart_steps(plan: Plan, op: Operation, *, write: bool, drain: bool) -> None:
     """The common steps of a planned restart."""
     c = op.cluster

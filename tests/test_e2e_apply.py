@@ -198,3 +198,35 @@ def test_boot_that_never_serves_ends_at_the_deadline(tmp_path: Path) -> None:
         assert stamps(s) == before
     finally:
         down(s.root)
+
+
+def test_refused_backend_rolls_back_and_serves_again(sim: Sim, cli_env: dict[str, str]) -> None:
+    """--moe-backend triton fails the boot; --rollback-on-failure restores the old recipe serving."""
+    before_recipe = sim.recipe.read_bytes()
+    before_stamps = stamps(sim)
+    res = spark_ops(
+        cli_env, "apply", "--moe-backend", "triton", "--rollback-on-failure", "--yes", "--json"
+    )
+    assert res.returncode == ExitStatus.BOOT_FAILED, res.stderr[-2000:]
+    out = json.loads(res.stdout)
+    assert out["rolled_back"] is True
+    assert "TRITON" in out["error"]["message"].upper()
+    assert sim.recipe.read_bytes() == before_recipe
+    assert stamps(sim) == before_stamps, "both planned restarts were pruned"
+    assert len(out["pruned"]) == 2
+    steps = {s["name"]: s["status"] for s in out["plan"]["steps"]}
+    assert steps["boot"] == "failed" and steps["boot-rollback"] == "done"
+    res = spark_ops(cli_env, "status", "--json")
+    status = json.loads(res.stdout)
+    assert status["engine"]["up"] is True
+    assert status["recipe"]["knobs"]["moe_backend"] == "marlin"
+
+
+def test_rollback_restores_the_latest_backup(sim: Sim, cli_env: dict[str, str]) -> None:
+    """After an apply, `rollback` brings the previous recipe back byte for byte and serving."""
+    original = sim.recipe.read_bytes()
+    assert spark_ops(cli_env, "apply", "--max-num-seqs", "48", "--yes").returncode == 0
+    res = spark_ops(cli_env, "rollback", "--yes", "--json")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert sim.recipe.read_bytes() == original
+    assert json.loads(res.stdout)["checks"][0]["ok"] is True

@@ -132,7 +132,7 @@ class FlakyConnector:
 
 async def test_dropped_connects_are_retried_refused_are_not() -> None:
     """A reset before login is retried (within the cap); a refused connection is not."""
-    from spark_ops.remote import ClusterSession
+    from spark_ops.remote import ClusterSession, transient
 
     text = (
         "clusters:\n  t:\n    nodes:\n      node1: {host: h, role: head}\n      node2: {host: h}\n"
@@ -145,8 +145,8 @@ async def test_dropped_connects_are_retried_refused_are_not() -> None:
     results = await fanout.exec_on(session, "true", ["node1", "node2", "node3"])
     assert [r.kind for r in results] == [fanout.OK, fanout.OK, fanout.UNREACHABLE]
     assert FlakyConnector.attempts == {"node1": 1, "node2": 3, "node3": 1}
-    assert fanout.transient(ConnectError("n", "disconnected while connecting: Connection lost"))
-    assert not fanout.transient(HostKeyError("n", "Connection lost"))
+    assert transient(ConnectError("n", "disconnected while connecting: Connection lost"))
+    assert not transient(HostKeyError("n", "Connection lost"))
 
 
 # ----------------------------------------------------------------------------- OpenSSH nodes

@@ -82,7 +82,14 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
     """connect → lock → plan → show → confirm → execute → report."""
     from spark_ops.cli.progress import make_reporter
     from spark_ops.errors import Aborted, ExitStatus, SparkOpsError
-    from spark_ops.workflows import ApplyOptions, Operation, execute, plan_apply, plan_restart
+    from spark_ops.workflows import (
+        ApplyOptions,
+        Operation,
+        execute,
+        plan_apply,
+        plan_restart,
+        plan_rollback,
+    )
 
     changes = _changes(kw) if operation == "apply" else []
     if operation == "apply" and not changes:
@@ -103,14 +110,19 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
     async def flow() -> int:
         """The whole operation inside one event loop."""
         async with Operation.open(cluster, operation, lock=not kw["dry_run"]) as op:
-            plan = await (plan_apply(op, opts) if operation == "apply" else plan_restart(op, opts))
+            if operation == "apply":
+                plan = await plan_apply(op, opts)
+            elif operation == "rollback":
+                plan = await plan_rollback(op, opts, kw.get("to"))
+            else:
+                plan = await plan_restart(op, opts)
             if not as_json:
                 echo_plan(plan)
-            if operation == "apply" and not plan.changes:
+            if operation in ("apply", "rollback") and not plan.changes:
                 if as_json:
                     emit_json({"ok": True, "plan": plan.to_dict(), "changed": False})
                 else:
-                    click.echo("The recipe already has these values on every node: nothing to do.")
+                    click.echo("The recipe already has this content on every node: nothing to do.")
                 return 0
             if kw["dry_run"]:
                 if as_json:
@@ -195,3 +207,39 @@ def plan_cmd(ctx: click.Context, **kw: Any) -> int:
 def restart_cmd(ctx: click.Context, **kw: Any) -> int:
     """Planned maintenance restart through the watchdog; its stamp is pruned like apply's."""
     return _flow(ctx, "restart", kw)
+
+
+@click.command("rollback")
+@restart_options
+@click.option("--to", help="Restore the backup whose time stamp contains this (default: latest).")
+@click.option("--list", "list_only", is_flag=True, help="List the recipe backups and stop.")
+@click.pass_context
+def rollback_cmd(ctx: click.Context, **kw: Any) -> int:
+    """Restore a recipe backup on every node, restart, wait, prune the planned stamp."""
+    if kw.pop("list_only"):
+        return _list_backups(ctx, kw["as_json"])
+    return _flow(ctx, "rollback", kw)
+
+
+def _list_backups(ctx: click.Context, as_json: bool) -> int:
+    """Print the recipe backups per node."""
+    from spark_ops.workflows import Operation, list_backups
+
+    cluster = load_cluster(ctx)
+
+    async def flow() -> dict[str, list[str]]:
+        """Read the backup names."""
+        async with Operation.open(
+            cluster, "rollback", lock=False, nodes=cluster.recipe.nodes
+        ) as op:
+            return await list_backups(op)
+
+    backups = run_async(flow())
+    if as_json:
+        emit_json(backups)
+        return 0
+    for host, names in backups.items():
+        click.secho(f"{host}:", bold=True)
+        for name in names or ["(no backup)"]:
+            click.echo(f"  {name}")
+    return 0

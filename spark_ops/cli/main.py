@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "restart_cmd",
         "Planned maintenance restart: no recipe change.",
     ),
+    "rollback": ("spark_ops.cli.apply", "rollback_cmd", "Restore a recipe backup and restart."),
     "budget": ("spark_ops.cli.budget", "cli", "Show the restart budget; prune planned stamps."),
     "status": (
         "spark_ops.cli.status",

@@ -131,6 +131,8 @@ def _engine_overlay(opts: SimOptions) -> str:
         f"base: {asset_path('engine.yaml')}",
         f"time_scale: {opts.time_scale}",
         f"fault: {opts.fault or 'null'}",
+        "# a backend the simulated hardware refuses at boot (as vLLM's CPU build refuses triton)",
+        "refused_moe_backends: [triton]",
     ]
     if opts.boot_scale != 1.0:
         lines.append("boot:")
