@@ -9,7 +9,7 @@ events.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,6 +25,7 @@ from spark_ops.inventory import Cluster
 from spark_ops.lock import cluster_lock
 from spark_ops.log import get_logger
 from spark_ops.plan import FileChange, Plan, StepRunner
+from spark_ops.postboot import kv_pool, verify_boot
 from spark_ops.remote import ClusterSession, FileWrite, quote_path, sha256
 from spark_ops.watchdog.contract import BudgetView, WatchdogContract
 
@@ -190,8 +191,33 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
     plan.facts["knobs_after"] = _jsonable(knob_values(new_text, source="recipe"))
     if not plan.changes:
         return plan
+    warning = await _kv_capacity(op, new_text)
+    if warning:
+        plan.warnings.append(warning)
     _restart_steps(plan, op, write=True, drain=opts.drain)
     return plan
+
+
+async def _kv_capacity(op: Operation, recipe_text: str) -> str | None:
+    """Warn when max_num_seqs full-length sequences cannot fit the running engine's KV pool."""
+    from spark_ops.recipe import render_recipe
+
+    try:
+        args = render_recipe(recipe_text, source="recipe").args()
+        seqs, length = int(str(args["max_num_seqs"])), int(str(args["max_model_len"]))
+    except (KeyError, TypeError, ValueError, SparkOpsError):
+        return None
+    try:
+        pool = await kv_pool(op)
+    except SparkOpsError:
+        pool = None
+    if pool is None or seqs * length <= pool:
+        return None
+    return (
+        f"KV pool of the running engine: {pool:,} tokens, room for {pool // length} sequences of "
+        f"the full {length:,} tokens; max_num_seqs {seqs} admits more, so long requests will wait "
+        "or be preempted (short ones still run concurrently)"
+    )
 
 
 async def plan_restart(op: Operation, opts: ApplyOptions) -> Plan:
@@ -367,7 +393,7 @@ async def _execute(
                 raise
             await _rollback(op, plan, run, out, opts, on_event)
         if out.ok:
-            out.checks = await _verify(op, plan, run, out)
+            out.checks = await verify_boot(op, plan, run, out)
     finally:
         out.budget = await _budget_step(op, run, plan)
 
@@ -396,7 +422,7 @@ async def _restart_and_wait(
     before = await op.watchdog.stamps()
     start_at = await _log_offset(op)
     if not suffix:
-        plan.facts["kv_pool_before"] = await _kv_pool(op)
+        plan.facts["kv_pool_before"] = await kv_pool(op)
     run.start("restart" + suffix)
     trigger = await op.watchdog.trigger(opts.reason)
     plan.facts["restart_at"] = trigger.before
@@ -542,106 +568,6 @@ async def _follow_log(op: Operation, offset: int | None) -> AsyncIterator[str]:
         cmd = f"tail -c +{offset + 1} -F -- {quote_path(eng.log_target)} 2>/dev/null"
     async for line in op.session.stream_lines(op.cluster.head.name, cmd):
         yield line
-
-
-async def _verify(op: Operation, plan: Plan, run: StepRunner, out: Outcome) -> list[dict[str, Any]]:
-    """After a good boot: effective args, KV pool, workers' free memory, no new Xid."""
-    from spark_ops import verify
-
-    if "verify" not in {s.name for s in plan.steps}:
-        return []
-    run.start("verify")
-    c = op.cluster
-    head = c.head.name
-    boot = out.boot or {}
-    expected = {k: v for k, v in plan.facts.get("knobs_after", {}).items() if v is not None}
-    checks = [verify.check_effective_args(boot.get("non_default_args", {}), expected, host=head)]
-    after = await _kv_pool(op)
-    before_kv = plan.facts.get("knobs_before", {}).get("kv_cache_memory_bytes")
-    checks.append(
-        verify.check_kv_pool(
-            after,
-            plan.facts.get("kv_pool_before"),
-            kv_memory_changed=before_kv != expected.get("kv_cache_memory_bytes"),
-            host=head,
-        )
-    )
-    floor = int(c.engine.min_mem_available_gb * 1024**3)
-    mem = await op.session.run_all("cat /proc/meminfo", [n.name for n in c.workers], check=False)
-    for host, res in mem.items():
-        if isinstance(res, SparkOpsError):
-            checks.append(verify.Check("mem-available", host, False, res.message))
-        else:
-            try:
-                info = verify.parse_meminfo(res.stdout)
-            except VerifyError as exc:
-                checks.append(verify.Check("mem-available", host, False, exc.message))
-                continue
-            checks.append(verify.check_mem_available(info, min_bytes=floor, host=host))
-    since = plan.facts.get("restart_at")
-    if since is not None:
-        checks.extend(await _xid_checks(op, float(since)))
-    dicts = [ch.to_dict() for ch in checks]
-    bad = [d for d in dicts if not d["ok"]]
-    run.finish(
-        "verify",
-        f"{len(dicts) - len(bad)}/{len(dicts)} checks passed",
-        "done" if not bad else "failed",
-    )
-    return dicts
-
-
-async def _kv_pool(op: Operation) -> int | None:
-    """The engine's KV pool in tokens from /metrics (cache_config_info blocks × block size)."""
-    async with op.engine() as api:
-        snap = await api.metrics()
-    return snap.kv_tokens if snap is not None else None
-
-
-_KERNEL_LOG = """
-if command -v journalctl >/dev/null 2>&1 && journalctl -k -n 0 >/dev/null 2>&1; then
-  echo SOURCE=journalctl
-  journalctl -k -o short-iso --no-pager --since "@$1" | grep -i 'NVRM: Xid' || true
-elif dmesg >/dev/null 2>&1; then
-  echo "SOURCE=dmesg BOOT=$(date -d "$(uptime -s)" +%s)"
-  dmesg | grep -i 'NVRM: Xid' || true
-else
-  echo SOURCE=none
-fi
-"""
-
-
-async def _xid_checks(op: Operation, since: float) -> list[Any]:
-    """No Xid kernel line since the restart on any node (journalctl -k, else dmesg)."""
-    import datetime as dt
-
-    from spark_ops import verify
-    from spark_ops.remote import sh_program
-
-    when = dt.datetime.fromtimestamp(since, dt.timezone.utc)
-    cmd = sh_program(_KERNEL_LOG, str(int(since)))
-    results = await op.session.run_all(cmd, [n.name for n in op.cluster.nodes], check=False)
-    checks = []
-    for host, res in results.items():
-        if isinstance(res, SparkOpsError):
-            checks.append(verify.Check("xid", host, False, res.message))
-            continue
-        head, _, body = res.stdout.partition("\n")
-        if head.strip() == "SOURCE=none":
-            checks.append(
-                verify.Check(
-                    "xid", host, True, "unknown: neither journalctl -k nor dmesg is readable here",
-                    "give the ssh user read access to the kernel log (group adm / systemd-journal)",
-                )
-            )  # fmt: skip
-            continue
-        boot = None
-        if "BOOT=" in head:
-            with suppress(ValueError):
-                boot = dt.datetime.fromtimestamp(int(head.split("BOOT=")[1]), dt.timezone.utc)
-        events = verify.parse_xid_lines(body)
-        checks.append(verify.check_no_new_xid(events, since=when, boot_time=boot, host=host))
-    return checks
 
 
 @asynccontextmanager

@@ -42,6 +42,8 @@ class SimOptions:
     fault: str | None = None
     max_num_seqs: int = 6
     watchdog_interval_s: float = 5.0
+    watchdog_grace_s: float = 20.0
+    seed_history: bool = True  # one automatic restart two hours ago, as a real cluster would have
 
 
 def asset(name: str) -> str:
@@ -114,9 +116,10 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
         .replace("@HOME@", str(head))
         .replace("@PORT@", str(engine_port))
         .replace("@INTERVAL@", str(opts.watchdog_interval_s))
+        .replace("@GRACE@", str(opts.watchdog_grace_s))
     )
     hist = str(state / "restarts")
-    if not Path(hist).exists():
+    if opts.seed_history and not Path(hist).exists():
         history.append(
             hist, stamp=int(time.time()) - 7200, reason="probe failed 3 times", by="watchdog"
         )

@@ -1,0 +1,159 @@
+"""Checks after a boot, run over SSH: effective args, KV pool, free memory, Xid, stale GPU users.
+
+The parsing and the verdicts live in `spark_ops.verify`; this module gathers the evidence from the
+nodes and the engine for a workflow's Operation.
+"""
+
+from __future__ import annotations
+
+from contextlib import suppress
+from typing import Any
+
+from spark_ops.errors import SparkOpsError, VerifyError
+from spark_ops.plan import Plan, StepRunner
+from spark_ops.remote import sh_program
+
+
+async def verify_boot(op: Any, plan: Plan, run: StepRunner, out: Any) -> list[dict[str, Any]]:
+    """After a good boot: effective args, KV pool, workers' free memory, no new Xid."""
+    from spark_ops import verify
+
+    if "verify" not in {s.name for s in plan.steps}:
+        return []
+    run.start("verify")
+    c = op.cluster
+    head = c.head.name
+    boot = out.boot or {}
+    expected = {k: v for k, v in plan.facts.get("knobs_after", {}).items() if v is not None}
+    checks = [verify.check_effective_args(boot.get("non_default_args", {}), expected, host=head)]
+    after = await kv_pool(op)
+    before_kv = plan.facts.get("knobs_before", {}).get("kv_cache_memory_bytes")
+    checks.append(
+        verify.check_kv_pool(
+            after,
+            plan.facts.get("kv_pool_before"),
+            kv_memory_changed=before_kv != expected.get("kv_cache_memory_bytes"),
+            host=head,
+        )
+    )
+    floor = int(c.engine.min_mem_available_gb * 1024**3)
+    mem = await op.session.run_all("cat /proc/meminfo", [n.name for n in c.workers], check=False)
+    for host, res in mem.items():
+        if isinstance(res, SparkOpsError):
+            checks.append(verify.Check("mem-available", host, False, res.message))
+        else:
+            try:
+                info = verify.parse_meminfo(res.stdout)
+            except VerifyError as exc:
+                checks.append(verify.Check("mem-available", host, False, exc.message))
+                continue
+            checks.append(verify.check_mem_available(info, min_bytes=floor, host=host))
+    since = plan.facts.get("restart_at")
+    if since is not None:
+        checks.extend(await _xid_checks(op, float(since)))
+        checks.extend(await _gpu_process_checks(op, float(since)))
+    dicts = [ch.to_dict() for ch in checks]
+    bad = [d for d in dicts if not d["ok"]]
+    run.finish(
+        "verify",
+        f"{len(dicts) - len(bad)}/{len(dicts)} checks passed",
+        "done" if not bad else "failed",
+    )
+    return dicts
+
+
+async def kv_pool(op: Any) -> int | None:
+    """The engine's KV pool in tokens from /metrics (cache_config_info blocks × block size)."""
+    async with op.engine() as api:
+        snap = await api.metrics()
+    return snap.kv_tokens if snap is not None else None
+
+
+_KERNEL_LOG = """
+if command -v journalctl >/dev/null 2>&1 && journalctl -k -n 0 >/dev/null 2>&1; then
+  echo SOURCE=journalctl
+  journalctl -k -o short-iso --no-pager --since "@$1" | grep -i 'NVRM: Xid' || true
+elif dmesg >/dev/null 2>&1; then
+  echo "SOURCE=dmesg BOOT=$(date -d "$(uptime -s)" +%s)"
+  dmesg | grep -i 'NVRM: Xid' || true
+else
+  echo SOURCE=none
+fi
+"""
+
+
+async def _xid_checks(op: Any, since: float) -> list[Any]:
+    """No Xid kernel line since the restart on any node (journalctl -k, else dmesg)."""
+    import datetime as dt
+
+    from spark_ops import verify
+
+    when = dt.datetime.fromtimestamp(since, dt.timezone.utc)
+    cmd = sh_program(_KERNEL_LOG, str(int(since)))
+    results = await op.session.run_all(cmd, [n.name for n in op.cluster.nodes], check=False)
+    checks = []
+    for host, res in results.items():
+        if isinstance(res, SparkOpsError):
+            checks.append(verify.Check("xid", host, False, res.message))
+            continue
+        head, _, body = res.stdout.partition("\n")
+        if head.strip() == "SOURCE=none":
+            checks.append(
+                verify.Check(
+                    "xid", host, True, "unknown: neither journalctl -k nor dmesg is readable here",
+                    "give the ssh user read access to the kernel log (group adm / systemd-journal)",
+                )
+            )  # fmt: skip
+            continue
+        boot = None
+        if "BOOT=" in head:
+            with suppress(ValueError):
+                boot = dt.datetime.fromtimestamp(int(head.split("BOOT=")[1]), dt.timezone.utc)
+        events = verify.parse_xid_lines(body)
+        checks.append(verify.check_no_new_xid(events, since=when, boot_time=boot, host=host))
+    return checks
+
+
+_GPU_APPS = """
+command -v nvidia-smi >/dev/null 2>&1 || { echo NO_NVIDIA_SMI; exit 0; }
+now=$(date +%s)
+apps=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader) || exit 3
+printf '%s\n' "$apps"
+echo ---
+printf '%s\n' "$apps" | while IFS=, read -r pid rest; do
+  age=$(ps -o etimes= -p "$pid" 2>/dev/null | tr -d ' ')
+  [ -n "$age" ] && echo "$pid $((now - age))"
+done
+"""
+
+
+async def _gpu_process_checks(op: Any, since: float) -> list[Any]:
+    """No GPU compute process older than the restart on any node (skipped without nvidia-smi)."""
+    from spark_ops import verify
+
+    results = await op.session.run_all(
+        sh_program(_GPU_APPS), [n.name for n in op.cluster.nodes], check=False
+    )
+    checks = []
+    for host, res in results.items():
+        if isinstance(res, SparkOpsError) or not res.ok:
+            detail = res.message if isinstance(res, SparkOpsError) else res.stderr.strip()
+            checks.append(verify.Check("stale-gpu-processes", host, False, detail))
+            continue
+        if res.stdout.startswith("NO_NVIDIA_SMI"):
+            continue  # not a GPU node (the embedded cluster): nothing to check
+        csv_text, _, ages = res.stdout.partition("---\n")
+        starts = {}
+        for line in ages.splitlines():
+            pid, _, start = line.partition(" ")
+            with suppress(ValueError):
+                starts[int(pid)] = float(start)
+        try:
+            apps = verify.parse_compute_apps(csv_text)
+        except VerifyError as exc:
+            checks.append(verify.Check("stale-gpu-processes", host, False, exc.message))
+            continue
+        checks.append(
+            verify.check_no_stale_gpu_processes(apps, starts, restart_at=since, host=host)
+        )
+    return checks
