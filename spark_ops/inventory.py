@@ -102,6 +102,18 @@ class EngineSettings:
     model: str | None = None
     pid_file: str | None = None
 
+    def recent_command(self, lines: int = 5000) -> str:
+        """The shell command that prints the engine log's recent lines."""
+        from spark_ops.remote import quote_path
+
+        if self.log_kind == "file":
+            return f"tail -n {lines} {quote_path(self.log_target)} 2>/dev/null"
+        if self.log_kind == "journalctl":
+            return f"journalctl -n {lines} -o cat --no-pager -u {quote_path(self.log_target)}"
+        if self.log_kind == "docker":
+            return f"docker logs --tail {lines} {quote_path(self.log_target)} 2>&1"
+        return f"timeout 5 {self.log_target} | tail -n {lines}"
+
     def follow_command(self) -> str:
         """The shell command that prints new engine log lines as they come."""
         from spark_ops.remote import quote_path

@@ -49,9 +49,34 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
             data["recipe"] = {"path": cluster.recipe.path, "error": exc.message}
         try:
             data["budget"] = (await op.watchdog.budget()).to_dict()
+            data["last_restart"] = await op.watchdog.last_restart()
         except SparkOpsError as exc:
             data["budget"] = {"error": exc.message}
+        data["engine"]["effective"] = await _effective_args(op)
+    data["last_boot"] = _last_boot(cluster.name)
     return data
+
+
+async def _effective_args(op: Any) -> dict[str, Any] | None:
+    """The engine's effective flags: the last `non-default args` line of its log."""
+    from spark_ops.verify import parse_non_default_args
+
+    cmd = op.cluster.engine.recent_command() + " | grep -a 'non-default args' | tail -n 1"
+    try:
+        res = await op.session.run(op.cluster.head.name, cmd, check=False, timeout=20)
+        return parse_non_default_args(res.stdout) if res.stdout.strip() else None
+    except SparkOpsError:
+        return None
+
+
+def _last_boot(cluster: str) -> dict[str, Any] | None:
+    """How long the last boot spark-ops watched took (from this machine's boot history)."""
+    from spark_ops.readiness import BootHistory
+
+    rec = BootHistory().previous(cluster)
+    if not rec:
+        return None
+    return {"started_at": rec.get("started_at"), "total_s": rec.get("total_s")}
 
 
 async def _engine(op: Any) -> dict[str, Any]:

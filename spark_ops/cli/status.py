@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from spark_ops.cli.common import emit_json, load_cluster, run_async
+from spark_ops.cli.common import emit_json, load_cluster, run_async, when
 
 
 def echo_status(data: dict[str, Any]) -> None:
@@ -38,6 +38,19 @@ def echo_status(data: dict[str, Any]) -> None:
         click.echo(f"Recipe {r['path']}: {knobs}{drift}")
     elif r:
         click.secho(f"Recipe: {r.get('error')}", fg="red")
+    eff = e.get("effective")
+    if eff:
+        keys = ("max_num_seqs", "kv_cache_memory_bytes", "moe_backend", "enforce_eager")
+        click.echo("Effective (engine log): " + ", ".join(f"{k}={eff.get(k)}" for k in keys))
+    last = data.get("last_restart")
+    if last:
+        when_ = when(float(last.get("stamp") or last.get("time") or 0))
+        click.echo(
+            f"Last restart: {when_} ({last.get('reason') or '?'}, by {last.get('by') or '?'})"
+        )
+    boot = data.get("last_boot")
+    if boot and boot.get("total_s") is not None:
+        click.echo(f"Last boot watched from here: {boot['total_s']:.0f} s")
     b = data.get("budget") or {}
     if "used" in b:
         flags = " PAUSED" if b.get("paused") else ""

@@ -206,6 +206,20 @@ class WatchdogContract:
                 continue
         return out
 
+    async def last_restart(self) -> dict[str, Any] | None:
+        """The newest restart in the journal (pruned or not): time, reason, by, forced."""
+        journal = self.wd.journal_file or f"{self.wd.history_file}.journal.jsonl"
+        text = await self.session.read_file(self.head, journal)
+        last = None
+        for line in (text or "").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("action", "restart") == "restart":
+                last = rec
+        return last
+
     def restart_command(self, reason: str) -> str:
         """The inventory's restart command with {reason} and {by} filled in, quoted."""
         cmd = self.wd.restart_command
