@@ -1,0 +1,263 @@
+"""Executing a plan step by step: write, drain, restart, boot, prune, verify, budget, audit."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from spark_ops.errors import (
+    AmbiguousStamp,
+    BootError,
+    SparkOpsError,
+)
+from spark_ops.plan import Plan, StepRunner
+from spark_ops.postboot import kv_pool, verify_boot
+from spark_ops.remote import FileWrite, quote_path, sha256
+from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
+
+StepReporter = Callable[[Any], None]
+EventReporter = Callable[[Any], None]
+
+
+async def execute(
+    op: Operation,
+    plan: Plan,
+    opts: ApplyOptions,
+    *,
+    on_step: StepReporter | None = None,
+    on_event: EventReporter | None = None,
+) -> Outcome:
+    """Run an apply or restart plan step by step; the audit log on the head records the outcome."""
+    out = Outcome(plan, ok=False)
+    failure: BaseException | None = None
+    try:
+        await _execute(op, plan, opts, out, StepRunner(plan, on_step), on_event)
+    except BaseException as exc:
+        failure = exc
+        raise
+    finally:
+        await _audit(op, audit_entry(plan, opts, out, failure))
+    return out
+
+
+def audit_entry(plan: Plan, opts: Any, out: Any, failure: BaseException | None) -> dict[str, Any]:
+    """The audit entry of an executed plan."""
+    from spark_ops import audit
+
+    return audit.entry_for(plan, opts, out, error=failure)
+
+
+async def _audit(op: Operation, entry: dict[str, Any]) -> None:
+    """Append to the head's audit log; a failure to do so is logged, never raised."""
+    from spark_ops import audit
+
+    try:
+        await audit.record(op.session, entry)
+    except SparkOpsError as exc:
+        op.log.warning("audit log not written", error=exc.message)
+
+
+async def _execute(
+    op: Operation,
+    plan: Plan,
+    opts: ApplyOptions,
+    out: Outcome,
+    run: StepRunner,
+    on_event: EventReporter | None,
+) -> None:
+    """The steps of apply / restart; our stamp is pruned even if the boot fails."""
+    steps = {s.name for s in plan.steps}
+    await op.api_url()
+    if "write" in steps:
+        run.start("write")
+        writes = [
+            FileWrite(ch.host, ch.path, ch.new_text, ch.old_sha, op.cluster.recipe.keep_backups)
+            for ch in plan.changes
+        ]
+        done = await op.session.write_atomic(writes)
+        run.finish("write", "; ".join(f"{d.host}: backup {d.backup}" for d in done))
+    try:
+        try:
+            await _restart_and_wait(op, plan, run, out, opts, on_event)
+            out.ok = True
+        except BootError as exc:
+            out.error = exc.to_dict()
+            if not (opts.rollback_on_failure and plan.changes):
+                raise
+            await _rollback(op, plan, run, out, opts, on_event)
+        if out.ok:
+            out.checks = await verify_boot(op, plan, run, out)
+    finally:
+        out.budget = await _budget_step(op, run, plan)
+
+
+async def _restart_and_wait(
+    op: Operation,
+    plan: Plan,
+    run: StepRunner,
+    out: Outcome,
+    opts: ApplyOptions,
+    on_event: EventReporter | None,
+    *,
+    suffix: str = "",
+) -> None:
+    """Drain, trigger, follow the boot, and prune this restart's stamp whatever the boot did."""
+    from spark_ops.readiness import record as record_boot
+    from spark_ops.readiness import wait_for_boot
+
+    c = op.cluster
+    steps = {s.name for s in plan.steps}
+    if "drain" in steps and not suffix:
+        run.start("drain")
+        async with op.engine() as api:
+            drained = await api.drain(opts.drain_timeout_s)
+        run.finish("drain", _drain_text(drained), "done" if drained["drained"] else "skipped")
+    before = await op.watchdog.stamps()
+    start_at = await _log_offset(op)
+    if not suffix:
+        plan.facts["kv_pool_before"] = await kv_pool(op)
+    run.start("restart" + suffix)
+    trigger = await op.watchdog.trigger(opts.reason)
+    plan.facts["restart_at"] = trigger.before
+    stamp: float | None = None
+    stamp_error: SparkOpsError | None = None
+    try:
+        stamp = await op.watchdog.identify(trigger, before)
+    except AmbiguousStamp as exc:
+        stamp_error = exc
+    run.finish("restart" + suffix, f"stamp {stamp}" if stamp is not None else "no stamp identified")
+    out.stamp = stamp
+    run.start("boot" + suffix)
+    boot_error: BaseException | None = None
+    try:
+        lines = _follow_log(op, start_at)
+        async with op.engine(timeout=c.engine.probe_timeout_s) as api:
+            report = await wait_for_boot(
+                lines,
+                probe=lambda: api.complete(c.engine.probe_timeout_s),
+                health=api.health,
+                deadline_s=opts.deadline_s or c.engine.boot_deadline_s,
+                on_event=on_event,
+                worker_stall_s=c.engine.worker_stall_s,
+                probe_timeout_s=c.engine.probe_timeout_s,
+                source_end_fatal=start_at is not None,
+            )
+        out.boot = report.to_dict()
+        record_boot(c.name, report)
+        run.finish("boot" + suffix, f"ready in {report.total_s:.1f} s")
+    except BaseException as exc:
+        boot_error = exc
+        run.fail("boot" + suffix, getattr(exc, "message", str(exc)))
+    finally:
+        await _prune_step(op, run, out, stamp, stamp_error, suffix)
+    if boot_error is not None:
+        raise boot_error
+
+
+async def _prune_step(
+    op: Operation,
+    run: StepRunner,
+    out: Outcome,
+    stamp: float | None,
+    stamp_error: SparkOpsError | None,
+    suffix: str,
+) -> None:
+    """Remove exactly our stamp; say why when none can be removed."""
+    name = "prune"
+    if suffix and f"prune{suffix}" in {s.name for s in run.plan.steps}:
+        name += suffix
+    run.start(name)
+    if stamp_error is not None:
+        run.fail(name, stamp_error.message + (f" ({stamp_error.hint})" if stamp_error.hint else ""))
+        raise stamp_error
+    if stamp is None:
+        run.skip(name, "the watchdog left no new stamp: nothing to prune")
+        return
+    result = await op.watchdog.prune(stamps=[stamp], reason=f"planned restart ({op.name})")
+    removed = result["removed_stamps"]
+    out.pruned.extend(removed)
+    run.finish(name, f"removed {removed}; backup {result.get('backup')}")
+
+
+async def _budget_step(op: Operation, run: StepRunner, plan: Plan) -> dict[str, Any] | None:
+    """Report the budget as the head sees it now."""
+    if "budget" not in {s.name for s in plan.steps}:
+        return None
+    run.start("budget")
+    try:
+        view = await op.watchdog.budget()
+    except SparkOpsError as exc:
+        run.fail("budget", exc.message)
+        return None
+    run.finish("budget", f"{view.used}/{view.allowed} used in the window")
+    return view.to_dict()
+
+
+async def _rollback(
+    op: Operation,
+    plan: Plan,
+    run: StepRunner,
+    out: Outcome,
+    opts: ApplyOptions,
+    on_event: EventReporter | None,
+) -> None:
+    """Restore the recipe as it was before, restart, wait, prune again."""
+    for name, desc in (
+        ("rollback", "restore the previous recipe on every node"),
+        ("restart-rollback", "force a restart with the previous recipe"),
+        ("boot-rollback", "follow the boot of the previous recipe"),
+        ("prune-rollback", "remove the rollback restart's stamp"),
+    ):
+        plan.add(name, desc, [op.cluster.head.name])
+    run.start("rollback")
+    writes = [
+        FileWrite(
+            ch.host, ch.path, ch.old_text, sha256(ch.new_text), op.cluster.recipe.keep_backups
+        )
+        for ch in plan.changes
+    ]
+    await op.session.write_atomic(writes)
+    run.finish("rollback", "previous recipe restored")
+    await _restart_and_wait(op, plan, run, out, opts, on_event, suffix="-rollback")
+    out.rolled_back = True
+
+
+def _drain_text(d: dict[str, Any]) -> str:
+    """One line on what draining waited for."""
+    if d.get("running_at_start") == 0:
+        return "no request in flight"
+    state = "drained" if d.get("drained") else "not drained (timeout)"
+    return f"{d.get('running_at_start')} request(s) in flight; {state} after {d.get('seconds')} s"
+
+
+async def _log_offset(op: Operation) -> int | None:
+    """The engine log's current size, so that following starts exactly at the restart."""
+    eng = op.cluster.engine
+    if eng.log_kind != "file":
+        return None
+    res = await op.session.run(
+        op.cluster.head.name,
+        f"stat -c %s -- {quote_path(eng.log_target)} 2>/dev/null || echo 0",
+        check=False,
+    )
+    try:
+        return int(res.stdout.strip() or 0)
+    except ValueError:
+        return 0
+
+
+async def _follow_log(op: Operation, offset: int | None) -> AsyncIterator[str]:
+    """Follow the engine log from the restart on (from a byte offset for plain files)."""
+    eng = op.cluster.engine
+    if offset is None:
+        cmd = eng.follow_command()
+    elif eng.pid_file:  # tail ends when the engine process does: an exit is seen at once
+        cmd = (
+            f"pid=$(cat {quote_path(eng.pid_file)} 2>/dev/null | head -n 1); "
+            f'exec tail -s 0.2 -c +{offset + 1} -F ${{pid:+--pid="$pid"}} '
+            f"-- {quote_path(eng.log_target)} 2>/dev/null"
+        )
+    else:
+        cmd = f"tail -c +{offset + 1} -F -- {quote_path(eng.log_target)} 2>/dev/null"
+    async for line in op.session.stream_lines(op.cluster.head.name, cmd):
+        yield line

@@ -1,0 +1,152 @@
+"""What workflows share: the open Operation (connections + lock), options, outcome."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from spark_ops.errors import (
+    RecipeError,
+    SparkOpsError,
+)
+from spark_ops.inventory import Cluster
+from spark_ops.lock import cluster_lock
+from spark_ops.log import get_logger
+from spark_ops.plan import Plan
+from spark_ops.remote import ClusterSession
+from spark_ops.watchdog.contract import WatchdogContract
+
+
+@dataclass
+class ApplyOptions:
+    """What the operator asked apply (or restart) to do."""
+
+    changes: Sequence[Any] = ()
+    vllm_version: str | None = None
+    force: bool = False
+    drain: bool = True
+    drain_timeout_s: float = 120.0
+    rollback_on_failure: bool = False
+    deadline_s: float | None = None
+    reason: str = "planned restart (spark-ops apply)"
+
+
+@dataclass
+class Outcome:
+    """What an executed plan did: the plan with step outcomes, boot report, prune and budget."""
+
+    plan: Plan
+    ok: bool
+    stamp: float | None = None
+    pruned: list[float] = field(default_factory=list)
+    boot: dict[str, Any] | None = None
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    budget: dict[str, Any] | None = None
+    rolled_back: bool = False
+    error: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json."""
+        return {
+            "ok": self.ok,
+            "plan": self.plan.to_dict(),
+            "stamp": self.stamp,
+            "pruned": self.pruned,
+            "boot": self.boot,
+            "checks": self.checks,
+            "budget": self.budget,
+            "rolled_back": self.rolled_back,
+            "error": self.error,
+        }
+
+
+class Operation:
+    """An open session on a cluster (with the lock when changing it) and what workflows share."""
+
+    def __init__(self, session: ClusterSession, name: str) -> None:
+        """Bind a connected session."""
+        self.session = session
+        self.cluster: Cluster = session.cluster
+        self.name = name
+        self.watchdog = WatchdogContract(session)
+        self.log = get_logger(cluster=self.cluster.name, op=name)
+        self._api_url: str | None = None
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, cluster: Cluster, name: str, *, lock: bool = True, nodes: Sequence[str] | None = None
+    ) -> AsyncIterator[Operation]:
+        """Connect to every node (or the named ones), take the cluster lock, yield, release."""
+        async with AsyncExitStack() as stack:
+            session = await stack.enter_async_context(ClusterSession(cluster))
+            await session.connect(nodes)
+            if lock:
+                await stack.enter_async_context(cluster_lock(session, name))
+            yield cls(session, name)
+
+    async def api_url(self) -> str:
+        """The engine API's base URL from here: direct, or through a tunnel to the head."""
+        if self._api_url is None:
+            eng = self.cluster.engine
+            if not eng.tunnel:
+                self._api_url = eng.api_url
+            else:
+                parts = urlsplit(eng.api_url)
+                port = parts.port or (443 if parts.scheme == "https" else 80)
+                local = await self.session.tunnel(
+                    self.cluster.head.name, parts.hostname or "127.0.0.1", port
+                )
+                self._api_url = f"{parts.scheme}://127.0.0.1:{local}"
+        return self._api_url
+
+    def engine(self, timeout: float = 10.0) -> Any:
+        """An EngineAPI client bound to the resolved URL (use after api_url())."""
+        from spark_ops.engine_api import EngineAPI
+
+        assert self._api_url is not None
+        return EngineAPI(self._api_url, timeout=timeout, model=self.cluster.engine.model)
+
+    async def read_recipes(self) -> dict[str, str]:
+        """The recipe text on every node that holds it; a missing copy is an error naming it."""
+        rs = self.cluster.recipe
+        texts = await self.session.gather(
+            rs.nodes, lambda h: self.session.read_file(h, rs.path, sudo=True)
+        )
+        out: dict[str, str] = {}
+        for host, text in texts.items():
+            if isinstance(text, SparkOpsError):
+                raise text
+            if text is None:
+                raise RecipeError(
+                    f"{host}:{rs.path}: recipe not found",
+                    hint="check recipe.path and recipe.nodes in the inventory",
+                )
+            out[host] = text
+        return out
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    """Make knob values JSON-friendly."""
+    return {
+        k: (v if isinstance(v, str | int | float | bool) or v is None else str(v))
+        for k, v in values.items()
+    }
+
+
+@asynccontextmanager
+async def engine_endpoint(cluster: Cluster) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """The engine's URL from here (tunnelled through the head if needed) and the recipe's knobs."""
+    from spark_ops.recipe import knob_values
+
+    async with Operation.open(cluster, "bench", lock=False, nodes=[cluster.head.name]) as op:
+        url = await op.api_url()
+        knobs: dict[str, Any] = {}
+        if cluster.head.name in cluster.recipe.nodes:
+            text = await op.session.read_file(cluster.head.name, cluster.recipe.path, sudo=True)
+            if text is not None:
+                knobs = _jsonable(knob_values(text, source=f"{cluster.head.name}:recipe"))
+        yield url, knobs

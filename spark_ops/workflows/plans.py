@@ -1,0 +1,189 @@
+"""Planning: read the recipe everywhere, check drift, edit, lay out the steps (nothing changes)."""
+
+from __future__ import annotations
+
+from spark_ops.errors import (
+    RecipeError,
+    SparkOpsError,
+    VerifyError,
+)
+from spark_ops.plan import FileChange, Plan
+from spark_ops.postboot import kv_pool
+from spark_ops.remote import quote_path, sha256
+from spark_ops.workflows.operation import ApplyOptions, Operation, _jsonable
+
+
+def _drift(texts: dict[str, str], path: str) -> list[str]:
+    """Diffs between the first node's recipe and every other copy that differs."""
+    from spark_ops.recipe import unified_diff
+
+    hosts = list(texts)
+    first = hosts[0]
+    return [
+        unified_diff(texts[first], texts[h], f"{h}:{path} vs {first}")
+        for h in hosts[1:]
+        if texts[h] != texts[first]
+    ]
+
+
+async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
+    """Read the recipe everywhere, check drift, edit it, and lay out the steps of apply."""
+    from spark_ops.recipe import edit_recipe, knob_values, unified_diff
+
+    cluster = op.cluster
+    plan = Plan("apply", cluster.name)
+    texts = await op.read_recipes()
+    drift = _drift(texts, cluster.recipe.path)
+    if drift and not opts.force:
+        raise VerifyError(
+            f"the recipe differs between nodes {list(texts)}:\n" + "\n".join(drift),
+            hint="make the copies agree, or pass --force to overwrite them all with the edit",
+        )
+    if drift:
+        plan.warnings.append(f"recipe copies differed on {len(drift)} node(s); --force given")
+    version = opts.vllm_version or await _engine_version(op)
+    plan.facts["vllm_version"] = version
+    for host, text in texts.items():
+        source = f"{host}:{cluster.recipe.path}"
+        edit = edit_recipe(text, list(opts.changes), source=source, vllm_version=version)
+        for w in edit.warnings:
+            if w not in plan.warnings:
+                plan.warnings.append(w)
+        if edit.text != text:
+            plan.changes.append(
+                FileChange(
+                    host, cluster.recipe.path, sha256(text),
+                    unified_diff(text, edit.text, source), edit.text, text,
+                )
+            )  # fmt: skip
+    head_text = texts.get(cluster.head.name, next(iter(texts.values())))
+    plan.facts["knobs_before"] = _jsonable(knob_values(head_text, source="recipe"))
+    new_text = next((c.new_text for c in plan.changes), head_text)
+    plan.facts["knobs_after"] = _jsonable(knob_values(new_text, source="recipe"))
+    if not plan.changes:
+        return plan
+    warning = await _kv_capacity(op, new_text)
+    if warning:
+        plan.warnings.append(warning)
+    _restart_steps(plan, op, write=True, drain=opts.drain)
+    return plan
+
+
+async def _kv_capacity(op: Operation, recipe_text: str) -> str | None:
+    """Warn when max_num_seqs full-length sequences cannot fit the running engine's KV pool."""
+    from spark_ops.recipe import render_recipe
+
+    try:
+        args = render_recipe(recipe_text, source="recipe").args()
+        seqs, length = int(str(args["max_num_seqs"])), int(str(args["max_model_len"]))
+    except (KeyError, TypeError, ValueError, SparkOpsError):
+        return None
+    try:
+        pool = await kv_pool(op)
+    except SparkOpsError:
+        pool = None
+    if pool is None or seqs * length <= pool:
+        return None
+    return (
+        f"KV pool of the running engine: {pool:,} tokens, room for {pool // length} sequences of "
+        f"the full {length:,} tokens; max_num_seqs {seqs} admits more, so long requests will wait "
+        "or be preempted (short ones still run concurrently)"
+    )
+
+
+async def plan_restart(op: Operation, opts: ApplyOptions) -> Plan:
+    """Lay out a planned maintenance restart: no recipe change, same wait and prune."""
+    from spark_ops.recipe import knob_values
+
+    plan = Plan("restart", op.cluster.name)
+    texts = await op.read_recipes()
+    head_text = texts.get(op.cluster.head.name, next(iter(texts.values())))
+    plan.facts["knobs_before"] = plan.facts["knobs_after"] = _jsonable(
+        knob_values(head_text, source="recipe")
+    )
+    _restart_steps(plan, op, write=False, drain=opts.drain)
+    return plan
+
+
+async def list_backups(op: Operation) -> dict[str, list[str]]:
+    """The recipe's backups on every node that holds it, oldest first."""
+    path = op.cluster.recipe.path
+    cmd = f"ls -1 -- {quote_path(path)}.bak.* 2>/dev/null | grep -v '[.]part$' | sort || true"
+    found = await op.session.run_all(cmd, op.cluster.recipe.nodes, check=False, sudo=True)
+    out: dict[str, list[str]] = {}
+    for host, res in found.items():
+        if isinstance(res, SparkOpsError):
+            raise res
+        out[host] = [line for line in res.stdout.splitlines() if line.strip()]
+    return out
+
+
+async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None) -> Plan:
+    """Plan restoring the latest recipe backup (or the one whose name holds `to`) everywhere."""
+    from spark_ops.recipe import knob_values, unified_diff
+
+    plan = Plan("rollback", op.cluster.name)
+    texts = await op.read_recipes()
+    backups = await list_backups(op)
+    for host, names in backups.items():
+        chosen = [b for b in names if to is None or to in b.rsplit(".bak.", 1)[-1]]
+        if not chosen:
+            raise RecipeError(
+                f"{host}:{op.cluster.recipe.path}: no backup"
+                + (f" matching {to!r}" if to else "")
+                + (f"; backups are {[b.rsplit('.bak.', 1)[-1] for b in names]}" if names else ""),
+                hint="spark-ops rollback --list shows them",
+            )
+        backup_text = await op.session.read_file(host, chosen[-1], sudo=True)
+        assert backup_text is not None
+        current = texts[host]
+        plan.facts.setdefault("backups", {})[host] = chosen[-1]
+        if backup_text != current:
+            diff = unified_diff(current, backup_text, f"{host}:{op.cluster.recipe.path}")
+            plan.changes.append(
+                FileChange(
+                    host, op.cluster.recipe.path, sha256(current), diff, backup_text, current
+                )
+            )
+    head_text = texts.get(op.cluster.head.name, next(iter(texts.values())))
+    plan.facts["knobs_before"] = _jsonable(knob_values(head_text, source="recipe"))
+    new_text = next((c.new_text for c in plan.changes), head_text)
+    plan.facts["knobs_after"] = _jsonable(knob_values(new_text, source="recipe"))
+    if plan.changes:
+        _restart_steps(plan, op, write=True, drain=opts.drain)
+    return plan
+
+
+def _restart_steps(plan: Plan, op: Operation, *, write: bool, drain: bool) -> None:
+    """The common steps of a planned restart."""
+    c = op.cluster
+    head = [c.head.name]
+    if write:
+        hosts = [ch.host for ch in plan.changes]
+        plan.add("write", f"write the recipe atomically (backup kept) on {', '.join(hosts)}", hosts)
+    if drain:
+        plan.add(
+            "drain", "wait for in-flight requests to finish (vllm:num_requests_running → 0)", head
+        )
+    plan.add("restart", f"force a restart through the watchdog: {c.watchdog.restart_command}", head)
+    plan.add(
+        "boot",
+        "follow the boot until a real completion answers "
+        f"(deadline {c.engine.boot_deadline_s:.0f} s)",
+        head,
+    )
+    plan.add("prune", "remove exactly the stamp this planned restart wrote from the history", head)
+    plan.add(
+        "verify", "check effective args, KV pool, free memory, Xid lines", [n.name for n in c.nodes]
+    )
+    plan.add("budget", "report the restart budget", head)
+
+
+async def _engine_version(op: Operation) -> str | None:
+    """The running engine's vLLM version, or None when it does not answer quickly."""
+    try:
+        await op.api_url()
+        async with op.engine(timeout=5) as api:
+            return await api.version()
+    except SparkOpsError:
+        return None
