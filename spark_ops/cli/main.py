@@ -41,6 +41,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "recipe": ("spark_ops.cli.recipe", "cli", "Edit or render a local recipe file."),
     "bench": ("spark_ops.cli.bench", "cli", "Throughput sweep over concurrency levels."),
+    "experiment": (
+        "spark_ops.cli.experiment",
+        "cli",
+        "Apply each configuration, sweep, compare, restore.",
+    ),
     "sim": ("spark_ops.cli.sim", "cli", "The embedded simulated cluster (up, down, status)."),
     "init": ("spark_ops.cli.init", "cli", "Write an inventory from the cluster you already run."),
     "doctor": ("spark_ops.cli.doctor", "cli", "Check every precondition of apply, with fixes."),

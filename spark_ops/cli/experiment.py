@@ -1,0 +1,329 @@
+"""`spark-ops experiment`: apply each configuration, sweep, compare, restore (parse and render)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import click
+
+from spark_ops.cli.bench import DEFAULT_CONCURRENCY, TABLE_WIDTH, _parse_levels
+from spark_ops.cli.common import load_cluster, run_async, step_reporter
+
+AXIS_OPTIONS = ("max_num_seqs", "moe_backend", "kv_cache_memory")
+
+
+def _values(text: str | None, option: str) -> list[Any] | None:
+    """'6,64' into ['6', '64'] (None when the option was not given)."""
+    if text is None:
+        return None
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values:
+        raise click.BadParameter(
+            f"{text!r}: give one or more values, comma-separated", param_hint=option
+        )
+    return values
+
+
+def _axes(kw: dict[str, Any]) -> dict[str, list[Any]]:
+    """The knobs to vary, in the order max-num-seqs, moe-backend, kv-cache-memory, enforce-eager."""
+    axes: dict[str, list[Any]] = {}
+    for name in AXIS_OPTIONS:
+        values = _values(kw[name], "--" + name.replace("_", "-"))
+        if values is not None:
+            axes[name] = [int(v) if name == "max_num_seqs" and v.isdigit() else v for v in values]
+    if kw["enforce_eager"] is not None:
+        axes["enforce_eager"] = [kw["enforce_eager"]]
+    return axes
+
+
+def _sweep_settings(kw: dict[str, Any]) -> dict[str, Any]:
+    """The bench settings every configuration is swept with (stored in the state file)."""
+    return {
+        "model": kw["model"], "api": kw["api"], "levels": _parse_levels(kw["concurrency"]),
+        "output_tokens": kw["output_tokens"], "mode": kw["mode"], "duration_s": kw["duration"],
+        "rate": kw["rate"], "repeats": kw["repeats"], "warmup": kw["warmup"],
+        "slo_tok_s": kw["slo_tok_s"], "timeout_s": kw["timeout"], "seed": kw["seed"],
+        "prompts_path": str(kw["prompts_path"]) if kw["prompts_path"] else None,
+    }  # fmt: skip
+
+
+def echo_plan(plan: Any, n_done: int) -> None:
+    """The configurations, the restarts they take and the restore, for a person."""
+    click.secho(f"Experiment on cluster {plan.cluster}", bold=True)
+    click.echo(
+        f"  configurations: the cartesian product of the values given ({len(plan.configurations)})"
+    )
+    click.echo(
+        f"  recipe now: {_knobs(plan.current)}; starting configuration: {_knobs(plan.start)}"
+    )
+    for i, row in enumerate(plan.configurations, 1):
+        what = "measured earlier: skipped" if row["done"] else (
+            "restart" if row["restart"] else "no restart (the recipe already has it)")  # fmt: skip
+        click.echo(f"  {i}. {row['label']}: {what}, then a sweep")
+    s = plan.sweep
+    click.echo(
+        f"  sweep: concurrency {','.join(map(str, s['levels']))}, {s['mode']}, "
+        f"{s['output_tokens']} output tokens, {s['repeats']} repeat(s), "
+        f"SLO {s['slo_tok_s']} tok/s per user"
+    )
+    end = f"restore {_knobs(plan.start)}" if plan.restore else "no restore (--no-restore)"
+    click.echo(f"  at the end: {end}")
+    click.echo(
+        f"  restarts: {plan.restarts} planned (each a full boot; each stamp pruned, the budget "
+        "unchanged); the cluster lock is held throughout"
+    )
+    click.echo(
+        f"  state: {plan.state_path}" + (f" (resuming: {n_done} done)" if plan.resumed else "")
+    )
+
+
+def _knobs(values: dict[str, Any]) -> str:
+    """'max_num_seqs=6, moe_backend=marlin'."""
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+class _Progress:
+    """Steps, boot views and sweep levels on stderr; one boot view per restart."""
+
+    def __init__(self, cluster: str) -> None:
+        """Nothing shown yet."""
+        self.cluster = cluster
+        self.steps = step_reporter(False)
+        self.boot: Any = None
+
+    def on_step(self, step: Any) -> None:
+        """Print a step; close the boot view when the boot ends."""
+        if step.name.startswith("boot") and step.status != "running" and self.boot is not None:
+            self.boot.close()
+            self.boot = None
+        self.steps(step)
+
+    def on_event(self, event: Any) -> None:
+        """Feed the boot view (opened at the first event of a boot)."""
+        from spark_ops.cli.progress import make_reporter
+
+        if self.boot is None:
+            self.boot = make_reporter(self.cluster)
+        self.boot(event)
+
+    def on_config(self, index: int, total: int, name: str) -> None:
+        """A heading per configuration."""
+        click.secho(f"\n[{index}/{total}] {name}", bold=True, err=True)
+
+    def on_level(self, lv: Any) -> None:
+        """One line per finished level."""
+        click.echo(
+            f"  C={lv.max_concurrency}: {lv.output_throughput:.0f} tok/s aggregate, "
+            f"{(lv.per_user_tok_s or 0):.1f} tok/s per user, {lv.failed} errors", err=True
+        )  # fmt: skip
+
+    def on_note(self, text: str) -> None:
+        """A note from the workflow."""
+        click.echo(f"note: {text}", err=True)
+
+
+def _num(v: float | None, fmt: str = "{:.0f}") -> str:
+    """A number, or a dash."""
+    return "–" if v is None else fmt.format(v)
+
+
+def compare_table(reading: Any) -> Any:
+    """Per level: aggregate and per-user tok/s of each configuration, with ratios to the first."""
+    from rich.table import Table
+
+    table = Table(title="Configurations compared (ratios to the first)", title_justify="left")
+    table.add_column("concurrent\nrequests", justify="right")
+    for cfg in reading.configs:
+        table.add_column(f"{cfg['label']}\naggregate tok/s", justify="right")
+        table.add_column(f"{cfg['label']}\nper user tok/s", justify="right")
+    table.add_column("best", justify="left")
+    for row in reading.levels:
+        cells = [str(row["concurrency"])]
+        for i, x in enumerate(row["cells"]):
+            ra = f" ×{x['ratio_aggregate']:.2f}" if i and x["ratio_aggregate"] else ""
+            ru = f" ×{x['ratio_per_user']:.2f}" if i and x["ratio_per_user"] else ""
+            cells += [_num(x["aggregate"]) + ra, _num(x["per_user"], "{:.1f}") + ru]
+        cells.append((row["best"] or "–") if row["clear"] else "no clear difference")
+        table.add_row(*cells)
+    return table
+
+
+def render_report(outcome: Any, *, width: int = 160) -> str:
+    """The whole report as text: each configuration's table and reading, the comparison, the end."""
+    from rich.console import Console
+
+    from spark_ops.bench import report
+
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    state = outcome.state
+    for name, result in state.sweep_results():
+        run = state.results[name]
+        console.print()
+        console.print(report.sweep_table(result))
+        for line in report.reading_lines(result):
+            console.print(line, highlight=False)
+        b = run["budget"]
+        console.print(
+            f"Restart budget: {b['used_before']} used before, {b['used_after']} after"
+            + (" — as before." if run["budget_as_before"] else f"; new stamps {b['new_stamps']}."),
+            highlight=False,
+        )
+    if len(outcome.reading.configs) > 1:
+        console.print()
+        console.print(compare_table(outcome.reading))
+    console.print()
+    for line in outcome.reading.lines:
+        console.print(line, highlight=False)
+    console.print(_ending(outcome), highlight=False)
+    return console.export_text()
+
+
+def _ending(outcome: Any) -> str:
+    """How the run ended, the restore and the budget, in words."""
+    state = outcome.state
+    done, total = len(state.results), len(state.spec.configurations())
+    if state.status == "finished":
+        text = f"Experiment finished: {done}/{total} configurations measured."
+    else:
+        why = (
+            "interrupted"
+            if outcome.interrupted
+            else f"failed ({(state.error or {}).get('message')})"
+        )
+        text = f"Experiment {why} after {done}/{total} configurations; --resume continues it."
+    r = state.restore
+    if r is None:
+        text += " The recipe was not restored (--no-restore)."
+    elif r["ok"]:
+        how = "restarted and pruned" if r.get("restarted") else "no restart needed"
+        text += f" Starting configuration restored: {_knobs(r['knobs'])} ({how})."
+    else:
+        text += (
+            f" RESTORE FAILED ({r['error']}): put {_knobs(r['knobs'])} back with spark-ops apply."
+        )
+    before, after = outcome.budget_before, outcome.budget_after
+    if after is not None:
+        same = "as before" if before["stamps"] == after["stamps"] else "CHANGED"
+        text += f" Restart budget: {after['used']} used, {same} ({before['used']} at the start)."
+    return text
+
+
+@click.command("experiment")
+@click.option("--max-num-seqs", help="Values to compare, comma-separated (e.g. 6,64).")
+@click.option(
+    "--moe-backend", help="MoE backends to compare, comma-separated (e.g. marlin,cutlass)."
+)
+@click.option(
+    "--kv-cache-memory", help="KV cache sizes to compare, comma-separated (e.g. 60G,40G)."
+)
+@click.option(
+    "--enforce-eager/--no-enforce-eager", default=None, help="Set in every configuration."
+)
+@click.option("--concurrency", default=DEFAULT_CONCURRENCY, show_default=True, help="Levels.")
+@click.option("--output-tokens", type=click.IntRange(min=1), default=300, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--mode",
+    type=click.Choice(["burst", "sustained", "poisson"]),
+    default="burst",
+    show_default=True,
+)
+@click.option(
+    "--duration", type=float, default=60.0, show_default=True, help="s (sustained, poisson)."
+)
+@click.option("--rate", type=float, help="Poisson arrivals per second.")
+@click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--slo-tok-s", type=float, default=12.0, show_default=True, help="Per-user tok/s to keep."
+)
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Per request, s.")
+@click.option("--model", help="Model name (default: the first one /v1/models lists).")
+@click.option(
+    "--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--prompts", "prompts_path", type=click.Path(dir_okay=False, exists=True, path_type=Path)
+)
+@click.option("--api-key", envvar="SPARK_OPS_API_KEY", help="Bearer token (not stored).")
+@click.option(
+    "--no-drain", is_flag=True, help="Do not wait for in-flight requests before a restart."
+)
+@click.option("--deadline", type=float, help="Boot deadline in seconds (inventory's by default).")
+@click.option("--force", is_flag=True, help="Overwrite recipe copies that differ.")
+@click.option("--no-restore", is_flag=True, help="Leave the last configuration in place.")
+@click.option("--resume", is_flag=True, help="Continue the experiment recorded in the state file.")
+@click.option(
+    "--state",
+    "state_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="State file (default ~/.local/state/spark-ops/experiment-<cluster>.json).",
+)
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the report."
+)
+@click.option("--dry-run", is_flag=True, help="Show the plan and stop.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def cli(ctx: click.Context, **kw: Any) -> int:
+    """Apply each configuration, sweep it, compare them, then restore the starting one."""
+    from spark_ops.errors import Aborted, ExitStatus
+    from spark_ops.experiment import (
+        ApplySettings,
+        ExperimentSpec,
+        Hooks,
+        current_knobs,
+        default_state_path,
+        plan_experiment,
+        run_experiment,
+        start_state,
+    )
+    from spark_ops.workflows import Operation
+
+    axes = _axes(kw)
+    if not axes and not kw["resume"]:
+        raise click.UsageError("nothing to compare: give values, e.g. --max-num-seqs 6,64")
+    cluster = load_cluster(ctx)
+    path = kw["state_path"] or default_state_path(cluster.name)
+    spec = ExperimentSpec(cluster.name, axes, _sweep_settings(kw), restore=not kw["no_restore"])
+    settings = ApplySettings(drain=not kw["no_drain"], deadline_s=kw["deadline"], force=kw["force"])
+    progress = _Progress(cluster.name)
+    hooks = Hooks(progress.on_config, progress.on_step, progress.on_event, progress.on_level,
+                  progress.on_note)  # fmt: skip
+
+    async def flow() -> Any:
+        """Lock, plan, confirm, run, all under one Operation."""
+        async with Operation.open(cluster, "experiment", lock=not kw["dry_run"]) as op:
+            knobs = await current_knobs(op)
+            state, resumed = start_state(spec, knobs, path, resume=kw["resume"])
+            echo_plan(plan_experiment(state, knobs, path, resumed), len(state.results))
+            if kw["dry_run"]:
+                click.echo("\nDry run: nothing was changed.")
+                return None
+            if not kw["yes"] and not click.confirm("\nProceed?", default=False, err=True):
+                raise Aborted("not confirmed; nothing was changed")
+            secrets = {"api_key": kw["api_key"]} if kw["api_key"] else {}
+            return await run_experiment(
+                op, state, path, settings=settings, hooks=hooks, secrets=secrets
+            )
+
+    outcome = run_async(flow())
+    if outcome is None:
+        return 0
+    click.echo(render_report(outcome, width=max(TABLE_WIDTH, 160)), nl=False)
+    if kw["json_path"]:
+        import json
+
+        kw["json_path"].write_text(json.dumps(outcome.to_dict(), indent=2, default=str) + "\n")
+        click.echo(f"wrote {kw['json_path']}", err=True)
+    if outcome.interrupted:
+        return int(ExitStatus.ABORTED)
+    if outcome.failure is not None:
+        err = outcome.failure
+        click.secho(f"error: {err.message}", fg="red", err=True)
+        if err.hint:
+            click.echo(f"hint: {err.hint}", err=True)
+        return int(outcome.failure.exit_status)
+    return 0 if outcome.ok else int(ExitStatus.ERROR)

@@ -1,0 +1,229 @@
+"""`spark-ops experiment`: the reading on synthetic sweeps (cases in tests/fixtures/experiment/),
+the plan and state file, and the whole run on the embedded cluster (real SSH, simulated vLLM).
+
+The embedded cluster runs with time_scale 10 (decode 10x faster), so tok/s figures are 10x the
+note's: the SLO is passed multiplied by 10 and the assertions compare ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import start_sim
+
+from spark_ops.bench import stats
+from spark_ops.bench.sweep import SweepResult
+from spark_ops.errors import ExitStatus
+from spark_ops.experiment import (
+    ExperimentError,
+    ExperimentSpec,
+    ExperimentState,
+    label,
+    plan_experiment,
+    read_experiment,
+    start_state,
+)
+
+CASES: dict[str, Any] = yaml.safe_load(
+    (Path(__file__).parent / "fixtures" / "experiment" / "reading_cases.yaml").read_text("utf-8")
+)
+TIME_SCALE = 10.0
+
+
+def level(c: int, agg: float, user: float, samples: list[list[float]]) -> stats.LevelResult:
+    """A level summary with the figures the reading uses; the rest empty."""
+    names = [f.name for f in stats.LevelResult.__dataclass_fields__.values()]
+    kw: dict[str, Any] = dict.fromkeys(names)
+    kw.update(
+        max_concurrency=c, repeats=1, duration=1.0, completed=c, failed=0,
+        total_output_tokens=300 * c, output_throughput=agg, output_throughput_min=agg,
+        output_throughput_max=agg, output_throughput_stdev=0.0, request_throughput=1.0,
+        per_user_tok_s=user, usage_reported=True, client_cpu_s=0.0, errors={},
+        samples=[[0.0, r, w] for r, w in samples], runs=[],
+    )  # fmt: skip
+    return stats.LevelResult(**kw)
+
+
+def sweep(cfg: dict[str, Any], slo: float) -> SweepResult:
+    """A synthetic sweep; its reading comes from the bench's own read_levels."""
+    samples = cfg.get("samples", [])
+    levels = [level(c, a, u, samples if i == len(cfg["levels"]) - 1 else []) for i, (c, a, u) in
+              enumerate(cfg["levels"])]  # fmt: skip
+    reading = stats.read_levels(levels, slo_tok_s=slo, max_num_seqs=cfg["max_num_seqs"])
+    return SweepResult(
+        base_url="http://x", model="m", api="chat", mode="burst", output_tokens=300,
+        levels=levels, reading=reading, knobs={"max_num_seqs": cfg["max_num_seqs"]},
+        metrics_available=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_reading_cases(name: str) -> None:
+    """Best per level, bottleneck, recommendation and the sentences an operator reads."""
+    case = CASES[name]
+    results = [(c["label"], sweep(c, case["slo_tok_s"])) for c in case["configs"]]
+    reading = read_experiment(results, slo_tok_s=case["slo_tok_s"])
+    exp = case["expect"]
+    best = {row["concurrency"]: row["best"] if row["clear"] else None for row in reading.levels}
+    assert best == exp["best"]
+    if exp["bottleneck"] is None:
+        assert reading.bottleneck is None
+    else:
+        assert reading.bottleneck is not None
+        assert reading.bottleneck["is_bottleneck"] is exp["bottleneck"]
+    if "bottleneck_ratio" in exp:
+        lo, hi = exp["bottleneck_ratio"]
+        assert reading.bottleneck is not None
+        assert lo <= reading.bottleneck["ratio"] <= hi
+    assert reading.recommended == exp["recommended"]
+    text = "\n".join(reading.lines)
+    for line in exp.get("lines", []):
+        assert line in text, f"{line!r} not in:\n{text}"
+    for line in exp.get("not_lines", []):
+        assert line not in text
+    json.dumps(reading.to_dict())  # the reading is JSON-ready data
+
+
+def test_plan_state_and_refusals(tmp_path: Path) -> None:
+    """Cartesian product, restarts counted from the recipe, atomic state, refusals named."""
+    spec = ExperimentSpec(
+        "sim", {"max_num_seqs": [6, 64], "moe_backend": ["marlin", "cutlass"]}, {"levels": [1]}
+    )
+    assert [label(c) for c in spec.configurations()] == [
+        "max_num_seqs=6, moe_backend=marlin", "max_num_seqs=6, moe_backend=cutlass",
+        "max_num_seqs=64, moe_backend=marlin", "max_num_seqs=64, moe_backend=cutlass",
+    ]  # fmt: skip
+    knobs = {
+        "max_num_seqs": 6,
+        "moe_backend": "marlin",
+        "kv_cache_memory_bytes": 1,
+        "enforce_eager": True,
+    }
+    path = tmp_path / "exp.json"
+    state, resumed = start_state(spec, knobs, path, resume=False)
+    plan = plan_experiment(state, knobs, path, resumed)
+    # the first configuration is what runs: 3 restarts, then one to restore 6/marlin
+    assert [r["restart"] for r in plan.configurations] == [False, True, True, True]
+    assert plan.restarts == 4
+    state.results["max_num_seqs=6, moe_backend=marlin"] = {"sweep": {}}
+    state.save(path)
+    assert not list(tmp_path.glob(".*tmp")), "the temp file was renamed over the state"
+    with pytest.raises(ExperimentError, match=r"unfinished experiment \(running, 1/4") as exc:
+        start_state(spec, knobs, path, resume=False)
+    assert exc.value.hint is not None and "--resume" in exc.value.hint
+    again, resumed = start_state(ExperimentSpec("sim", {}, {}), knobs, path, resume=True)
+    assert resumed and list(again.results) == ["max_num_seqs=6, moe_backend=marlin"]
+    assert plan_experiment(again, knobs, path, True).configurations[0]["done"] is True
+    bad = ExperimentSpec("sim", {"max_num_seqs": [6, 6]}, {})
+    with pytest.raises(ExperimentError, match="--max-num-seqs 6,6: a value is repeated"):
+        start_state(bad, knobs, tmp_path / "other.json", resume=False)
+    with pytest.raises(
+        ExperimentError, match="does not set max_num_seqs: its starting value cannot be restored"
+    ):
+        start_state(
+            ExperimentSpec("sim", {"max_num_seqs": [8]}, {}), {}, tmp_path / "n.json", resume=False
+        )
+    (tmp_path / "junk.json").write_text("{}")
+    with pytest.raises(ExperimentError, match=r"junk\.json: not a spark-ops experiment state"):
+        ExperimentState.load(tmp_path / "junk.json")
+
+
+ARGS = [
+    "experiment", "--max-num-seqs", "6,64", "--concurrency", "1,6,16,64", "--output-tokens", "60",
+    "--slo-tok-s", str(9 * TIME_SCALE), "--yes",
+]  # fmt: skip
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "spark_ops.cli.main", *args],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_experiment_6_vs_64_tells_the_notes_story(tmp_path: Path) -> None:
+    """The cap-6 run plateaus, 64 gives ~3x at the top level, budget and recipe as before."""
+    from spark_ops.sim.control import down
+
+    s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE)
+    try:
+        env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
+        history, recipe = s.history.read_bytes(), s.recipe.read_bytes()
+        state, report = tmp_path / "exp.json", tmp_path / "report.json"
+        res = cli(env, *ARGS, "--state", str(state), "--json", str(report))
+        assert res.returncode == 0, res.stderr[-3000:]
+        out = res.stdout
+        assert "restarts: 2 planned" in out
+        assert "The cap of 6 was the bottleneck" in out
+        assert "max_num_seqs=6: the cap was reached — running requests stayed at 6" in out
+        assert "keep ≤16 concurrent users" in out
+        assert "Starting configuration restored: max_num_seqs=6" in out
+        data = json.loads(report.read_text())
+        neck = data["reading"]["bottleneck"]
+        assert neck["level"] == 64 and neck["ratio"] >= 2.0, neck
+        caps = {c["label"]: c["cap"] for c in data["reading"]["configs"]}
+        assert caps["max_num_seqs=6"]["plateau"] == 6 and not caps["max_num_seqs=64"]["detected"]
+        assert data["state"]["finished"] is True and data["state"]["restore"]["ok"] is True
+        assert all(r["budget_as_before"] for r in data["state"]["results"].values())
+        assert s.history.read_bytes() == history, "every planned stamp was pruned"
+        assert s.recipe.read_bytes() == recipe, "the recipe is back as it was"
+    finally:
+        down(s.root)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_interrupted_experiment_restores_and_resumes(tmp_path: Path) -> None:
+    """Ctrl-C after the first configuration: restored, then --resume measures only the second."""
+    from spark_ops.sim.control import down
+
+    s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE)
+    try:
+        env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
+        history = s.history.read_bytes()
+        state = tmp_path / "exp.json"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spark_ops.cli.main", *ARGS, "--state", str(state)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if state.exists() and json.loads(state.read_text()).get("results"):
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == ExitStatus.ABORTED, err[-3000:]
+        saved = json.loads(state.read_text())
+        assert saved["status"] == "interrupted" and list(saved["results"]) == ["max_num_seqs=6"]
+        assert saved["restore"]["ok"] is True
+        assert "Experiment interrupted after 1/2 configurations; --resume continues it." in out
+        assert "max_num_seqs: 6 " in s.recipe.read_text()
+        first = saved["results"]["max_num_seqs=6"]["finished_at"]
+
+        res = cli(env, "experiment", "--resume", "--state", str(state), "--yes")
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "1. max_num_seqs=6: measured earlier: skipped" in res.stdout
+        done = json.loads(state.read_text())
+        assert done["finished"] is True and list(done["results"]) == [
+            "max_num_seqs=6",
+            "max_num_seqs=64",
+        ]
+        assert done["results"]["max_num_seqs=6"]["finished_at"] == first, "not redone"
+        assert "The cap of 6 was the bottleneck" in res.stdout
+        assert s.history.read_bytes() == history
+        assert "max_num_seqs: 6 " in s.recipe.read_text()
+    finally:
+        down(s.root)
