@@ -65,7 +65,7 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
     warning = await _kv_capacity(op, new_text)
     if warning:
         plan.warnings.append(warning)
-    _restart_steps(plan, op, write=True, drain=opts.drain)
+    _restart_steps(plan, op, opts, write=True)
     return plan
 
 
@@ -101,7 +101,7 @@ async def plan_restart(op: Operation, opts: ApplyOptions) -> Plan:
     plan.facts["knobs_before"] = plan.facts["knobs_after"] = _jsonable(
         knob_values(head_text, source="recipe")
     )
-    _restart_steps(plan, op, write=False, drain=opts.drain)
+    _restart_steps(plan, op, opts, write=False)
     return plan
 
 
@@ -150,22 +150,23 @@ async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None
     new_text = next((c.new_text for c in plan.changes), head_text)
     plan.facts["knobs_after"] = _jsonable(knob_values(new_text, source="recipe"))
     if plan.changes:
-        _restart_steps(plan, op, write=True, drain=opts.drain)
+        _restart_steps(plan, op, opts, write=True)
     return plan
 
 
-def _restart_steps(plan: Plan, op: Operation, *, write: bool, drain: bool) -> None:
+def _restart_steps(plan: Plan, op: Operation, opts: ApplyOptions, *, write: bool) -> None:
     """The common steps of a planned restart."""
     c = op.cluster
     head = [c.head.name]
     if write:
         hosts = [ch.host for ch in plan.changes]
         plan.add("write", f"write the recipe atomically (backup kept) on {', '.join(hosts)}", hosts)
-    if drain:
+    if opts.drain:
         plan.add(
             "drain", "wait for in-flight requests to finish (vllm:num_requests_running → 0)", head
         )
-    plan.add("restart", f"force a restart through the watchdog: {c.watchdog.restart_command}", head)
+    command = op.watchdog.restart_command(opts.reason)
+    plan.add("restart", f"force a restart through the watchdog: {command}", head)
     plan.add(
         "boot",
         "follow the boot until a real completion answers "
