@@ -201,7 +201,7 @@ def test_boot_that_never_serves_ends_at_the_deadline(tmp_path: Path) -> None:
 
 
 def test_refused_backend_rolls_back_and_serves_again(sim: Sim, cli_env: dict[str, str]) -> None:
-    """--moe-backend triton fails the boot; --rollback-on-failure restores the old recipe serving."""
+    """--moe-backend triton fails the boot; --rollback-on-failure brings the old recipe back."""
     before_recipe = sim.recipe.read_bytes()
     before_stamps = stamps(sim)
     res = spark_ops(
