@@ -103,7 +103,7 @@ def main() -> None:
         down(root)
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     worst = {k: max(r[k] for r in rows) for k in rows[0]}
-    print(f"apply on the embedded 4-node cluster, {len(rows)} rounds (medians; worst in brackets)")
+    print(f"apply on the embedded 4-node cluster, {len(rows)} rounds")
     print(f"{'measure':<40}{'median':>10}{'worst':>10}{'target':>10}")
     for key, label, target in (
         ("lag", "readiness detection lag (s)", "< 1"),
