@@ -1,0 +1,594 @@
+"""Preflight: the head's own vLLM parses the new command line before the old server is stopped.
+
+A flag vLLM rejects is found while the old engine still serves, so it costs neither downtime nor a
+restart from the budget. The check runs on the head, in the engine's environment (the recipe's
+`env`, and inside the engine's container when the inventory reads its log with docker): a small
+Python program, sent over stdin to the interpreter beside the `vllm` found on PATH, builds vLLM's
+own `serve` parser the way the installed version does, parses the arguments after `serve`, runs
+vLLM's quick serve checks and the value constraints of vLLM's config classes. No model is loaded
+and nothing is fetched. On the embedded cluster, whose `vllm` is a shim to the simulated engine,
+the same program runs the simulated engine's own parser instead.
+
+When no vLLM can be asked (none on PATH, no interpreter that imports it, the container is down,
+the check timed out), the result says so with `ok=None` and the caller goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_ops.errors import CommandTimeout, SparkOpsError
+from spark_ops.log import get_logger
+from spark_ops.remote import ClusterSession, Result, quote_args
+
+HOWS = ("auto", "vllm", "sim", "docker")
+MARK = "SPARK-OPS-PREFLIGHT "
+NO_PYTHON_EXIT = 47  # the shell programs below: nothing to ask on this node
+PROBE_TIMEOUT = 15.0
+SIM_MODULE = "spark_ops.sim.engine"
+# Never fetch anything, never report usage, while checking a command line.
+QUIET_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_PY_PATH = re.compile(r"(/[\w./+-]*/bin/python[0-9.]*)(?![\w.])")
+
+
+class PreflightError(SparkOpsError):
+    """preflight() got an argument it cannot use (names it and what is allowed)."""
+
+
+@dataclass
+class PreflightResult:
+    """What vLLM said about a command line: accepted (True), refused (False) or not asked (None)."""
+
+    ok: bool | None
+    method: str
+    detail: str
+    seconds: float
+    host: str = ""
+    stage: str | None = (
+        None  # parse (argparse), validate (vLLM's serve checks), config (field limits)
+    )
+    vllm_version: str | None = None
+    python: str | None = None
+    import_seconds: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    tried: list[str] = field(default_factory=list)
+
+    @property
+    def refused(self) -> bool:
+        """True only when a vLLM was asked and refused the command line."""
+        return self.ok is False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json and the plan's facts."""
+        return {
+            "ok": self.ok,
+            "method": self.method,
+            "detail": self.detail,
+            "seconds": round(self.seconds, 3),
+            "host": self.host,
+            "stage": self.stage,
+            "vllm_version": self.vllm_version,
+            "python": self.python,
+            "import_seconds": (
+                None if self.import_seconds is None else round(self.import_seconds, 3)
+            ),
+            "warnings": list(self.warnings),
+            "tried": list(self.tried),
+        }
+
+
+class _Unreachable(Exception):
+    """This way of asking found no vLLM to ask (the reason is the message)."""
+
+
+# Finds the `vllm` the engine is started with; prints its path, resolved path and first 4 KiB.
+_PROBE = r"""
+v=$(command -v "$1" 2>/dev/null) || { echo "no $1 on PATH ($PATH)" >&2; exit 47; }
+r=$(readlink -f "$v" 2>/dev/null) || r=$v
+printf '%s\n%s\n' "$v" "$r"
+head -c 4096 "$r" 2>/dev/null | LC_ALL=C tr -d '\000'
+"""
+
+# Runs the program on stdin with the first candidate interpreter that can import the module.
+_PICK = r"""
+m=$1; shift
+for py in "$@"; do
+  case $py in
+    */*) [ -x "$py" ] || continue ;;
+    *) command -v "$py" >/dev/null 2>&1 || continue ;;
+  esac
+  if "$py" -c 'import importlib.util as u, sys; sys.exit(0 if u.find_spec(sys.argv[1]) else 1)' \
+      "$m" </dev/null >/dev/null 2>&1; then
+    exec "$py" -
+  fi
+done
+echo "no Python here imports $m (tried: $*)" >&2
+exit 47
+"""
+
+# Shared head of both programs: report one JSON line after a marker, argparse error extraction.
+_PRELUDE = r'''
+import contextlib, importlib, io, json, os, sys, time, warnings
+MARK = "SPARK-OPS-PREFLIGHT "
+T0 = time.monotonic()
+
+
+def answer(**kw):
+    """Print the one result line and stop."""
+    kw.setdefault("python", sys.executable)
+    sys.stdout.write("\n" + MARK + json.dumps(kw, default=str) + "\n")
+    sys.stdout.flush()
+    sys.exit(0)
+
+
+def error_text(text):
+    """argparse's own error line(s) without the usage block."""
+    lines = text.strip().splitlines()
+    for i, line in enumerate(lines):
+        if ": error:" in line:
+            return "\n".join(lines[i:]).strip()
+    return "\n".join(lines[-5:]).strip() or "refused without a message"
+
+
+def parse(parser, args, **extra):
+    """Parse like the engine would; a refusal is answered with argparse's message."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parser.parse_args(args)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            answer(ok=None, error="the command line makes vLLM exit before serving (--help?)")
+        answer(ok=False, stage="parse", error=error_text(err.getvalue()), **extra)
+'''
+
+_VLLM_BODY = r'''
+
+def relative_missing(template):
+    """True for a chat template that looks like a relative file path absent from here."""
+    looks_like_path = "{" not in template and ("/" in template or template.endswith(".jinja"))
+    return looks_like_path and not template.startswith("/") and not os.path.exists(template)
+
+
+def field_problems(parser, ns):
+    """Scalar flag values outside the limits of vLLM's config classes (checked at engine start)."""
+    try:
+        import typing
+
+        import pydantic
+        import vllm.config as vc
+    except Exception:
+        return []
+    owners = {}
+    for name in dir(vc):
+        cls = getattr(vc, name, None)
+        fields = getattr(cls, "__pydantic_fields__", None)
+        if isinstance(cls, type) and name.endswith("Config") and isinstance(fields, dict):
+            for key, info in fields.items():
+                owners.setdefault(key, []).append((name, info))
+    problems = []
+    for action in parser._actions:
+        dest, flags = action.dest, [o for o in action.option_strings if o.startswith("--")]
+        value = getattr(ns, dest, None)
+        if not flags or dest not in owners or value == action.default:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            continue
+        failures = []
+        for cls_name, info in owners[dest]:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    adapter = pydantic.TypeAdapter(typing.Annotated[info.annotation, info])
+                    adapter.validate_python(value)
+            except pydantic.ValidationError as exc:
+                failures.append(f"{exc.errors()[0].get('msg', exc)} ({cls_name}.{dest})")
+            except Exception:
+                failures = []
+                break
+        if failures and len(failures) == len(owners[dest]):
+            problems.append(f"{flags[0]} {value!r}: " + "; ".join(failures))
+    return problems
+
+
+def main():
+    """Build vLLM's serve parser as the installed version does and check ARGS with it."""
+    try:
+        import vllm
+
+        version = getattr(vllm, "__version__", None)
+        flexible = None
+        for mod in ("vllm.utils.argparse_utils", "vllm.utils"):
+            try:
+                flexible = importlib.import_module(mod).FlexibleArgumentParser
+                break
+            except (ImportError, AttributeError):
+                continue
+        make = validate = None
+        for mod in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"):
+            try:
+                module = importlib.import_module(mod)
+            except ImportError:
+                continue
+            make = getattr(module, "make_arg_parser", None)
+            validate = getattr(module, "validate_parsed_serve_args", None)
+            if make is not None:
+                break
+    except Exception as exc:
+        answer(ok=None, error=f"cannot import vLLM's serve parser: {type(exc).__name__}: {exc}")
+    if make is None or flexible is None:
+        answer(ok=None, version=version, error=f"vLLM {version} has no make_arg_parser here")
+    imported = time.monotonic() - T0
+    info = {"version": version, "import_seconds": imported}
+    parser = make(flexible(prog="vllm serve"))
+    ns = parse(parser, ARGS, **info)
+    if getattr(ns, "model_tag", None):
+        ns.model = ns.model_tag  # as `vllm serve` does before it validates
+    template = getattr(ns, "chat_template", None)
+    if isinstance(template, str) and relative_missing(template):
+        info["notes"] = [
+            f"--chat-template {template}: a relative path not found from {os.getcwd()}; "
+            "not checked (the engine resolves it from its own working directory)"
+        ]
+        ns.chat_template = None
+    if validate is not None:
+        try:
+            validate(ns)
+        except Exception as exc:
+            answer(ok=False, stage="validate", error=f"{type(exc).__name__}: {exc}", **info)
+    problems = field_problems(parser, ns)
+    if problems:
+        answer(ok=False, stage="config", error="; ".join(problems), **info)
+    answer(ok=True, **info)
+
+
+main()
+'''
+
+_SIM_BODY = r'''
+
+def main():
+    """Check ARGS with the simulated engine's own `vllm serve` parser."""
+    try:
+        from spark_ops.sim.engine_args import parse_serve_args
+        from spark_ops.sim.engine_config import cfg_get, load_config
+    except Exception as exc:
+        answer(ok=None, error=f"cannot import the sim engine: {type(exc).__name__}: {exc}")
+    path = None
+    for i, tok in enumerate(ARGS):
+        if tok == "--sim-config" and i + 1 < len(ARGS):
+            path = ARGS[i + 1]
+        elif tok.startswith("--sim-config="):
+            path = tok.split("=", 1)[1]
+    try:
+        cfg = load_config(path)
+        version = str(cfg_get(cfg, "vllm_version"))
+    except Exception as exc:
+        answer(ok=None, error=f"the sim engine's config: {getattr(exc, 'message', exc)}")
+    info = {"version": version, "import_seconds": time.monotonic() - T0}
+
+    class Parser:
+        """Adapter: parse_args runs the sim engine's full argument handling."""
+
+        def parse_args(self, args):
+            """Parse like `python -m spark_ops.sim.engine serve` does."""
+            return parse_serve_args(cfg, args)
+
+    parse(Parser(), ARGS, **info)
+    answer(ok=True, **info)
+
+
+main()
+'''
+
+
+def split_command(argv: list[str]) -> tuple[dict[str, str], str, list[str]] | None:
+    """(leading VAR=value assignments, the vllm to run, the args after `serve`), or None."""
+    words = [str(a) for a in argv]
+    assigned: dict[str, str] = {}
+    while words and (words[0] == "exec" or _ENV_ASSIGN.match(words[0])):
+        if words[0] != "exec":  # `exec FOO=1 vllm serve …` runs vllm with FOO=1
+            key, _, value = words[0].partition("=")
+            assigned[key] = value
+        words = words[1:]
+    if len(words) < 2 or posixpath.basename(words[0]) != "vllm" or words[1] != "serve":
+        return None
+    return assigned, words[0], words[2:]
+
+
+def serve_args(argv: list[str]) -> list[str] | None:
+    """The arguments after `vllm serve` (model first), or None when argv is not such a line."""
+    split = split_command(argv)
+    return None if split is None else split[2]
+
+
+def build_program(kind: str, args: list[str]) -> str:
+    """The Python program (sent on stdin) that checks args with a real (vllm) or sim parser."""
+    if kind not in ("vllm", "sim"):
+        raise PreflightError(f"preflight program kind {kind!r}: allowed are 'vllm' and 'sim'")
+    body = _VLLM_BODY if kind == "vllm" else _SIM_BODY
+    return f"{_PRELUDE}\nARGS = json.loads({json.dumps(args)!r})\n{body}"
+
+
+def engine_env(env: dict[str, str]) -> dict[str, str]:
+    """The recipe's environment (valid names only) over the quiet defaults."""
+    out = dict(QUIET_ENV)
+    for key, value in env.items():
+        if _ENV_NAME.match(str(key)):
+            out[str(key)] = str(value)
+        else:
+            get_logger().warning("preflight: skipping env name that is not a variable", key=key)
+    return out
+
+
+def _shebang_python(text: str) -> str | None:
+    """The interpreter of a `#!…python…` first line (after `env` and its options), else None."""
+    first = text.splitlines()[0] if text else ""
+    if not first.startswith("#!"):
+        return None
+    words = first[2:].split()
+    if words and posixpath.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+    if words and posixpath.basename(words[0]).startswith("python"):
+        return words[0]
+    return None
+
+
+def interpreters(path: str, real: str, text: str, kind: str) -> list[str]:
+    """Interpreters to try, best first: shebang, sim shim's exec, named paths, beside it, PATH."""
+    found: list[str] = []
+    shebang = _shebang_python(text)
+    if shebang:
+        found.append(shebang)
+    if kind == "sim":
+        for line in text.splitlines():
+            if SIM_MODULE in line:
+                try:
+                    words = shlex.split(line)
+                except ValueError:
+                    continue
+                for i, word in enumerate(words[:-1]):
+                    if word == "-m" and words[i + 1] == SIM_MODULE and i > 0:
+                        found.append(words[i - 1])
+    found.extend(_PY_PATH.findall(text))
+    for base in dict.fromkeys([posixpath.dirname(real), posixpath.dirname(path)]):
+        if base:
+            for rel in ("python3", "python", "../bin/python3", "../bin/python"):
+                found.append(posixpath.normpath(posixpath.join(base, rel)))
+    found.extend(["python3", "python"])
+    return list(dict.fromkeys(found))
+
+
+def docker_container(session: ClusterSession) -> str | None:
+    """The engine's container name when the inventory reads the engine log with docker."""
+    eng = session.cluster.engine
+    return eng.log_target if eng.log_kind == "docker" and eng.log_target else None
+
+
+def docker_command(container: str, env: dict[str, str], command: list[str]) -> str:
+    """`docker exec -i -e K=V … CONTAINER COMMAND…` with every argument quoted."""
+    argv = ["docker", "exec", "-i"]
+    for key, value in env.items():
+        argv += ["-e", f"{key}={value}"]
+    return quote_args([*argv, container, *command])
+
+
+def _sh_argv(program: str, *args: str) -> list[str]:
+    """`sh -c PROGRAM sh ARGS…` as an argument list (for wrapping in docker exec or env)."""
+    return ["sh", "-c", program, "sh", *args]
+
+
+def parse_answer(res: Result) -> dict[str, Any]:
+    """The program's JSON result line; _Unreachable when it gave none."""
+    for line in reversed(res.stdout.splitlines()):
+        if line.startswith(MARK):
+            try:
+                data = json.loads(line[len(MARK) :])
+            except ValueError as exc:
+                raise _Unreachable(f"unreadable answer from the check program: {exc}") from exc
+            if isinstance(data, dict):
+                return data
+    tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+    if res.exit_code == NO_PYTHON_EXIT:
+        raise _Unreachable(tail or "no Python with vLLM found")
+    raise _Unreachable(f"the check program exited {res.exit_code} without an answer: {tail}")
+
+
+def warning_lines(res: Result, limit: int = 10) -> list[str]:
+    """vLLM's own warning lines printed while parsing (e.g. deprecated flags)."""
+    lines = (res.stdout + "\n" + res.stderr).splitlines()
+    hits = [ln.strip() for ln in lines if "WARNING" in ln and not ln.startswith(MARK)]
+    return hits[:limit]
+
+
+class _Asker:
+    """One attempt to find a vLLM on a host (bare or in a container) and ask it."""
+
+    def __init__(
+        self,
+        session: ClusterSession,
+        host: str,
+        vllm: str,
+        env: dict[str, str],
+        container: str | None,
+    ) -> None:
+        """Remember where and how to run."""
+        self.session, self.host, self.vllm = session, host, vllm
+        self.env, self.container = env, container
+
+    def command(self, argv: list[str]) -> str:
+        """The shell command running argv in the engine's environment (container or env)."""
+        if self.container:
+            return docker_command(self.container, self.env, argv)
+        pairs = [f"{k}={v}" for k, v in self.env.items()]
+        return quote_args(["env", *pairs, *argv])
+
+    async def run(self, argv: list[str], timeout: float, input: str | None = None) -> Result:
+        """Run on the host; docker through sudo where the inventory says so."""
+        return await self.session.run(
+            self.host,
+            self.command(argv),
+            input=input,
+            timeout=timeout,
+            check=False,
+            sudo=self.container is not None,
+        )
+
+    async def probe(self, timeout: float) -> tuple[str, str, str]:
+        """Path, resolved path and head text of the `vllm` the engine would run."""
+        res = await self.run(_sh_argv(_PROBE, self.vllm), min(timeout, PROBE_TIMEOUT))
+        where = f" in container {self.container}" if self.container else ""
+        why = " | ".join(res.stderr.strip().splitlines()[-2:]) or f"exit {res.exit_code}"
+        if res.exit_code == NO_PYTHON_EXIT:
+            raise _Unreachable(f"{why}{where}")
+        if res.exit_code != 0:
+            raise _Unreachable(f"cannot look for {self.vllm}{where}: {why}")
+        lines = res.stdout.split("\n", 2)
+        if len(lines) < 2:
+            raise _Unreachable(f"probing {self.vllm}{where} printed nothing usable")
+        return lines[0], lines[1], lines[2] if len(lines) > 2 else ""
+
+    async def ask(self, kind: str, args: list[str], timeout: float, probe: Any) -> dict[str, Any]:
+        """Send the program to the first interpreter that imports vLLM (or the sim engine)."""
+        path, real, text = probe
+        module = "vllm" if kind == "vllm" else "spark_ops.sim.engine_args"
+        cands = interpreters(path, real, text, kind)
+        res = await self.run(_sh_argv(_PICK, module, *cands), timeout, build_program(kind, args))
+        data = parse_answer(res)
+        data["warnings"] = [str(n) for n in data.get("notes") or []] + warning_lines(res)
+        if data.get("ok") is None:
+            raise _Unreachable(str(data.get("error") or "the check program could not run"))
+        return data
+
+
+def _methods(session: ClusterSession, how: str) -> list[str]:
+    """The ways to ask, in order, for a `how` value."""
+    if how != "auto":
+        return [how]
+    return (["docker"] if docker_container(session) else []) + ["host"]
+
+
+async def preflight(
+    session: ClusterSession,
+    host: str,
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    how: str = "auto",
+    timeout: float = 60,
+) -> PreflightResult:
+    """Ask the host's own vLLM whether it accepts `argv` (no model load); ok=None when none answers.
+
+    how: auto (docker when the inventory runs the engine in a container, then the host's `vllm`:
+    the real parser, or the sim engine's when that `vllm` is the embedded cluster's shim), vllm,
+    sim or docker.
+    """
+    if how not in HOWS:
+        raise PreflightError(f"preflight how={how!r} is not allowed; use one of {', '.join(HOWS)}")
+    if timeout <= 0:
+        raise PreflightError(f"preflight timeout={timeout!r}: must be a positive number of seconds")
+    log = get_logger(host=host)
+    start = time.monotonic()
+    split = split_command(argv)
+    if split is None:
+        shown = quote_args(argv[:3]) + (" …" if len(argv) > 3 else "")
+        return PreflightResult(
+            None,
+            "none",
+            f"not a `vllm serve` command line ({shown}): no vLLM parser to check it on {host}; "
+            "going on",
+            time.monotonic() - start,
+            host,
+        )
+    assigned, vllm_cmd, args = split
+    renv = engine_env({**env, **assigned})
+    tried: list[str] = []
+    for method in _methods(session, how):
+        remaining = timeout - (time.monotonic() - start)
+        if remaining <= 0:
+            tried.append(f"{method}: no time left of {timeout:.0f} s")
+            break
+        try:
+            data, kind = await _ask_one(session, host, method, vllm_cmd, args, renv, remaining)
+        except _Unreachable as exc:
+            tried.append(f"{method}: {exc}")
+            continue
+        except CommandTimeout:
+            tried.append(f"{method}: no answer within {remaining:.0f} s (raise the timeout?)")
+            continue
+        except SparkOpsError as exc:
+            tried.append(f"{method}: {exc.message}")
+            continue
+        ok = bool(data.get("ok"))
+        label = f"docker:{kind}" if method == "docker" else kind
+        version = data.get("version")
+        who = f"vLLM {version}" if kind == "vllm" else f"the sim engine (vLLM {version})"
+        detail = (
+            f"{who} on {host} accepts the command line"
+            if ok
+            else str(data.get("error") or "refused")
+        )
+        result = PreflightResult(
+            ok=ok,
+            method=label,
+            detail=detail,
+            seconds=time.monotonic() - start,
+            host=host,
+            stage=None if ok else data.get("stage"),
+            vllm_version=version,
+            python=data.get("python"),
+            import_seconds=data.get("import_seconds"),
+            warnings=list(data.get("warnings") or []),
+            tried=tried,
+        )
+        log.info("preflight", ok=ok, method=label, seconds=round(result.seconds, 2))
+        return result
+    why = "; ".join(tried) or "nothing tried"
+    detail = f"no vLLM reachable on {host} to check the flags: {why}; going on"
+    log.warning("preflight skipped", reason=why)
+    return PreflightResult(None, "none", detail, time.monotonic() - start, host, tried=tried)
+
+
+async def _ask_one(
+    session: ClusterSession,
+    host: str,
+    method: str,
+    vllm: str,
+    args: list[str],
+    env: dict[str, str],
+    timeout: float,
+) -> tuple[dict[str, Any], str]:
+    """One way of asking; returns the program's answer and the parser kind (vllm or sim)."""
+    container = None
+    if method == "docker":
+        container = docker_container(session)
+        if not container:
+            raise _Unreachable(
+                "the inventory's engine.log is not kind docker, so there is no container name"
+            )
+    asker = _Asker(session, host, vllm, env, container)
+    t0 = time.monotonic()
+    probe = await asker.probe(timeout)
+    is_sim = SIM_MODULE in probe[2]
+    if method == "sim" and not is_sim:
+        raise _Unreachable(f"{probe[0]} is not the embedded cluster's sim engine shim")
+    if method == "vllm" and is_sim:
+        raise _Unreachable(f"{probe[0]} is the sim engine's shim, not a real vLLM")
+    kind = "sim" if is_sim else "vllm"
+    left = timeout - (time.monotonic() - t0)
+    if left <= 0:
+        raise _Unreachable(f"no time left after probing {probe[0]}")
+    return await asker.ask(kind, args, left, probe), kind

@@ -1,0 +1,345 @@
+"""Preflight: vLLM's own parser checks the new command line on the head before anything stops.
+
+Cases live in tests/fixtures/preflight/: how the interpreter beside `vllm` is found (shims.yaml),
+what the real vLLM CPU build says (real_vllm.yaml, skipped without /opt/spark-ops-vllm) and what
+the embedded cluster's sim engine says (sim.yaml). Remote runs go through real SSH: embedded
+asyncssh nodes whose PATH holds the `vllm` under test.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import pytest
+import yaml
+from conftest import Sim
+from ground.vllm import model_path, shim_path, vllm_unavailable_reason
+
+from spark_ops.inventory import Cluster, load_inventory, parse_inventory
+from spark_ops.preflight import (
+    MARK,
+    PreflightError,
+    build_program,
+    docker_command,
+    interpreters,
+    parse_answer,
+    preflight,
+    serve_args,
+    split_command,
+)
+from spark_ops.remote import ClusterSession, Result
+from spark_ops.sim.node import NodeSpec, SimNode
+
+FIXTURES = Path(__file__).parent / "fixtures" / "preflight"
+
+
+def cases(name: str) -> list[Any]:
+    """The cases of one fixture file, as pytest params named by their `name`."""
+    data = yaml.safe_load((FIXTURES / name).read_text())
+    return [pytest.param(c, id=c["name"]) for c in data]
+
+
+class Head:
+    """One embedded SSH node (the head) and a connected session to it."""
+
+    def __init__(self, node: SimNode, cluster: Cluster, session: ClusterSession) -> None:
+        """Keep the node, the cluster and the open session."""
+        self.node, self.cluster, self.session = node, cluster, session
+
+    @property
+    def bin(self) -> Path:
+        """The node's own bin directory (first on its PATH)."""
+        return self.node.spec.home / "bin"
+
+
+async def start_head(root: Path, path: str, engine: dict[str, Any] | None = None) -> Head:
+    """Start an embedded head node with PATH=<home>/bin:path and connect a session to it."""
+    client = asyncssh.generate_private_key("ssh-ed25519")
+    client.write_private_key(str(root / "id"))
+    client.write_public_key(str(root / "id.pub"))
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    key.write_private_key(str(root / "host"))
+    home = root / "node1"
+    (home / "bin").mkdir(parents=True)
+    spec = NodeSpec("node1", "head", home, root / "host", root / "id.pub", env={"PATH": path})
+    node = SimNode(spec)
+    await node.start()
+    known = f"[127.0.0.1]:{spec.port} {key.export_public_key().decode().strip()}\n"
+    (root / "known_hosts").write_text(known)
+    inv = {
+        "clusters": {
+            "t": {
+                "ssh": {
+                    "known_hosts": str(root / "known_hosts"),
+                    "identity": str(root / "id"),
+                    "agent": False,
+                    "config": "/dev/null",
+                    "command_timeout": 60,
+                },
+                "nodes": {"node1": {"host": "127.0.0.1", "port": spec.port, "role": "head"}},
+                "recipe": {"path": "~/r.yaml"},
+                "watchdog": {"restart_command": "true", "history_file": "~/h"},
+                **({"engine": engine} if engine else {}),
+            }
+        }
+    }
+    cluster = parse_inventory(yaml.safe_dump(inv), "test").cluster()
+    session = ClusterSession(cluster)
+    await session.connect()
+    return Head(node, cluster, session)
+
+
+@pytest.fixture
+async def bare_head(tmp_path: Path) -> AsyncIterator[Head]:
+    """A head whose PATH holds no vLLM: only its own bin, /usr/bin and /bin."""
+    head = await start_head(tmp_path, "/usr/bin:/bin")
+    try:
+        yield head
+    finally:
+        await head.session.close()
+        await head.node.stop()
+
+
+def write_exe(path: Path, text: str) -> Path:
+    """Write an executable script."""
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def sim_shim(bin_dir: Path) -> Path:
+    """The embedded cluster's `vllm` shim, as spark_ops.sim.cluster.prepare writes it."""
+    return write_exe(
+        bin_dir / "vllm", f'#!/bin/sh\nexec {sys.executable} -m spark_ops.sim.engine "$@"\n'
+    )
+
+
+# --- pure parts ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", cases("shims.yaml"))
+def test_interpreters_beside_vllm(case: dict[str, Any]) -> None:
+    """The interpreter of the engine's own `vllm` is tried first, then its neighbours, then PATH."""
+    got = interpreters(case["path"], case["real"], case["text"], case["kind"])
+    assert got[: len(case["first"])] == case["first"]
+    assert got[-2:] == ["python3", "python"]
+    assert len(got) == len(set(got))
+
+
+def test_serve_args_only_for_vllm_serve() -> None:
+    """Only `vllm serve …` lines (any path to vllm) are checked; the args start at the model."""
+    assert serve_args(["vllm", "serve", "M", "--max-num-seqs", "64"]) == [
+        "M",
+        "--max-num-seqs",
+        "64",
+    ]
+    assert serve_args(["/opt/venv/bin/vllm", "serve", "M"]) == ["M"]
+    assert serve_args(["python3", "-m", "vllm.entrypoints.openai.api_server"]) is None
+    assert serve_args(["vllm", "bench", "serve"]) is None
+    assert serve_args(["vllm"]) is None
+    assert split_command(["exec", "A=1", "B=x=y", "vllm", "serve", "M"]) == (
+        {"A": "1", "B": "x=y"},
+        "vllm",
+        ["M"],
+    )
+    assert serve_args(["exec", "/opt/recipe/scripts/entrypoint.sh", "serve"]) is None
+
+
+def test_programs_compile_and_carry_args_verbatim() -> None:
+    """The programs are valid Python and carry hostile arguments as data, not code."""
+    hostile = ["M", "--served-model-name", "a'b\"c\\n$(rm -rf ~)\n'''"]
+    for kind in ("vllm", "sim"):
+        program = build_program(kind, hostile)
+        compile(program, f"<{kind}>", "exec")
+        line = next(ln for ln in program.splitlines() if ln.startswith("ARGS = "))
+        scope: dict[str, Any] = {"json": json}
+        exec(line, scope)
+        assert scope["ARGS"] == hostile
+    with pytest.raises(PreflightError, match=r"'docker'.*allowed are 'vllm' and 'sim'"):
+        build_program("docker", hostile)
+
+
+def test_docker_command_is_quoted() -> None:
+    """docker exec gets the engine's env with -e and every argument quoted."""
+    cmd = docker_command(
+        "vllm_node",
+        {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "X": "a b"},
+        ["sh", "-c", "echo $1", "sh", "x"],
+    )
+    assert shlex.split(cmd) == [
+        "docker", "exec", "-i", "-e", "NCCL_IB_HCA=mlx5_0,mlx5_1", "-e", "X=a b",
+        "vllm_node", "sh", "-c", "echo $1", "sh", "x",
+    ]  # fmt: skip
+    assert cmd.startswith("docker exec -i -e NCCL_IB_HCA=mlx5_0,mlx5_1 -e 'X=a b' vllm_node sh -c ")
+
+
+def test_parse_answer_needs_the_marker_line() -> None:
+    """vLLM's log lines around the answer are ignored; no answer is 'unreachable', never 'ok'."""
+    out = f"INFO noise\n{MARK}{json.dumps({'ok': False, 'error': 'bad'})}\n"
+    assert parse_answer(Result("node1", "c", 0, out, "", 0.1))["ok"] is False
+    with pytest.raises(Exception, match="exited 1 without an answer: Traceback"):
+        parse_answer(Result("node1", "c", 1, "", "Traceback (most recent call last)\n", 0.1))
+    with pytest.raises(Exception, match="no Python here imports vllm"):
+        parse_answer(Result("node1", "c", 47, "", "no Python here imports vllm (tried: x)\n", 0.1))
+
+
+async def test_bad_how_and_timeout_are_named(bare_head: Head) -> None:
+    """A wrong `how` or timeout names the value and what is allowed."""
+    argv = ["vllm", "serve", "M"]
+    with pytest.raises(PreflightError, match=r"how='ssh' is not allowed; use one of auto, vllm"):
+        await preflight(bare_head.session, "node1", argv, {}, how="ssh")
+    with pytest.raises(PreflightError, match=r"timeout=0: must be a positive number"):
+        await preflight(bare_head.session, "node1", argv, {}, timeout=0)
+
+
+# --- no vLLM to ask --------------------------------------------------------------------------
+
+
+async def test_no_vllm_on_path_goes_on(bare_head: Head) -> None:
+    """Nothing named vllm on the head: ok=None and a detail that says so, with the PATH searched."""
+    res = await preflight(bare_head.session, "node1", ["vllm", "serve", "M"], {})
+    assert res.ok is None and res.method == "none" and not res.refused
+    assert res.detail.startswith("no vLLM reachable on node1 to check the flags: host: no vllm")
+    assert "/usr/bin:/bin" in res.detail and res.detail.endswith("; going on")
+    assert res.to_dict()["ok"] is None
+
+
+async def test_vllm_without_python_goes_on(bare_head: Head) -> None:
+    """A `vllm` whose interpreters cannot import vllm: ok=None naming what was tried."""
+    write_exe(bare_head.bin / "vllm", '#!/bin/sh\nexec /nowhere/bin/python3 -m vllm "$@"\n')
+    res = await preflight(bare_head.session, "node1", ["vllm", "serve", "M"], {})
+    assert res.ok is None
+    assert "no Python here imports vllm (tried: /nowhere/bin/python3" in res.detail
+
+
+async def test_not_a_serve_line_goes_on(bare_head: Head) -> None:
+    """A command line that is not `vllm serve` is not checked, and says so."""
+    argv = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "M"]
+    res = await preflight(bare_head.session, "node1", argv, {})
+    assert res.ok is None and "not a `vllm serve` command line" in res.detail
+
+
+async def test_forced_sim_on_a_real_looking_vllm_goes_on(bare_head: Head) -> None:
+    """how='sim' on a head whose vllm is not the sim shim is 'unreachable', not 'accepted'."""
+    write_exe(bare_head.bin / "vllm", "#!/bin/sh\nexit 0\n")
+    res = await preflight(bare_head.session, "node1", ["vllm", "serve", "M"], {}, how="sim")
+    assert res.ok is None and "is not the embedded cluster's sim engine shim" in res.detail
+
+
+async def test_slow_check_times_out_and_goes_on(bare_head: Head) -> None:
+    """A check that does not answer in time ends with ok=None, within the timeout."""
+    write_exe(bare_head.bin / "vllm", "#!/bin/sh\nexit 0\n")
+    write_exe(bare_head.bin / "python3", "#!/bin/sh\nsleep 30\n")
+    res = await preflight(bare_head.session, "node1", ["vllm", "serve", "M"], {}, timeout=2)
+    assert res.ok is None and "no answer within" in res.detail
+    assert res.seconds < 15
+
+
+# --- the sim engine's parser, on a node and in a "container" -----------------------------------
+
+
+async def test_sim_shim_on_a_node_refuses_with_its_parser(bare_head: Head) -> None:
+    """The sim shim is detected and its own parser answers; the recipe env reaches it."""
+    sim_shim(bare_head.bin)
+    argv = ["vllm", "serve", "m", "--moe-backend", "warp_drive"]
+    res = await preflight(bare_head.session, "node1", argv, {"A": "1"})
+    assert res.ok is False and res.method == "sim" and res.stage == "parse"
+    assert "argument --moe-backend: invalid choice: 'warp_drive'" in res.detail
+    assert res.python == sys.executable and res.vllm_version
+
+
+async def test_docker_method_runs_inside_the_container(tmp_path: Path) -> None:
+    """With the engine log read by docker, the check runs through `docker exec -i -e … NAME`."""
+    engine = {"log": {"kind": "docker", "container": "vllm_node"}}
+    head = await start_head(tmp_path, "/usr/bin:/bin", engine)
+    try:
+        record = head.node.spec.home / "docker-calls"
+        box = head.node.spec.home / "box"
+        box.mkdir()
+        sim_shim(box)
+        # A stand-in docker: records its args, applies -e, runs the command with the box's PATH.
+        write_exe(
+            head.bin / "docker",
+            "#!/bin/sh\n"
+            f'{{ printf "%s" "$*" | tr "\\n" " "; echo; }} >> {record}\n'
+            '[ "$1" = exec ] && [ "$2" = -i ] || exit 64\n'
+            "shift 2\n"
+            'while [ "$1" = -e ]; do export "$2"; shift 2; done\n'
+            '[ "$1" = vllm_node ] || { echo "No such container: $1" >&2; exit 1; }\n'
+            f'shift; export PATH={box}:/usr/bin:/bin; exec "$@"\n',
+        )
+        argv = ["vllm", "serve", "m", "--max-num-seqs", "64"]
+        res = await preflight(head.session, "node1", argv, {"NCCL_IB_HCA": "mlx5_0"})
+        assert res.ok is True and res.method == "docker:sim", res.detail
+        calls = record.read_text().splitlines()
+        assert len(calls) == 2 and all(c.startswith("exec -i -e HF_HUB_OFFLINE=1") for c in calls)
+        assert all("-e NCCL_IB_HCA=mlx5_0 vllm_node sh -c" in c for c in calls)
+        # The container is gone: auto falls back to the head's own PATH, which has no vllm.
+        (head.bin / "docker").write_text("#!/bin/sh\necho 'Error: No such container' >&2\nexit 1\n")
+        res = await preflight(head.session, "node1", argv, {})
+        assert res.ok is None
+        assert (
+            "docker: cannot look for vllm in container vllm_node: Error: No such container"
+            in res.detail
+        )
+        assert "host: no vllm on PATH" in res.detail
+    finally:
+        await head.session.close()
+        await head.node.stop()
+
+
+# --- the embedded cluster ----------------------------------------------------------------------
+
+
+async def test_sim_cluster_head(sim: Sim) -> None:
+    """On the embedded cluster, the head's `vllm` (the sim shim) checks the rendered recipe."""
+    from spark_ops.recipe import render_recipe
+
+    cluster = load_inventory(sim.inventory).cluster()
+    rendered = render_recipe(sim.recipe.read_text(), source=str(sim.recipe))
+    async with ClusterSession(cluster) as session:
+        await session.connect([cluster.head.name])
+        for case in yaml.safe_load((FIXTURES / "sim.yaml").read_text()):
+            argv = [*rendered.argv, *case["extra"]]
+            res = await preflight(session, cluster.head.name, argv, dict(rendered.env))
+            assert res.ok is case["ok"], (case["name"], res.detail)
+            assert res.method == "sim"
+            if not case["ok"]:
+                assert case["says"] in res.detail, case["name"]
+
+
+# --- the real vLLM CPU build -------------------------------------------------------------------
+
+REAL = vllm_unavailable_reason()
+
+
+@pytest.mark.realvllm
+@pytest.mark.slow
+@pytest.mark.skipif(REAL is not None, reason=REAL or "")
+async def test_real_vllm_parser(tmp_path: Path) -> None:
+    """vLLM 0.32's own serve parser, reached over SSH through the ground shim, judges each case."""
+    head = await start_head(tmp_path, f"{shim_path().parent}:/usr/bin:/bin")
+    base = ["vllm", "serve", str(model_path("tiny-llama")), "--kv-cache-memory-bytes", "1G"]
+    base += ["--enforce-eager"]
+    try:
+        for case in yaml.safe_load((FIXTURES / "real_vllm.yaml").read_text()):
+            res = await preflight(head.session, "node1", [*base, *case["extra"]], {}, timeout=240)
+            assert res.ok is case["ok"], (case["name"], res.detail, res.tried)
+            assert res.method == "vllm" and res.vllm_version and res.vllm_version.startswith("0.32")
+            assert res.python and res.python.startswith(str(shim_path().parents[1]))
+            if not case["ok"]:
+                assert res.stage == case["stage"], (case["name"], res.detail)
+                assert case["says"] in res.detail, (case["name"], res.detail)
+                assert "usage:" not in res.detail  # argparse's message, not its usage block
+            if "warns" in case:
+                assert any(case["warns"] in w for w in res.warnings), res.warnings
+            print(f"\n{case['name']}: {res.seconds:.1f} s (import {res.import_seconds:.1f} s)")
+    finally:
+        await head.session.close()
+        await head.node.stop()
