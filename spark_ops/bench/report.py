@@ -64,7 +64,9 @@ def reading_lines(result: SweepResult) -> list[str]:
             text += " — likely max-num-seqs."
         lines.append(text)
     else:
-        lines.append("Engine cap: not reached (no running plateau while requests waited).")
+        peaks = [lv.max_running for lv in result.levels if lv.max_running is not None]
+        peak = f"; up to {max(peaks):.0f} requests ran at once" if peaks else ""
+        lines.append(f"Engine cap: not reached (no running plateau while requests waited{peak}).")
     lines.extend(f"Warning: {w}" for w in result.warnings)
     return lines
 
