@@ -15,7 +15,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from spark_ops.errors import (
@@ -557,14 +557,3 @@ class ClusterSession:
         conns = list(self.connectors.values())
         self.connectors.clear()
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
-
-
-@dataclass
-class HostReport:
-    """A per-host outcome for reports: ok, value or error."""
-
-    host: str
-    ok: bool
-    value: Any = None
-    error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
