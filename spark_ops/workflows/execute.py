@@ -141,6 +141,7 @@ async def _restart_and_wait(
                 worker_stall_s=c.engine.worker_stall_s,
                 probe_timeout_s=c.engine.probe_timeout_s,
                 source_end_fatal=start_at is not None,
+                missing_workers=lambda: unreachable_workers(op),
             )
         out.boot = report.to_dict()
         record_boot(c.name, report)
@@ -152,6 +153,13 @@ async def _restart_and_wait(
         await _prune_step(op, run, out, stamp, stamp_error, suffix)
     if boot_error is not None:
         raise boot_error
+
+
+async def unreachable_workers(op: Operation) -> list[str]:
+    """Worker nodes that no longer answer over SSH (their Ray worker cannot be up either)."""
+    names = [n.name for n in op.cluster.workers]
+    results = await op.session.run_all("true", names, check=False, timeout=5)
+    return [h for h, r in results.items() if isinstance(r, SparkOpsError)]
 
 
 async def _prune_step(
