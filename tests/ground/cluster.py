@@ -16,8 +16,8 @@ On the head:
   of the pid file (SIGTERM to its process group, SIGKILL after 10 s), starts it again from the
   recipe and appends `date +%s` to the history under `flock` on the lock file. It prints no stamp,
   so the inventory says `reports_stamp: false` and spark-ops finds the stamp by the head's clock.
-  `SPARK_WD_EXTRA_STAMPS=N` in `~/.watchdog/env` makes it append N more stamps (an automatic
-  restart racing the planned one).
+  `SPARK_WD_EXTRA_STAMPS=N` in `~/.watchdog/env` makes it append N more stamps, one second apart
+  (an automatic restart racing the planned one).
 
 Workers run a "raylet": a TCP listener (started over SSH as the worker's user) that the simulated
 engine must reach to form its placement group, so a lost worker stalls the boot as on Ray.
@@ -101,7 +101,7 @@ case "${1:-}" in
     stop_engine
     run-recipe "$RECIPE" -d || exit 1
     stamp || exit 1
-    for _ in $(seq "${SPARK_WD_EXTRA_STAMPS:-0}"); do stamp || exit 1; done
+    for _ in $(seq "${SPARK_WD_EXTRA_STAMPS:-0}"); do sleep 1; stamp || exit 1; done
     ;;
   --start) run-recipe "$RECIPE" -d ;;
   --stop) stop_engine ;;
