@@ -63,6 +63,7 @@ class PreflightResult:
     vllm_version: str | None = None
     python: str | None = None
     import_seconds: float | None = None
+    program_seconds: float | None = None  # the check program alone (import, parse, checks)
     warnings: list[str] = field(default_factory=list)
     tried: list[str] = field(default_factory=list)
 
@@ -84,6 +85,9 @@ class PreflightResult:
             "python": self.python,
             "import_seconds": (
                 None if self.import_seconds is None else round(self.import_seconds, 3)
+            ),
+            "program_seconds": (
+                None if self.program_seconds is None else round(self.program_seconds, 3)
             ),
             "warnings": list(self.warnings),
             "tried": list(self.tried),
@@ -129,9 +133,11 @@ T0 = time.monotonic()
 def answer(**kw):
     """Print the one result line and stop."""
     kw.setdefault("python", sys.executable)
+    kw["program_seconds"] = time.monotonic() - T0
     sys.stdout.write("\n" + MARK + json.dumps(kw, default=str) + "\n")
     sys.stdout.flush()
-    sys.exit(0)
+    sys.stderr.flush()
+    os._exit(0)  # skip the interpreter's teardown of torch & co (seconds, and nothing to keep)
 
 
 def error_text(text):
@@ -551,6 +557,7 @@ async def preflight(
             vllm_version=version,
             python=data.get("python"),
             import_seconds=data.get("import_seconds"),
+            program_seconds=data.get("program_seconds"),
             warnings=list(data.get("warnings") or []),
             tried=tried,
         )

@@ -339,7 +339,10 @@ async def test_real_vllm_parser(tmp_path: Path) -> None:
                 assert "usage:" not in res.detail  # argparse's message, not its usage block
             if "warns" in case:
                 assert any(case["warns"] in w for w in res.warnings), res.warnings
-            print(f"\n{case['name']}: {res.seconds:.1f} s (import {res.import_seconds:.1f} s)")
+            print(
+                f"\n{case['name']}: {res.seconds:.1f} s (program {res.program_seconds:.1f} s,"
+                f" of which import {res.import_seconds:.1f} s)"
+            )
     finally:
         await head.session.close()
         await head.node.stop()
