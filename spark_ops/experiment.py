@@ -13,7 +13,7 @@ import itertools
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,6 @@ from spark_ops.log import get_logger
 
 SCHEMA = "spark-ops.experiment/1"
 AXES = ("max_num_seqs", "moe_backend", "kv_cache_memory", "enforce_eager")
-# the key knob_values() reports each axis under
-KNOB_KEY = {"kv_cache_memory": "kv_cache_memory_bytes"}
 
 Hook = Callable[..., Any]
 
@@ -91,13 +89,13 @@ class ExperimentSpec:
                 raise ExperimentError(f"unknown knob {axis!r}; allowed: {', '.join(AXES)}")
             if not values:
                 raise ExperimentError(f"--{axis.replace('_', '-')}: no value given")
+            for value in values:
+                changes_for({axis: value})  # KnobError names the option and the value
             seen = [normalize(axis, v) for v in values]
             if len(set(seen)) != len(seen):
                 raise ExperimentError(
                     f"--{axis.replace('_', '-')} {','.join(map(str, values))}: a value is repeated"
                 )
-        for config in self.configurations():
-            changes_for(config)  # KnobError names the option and the value
 
     def configurations(self) -> list[dict[str, Any]]:
         """The cartesian product of the axes' values, in the order given."""
@@ -108,12 +106,7 @@ class ExperimentSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for the state file."""
-        return {
-            "cluster": self.cluster,
-            "axes": self.axes,
-            "sweep": self.sweep,
-            "restore": self.restore,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExperimentSpec:
@@ -132,27 +125,14 @@ class ExperimentState:
     in_progress: str | None = None
     restore: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
-    notes: list[str] = field(default_factory=list)
     started_at: str = field(default_factory=_now)
     updated_at: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """Serialize for the state file."""
-        return {
-            "schema": SCHEMA,
-            "spec": self.spec.to_dict(),
-            "configurations": [label(c) for c in self.spec.configurations()],
-            "start_knobs": self.start_knobs,
-            "results": self.results,
-            "status": self.status,
-            "finished": self.status == "finished",
-            "in_progress": self.in_progress,
-            "restore": self.restore,
-            "error": self.error,
-            "notes": self.notes,
-            "started_at": self.started_at,
-            "updated_at": self.updated_at,
-        }
+        """Serialize for the state file (with the plan's labels and a `finished` flag)."""
+        configurations = [label(c) for c in self.spec.configurations()]
+        data = {"schema": SCHEMA, "configurations": configurations, **asdict(self)}
+        return {**data, "finished": self.status == "finished"}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str) -> ExperimentState:
@@ -160,18 +140,8 @@ class ExperimentState:
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise ExperimentError(f"{source}: not a spark-ops experiment state (schema {SCHEMA!r})")
         try:
-            return cls(
-                spec=ExperimentSpec.from_dict(data["spec"]),
-                start_knobs=dict(data["start_knobs"]),
-                results=dict(data.get("results", {})),
-                status=str(data.get("status", "running")),
-                in_progress=data.get("in_progress"),
-                restore=data.get("restore"),
-                error=data.get("error"),
-                notes=list(data.get("notes", [])),
-                started_at=str(data.get("started_at", "")),
-                updated_at=str(data.get("updated_at", "")),
-            )
+            kw = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+            return cls(**{**kw, "spec": ExperimentSpec.from_dict(data["spec"])})
         except (KeyError, TypeError, ValueError) as exc:
             raise ExperimentError(
                 f"{source}: experiment state has a bad or missing key: {exc}"
@@ -224,15 +194,9 @@ class ExperimentState:
         return read_experiment(self.sweep_results(), slo_tok_s=self.spec.sweep.get("slo_tok_s"))
 
 
-def knobs_of(config_or_knobs: dict[str, Any], axes: list[str]) -> tuple[Any, ...]:
-    """The normalized values of the given axes (from a configuration or knob_values())."""
-    out = []
-    for axis in axes:
-        if axis in config_or_knobs:
-            out.append(normalize(axis, config_or_knobs[axis]))
-        else:
-            out.append(config_or_knobs.get(KNOB_KEY.get(axis, axis)))
-    return tuple(out)
+def knobs_of(knobs: dict[str, Any], axes: list[str]) -> tuple[Any, ...]:
+    """The normalized values of the given axes (of a configuration or of current_knobs())."""
+    return tuple(normalize(axis, knobs.get(axis)) for axis in axes)
 
 
 @dataclass
@@ -251,7 +215,7 @@ class ExperimentPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
-        return self.__dict__.copy()
+        return asdict(self)
 
 
 def plan_experiment(
@@ -269,7 +233,7 @@ def plan_experiment(
             restarts += restart
             position = knobs_of(config, axes)
         rows.append({"label": label(config), "knobs": config, "done": done, "restart": restart})
-    start = {a: state.start_knobs.get(KNOB_KEY.get(a, a)) for a in axes}
+    start = {a: state.start_knobs.get(a) for a in axes}
     if state.spec.restore and position != knobs_of(state.start_knobs, axes):
         restarts += 1
     return ExperimentPlan(
@@ -277,7 +241,7 @@ def plan_experiment(
         state_path=str(state_path),
         configurations=rows,
         start=start,
-        current={a: current_knobs.get(KNOB_KEY.get(a, a)) for a in axes},
+        current={a: current_knobs.get(a) for a in axes},
         restore=state.spec.restore,
         restarts=restarts,
         resumed=resumed,
@@ -306,6 +270,7 @@ def start_state(
             )
         if old.status == "finished":
             raise ExperimentError(f"{path}: this experiment is finished; nothing to resume")
+        old.spec.restore = spec.restore  # --no-restore applies to this run
         return old, True
     if old is not None and old.status != "finished":
         raise ExperimentError(
@@ -314,7 +279,7 @@ def start_state(
             hint="continue it with --resume, or choose another file with --state",
         )
     spec.validate()
-    missing = [a for a in spec.axes if current_knobs.get(KNOB_KEY.get(a, a)) is None]
+    missing = [a for a in spec.axes if current_knobs.get(a) is None]
     if spec.restore and missing:
         raise ExperimentError(
             f"the recipe does not set {', '.join(missing)}: its starting value cannot be restored",
@@ -350,13 +315,15 @@ class ApplySettings:
 
 
 async def current_knobs(op: Any) -> dict[str, Any]:
-    """The knob values of the recipe on the head (or the first node holding it)."""
-    from spark_ops.recipe import knob_values
+    """The recipe's knob values on the head; kv_cache_memory as written (e.g. '60G')."""
+    from spark_ops.recipe import knob_values, render_recipe
     from spark_ops.workflows import _jsonable
 
     texts = await op.read_recipes()
     text = texts.get(op.cluster.head.name, next(iter(texts.values())))
-    return _jsonable(knob_values(text, source=f"{op.cluster.recipe.path}"))
+    knobs = _jsonable(knob_values(text, source=op.cluster.recipe.path))
+    kv = render_recipe(text, source=op.cluster.recipe.path).args().get("--kv-cache-memory-bytes")
+    return {**knobs, "kv_cache_memory": kv if isinstance(kv, str) else None}
 
 
 async def _stamps(op: Any) -> tuple[int, list[float]]:
@@ -507,10 +474,12 @@ async def run_experiment(
         interrupted = True
         state.status = "interrupted"
         state.error = {"error": "Interrupted", "message": "interrupted by the operator"}
-    except SparkOpsError as exc:
-        failure = exc
+    except Exception as exc:  # any failure still ends in the restore
+        failure = (
+            exc if isinstance(exc, SparkOpsError) else SparkOpsError(f"{type(exc).__name__}: {exc}")
+        )
         state.status = "failed"
-        state.error = exc.to_dict()
+        state.error = failure.to_dict()
     state.save(path)
     if state.spec.restore:
         state.restore = await _restore(op, state, settings, hooks)
@@ -530,8 +499,8 @@ async def _restore(
     op: Any, state: ExperimentState, settings: ApplySettings, hooks: Hooks
 ) -> dict[str, Any]:
     """Put the starting knob values back (one more planned restart when they differ)."""
-    start = {a: state.start_knobs.get(KNOB_KEY.get(a, a)) for a in state.spec.axes}
-    hooks.note(f"restoring the starting configuration: {label(start)}")
+    start = {a: state.start_knobs.get(a) for a in state.spec.axes}
+    hooks.note(f"restoring the starting configuration: {label(start)} (Ctrl-C again abandons it)")
     try:
         done = await _apply(
             op,
@@ -542,8 +511,8 @@ async def _restore(
         )
     except (asyncio.CancelledError, KeyboardInterrupt):
         return {"ok": False, "knobs": start, "error": "interrupted during the restore"}
-    except SparkOpsError as exc:
-        return {"ok": False, "knobs": start, "error": exc.message}
+    except Exception as exc:  # reported, never raised: the run's own outcome comes first
+        return {"ok": False, "knobs": start, "error": getattr(exc, "message", str(exc))}
     return {
         "ok": True,
         "knobs": start,
@@ -555,9 +524,7 @@ async def _restore(
 # ---- the reading: pure functions of the configurations' sweep results ----
 
 CLEAR_MARGIN = 1.05  # the best configuration at a level must beat the next by 5% to be called best
-BOTTLENECK_RATIO = (
-    1.2  # a higher cap that gives 20% more aggregate makes the lower cap a bottleneck
-)
+BOTTLENECK_RATIO = 1.2  # a higher cap giving 20% more aggregate makes the lower cap the limit
 
 
 @dataclass
