@@ -88,6 +88,13 @@ class EngineSnapshot:
         }
 
 
+def _timeout(seconds: float) -> Any:
+    """An aiohttp total timeout."""
+    import aiohttp
+
+    return aiohttp.ClientTimeout(total=seconds)
+
+
 class EngineAPI:
     """A small client of the vLLM OpenAI-compatible server."""
 
@@ -181,16 +188,43 @@ class EngineAPI:
         except Exception:
             return False
 
+    async def pause(self, timeout: float) -> bool:
+        """Stop new work and let in-flight requests finish, where the engine allows it.
+
+        vLLM offers POST /pause in dev mode (VLLM_SERVER_DEV_MODE=1): `mode=wait` in newer
+        versions, `wait_for_inflight_requests=true` in older ones. False when not offered.
+        """
+        assert self._session is not None
+        params = {"mode": "wait", "wait_for_inflight_requests": "true"}
+        try:
+            async with self._session.post(
+                self.base_url + "/pause", params=params, timeout=_timeout(timeout)
+            ) as resp:
+                return resp.status == 200
+        except Exception:
+            return False
+
+    async def resume(self) -> bool:
+        """Undo pause() (when the restart does not happen after all)."""
+        assert self._session is not None
+        try:
+            async with self._session.post(self.base_url + "/resume", timeout=_timeout(10)) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
     async def drain(self, timeout: float, poll: float = 1.0) -> dict[str, Any]:
-        """Wait until no request is running (or the timeout); report what was waited for."""
+        """Stop new work if the engine allows, wait until none runs (or the timeout); report it."""
         start = time.monotonic()
         first = await self.metrics()
         seen = int(first.running or 0) if first else 0
-        last = first
+        paused = await self.pause(timeout) if first is not None else False
+        last = await self.metrics() if paused else first
         while last is not None and (last.running or 0) > 0:
             if time.monotonic() - start >= timeout:
                 return {
                     "drained": False,
+                    "paused": paused,
                     "running_at_start": seen,
                     "running_at_end": int(last.running or 0),
                     "seconds": round(time.monotonic() - start, 1),
@@ -199,6 +233,7 @@ class EngineAPI:
             last = await self.metrics()
         return {
             "drained": last is not None,
+            "paused": paused,
             "running_at_start": seen,
             "running_at_end": 0 if last is not None else None,
             "seconds": round(time.monotonic() - start, 1),

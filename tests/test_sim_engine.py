@@ -596,3 +596,39 @@ async def test_sigterm_without_timeout_stops_now(tmp_path: Path) -> None:
                 chunks, _ = await job
                 assert len(chunks) < 5000
         await p.wait_line(r"mode=abort timeout=0s")
+
+
+async def test_pause_holds_new_work_and_drain_reports_it(tmp_path: Path) -> None:
+    """In dev mode /pause stops new work; EngineAPI.drain uses it and waits for in-flight ones."""
+    from spark_ops.engine_api import EngineAPI
+
+    async with engine(tmp_path, "--max-num-seqs", "4", env={"VLLM_SERVER_DEV_MODE": "1"}) as p:
+        url = await p.url()
+        body = {"model": "models/glm-5.3-flash", "prompt": "x", "max_tokens": 300}
+        body["ignore_eos"] = True
+        async with aiohttp.ClientSession() as http:
+            busy = [
+                asyncio.ensure_future(http.post(url + "/v1/completions", json=body))
+                for _ in range(3)
+            ]
+            await asyncio.sleep(0.3)
+            async with EngineAPI(url) as api:
+                report = await api.drain(timeout=30, poll=0.1)
+                assert report["paused"] is True and report["drained"] is True
+                assert report["running_at_start"] >= 1
+                late = asyncio.ensure_future(http.post(url + "/v1/completions", json=body))
+                await asyncio.sleep(0.5)
+                assert not late.done(), "a request sent while paused must wait"
+                assert await api.resume() is True
+                (await asyncio.wait_for(late, 30)).release()
+            for t in busy:
+                (await t).release()
+
+
+async def test_no_pause_outside_dev_mode(tmp_path: Path) -> None:
+    """Without VLLM_SERVER_DEV_MODE there is no /pause: drain says so and only waits."""
+    from spark_ops.engine_api import EngineAPI
+
+    async with engine(tmp_path) as p, EngineAPI(await p.url()) as api:
+        report = await api.drain(timeout=5, poll=0.1)
+    assert report["paused"] is False and report["drained"] is True

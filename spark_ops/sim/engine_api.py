@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spark_ops.sim.engine_config import cfg_float, cfg_get
@@ -31,6 +32,8 @@ class ServerState:
     kv_tokens: int
     dead: bool = False
     draining: bool = False
+    paused: bool = False
+    resumed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
@@ -75,7 +78,36 @@ class Api:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
+        if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":  # as vLLM: pause/resume in dev mode only
+            app.router.add_post("/pause", self.pause)
+            app.router.add_post("/resume", self.resume)
+            app.router.add_get("/is_paused", self.is_paused)
         return app
+
+    async def pause(self, request: web.Request) -> web.Response:
+        """Hold new requests; with mode=wait, return once in-flight requests have finished."""
+        from aiohttp import web
+
+        self.st.paused = True
+        self.st.resumed.clear()
+        if request.query.get("mode") == "wait" or request.query.get("wait_for_inflight_requests"):
+            while self.st.core.in_flight > 0:
+                await asyncio.sleep(0.05)
+        return web.json_response({"status": "paused"})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        """Let held and new requests run again."""
+        from aiohttp import web
+
+        self.st.paused = False
+        self.st.resumed.set()
+        return web.json_response({"status": "resumed"})
+
+    async def is_paused(self, request: web.Request) -> web.Response:
+        """Whether the engine is paused."""
+        from aiohttp import web
+
+        return web.json_response({"is_paused": self.st.paused})
 
     async def health(self, request: web.Request) -> web.Response:
         """200 with an empty body while the engine lives (even wedged); 503 once dead."""
@@ -191,6 +223,8 @@ class Api:
             )
         if self.st.draining:
             return _error(503, "The server is shutting down.", "ServiceUnavailableError")
+        if self.st.paused:
+            await self.st.resumed.wait()
         try:
             body = await request.json()
         except ValueError:

@@ -107,17 +107,25 @@ async def _restart_and_wait(
 
     c = op.cluster
     steps = {s.name for s in plan.steps}
+    paused = False
     if "drain" in steps and not suffix:
         run.start("drain")
         async with op.engine() as api:
             drained = await api.drain(opts.drain_timeout_s)
+        paused = bool(drained["paused"])
         run.finish("drain", _drain_text(drained), "done" if drained["drained"] else "skipped")
     before = await op.watchdog.stamps()
     start_at = await _log_offset(op)
     if not suffix:
         plan.facts["kv_pool_before"] = await kv_pool(op)
     run.start("restart" + suffix)
-    trigger = await op.watchdog.trigger(opts.reason)
+    try:
+        trigger = await op.watchdog.trigger(opts.reason)
+    except SparkOpsError:
+        if paused:  # the engine keeps serving: let it take new work again
+            async with op.engine() as api:
+                await api.resume()
+        raise
     plan.facts["restart_at"] = trigger.before
     stamp: float | None = None
     stamp_error: SparkOpsError | None = None
@@ -231,11 +239,19 @@ async def _rollback(
 
 
 def _drain_text(d: dict[str, Any]) -> str:
-    """One line on what draining waited for."""
+    """One line on what draining waited for (and whether new work was stopped)."""
+    stopped = (
+        "new work stopped (/pause)"
+        if d.get("paused")
+        else "the engine offers no /pause (VLLM_SERVER_DEV_MODE): new work still admitted"
+    )
     if d.get("running_at_start") == 0:
-        return "no request in flight"
+        return f"no request in flight; {stopped}"
     state = "drained" if d.get("drained") else "not drained (timeout)"
-    return f"{d.get('running_at_start')} request(s) in flight; {state} after {d.get('seconds')} s"
+    return (
+        f"{d.get('running_at_start')} request(s) in flight; {state} after {d.get('seconds')} s; "
+        f"{stopped}"
+    )
 
 
 async def _log_offset(op: Operation) -> int | None:
