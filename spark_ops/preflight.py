@@ -5,7 +5,7 @@ restart from the budget. The check runs on the head, in the engine's environment
 `env`, and inside the engine's container when the inventory reads its log with docker): a small
 Python program, sent over stdin to the interpreter beside the `vllm` found on PATH, builds vLLM's
 own `serve` parser the way the installed version does, parses the arguments after `serve`, runs
-vLLM's quick serve checks and the value constraints of vLLM's config classes. No model is loaded
+vLLM's quick serve checks and the numeric bounds of vLLM's config fields. No model is loaded
 and nothing is fetched. On the embedded cluster, whose `vllm` is a shim to the simulated engine,
 the same program runs the simulated engine's own parser instead.
 
@@ -170,7 +170,11 @@ def relative_missing(template):
 
 
 def field_problems(parser, ns):
-    """Scalar flag values outside the limits of vLLM's config classes (checked at engine start)."""
+    """Numbers outside the bounds (ge/gt/le/lt) of vLLM's config fields, checked at engine start.
+
+    Only bounds: a field's type is not re-validated, since config classes convert some values
+    (e.g. an attention backend name) in validators this check would not run.
+    """
     try:
         import typing
 
@@ -178,32 +182,33 @@ def field_problems(parser, ns):
         import vllm.config as vc
     except Exception:
         return []
+    bound_names = ("Ge", "Gt", "Le", "Lt")
     owners = {}
     for name in dir(vc):
         cls = getattr(vc, name, None)
         fields = getattr(cls, "__pydantic_fields__", None)
         if isinstance(cls, type) and name.endswith("Config") and isinstance(fields, dict):
             for key, info in fields.items():
-                owners.setdefault(key, []).append((name, info))
+                bounds = [m for m in info.metadata if type(m).__name__ in bound_names]
+                owners.setdefault(key, []).append((name, bounds))
     problems = []
     for action in parser._actions:
         dest, flags = action.dest, [o for o in action.option_strings if o.startswith("--")]
         value = getattr(ns, dest, None)
         if not flags or dest not in owners or value == action.default:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         failures = []
-        for cls_name, info in owners[dest]:
+        for cls_name, bounds in owners[dest]:
+            if not bounds:
+                break  # a field of that name without bounds: not ours to judge
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    adapter = pydantic.TypeAdapter(typing.Annotated[info.annotation, info])
-                    adapter.validate_python(value)
+                adapter = pydantic.TypeAdapter(typing.Annotated[(type(value), *bounds)])
+                adapter.validate_python(value)
             except pydantic.ValidationError as exc:
                 failures.append(f"{exc.errors()[0].get('msg', exc)} ({cls_name}.{dest})")
             except Exception:
-                failures = []
                 break
         if failures and len(failures) == len(owners[dest]):
             problems.append(f"{flags[0]} {value!r}: " + "; ".join(failures))
