@@ -9,7 +9,9 @@ asyncssh nodes whose PATH holds the `vllm` under test.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,8 +20,8 @@ from typing import Any
 import asyncssh
 import pytest
 import yaml
-from conftest import Sim
-from ground.vllm import model_path, shim_path, vllm_unavailable_reason
+from conftest import SHARED, Sim
+from ground.vllm import VENV, model_path, shim_path, vllm_unavailable_reason
 
 from spark_ops.inventory import Cluster, load_inventory, parse_inventory
 from spark_ops.preflight import (
@@ -346,3 +348,74 @@ async def test_real_vllm_parser(tmp_path: Path) -> None:
     finally:
         await head.session.close()
         await head.node.stop()
+
+
+# Runs many check programs in one vLLM process (one import), each as the head would run it.
+_HARNESS = r"""
+import contextlib, io, json, os, sys
+MARK = "SPARK-OPS-PREFLIGHT "
+
+
+class Done(BaseException):
+    '''A program answered (it would have ended its process).'''
+
+
+def stop(code=0):
+    '''Stand-in for os._exit: end this program only.'''
+    raise Done()
+
+
+os._exit = stop
+out = {}
+for name, program in json.load(sys.stdin).items():
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        try:
+            exec(compile(program, name, "exec"), {"__name__": "__preflight__"})
+        except Done:
+            pass
+    lines = [ln for ln in buf.getvalue().splitlines() if ln.startswith(MARK)]
+    out[name] = json.loads(lines[-1][len(MARK):]) if lines else {"ok": None, "error": "no answer"}
+sys.stdout.write("\n" + MARK + json.dumps(out) + "\n")
+"""
+
+
+@pytest.mark.realvllm
+@pytest.mark.slow
+@pytest.mark.skipif(REAL is not None, reason=REAL or "")
+def test_real_vllm_on_the_recipe_corpus(tmp_path: Path) -> None:
+    """The 35 community recipes: the check program refuses only what stock vLLM 0.32 refuses."""
+    from spark_ops.recipe import render_recipe
+
+    expect = yaml.safe_load((FIXTURES / "corpus.yaml").read_text())
+    programs: dict[str, str] = {}
+    for name, want in expect.items():
+        path = SHARED / "corpus" / "recipes" / name
+        args = serve_args(render_recipe(path.read_text(), source=str(path)).argv)
+        if args is None:
+            assert want == "not vllm serve", name
+        else:
+            programs[name] = build_program("vllm", args)
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"})
+    proc = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", _HARNESS],
+        input=json.dumps(programs),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=240,
+    )
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
+    assert line, proc.stderr[-2000:]
+    answers = json.loads(line[-1][len(MARK) :])
+    assert set(answers) == set(programs) and len(programs) == 33
+    for name, answer in answers.items():
+        want = expect[name]
+        if want == "ok":
+            assert answer["ok"] is True, (name, answer)
+        else:
+            stage, _, says = want.partition(": ")
+            assert answer["ok"] is False and answer["stage"] == stage, (name, answer)
+            assert says in answer["error"], (name, answer["error"])
