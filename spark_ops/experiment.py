@@ -620,72 +620,70 @@ def _bottleneck(configs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-def read_experiment(
-    results: list[tuple[str, SweepResult]], *, slo_tok_s: float | None = None
-) -> ExperimentReading:
-    """Which configuration is best per level, whether a cap bound, the SLO concurrency, the knee."""
-    configs = [_config_reading(name, r) for name, r in results]
-    if not configs:
-        return ExperimentReading([], [], None, None, slo_tok_s, ["No configuration was measured."])
-    rows = _level_rows(configs)
+def _level_lines(rows: list[dict[str, Any]], first: str) -> list[str]:
+    """Which configuration is best at each level, in words."""
     lines = []
     for row in rows:
-        cell = {x["label"]: x for x in row["cells"]}[row["best"]] if row["best"] else None
-        if cell is None:
+        if row["best"] is None:
             continue
-        if len(configs) == 1:
-            continue
+        cell = next(x for x in row["cells"] if x["label"] == row["best"])
+        at = f"At {_users(row['concurrency'])}"
         if not row["clear"]:
             lines.append(
-                f"At {_users(row['concurrency'])}: no clear difference "
-                f"(all within {CLEAR_MARGIN - 1:.0%} of {cell['aggregate']:.0f} tok/s)."
+                f"{at}: no clear difference (all within {CLEAR_MARGIN - 1:.0%} of "
+                f"{cell['aggregate']:.0f} tok/s)."
             )
-        else:
-            vs = f", {cell['ratio_aggregate']:.2f}x {configs[0]['label']}" if (
-                row["best"] != configs[0]["label"] and cell["ratio_aggregate"]) else ""  # fmt: skip
-            lines.append(f"At {_users(row['concurrency'])}: {row['best']} is best, "
-                         f"{cell['aggregate']:.0f} tok/s aggregate{vs}.")  # fmt: skip
-    for cfg in configs:
-        cap = cfg["cap"]
-        if not cfg["metrics"]:
-            lines.append(f"{cfg['label']}: cap unknown (the engine's /metrics was not readable).")
-        elif cfg["cap_is_knob"]:
-            lines.append(f"{cfg['label']}: the cap was reached — running requests stayed at "
-                         f"{cap['plateau']} while others waited ({cap['at_plateau']} of "
-                         f"{cap['waiting_samples']} samples with requests waiting).")  # fmt: skip
-        elif cap["detected"]:
-            lines.append(f"{cfg['label']}: running requests plateaued at {cap['plateau']} while "
-                         f"others waited, below max_num_seqs={cfg['max_num_seqs']}: another "
-                         "limit (KV cache?) holds them back.")  # fmt: skip
-        else:
-            lines.append(f"{cfg['label']}: the cap was not reached (no requests waited behind a "
-                         "full batch).")  # fmt: skip
-    neck = _bottleneck(configs)
-    if neck is not None and neck["is_bottleneck"]:
-        lines.append(
+            continue
+        ratio = cell["ratio_aggregate"]
+        vs = f", {ratio:.2f}x {first}" if row["best"] != first and ratio else ""
+        lines.append(f"{at}: {row['best']} is best, {cell['aggregate']:.0f} tok/s aggregate{vs}.")
+    return lines
+
+
+def _cap_line(cfg: dict[str, Any]) -> str:
+    """Whether max_num_seqs capped one configuration, in words."""
+    cap, name = cfg["cap"], cfg["label"]
+    if not cfg["metrics"]:
+        return f"{name}: cap unknown (the engine's /metrics was not readable)."
+    if cfg["cap_is_knob"]:
+        return (
+            f"{name}: the cap was reached — running requests stayed at {cap['plateau']} while "
+            f"others waited ({cap['at_plateau']} of {cap['waiting_samples']} samples)."
+        )
+    if cap["detected"]:
+        return (
+            f"{name}: running requests plateaued at {cap['plateau']} while others waited, below "
+            f"max_num_seqs={cfg['max_num_seqs']}: another limit (KV cache?) holds them back."
+        )
+    return f"{name}: the cap was not reached (no requests waited behind a full batch)."
+
+
+def _bottleneck_line(neck: dict[str, Any]) -> str:
+    """The verdict on a capped configuration against a higher cap."""
+    at = f"{_users(neck['level'])} ({neck['before']:.0f} → {neck['after']:.0f} tok/s)"
+    if neck["is_bottleneck"]:
+        return (
             f"The cap of {neck['knob']} was the bottleneck: with {neck['capped']} the engine ran "
             f"{neck['cap']['plateau']} requests at a time while the rest waited, and "
-            f"{neck['higher']} gave {neck['ratio']:.1f}x the aggregate throughput at "
-            f"{_users(neck['level'])} ({neck['before']:.0f} → {neck['after']:.0f} tok/s)."
+            f"{neck['higher']} gave {neck['ratio']:.1f}x the aggregate throughput at {at}."
         )
-    elif neck is not None:
-        lines.append(
-            f"The cap of {neck['knob']} was reached, but {neck['higher']} gained only "
-            f"{neck['ratio']:.2f}x at {_users(neck['level'])}: the cap is not what limits "
-            "throughput here."
-        )
-    top = rows[-1]["concurrency"]
-    ranked = [c for c in configs if c["aggregate"].get(top) is not None]
-    rec = max(ranked, key=lambda c: c["aggregate"][top]) if ranked else configs[0]
-    text = f"Recommendation: {rec['label']}" + (
-        f" (highest aggregate at {_users(top)})." if len(configs) > 1 else "."
+    return (
+        f"The cap of {neck['knob']} was reached, but {neck['higher']} gained only "
+        f"{neck['ratio']:.2f}x at {at}: the cap is not what limits throughput here."
     )
-    if slo_tok_s is not None:
-        if rec["slo_max_concurrency"] is not None:
-            text += (f" For interactive use keep ≤{rec['slo_max_concurrency']} concurrent users to "
-                     f"give each ≥{slo_tok_s:g} tok/s.")  # fmt: skip
-        else:
-            text += f" No level measured gives ≥{slo_tok_s:g} tok/s per user with it."
+
+
+def _recommendation(rec: dict[str, Any], top: int, n: int, slo: float | None) -> str:
+    """The configuration to keep, the concurrency for the per-user SLO, and the knee."""
+    text = f"Recommendation: {rec['label']}"
+    text += f" (highest aggregate at {_users(top)})." if n > 1 else "."
+    if slo is not None and rec["slo_max_concurrency"] is not None:
+        text += (
+            f" For interactive use keep ≤{rec['slo_max_concurrency']} concurrent users to give "
+            f"each ≥{slo:g} tok/s."
+        )
+    elif slo is not None:
+        text += f" No level measured gives ≥{slo:g} tok/s per user with it."
     levels = sorted(rec["aggregate"])
     if rec["knee"] is not None and levels.index(rec["knee"]) > 0:
         prev = levels[levels.index(rec["knee"]) - 1]
@@ -699,5 +697,24 @@ def read_experiment(
             f" The aggregate still grew {gain:+.0%} from {levels[-2]} to {levels[-1]}: batch work "
             f"can go to {levels[-1]} concurrent requests (no saturation knee measured)."
         )
-    lines.append(text)
+    return text
+
+
+def read_experiment(
+    results: list[tuple[str, SweepResult]], *, slo_tok_s: float | None = None
+) -> ExperimentReading:
+    """The verdict first (bottleneck, recommendation), then the best per level and each cap."""
+    configs = [_config_reading(name, r) for name, r in results]
+    if not configs:
+        return ExperimentReading([], [], None, None, slo_tok_s, ["No configuration was measured."])
+    rows = _level_rows(configs)
+    top = rows[-1]["concurrency"]
+    measured = [c for c in configs if c["aggregate"].get(top) is not None] or configs
+    rec = max(measured, key=lambda c: c["aggregate"].get(top) or 0.0)
+    neck = _bottleneck(configs)
+    lines = [_bottleneck_line(neck)] if neck is not None else []
+    lines.append(_recommendation(rec, top, len(configs), slo_tok_s))
+    if len(configs) > 1:
+        lines += _level_lines(rows, configs[0]["label"])
+    lines += [_cap_line(cfg) for cfg in configs]
     return ExperimentReading(configs, rows, neck, rec["label"], slo_tok_s, lines)

@@ -70,10 +70,15 @@ def echo_plan(plan: Any, n_done: int) -> None:
     )
     end = f"restore {_knobs(plan.start)}" if plan.restore else "no restore (--no-restore)"
     click.echo(f"  at the end: {end}")
+    from spark_ops.readiness.eta import estimate
+
+    boot = sum(estimate(plan.cluster).values())
+    took = f", ~{boot:.0f} s by the boots watched from here" if boot else ""
     click.echo(
-        f"  restarts: {plan.restarts} planned (each a full boot; each stamp pruned, the budget "
-        "unchanged); the cluster lock is held throughout"
+        f"  restarts: {plan.restarts} planned (each a full boot{took}; each stamp pruned, the "
+        "budget unchanged); the cluster lock is held throughout"
     )
+    click.echo("  Ctrl-C stops the run, restores the starting configuration; --resume continues.")
     click.echo(
         f"  state: {plan.state_path}" + (f" (resuming: {n_done} done)" if plan.resumed else "")
     )
