@@ -64,6 +64,7 @@ class PreflightResult:
     python: str | None = None
     import_seconds: float | None = None
     program_seconds: float | None = None  # the check program alone (import, parse, checks)
+    parser_module: str | None = None  # where this vLLM keeps make_arg_parser
     warnings: list[str] = field(default_factory=list)
     tried: list[str] = field(default_factory=list)
 
@@ -89,6 +90,7 @@ class PreflightResult:
             "program_seconds": (
                 None if self.program_seconds is None else round(self.program_seconds, 3)
             ),
+            "parser_module": self.parser_module,
             "warnings": list(self.warnings),
             "tried": list(self.tried),
         }
@@ -215,35 +217,45 @@ def field_problems(parser, ns):
     return problems
 
 
+# Where vLLM keeps its serve parser, newest layout first; `vllm serve`'s own module imports all
+# three names from wherever the installed version keeps them, so it is the last resort.
+PARSER_HOMES = (
+    "vllm.entrypoints.launchers.cli_args",
+    "vllm.entrypoints.openai.cli_args",
+    "vllm.entrypoints.cli.serve",
+)
+FLEXIBLE_HOMES = ("vllm.utils.argparse_utils", "vllm.utils", "vllm.entrypoints.cli.serve")
+
+
+def find(name, homes):
+    """The first module of homes that defines name: (object, module name), else (None, None)."""
+    for home in homes:
+        try:
+            found = getattr(importlib.import_module(home), name, None)
+        except ImportError:
+            continue
+        if found is not None:
+            return found, home
+    return None, None
+
+
 def main():
     """Build vLLM's serve parser as the installed version does and check ARGS with it."""
+    version = None
     try:
         import vllm
 
         version = getattr(vllm, "__version__", None)
-        flexible = None
-        for mod in ("vllm.utils.argparse_utils", "vllm.utils"):
-            try:
-                flexible = importlib.import_module(mod).FlexibleArgumentParser
-                break
-            except (ImportError, AttributeError):
-                continue
-        make = validate = None
-        for mod in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"):
-            try:
-                module = importlib.import_module(mod)
-            except ImportError:
-                continue
-            make = getattr(module, "make_arg_parser", None)
-            validate = getattr(module, "validate_parsed_serve_args", None)
-            if make is not None:
-                break
+        make, home = find("make_arg_parser", PARSER_HOMES)
+        flexible, _ = find("FlexibleArgumentParser", FLEXIBLE_HOMES)
+        module = importlib.import_module(home) if home else None
+        validate = getattr(module, "validate_parsed_serve_args", None)
     except Exception as exc:
-        answer(ok=None, error=f"cannot import vLLM's serve parser: {type(exc).__name__}: {exc}")
+        answer(ok=None, version=version, error=f"cannot import vLLM's serve parser: {exc!r}")
     if make is None or flexible is None:
         answer(ok=None, version=version, error=f"vLLM {version} has no make_arg_parser here")
     imported = time.monotonic() - T0
-    info = {"version": version, "import_seconds": imported}
+    info = {"version": version, "import_seconds": imported, "parser_module": home}
     parser = make(flexible(prog="vllm serve"))
     ns = parse(parser, ARGS, **info)
     if getattr(ns, "model_tag", None):
@@ -563,6 +575,7 @@ async def preflight(
             python=data.get("python"),
             import_seconds=data.get("import_seconds"),
             program_seconds=data.get("program_seconds"),
+            parser_module=data.get("parser_module"),
             warnings=list(data.get("warnings") or []),
             tried=tried,
         )

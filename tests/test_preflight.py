@@ -296,6 +296,44 @@ async def test_docker_method_runs_inside_the_container(tmp_path: Path) -> None:
         await head.node.stop()
 
 
+# --- a vLLM with the older layout (stand-in package), where the real one is not installed ---------
+
+STUB = FIXTURES / "stub-vllm-0.11"
+
+
+@pytest.mark.parametrize(
+    ("extra", "ok", "stage", "says"),
+    [
+        ([], True, None, ""),
+        (["--moe-backend", "warp_drive"], False, "parse", "invalid choice: 'warp_drive'"),
+        (["--max-num-seqs", "0"], False, "config", "--max-num-seqs 0: Input should be greater"),
+        (["--enable-auto-tool-choice"], False, "validate", "TypeError: Error: --enable-auto"),
+    ],
+)
+async def test_older_vllm_layout_through_recipe_env(
+    bare_head: Head, extra: list[str], ok: bool, stage: str | None, says: str
+) -> None:
+    """0.11's homes (openai.cli_args, vllm.utils) are found; the recipe env reaches the program."""
+    write_exe(bare_head.bin / "vllm", f"#!{sys.executable}\nfrom vllm.entrypoints import cli\n")
+    env = {"PYTHONPATH": f"{STUB}:{os.environ.get('PYTHONPATH', '')}"}
+    res = await preflight(bare_head.session, "node1", ["vllm", "serve", "m", *extra], env)
+    assert res.ok is ok and res.method == "vllm", res.detail
+    assert res.vllm_version == "0.11.0" and res.python == sys.executable
+    assert res.parser_module == "vllm.entrypoints.openai.cli_args"
+    assert res.stage == stage and says in res.detail
+
+
+async def test_vllm_without_serve_parser_goes_on(bare_head: Head, tmp_path: Path) -> None:
+    """A vllm package without make_arg_parser anywhere: ok=None naming the version."""
+    pkg = tmp_path / "empty" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text('__version__ = "9.9.9"\n')
+    write_exe(bare_head.bin / "vllm", f"#!{sys.executable}\n")
+    env = {"PYTHONPATH": str(pkg.parent)}
+    res = await preflight(bare_head.session, "node1", ["vllm", "serve", "m"], env)
+    assert res.ok is None and "vLLM 9.9.9 has no make_arg_parser here" in res.detail
+
+
 # --- the embedded cluster ----------------------------------------------------------------------
 
 
@@ -335,6 +373,7 @@ async def test_real_vllm_parser(tmp_path: Path) -> None:
             assert res.ok is case["ok"], (case["name"], res.detail, res.tried)
             assert res.method == "vllm" and res.vllm_version and res.vllm_version.startswith("0.32")
             assert res.python and res.python.startswith(str(shim_path().parents[1]))
+            assert res.parser_module == "vllm.entrypoints.launchers.cli_args"  # 0.32's home
             if not case["ok"]:
                 assert res.stage == case["stage"], (case["name"], res.detail)
                 assert case["says"] in res.detail, (case["name"], res.detail)
