@@ -23,6 +23,7 @@ from spark_ops.errors import SparkOpsError, VerifyError
 from spark_ops.log import get_logger
 
 SCHEMA = "spark-ops.experiment/1"
+REASON = "planned restart (spark-ops experiment"  # every restart of ours is journalled with this
 AXES = ("max_num_seqs", "moe_backend", "kv_cache_memory", "enforce_eager")
 
 Hook = Callable[..., Any]
@@ -375,7 +376,7 @@ async def _run_config(
         changes_for(config),
         settings,
         hooks,
-        f"planned restart (spark-ops experiment: {label(config)})",
+        f"{REASON}: {label(config)})",
     )
     sweep_opts = {k: v for k, v in state.spec.sweep.items() if k != "prompts_path"}
     prompts = state.spec.sweep.get("prompts_path")
@@ -438,13 +439,11 @@ async def run_experiment(
     settings = settings or ApplySettings()
     hooks = hooks or Hooks()
     log = get_logger(cluster=state.spec.cluster, op="experiment")
+    if state.in_progress:  # killed mid-apply: its restart's stamp may be left in the history
+        hooks.note(f"the previous run stopped while applying {state.in_progress}")
+        await _prune_leftovers(op, [], hooks)
     used, stamps = await _stamps(op)
-    budget_before = {"used": used, "stamps": stamps}
-    if state.in_progress:
-        hooks.note(
-            f"the previous run stopped while applying {state.in_progress}; if it was killed "
-            "mid-restart, check `spark-ops budget` (prune with `spark-ops budget prune --planned`)"
-        )
+    budget_before: dict[str, Any] = {"used": used, "stamps": stamps}
     state.status, state.error, state.restore = "running", None, None
     state.save(path)
     failure: SparkOpsError | None = None
@@ -486,6 +485,7 @@ async def run_experiment(
         state.save(path)
     budget_after: dict[str, Any] | None
     try:
+        await _prune_leftovers(op, budget_before["stamps"], hooks)
         used, stamps = await _stamps(op)
         budget_after = {"used": used, "stamps": stamps}
     except SparkOpsError:
@@ -493,6 +493,22 @@ async def run_experiment(
     return ExperimentOutcome(
         state, state.reading(), budget_before, budget_after, interrupted, failure
     )
+
+
+async def _prune_leftovers(op: Any, keep: list[float], hooks: Hooks) -> list[float]:
+    """Prune stamps of our own restarts that an interruption left (before their own prune)."""
+    view = await op.watchdog.budget()
+    ours = [
+        float(s["stamp"])
+        for s in view.stamps
+        if float(s["stamp"]) not in keep and str(s.get("reason", "")).startswith(REASON)
+    ]
+    if not ours:
+        return []
+    result = await op.watchdog.prune(stamps=ours, reason=f"{REASON}: left by an interruption)")
+    removed = [float(x) for x in result["removed_stamps"]]
+    hooks.note(f"pruned {removed}: restart stamp(s) of this experiment left by an interruption")
+    return removed
 
 
 async def _restore(
@@ -507,7 +523,7 @@ async def _restore(
             changes_for(start),
             settings,
             hooks,
-            "planned restart (spark-ops experiment: restore)",
+            f"{REASON}: restore)",
         )
     except (asyncio.CancelledError, KeyboardInterrupt):
         return {"ok": False, "knobs": start, "error": "interrupted during the restore"}

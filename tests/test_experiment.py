@@ -186,7 +186,8 @@ def test_experiment_6_vs_64_tells_the_notes_story(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_interrupted_experiment_restores_and_resumes(tmp_path: Path) -> None:
-    """Ctrl-C after the first configuration: restored, then --resume measures only the second."""
+    """Ctrl-C at the second configuration's restart: restored, its stamp pruned; --resume
+    measures only the second configuration."""
     from spark_ops.sim.control import down
 
     s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE)
@@ -203,7 +204,11 @@ def test_interrupted_experiment_restores_and_resumes(tmp_path: Path) -> None:
             if state.exists() and json.loads(state.read_text()).get("results"):
                 break
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        while time.monotonic() < deadline and proc.poll() is None:  # until the restart's stamp
+            if s.history.read_bytes() != history:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)  # before that restart's own prune, as often as not
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == ExitStatus.ABORTED, err[-3000:]
         saved = json.loads(state.read_text())

@@ -61,7 +61,7 @@ def echo_plan(plan: Any, n_done: int) -> None:
     for i, row in enumerate(plan.configurations, 1):
         what = "measured earlier: skipped" if row["done"] else (
             "restart" if row["restart"] else "no restart (the recipe already has it)")  # fmt: skip
-        click.echo(f"  {i}. {row['label']}: {what}, then a sweep")
+        click.echo(f"  {i}. {row['label']}: {what}" + ("" if row["done"] else ", then a sweep"))
     s = plan.sweep
     click.echo(
         f"  sweep: concurrency {','.join(map(str, s['levels']))}, {s['mode']}, "
