@@ -27,7 +27,7 @@ from spark_ops.errors import CommandTimeout, SparkOpsError
 from spark_ops.log import get_logger
 from spark_ops.remote import ClusterSession, Result, quote_args
 
-HOWS = ("auto", "vllm", "sim", "docker")
+HOWS = ("auto", "vllm", "sim", "docker", "off")
 MARK = "SPARK-OPS-PREFLIGHT "
 NO_PYTHON_EXIT = 47  # the shell programs below: nothing to ask on this node
 PROBE_TIMEOUT = 15.0
@@ -517,7 +517,7 @@ async def preflight(
 
     how: auto (docker when the inventory runs the engine in a container, then the host's `vllm`:
     the real parser, or the sim engine's when that `vllm` is the embedded cluster's shim), vllm,
-    sim or docker.
+    sim, docker, or off (nothing is asked; ok=None).
     """
     if how not in HOWS:
         raise PreflightError(f"preflight how={how!r} is not allowed; use one of {', '.join(HOWS)}")
@@ -525,6 +525,10 @@ async def preflight(
         raise PreflightError(f"preflight timeout={timeout!r}: must be a positive number of seconds")
     log = get_logger(host=host)
     start = time.monotonic()
+    if how == "off":
+        return PreflightResult(
+            None, "off", "preflight is off: no vLLM checked the new flags", 0.0, host
+        )
     split = split_command(argv)
     if split is None:
         shown = quote_args(argv[:3]) + (" …" if len(argv) > 3 else "")

@@ -194,10 +194,14 @@ def test_parse_answer_needs_the_marker_line() -> None:
 async def test_bad_how_and_timeout_are_named(bare_head: Head) -> None:
     """A wrong `how` or timeout names the value and what is allowed."""
     argv = ["vllm", "serve", "M"]
-    with pytest.raises(PreflightError, match=r"how='ssh' is not allowed; use one of auto, vllm"):
+    with pytest.raises(
+        PreflightError, match=r"how='ssh' is not allowed; use one of auto, vllm, sim, docker, off"
+    ):
         await preflight(bare_head.session, "node1", argv, {}, how="ssh")
     with pytest.raises(PreflightError, match=r"timeout=0: must be a positive number"):
         await preflight(bare_head.session, "node1", argv, {}, timeout=0)
+    off = await preflight(bare_head.session, "node1", argv, {}, how="off")
+    assert off.ok is None and off.method == "off" and "preflight is off" in off.detail
 
 
 # --- no vLLM to ask --------------------------------------------------------------------------
