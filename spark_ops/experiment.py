@@ -439,9 +439,11 @@ async def run_experiment(
     settings = settings or ApplySettings()
     hooks = hooks or Hooks()
     log = get_logger(cluster=state.spec.cluster, op="experiment")
-    if state.in_progress:  # killed mid-apply: its restart's stamp may be left in the history
-        hooks.note(f"the previous run stopped while applying {state.in_progress}")
-        await _prune_leftovers(op, [], hooks)
+    if state.in_progress:
+        hooks.note(f"the previous run was killed while applying {state.in_progress}")
+    # under the lock no other experiment runs: a stamp of ours in the window is a leftover of a
+    # killed run (every restart of ours is pruned by apply, or at the end of an interrupted run)
+    await _prune_leftovers(op, [], hooks)
     used, stamps = await _stamps(op)
     budget_before: dict[str, Any] = {"used": used, "stamps": stamps}
     state.status, state.error, state.restore = "running", None, None
@@ -486,6 +488,8 @@ async def run_experiment(
     budget_after: dict[str, Any] | None
     try:
         await _prune_leftovers(op, budget_before["stamps"], hooks)
+        state.in_progress = None  # handled: only a killed run leaves it set
+        state.save(path)
         used, stamps = await _stamps(op)
         budget_after = {"used": used, "stamps": stamps}
     except SparkOpsError:
