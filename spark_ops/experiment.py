@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.bench.sweep import SweepResult
-from spark_ops.errors import SparkOpsError, VerifyError
+from spark_ops.errors import ExitStatus, SparkOpsError, VerifyError
 from spark_ops.log import get_logger
 
 SCHEMA = "spark-ops.experiment/1"
@@ -31,6 +31,12 @@ Hook = Callable[..., Any]
 
 class ExperimentError(SparkOpsError):
     """The experiment cannot start or go on (state file, configurations, restore)."""
+
+
+class ExperimentUsageError(ExperimentError):
+    """The configurations asked for make no sense (no knob, a repeated value)."""
+
+    exit_status = ExitStatus.USAGE
 
 
 def default_state_path(cluster: str) -> Path:
@@ -82,19 +88,19 @@ class ExperimentSpec:
     def validate(self) -> None:
         """Raise ExperimentError naming the first bad axis or value."""
         if not self.axes:
-            raise ExperimentError(
+            raise ExperimentUsageError(
                 "nothing to compare: give at least one knob with values, e.g. --max-num-seqs 6,64"
             )
         for axis, values in self.axes.items():
             if axis not in AXES:
-                raise ExperimentError(f"unknown knob {axis!r}; allowed: {', '.join(AXES)}")
+                raise ExperimentUsageError(f"unknown knob {axis!r}; allowed: {', '.join(AXES)}")
             if not values:
-                raise ExperimentError(f"--{axis.replace('_', '-')}: no value given")
+                raise ExperimentUsageError(f"--{axis.replace('_', '-')}: no value given")
             for value in values:
                 changes_for({axis: value})  # KnobError names the option and the value
             seen = [normalize(axis, v) for v in values]
             if len(set(seen)) != len(seen):
-                raise ExperimentError(
+                raise ExperimentUsageError(
                     f"--{axis.replace('_', '-')} {','.join(map(str, values))}: a value is repeated"
                 )
 

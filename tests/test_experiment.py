@@ -137,6 +137,86 @@ def test_plan_state_and_refusals(tmp_path: Path) -> None:
         ExperimentState.load(tmp_path / "junk.json")
 
 
+class FakeWatchdog:
+    """The budget and prune of a watchdog whose history holds given (stamp, reason) pairs."""
+
+    def __init__(self, stamps: list[tuple[float, str]]) -> None:
+        """Start with these stamps."""
+        self.stamps = list(stamps)
+        self.pruned: list[float] = []
+
+    async def budget(self) -> Any:
+        """Used and the stamps with their journal reasons."""
+        views = [{"stamp": s, "reason": r} for s, r in self.stamps]
+        return type("View", (), {"used": len(self.stamps), "stamps": views})()
+
+    async def prune(self, *, stamps: list[float], reason: str) -> dict[str, Any]:
+        """Remove the stamps given."""
+        self.pruned += stamps
+        self.stamps = [(s, r) for s, r in self.stamps if s not in stamps]
+        return {"removed_stamps": stamps}
+
+
+async def test_failure_ends_in_restore_and_leftovers_are_pruned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A boot failing at 64: state 'failed', 6 kept, start restored, a killed run's stamp pruned."""
+    import spark_ops.experiment as experiment
+    from spark_ops.errors import BootError
+
+    applied: list[dict[str, Any]] = []
+
+    async def run_config(op: Any, state: Any, config: dict[str, Any], *rest: Any) -> Any:
+        """6 measures; 64 fails to boot."""
+        if config["max_num_seqs"] == 64:
+            raise BootError("engine exited during KV_CACHE", phase="KV_CACHE")
+        cfg = CASES["note_cap_6_vs_64"]["configs"][0]
+        return {"sweep": sweep(cfg, 12).to_dict(), "budget_as_before": True}
+
+    async def apply(op: Any, changes: list[Any], *rest: Any) -> dict[str, Any]:
+        """Record the restore's changes."""
+        applied.append({c.name: c.value for c in changes})
+        return {"restarted": True, "pruned": [300.0]}
+
+    monkeypatch.setattr(experiment, "_run_config", run_config)
+    monkeypatch.setattr(experiment, "_apply", apply)
+    killed = "planned restart (spark-ops experiment: max_num_seqs=64)"
+    op = type(
+        "Op", (), {"watchdog": FakeWatchdog([(100.0, "watchdog: engine down"), (200.0, killed)])}
+    )()
+    spec = ExperimentSpec("sim", {"max_num_seqs": [6, 64]}, {"slo_tok_s": 12})
+    state = ExperimentState(spec, {"max_num_seqs": 6}, in_progress="max_num_seqs=64")
+    path = tmp_path / "exp.json"
+    notes: list[str] = []
+    outcome = await experiment.run_experiment(
+        op, state, path, hooks=experiment.Hooks(on_note=notes.append)
+    )
+    assert isinstance(outcome.failure, BootError) and not outcome.ok
+    saved = json.loads(path.read_text())
+    assert saved["status"] == "failed" and list(saved["results"]) == ["max_num_seqs=6"]
+    assert saved["error"]["message"] == "engine exited during KV_CACHE"
+    assert saved["restore"]["ok"] is True and applied == [{"max_num_seqs": 6}]
+    assert saved["in_progress"] is None
+    assert op.watchdog.pruned == [200.0], "only the killed run's stamp of ours is pruned"
+    assert any("killed while applying max_num_seqs=64" in n for n in notes)
+    assert outcome.budget_before == {"used": 1, "stamps": [100.0]} == outcome.budget_after
+
+
+CLI_CASES: dict[str, Any] = yaml.safe_load(
+    (Path(__file__).parent / "fixtures" / "experiment" / "cli_cases.yaml").read_text("utf-8")
+)
+
+
+@pytest.mark.parametrize("name", list(CLI_CASES))
+def test_bad_values_are_refused_before_connecting(name: str, tmp_path: Path) -> None:
+    """No inventory needed: a bad value stops the command with the option and value named."""
+    case = CLI_CASES[name]
+    env = dict(os.environ, SPARK_OPS_INVENTORY=str(tmp_path / "missing.yaml"))
+    res = cli(env, "experiment", *case["args"], "--yes")
+    assert res.returncode == case["status"], res.stderr
+    assert case["stderr"] in res.stderr
+
+
 ARGS = [
     "experiment", "--max-num-seqs", "6,64", "--concurrency", "1,6,16,64", "--output-tokens", "60",
     "--slo-tok-s", str(9 * TIME_SCALE), "--yes",

@@ -290,9 +290,12 @@ def cli(ctx: click.Context, **kw: Any) -> int:
     axes = _axes(kw)
     if not axes and not kw["resume"]:
         raise click.UsageError("nothing to compare: give values, e.g. --max-num-seqs 6,64")
+    sweep = _sweep_settings(kw)
+    if axes:  # every value checked before connecting: the option and value are named
+        ExperimentSpec("", axes, sweep).validate()
     cluster = load_cluster(ctx)
     path = kw["state_path"] or default_state_path(cluster.name)
-    spec = ExperimentSpec(cluster.name, axes, _sweep_settings(kw), restore=not kw["no_restore"])
+    spec = ExperimentSpec(cluster.name, axes, sweep, restore=not kw["no_restore"])
     settings = ApplySettings(drain=not kw["no_drain"], deadline_s=kw["deadline"], force=kw["force"])
     progress = _Progress(cluster.name)
     hooks = Hooks(progress.on_config, progress.on_step, progress.on_event, progress.on_level,
