@@ -121,6 +121,8 @@ def test_dry_run_changes_nothing(sim: Sim, cli_env: dict[str, str]) -> None:
         (["--max-num-seqs", "0"], ExitStatus.RECIPE, "--max-num-seqs"),
         (["--kv-cache-memory", "60GB"], ExitStatus.RECIPE, "60GB"),
         (["--moe-backend", "warp_drive"], ExitStatus.RECIPE, "warp_drive"),
+        # not checked by spark-ops itself: the head's own vLLM (preflight) refuses it
+        (["--flag", "--distributed-executor-backend=torus"], ExitStatus.RECIPE, "'torus'"),
     ],
 )
 def test_bad_input_changes_nothing(

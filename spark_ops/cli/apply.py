@@ -39,6 +39,14 @@ def knob_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--vllm-version", help="vLLM version to validate for when the engine is down."
         ),
         click.option("--force", is_flag=True, help="Overwrite recipe copies that differ."),
+        click.option(
+            "--preflight",
+            type=click.Choice(["auto", "vllm", "sim", "docker", "off"]),
+            default="auto",
+            show_default=True,
+            help="Have the head's own vLLM parse the new command line before anything stops.",
+        ),
+        click.option("--preflight-timeout", type=float, default=60.0, show_default=True),
     ]
     for opt in reversed(options):
         fn = opt(fn)
@@ -105,6 +113,8 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
         rollback_on_failure=kw.get("rollback_on_failure", False),
         deadline_s=kw["deadline"],
         reason=kw["reason"] or f"planned restart (spark-ops {operation})",
+        preflight=kw.get("preflight", "auto"),
+        preflight_timeout_s=kw.get("preflight_timeout", 60.0),
     )
 
     async def flow() -> int:

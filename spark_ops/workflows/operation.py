@@ -32,6 +32,8 @@ class ApplyOptions:
     rollback_on_failure: bool = False
     deadline_s: float | None = None
     reason: str = "planned restart (spark-ops apply)"
+    preflight: str = "auto"  # auto | vllm | sim | docker | off
+    preflight_timeout_s: float = 60.0
 
 
 @dataclass

@@ -62,11 +62,39 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
     plan.facts["knobs_after"] = _jsonable(knob_values(new_text, source="recipe"))
     if not plan.changes:
         return plan
+    await _preflight(op, opts, plan, new_text)
     warning = await _kv_capacity(op, new_text)
     if warning:
         plan.warnings.append(warning)
     _restart_steps(plan, op, opts, write=True)
     return plan
+
+
+async def _preflight(op: Operation, opts: ApplyOptions, plan: Plan, new_text: str) -> None:
+    """Have the head's own vLLM parse the edited command line; a refusal stops the plan."""
+    from spark_ops.errors import KnobError
+    from spark_ops.preflight import preflight
+    from spark_ops.recipe import render_recipe
+
+    head = op.cluster.head.name
+    source = f"{head}:{op.cluster.recipe.path}"
+    rendered = render_recipe(new_text, source=source)
+    check = await preflight(
+        op.session, head, rendered.argv, dict(rendered.env),
+        how=opts.preflight, timeout=opts.preflight_timeout_s,
+    )  # fmt: skip
+    plan.facts["preflight"] = check.to_dict()
+    if check.ok is False:
+        raise KnobError(
+            f"{source}: vLLM {check.vllm_version} on {head} refuses the edited command line "
+            f"({check.method} check, {check.stage} stage):\n{check.detail}",
+            hint="nothing was written and the engine still serves; fix the value and run again",
+        )
+    if check.ok is None:
+        plan.warnings.append(f"preflight: {check.detail}")
+    for warning in check.warnings:
+        if f"preflight: {warning}" not in plan.warnings:
+            plan.warnings.append(f"preflight: {warning}")
 
 
 async def _kv_capacity(op: Operation, recipe_text: str) -> str | None:
