@@ -8,7 +8,6 @@ entries from several operators' machines never interleave and are ordered by one
 
 from __future__ import annotations
 
-import getpass
 import json
 import socket
 from collections.abc import Sequence
@@ -56,11 +55,9 @@ def audit_path(state_dir: str) -> str:
 
 def who() -> str:
     """The operator as user@host of the machine spark-ops runs on."""
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+    from spark_ops.lock import local_user
+
+    return f"{local_user()}@{socket.gethostname()}"
 
 
 def make_entry(

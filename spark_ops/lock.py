@@ -43,14 +43,18 @@ def lock_paths(state_dir: str, cluster: str) -> tuple[str, str]:
     return base, base + ".owner"
 
 
+def local_user() -> str:
+    """The operator's user name on the machine spark-ops runs on."""
+    try:
+        return getpass.getuser()
+    except Exception:
+        return os.environ.get("USER", "unknown")
+
+
 def holder_info(operation: str) -> dict[str, Any]:
     """Describe this process as a lock holder."""
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = os.environ.get("USER", "unknown")
     return {
-        "user": user,
+        "user": local_user(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "operation": operation,

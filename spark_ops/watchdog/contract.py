@@ -9,7 +9,6 @@ to be installed there. Times always come from the head's clock.
 
 from __future__ import annotations
 
-import getpass
 import json
 import re
 import shlex
@@ -34,11 +33,9 @@ def history_source() -> str:
 
 def operator() -> str:
     """Who is acting, for journal entries ('spark-ops:<user>')."""
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = "unknown"
-    return f"spark-ops:{user}"
+    from spark_ops.lock import local_user
+
+    return f"spark-ops:{local_user()}"
 
 
 @dataclass
