@@ -251,6 +251,15 @@ class SSHConnector(Connector):
             with suppress(Exception):
                 await asyncio.wait_for(proc.wait_closed(), 2)
 
+    async def process(self, command: str) -> Any:
+        """Start a command with open stdin/stdout (asyncssh process) for interactive use."""
+        import asyncssh
+
+        try:
+            return await self._require().create_process(command)
+        except (asyncssh.Error, OSError) as exc:
+            raise ConnectError(self.node.name, f"cannot start {command[:80]}: {exc}") from exc
+
     async def forward(self, dest_host: str, dest_port: int) -> int:
         """Open a local port forward and return the local port."""
         conn = self._require()
@@ -528,7 +537,7 @@ class ClusterSession:
         conn = self.connector(host)
         if not isinstance(conn, SSHConnector):
             raise RemoteError(host, "holding a remote lock needs an SSH connector")
-        proc = await conn._require().create_process(command)
+        proc = await conn.process(command)
         lines: list[str] = []
         try:
             while True:
