@@ -377,13 +377,8 @@ async def _run_config(
     from spark_ops.bench.sweep import SweepConfig, run_sweep
 
     used_before, before = await _stamps(op)
-    applied = await _apply(
-        op,
-        changes_for(config),
-        settings,
-        hooks,
-        f"{REASON}: {label(config)})",
-    )
+    reason = f"{REASON}: {label(config)})"
+    applied = await _apply(op, changes_for(config), settings, hooks, reason)
     sweep_opts = {k: v for k, v in state.spec.sweep.items() if k != "prompts_path"}
     prompts = state.spec.sweep.get("prompts_path")
     cfg = SweepConfig(
@@ -528,13 +523,7 @@ async def _restore(
     start = {a: state.start_knobs.get(a) for a in state.spec.axes}
     hooks.note(f"restoring the starting configuration: {label(start)} (Ctrl-C again abandons it)")
     try:
-        done = await _apply(
-            op,
-            changes_for(start),
-            settings,
-            hooks,
-            f"{REASON}: restore)",
-        )
+        done = await _apply(op, changes_for(start), settings, hooks, f"{REASON}: restore)")
     except (asyncio.CancelledError, KeyboardInterrupt):
         return {"ok": False, "knobs": start, "error": "interrupted during the restore"}
     except Exception as exc:  # reported, never raised: the run's own outcome comes first
