@@ -295,6 +295,7 @@ def test_interrupted_experiment_restores_and_resumes(tmp_path: Path) -> None:
         assert saved["status"] == "interrupted" and list(saved["results"]) == ["max_num_seqs=6"]
         assert saved["restore"]["ok"] is True
         assert "Experiment interrupted after 1/2 configurations; --resume continues it." in out
+        assert "Partial reading: 1 of 2 configurations measured." in out
         assert "max_num_seqs: 6 " in s.recipe.read_text()
         first = saved["results"]["max_num_seqs=6"]["finished_at"]
 

@@ -179,6 +179,9 @@ def render_report(outcome: Any, *, width: int = 160) -> str:
         console.print()
         console.print(compare_table(outcome.reading))
     console.print()
+    done, total = len(state.results), len(state.spec.configurations())
+    if done < total:
+        console.print(f"Partial reading: {done} of {total} configurations measured.")
     for line in outcome.reading.lines:
         console.print(line, highlight=False)
     console.print(_ending(outcome), highlight=False)
