@@ -232,3 +232,26 @@ def test_rollback_restores_the_latest_backup(sim: Sim, cli_env: dict[str, str]) 
     assert res.returncode == 0, res.stderr[-2000:]
     assert sim.recipe.read_bytes() == original
     assert json.loads(res.stdout)["checks"][0]["ok"] is True
+
+
+@pytest.mark.parametrize("step", ["restart", "boot"])
+def test_ctrl_c_during_the_restart_still_prunes_our_stamp(
+    sim: Sim, cli_env: dict[str, str], step: str
+) -> None:
+    """Ctrl-C while the restart runs or the boot is followed: our stamp is removed all the same."""
+    import signal
+
+    before = stamps(sim)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spark_ops.cli.main", "restart", "--yes", "--no-drain", "--json"],
+        env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    marker = f'"name": "{step}", "description"'
+    for line in proc.stderr:
+        if marker in line and '"status": "running"' in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitStatus.ABORTED, err[-2000:]
+    assert stamps(sim) == before, "the planned stamp was pruned although the run was interrupted"

@@ -13,6 +13,7 @@ from spark_ops.errors import (
 from spark_ops.plan import Plan, StepRunner
 from spark_ops.postboot import kv_pool, verify_boot
 from spark_ops.remote import FileWrite, quote_path, sha256
+from spark_ops.watchdog.contract import Trigger
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
 
 StepReporter = Callable[[Any], None]
@@ -103,7 +104,6 @@ async def _restart_and_wait(
 ) -> None:
     """Drain, trigger, follow the boot, and prune this restart's stamp whatever the boot did."""
     from spark_ops.readiness import record as record_boot
-    from spark_ops.readiness import wait_for_boot
 
     c = op.cluster
     steps = {s.name for s in plan.steps}
@@ -118,49 +118,75 @@ async def _restart_and_wait(
     start_at = await _log_offset(op)
     if not suffix:
         plan.facts["kv_pool_before"] = await kv_pool(op)
+    clock_before = await op.watchdog.clock()
     run.start("restart" + suffix)
-    try:
-        trigger = await op.watchdog.trigger(opts.reason)
-    except SparkOpsError:
-        if paused:  # the engine keeps serving: let it take new work again
-            async with op.engine() as api:
-                await api.resume()
-        raise
-    plan.facts["restart_at"] = trigger.before
+    trigger: Trigger | None = None
     stamp: float | None = None
     stamp_error: SparkOpsError | None = None
-    try:
-        stamp = await op.watchdog.identify(trigger, before)
-    except AmbiguousStamp as exc:
-        stamp_error = exc
-    run.finish("restart" + suffix, f"stamp {stamp}" if stamp is not None else "no stamp identified")
-    out.stamp = stamp
-    run.start("boot" + suffix)
     boot_error: BaseException | None = None
     try:
-        lines = _follow_log(op, start_at)
-        async with op.engine(timeout=c.engine.probe_timeout_s) as api:
-            report = await wait_for_boot(
-                lines,
-                probe=lambda: api.complete(c.engine.probe_timeout_s),
-                health=api.health,
-                deadline_s=opts.deadline_s or c.engine.boot_deadline_s,
-                on_event=on_event,
-                worker_stall_s=c.engine.worker_stall_s,
-                probe_timeout_s=c.engine.probe_timeout_s,
-                source_end_fatal=start_at is not None,
-                missing_workers=lambda: unreachable_workers(op),
-            )
-        out.boot = report.to_dict()
-        record_boot(c.name, report)
-        run.finish("boot" + suffix, f"ready in {report.total_s:.1f} s")
-    except BaseException as exc:
-        boot_error = exc
-        run.fail("boot" + suffix, getattr(exc, "message", str(exc)))
+        try:
+            trigger = await op.watchdog.trigger(opts.reason)
+        except SparkOpsError:
+            if paused:  # the engine keeps serving: let it take new work again
+                async with op.engine() as api:
+                    await api.resume()
+            raise
+        plan.facts["restart_at"] = trigger.before
+        stamp, stamp_error = await _identify(op, trigger, before)
+        note = f"stamp {stamp}" if stamp is not None else "no stamp identified"
+        run.finish("restart" + suffix, note)
+        out.stamp = stamp
+        run.start("boot" + suffix)
+        try:
+            report = await _wait(op, opts, start_at, on_event)
+            out.boot = report.to_dict()
+            record_boot(c.name, report)
+            run.finish("boot" + suffix, f"ready in {report.total_s:.1f} s")
+        except BaseException as exc:
+            boot_error = exc
+            run.fail("boot" + suffix, getattr(exc, "message", str(exc)))
     finally:
+        if trigger is None:  # interrupted or failed while triggering: a stamp may exist anyway
+            after = await op.watchdog.clock()
+            trigger = Trigger(clock_before, after, None, "")
+        if stamp is None and stamp_error is None:
+            stamp, stamp_error = await _identify(op, trigger, before)
+            out.stamp = stamp
         await _prune_step(op, run, out, stamp, stamp_error, suffix)
     if boot_error is not None:
         raise boot_error
+
+
+async def _identify(
+    op: Operation, trigger: Trigger, before: list[float]
+) -> tuple[float | None, SparkOpsError | None]:
+    """Our stamp, or the ambiguity that keeps us from pruning any."""
+    try:
+        return await op.watchdog.identify(trigger, before), None
+    except AmbiguousStamp as exc:
+        return None, exc
+
+
+async def _wait(
+    op: Operation, opts: ApplyOptions, start_at: int | None, on_event: EventReporter | None
+) -> Any:
+    """Follow the boot from the log and probes until a real completion answers."""
+    from spark_ops.readiness import wait_for_boot
+
+    c = op.cluster
+    async with op.engine(timeout=c.engine.probe_timeout_s) as api:
+        return await wait_for_boot(
+            _follow_log(op, start_at),
+            probe=lambda: api.complete(c.engine.probe_timeout_s),
+            health=api.health,
+            deadline_s=opts.deadline_s or c.engine.boot_deadline_s,
+            on_event=on_event,
+            worker_stall_s=c.engine.worker_stall_s,
+            probe_timeout_s=c.engine.probe_timeout_s,
+            source_end_fatal=start_at is not None,
+            missing_workers=lambda: unreachable_workers(op),
+        )
 
 
 async def unreachable_workers(op: Operation) -> list[str]:
