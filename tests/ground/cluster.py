@@ -365,6 +365,7 @@ def make_spark_ground(
     recipe_nodes: Sequence[str] = ("node1",),
     earlier_stamps: Sequence[int] = (),
     time_scale: float = 4.0,
+    boot_scale: float = 1.0,
     start_engine: bool = True,
 ) -> SparkGround:
     """Install runtime, shims, watchdog, recipe(s) and history; start raylets and the engine."""
@@ -381,9 +382,15 @@ def make_spark_ground(
     )
     lib = install_runtime(head)
     base = lib / "spark_ops" / "data" / "sim" / "engine.yaml"
-    write_as(
-        head, head.home / "engine.yaml", f"base: {base}\ntime_scale: {time_scale}\nfault: null\n"
-    )
+    overlay = f"base: {base}\ntime_scale: {time_scale}\nfault: null\n"
+    if boot_scale != 1.0:  # slower boot phases, so that a test can act in the middle of one
+        import yaml
+
+        phases = yaml.safe_load(base.read_text()).get("boot", {})
+        overlay += "boot:\n" + "".join(
+            f"  {k}: {float(v) * boot_scale}\n" for k, v in phases.items()
+        )
+    write_as(head, head.home / "engine.yaml", overlay)
     bins = head.home / "bin"
     write_as(head, bins / "vllm", VLLM_SHIM.replace("@PYTHON@", NODE_PYTHON), 0o755)
     run_recipe = RUN_RECIPE_PY.replace("@PYTHON@", NODE_PYTHON)
