@@ -1,0 +1,204 @@
+"""Reading an experiment: pure functions of the configurations' sweep results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from spark_ops.bench.sweep import SweepResult
+
+CLEAR_MARGIN = 1.05  # the best configuration at a level must beat the next by 5% to be called best
+BOTTLENECK_RATIO = 1.2  # a higher cap giving 20% more aggregate makes the lower cap the limit
+
+
+@dataclass
+class ExperimentReading:
+    """Comparison per level (ratios to the first), per-configuration readings, the text."""
+
+    configs: list[dict[str, Any]]
+    levels: list[dict[str, Any]]
+    bottleneck: dict[str, Any] | None
+    recommended: str | None
+    slo_tok_s: float | None
+    lines: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json."""
+        return dict(self.__dict__)
+
+
+def _users(n: int) -> str:
+    """'1 concurrent request' / '64 concurrent requests'."""
+    return f"{n} concurrent request{'s' if n != 1 else ''}"
+
+
+def _config_reading(name: str, r: SweepResult) -> dict[str, Any]:
+    """One configuration's knee, SLO concurrency and cap, from its sweep's reading."""
+    cap = r.reading.cap
+    knob = (r.knobs or {}).get("max_num_seqs")
+    return {
+        "label": name,
+        "max_num_seqs": int(knob) if isinstance(knob, int | str) and str(knob).isdigit() else None,
+        "knee": r.reading.knee,
+        "knee_gain": r.reading.knee_gain,
+        "slo_max_concurrency": r.reading.slo_max_concurrency,
+        "slo_text": r.reading.slo_text,
+        "metrics": r.metrics_available,
+        "cap": cap.to_dict(),
+        "cap_is_knob": bool(cap.detected and cap.matches_knob),
+        "aggregate": {lv.max_concurrency: lv.output_throughput for lv in r.levels},
+        "per_user": {lv.max_concurrency: lv.per_user_tok_s for lv in r.levels},
+    }
+
+
+def _level_rows(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per level: each configuration's figures, ratios to the first one, and the best."""
+    levels = sorted({c for cfg in configs for c in cfg["aggregate"]})
+    rows = []
+    for c in levels:
+        first = configs[0]
+        cells = []
+        for cfg in configs:
+            agg, user = cfg["aggregate"].get(c), cfg["per_user"].get(c)
+            a0, u0 = first["aggregate"].get(c), first["per_user"].get(c)
+            cells.append({
+                "label": cfg["label"], "aggregate": agg, "per_user": user,
+                "ratio_aggregate": agg / a0 if agg is not None and a0 else None,
+                "ratio_per_user": user / u0 if user is not None and u0 else None,
+            })  # fmt: skip
+        ranked = sorted(
+            (x for x in cells if x["aggregate"] is not None), key=lambda x: -x["aggregate"]
+        )
+        clear = len(ranked) == 1 or (
+            len(ranked) > 1 and ranked[0]["aggregate"] >= CLEAR_MARGIN * ranked[1]["aggregate"]
+        )
+        best = ranked[0]["label"] if ranked else None
+        rows.append({"concurrency": c, "cells": cells, "best": best, "clear": clear})
+    return rows
+
+
+def _bottleneck(configs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first capped configuration that a higher max_num_seqs clearly beat at the top level."""
+    for low in configs:
+        if not low["cap_is_knob"]:
+            continue
+        best: dict[str, Any] | None = None
+        for high in configs:
+            if (high["max_num_seqs"] or 0) <= (low["max_num_seqs"] or 0):
+                continue
+            common = set(low["aggregate"]) & set(high["aggregate"])
+            if not common:
+                continue
+            top = max(common)
+            before, after = low["aggregate"][top], high["aggregate"][top]
+            ratio = after / before if before else None
+            if ratio is not None and (best is None or ratio > best["ratio"]):
+                best = {
+                    "capped": low["label"], "knob": low["max_num_seqs"], "higher": high["label"],
+                    "level": top, "before": before, "after": after, "ratio": ratio,
+                    "cap": low["cap"],
+                }  # fmt: skip
+        if best is not None:
+            best["is_bottleneck"] = best["ratio"] >= BOTTLENECK_RATIO
+            return best
+    return None
+
+
+def _level_lines(rows: list[dict[str, Any]], first: str) -> list[str]:
+    """Which configuration is best at each level, in words."""
+    lines = []
+    for row in rows:
+        if row["best"] is None:
+            continue
+        cell = next(x for x in row["cells"] if x["label"] == row["best"])
+        at = f"At {_users(row['concurrency'])}"
+        if not row["clear"]:
+            lines.append(
+                f"{at}: no clear difference (all within {CLEAR_MARGIN - 1:.0%} of "
+                f"{cell['aggregate']:.0f} tok/s)."
+            )
+            continue
+        ratio = cell["ratio_aggregate"]
+        vs = f", {ratio:.2f}x {first}" if row["best"] != first and ratio else ""
+        lines.append(f"{at}: {row['best']} is best, {cell['aggregate']:.0f} tok/s aggregate{vs}.")
+    return lines
+
+
+def _cap_line(cfg: dict[str, Any]) -> str:
+    """Whether max_num_seqs capped one configuration, in words."""
+    cap, name = cfg["cap"], cfg["label"]
+    if not cfg["metrics"]:
+        return f"{name}: cap unknown (the engine's /metrics was not readable)."
+    if cfg["cap_is_knob"]:
+        return (
+            f"{name}: the cap was reached — running requests stayed at {cap['plateau']} while "
+            f"others waited ({cap['at_plateau']} of {cap['waiting_samples']} samples)."
+        )
+    if cap["detected"]:
+        return (
+            f"{name}: running requests plateaued at {cap['plateau']} while others waited, below "
+            f"max_num_seqs={cfg['max_num_seqs']}: another limit (KV cache?) holds them back."
+        )
+    return f"{name}: the cap was not reached (no requests waited behind a full batch)."
+
+
+def _bottleneck_line(neck: dict[str, Any]) -> str:
+    """The verdict on a capped configuration against a higher cap."""
+    at = f"{_users(neck['level'])} ({neck['before']:.0f} → {neck['after']:.0f} tok/s)"
+    if neck["is_bottleneck"]:
+        return (
+            f"The cap of {neck['knob']} was the bottleneck: with {neck['capped']} the engine ran "
+            f"{neck['cap']['plateau']} requests at a time while the rest waited, and "
+            f"{neck['higher']} gave {neck['ratio']:.1f}x the aggregate throughput at {at}."
+        )
+    return (
+        f"The cap of {neck['knob']} was reached, but {neck['higher']} gained only "
+        f"{neck['ratio']:.2f}x at {at}: the cap is not what limits throughput here."
+    )
+
+
+def _recommendation(rec: dict[str, Any], top: int, n: int, slo: float | None) -> str:
+    """The configuration to keep, the concurrency for the per-user SLO, and the knee."""
+    text = f"Recommendation: {rec['label']}"
+    text += f" (highest aggregate at {_users(top)})." if n > 1 else "."
+    if slo is not None and rec["slo_max_concurrency"] is not None:
+        text += (
+            f" For interactive use keep ≤{rec['slo_max_concurrency']} concurrent users to give "
+            f"each ≥{slo:g} tok/s."
+        )
+    elif slo is not None:
+        text += f" No level measured gives ≥{slo:g} tok/s per user with it."
+    levels = sorted(rec["aggregate"])
+    if rec["knee"] is not None and levels.index(rec["knee"]) > 0:
+        prev = levels[levels.index(rec["knee"]) - 1]
+        text += (
+            f" The aggregate flattens at {rec['knee']} (under {rec['knee_gain']:.0%} more than at "
+            f"{prev}): batch work gains little beyond {prev} concurrent requests."
+        )
+    elif len(levels) > 1:
+        gain = rec["aggregate"][levels[-1]] / rec["aggregate"][levels[-2]] - 1
+        text += (
+            f" The aggregate still grew {gain:+.0%} from {levels[-2]} to {levels[-1]}: batch work "
+            f"can go to {levels[-1]} concurrent requests (no saturation knee measured)."
+        )
+    return text
+
+
+def read_experiment(
+    results: list[tuple[str, SweepResult]], *, slo_tok_s: float | None = None
+) -> ExperimentReading:
+    """The verdict first (bottleneck, recommendation), then the best per level and each cap."""
+    configs = [_config_reading(name, r) for name, r in results]
+    if not configs:
+        return ExperimentReading([], [], None, None, slo_tok_s, ["No configuration was measured."])
+    rows = _level_rows(configs)
+    top = rows[-1]["concurrency"]
+    measured = [c for c in configs if c["aggregate"].get(top) is not None] or configs
+    rec = max(measured, key=lambda c: c["aggregate"].get(top) or 0.0)
+    neck = _bottleneck(configs)
+    lines = [_bottleneck_line(neck)] if neck is not None else []
+    lines.append(_recommendation(rec, top, len(configs), slo_tok_s))
+    if len(configs) > 1:
+        lines += _level_lines(rows, configs[0]["label"])
+    lines += [_cap_line(cfg) for cfg in configs]
+    return ExperimentReading(configs, rows, neck, rec["label"], slo_tok_s, lines)
