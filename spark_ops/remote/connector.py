@@ -1,0 +1,231 @@
+"""One connection to one node: the Connector base class and its asyncssh implementation.
+
+This is the only module of spark-ops that imports asyncssh (inside functions, so that the CLI
+starts fast).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+from spark_ops.errors import (
+    AuthError,
+    CommandError,
+    CommandTimeout,
+    ConnectError,
+    HostKeyError,
+    RemoteError,
+    SparkOpsError,
+)
+from spark_ops.inventory import Node, SSHSettings
+from spark_ops.log import get_logger
+
+CONNECT_RETRIES = 2  # for connections dropped before login only
+_TRANSIENT = ("Connection reset by peer", "Connection lost", "Connection closed by peer")
+
+
+def transient(exc: SparkOpsError | None) -> bool:
+    """True for a connection dropped before login (an sshd over MaxStartups): worth a retry."""
+    if not isinstance(exc, ConnectError) or isinstance(exc, HostKeyError | AuthError):
+        return False
+    return any(marker in exc.message for marker in _TRANSIENT)
+
+
+@dataclass
+class Result:
+    """What one remote command did."""
+
+    host: str
+    command: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0."""
+        return self.exit_code == 0
+
+    def check(self) -> Result:
+        """Raise CommandError unless the command exited 0."""
+        if not self.ok:
+            raise CommandError(self.host, self.command, self.exit_code, self.stderr)
+        return self
+
+
+@dataclass(frozen=True)
+class Connector(ABC):
+    """One connection to one node: the small base class every transport implements."""
+
+    def __init__(self, node: Node) -> None:
+        """Remember the node."""
+        self.node = node
+
+    @abstractmethod
+    async def connect(self) -> None:
+        """Open the connection (raises ConnectError and children)."""
+
+    @abstractmethod
+    async def run(self, command: str, *, input: str | None = None, timeout: float) -> Result:
+        """Run a shell command to completion."""
+
+    @abstractmethod
+    def stream(self, command: str) -> AsyncIterator[str]:
+        """Run a command and yield its stdout lines as they come; stops it when closed."""
+
+    @abstractmethod
+    async def forward(self, dest_host: str, dest_port: int) -> int:
+        """Forward a local loopback port to dest_host:dest_port as seen from the node."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Close the connection."""
+
+
+class SSHConnector(Connector):
+    """A Connector over asyncssh: known_hosts, identity, agent, ssh config and jump host."""
+
+    def __init__(self, node: Node, ssh: SSHSettings) -> None:
+        """Keep the settings; connect later."""
+        super().__init__(node)
+        self.ssh = ssh
+        self._conn: Any = None
+        self._listeners: list[Any] = []
+        self.log = get_logger(host=node.name)
+
+    def _options(self) -> dict[str, Any]:
+        """Build asyncssh connect options from the inventory."""
+        import os
+
+        opts: dict[str, Any] = {
+            "port": self.node.port,
+            "connect_timeout": self.ssh.connect_timeout,
+            "keepalive_interval": 15,
+            "keepalive_count_max": 4,
+        }
+        if self.node.user:
+            opts["username"] = self.node.user
+        if self.ssh.insecure_no_host_key_check:
+            opts["known_hosts"] = None
+        elif self.ssh.known_hosts:
+            opts["known_hosts"] = os.path.expanduser(self.ssh.known_hosts)
+        if self.ssh.identity:
+            opts["client_keys"] = [os.path.expanduser(p) for p in self.ssh.identity]
+        if not self.ssh.agent:
+            opts["agent_path"] = None
+        if self.ssh.config:
+            opts["config"] = [os.path.expanduser(self.ssh.config)]
+        if self.ssh.jump:
+            opts["tunnel"] = self.ssh.jump
+        return opts
+
+    async def connect(self) -> None:
+        """Open the SSH connection, mapping failures to our error tree."""
+        import asyncssh
+
+        name = self.node.name
+        try:
+            self._conn = await asyncssh.connect(self.node.host, **self._options())
+        except asyncssh.HostKeyNotVerifiable as exc:
+            raise HostKeyError(
+                name,
+                f"host key of {self.node.host}:{self.node.port} not verified ({exc.reason})",
+                hint="check the node's key, then add it to the known_hosts file of the inventory",
+            ) from exc
+        except asyncssh.PermissionDenied as exc:
+            raise AuthError(
+                name,
+                f"authentication refused for user {self.node.user or '(default)'} ({exc.reason})",
+                hint="check ssh.identity / the agent and the node's authorized_keys",
+            ) from exc
+        except asyncssh.DisconnectError as exc:
+            raise ConnectError(name, f"disconnected while connecting: {exc.reason}") from exc
+        except (OSError, asyncio.TimeoutError, asyncssh.Error) as exc:
+            detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise ConnectError(
+                name, f"cannot connect to {self.node.host}:{self.node.port}: {detail}"
+            ) from exc
+        self.log.debug("connected", port=self.node.port)
+
+    def _require(self) -> Any:
+        """Return the live connection or fail clearly."""
+        if self._conn is None:
+            raise ConnectError(self.node.name, "not connected")
+        return self._conn
+
+    async def run(self, command: str, *, input: str | None = None, timeout: float) -> Result:
+        """Run one command with a deadline; the remote process is stopped when it passes."""
+        import asyncssh
+
+        conn = self._require()
+        start = time.monotonic()
+        try:
+            stdin: dict[str, Any] = {"input": input} if input else {"stdin": asyncssh.DEVNULL}
+            proc = await asyncio.wait_for(
+                conn.run(command, check=False, timeout=timeout, **stdin), timeout + 5
+            )
+        except (asyncssh.TimeoutError, asyncio.TimeoutError) as exc:
+            raise CommandTimeout(
+                self.node.name, f"command timed out after {timeout:.0f}s: {command[:120]}"
+            ) from exc
+        except (asyncssh.Error, OSError) as exc:
+            raise ConnectError(self.node.name, f"connection lost running a command: {exc}") from exc
+        out = proc.stdout if isinstance(proc.stdout, str) else ""
+        err = proc.stderr if isinstance(proc.stderr, str) else ""
+        code = proc.exit_status if proc.exit_status is not None else proc.returncode
+        return Result(self.node.name, command, code, out, err, time.monotonic() - start)
+
+    async def stream(self, command: str) -> AsyncIterator[str]:
+        """Yield stdout lines of a long-running command; closing the generator stops it."""
+        import asyncssh
+
+        conn = self._require()
+        try:
+            proc = await conn.create_process(command, stderr=asyncssh.DEVNULL)
+        except (asyncssh.Error, OSError) as exc:
+            raise ConnectError(self.node.name, f"cannot start {command[:80]}: {exc}") from exc
+        try:
+            async for line in proc.stdout:
+                yield line.rstrip("\n")
+        finally:
+            proc.close()
+            with suppress(Exception):
+                await asyncio.wait_for(proc.wait_closed(), 2)
+
+    async def process(self, command: str) -> Any:
+        """Start a command with open stdin/stdout (asyncssh process) for interactive use."""
+        import asyncssh
+
+        try:
+            return await self._require().create_process(command)
+        except (asyncssh.Error, OSError) as exc:
+            raise ConnectError(self.node.name, f"cannot start {command[:80]}: {exc}") from exc
+
+    async def forward(self, dest_host: str, dest_port: int) -> int:
+        """Open a local port forward and return the local port."""
+        conn = self._require()
+        try:
+            listener = await conn.forward_local_port("127.0.0.1", 0, dest_host, dest_port)
+        except Exception as exc:
+            raise RemoteError(
+                self.node.name, f"cannot open a tunnel to {dest_host}:{dest_port}: {exc}"
+            ) from exc
+        self._listeners.append(listener)
+        return int(listener.get_port())
+
+    async def close(self) -> None:
+        """Close listeners and the connection."""
+        for lst in self._listeners:
+            lst.close()
+        if self._conn is not None:
+            self._conn.close()
+            with suppress(Exception):
+                await asyncio.wait_for(self._conn.wait_closed(), 2)
+            self._conn = None
