@@ -224,7 +224,7 @@ def _cases() -> list[Any]:
     out = []
     for p in sorted(CASES.glob("*.yaml")):
         case = yaml.safe_load(p.read_text())
-        marks = []
+        marks = [pytest.mark.openssh] if case["ground"] == "openssh" else []
         if case.get("known_bug"):
             marks.append(pytest.mark.xfail(strict=True, reason=case["known_bug"]))
         out.append(pytest.param(case, id=case["case"], marks=marks))
@@ -400,6 +400,7 @@ def test_sigkill_at_each_step(step: str, tmp_path: Path) -> None:
 # ---------------------------------------------------------------- a racing automatic restart
 
 
+@pytest.mark.openssh
 def test_automatic_restart_racing_apply(
     ground_of: Callable[..., SparkGround], earlier: list[int]
 ) -> None:
@@ -523,6 +524,7 @@ def test_boot_stalled_by_missing_worker(tmp_path: Path) -> None:
         down(s.root)
 
 
+@pytest.mark.openssh
 def test_node_lost_mid_boot(ground_of: Callable[..., SparkGround]) -> None:
     """node3 (sshd, sessions, raylet) killed while weights load: apply fails naming it."""
     g = ground_of(boot_scale=8.0)
