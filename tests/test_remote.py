@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from spark_ops.errors import CommandTimeout, ConnectError, HostKeyError, RemoteError
 from spark_ops.inventory import Cluster, parse_inventory
-from spark_ops.remote import ClusterSession, FileWrite, quote_args, sha256
+from spark_ops.remote import ClusterSession, FileWrite, WriteOutcome, quote_args, sha256
 from spark_ops.sim.node import NodeSpec, SimNode
 
 
@@ -265,3 +265,31 @@ def test_help_imports_no_ssh_or_http_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("HEAVY="), out.stdout[-300:]
+
+
+async def test_rename_failing_on_one_node_puts_the_others_back(
+    cluster: tuple[list[SimNode], Cluster],
+) -> None:
+    """node2's rename fails after node1's: node1 gets its old recipe back; no temp file is left."""
+    nodes, c = cluster
+    for n in nodes:
+        (n.spec.home / "r.yaml").write_text("old\n")
+    writes = [FileWrite(n.spec.name, "~/r.yaml", "new\n", sha256("old\n")) for n in nodes]
+    async with ClusterSession(c) as s:
+        await s.connect()
+        real_commit = s.commit
+
+        async def commit(w: FileWrite, staged: WriteOutcome) -> WriteOutcome:
+            """Lose node2's staged file just before its rename."""
+            if w.host == "node2":
+                assert staged.staged
+                Path(staged.staged).unlink()
+            return await real_commit(w, staged)
+
+        s.commit = commit  # type: ignore[method-assign]
+        with pytest.raises(RemoteError, match=r"node2.*rename over ~/r\.yaml"):
+            await s.write_atomic(writes)
+    for n in nodes:
+        assert (n.spec.home / "r.yaml").read_text() == "old\n", n.spec.name
+        leftovers = [p.name for p in n.spec.home.iterdir() if p.name != "r.yaml"]
+        assert leftovers == [], (n.spec.name, leftovers)

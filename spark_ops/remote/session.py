@@ -23,6 +23,7 @@ from spark_ops.remote.shell import (
     _COMMIT,
     _READ,
     _STAGE,
+    _UNDO,
     MISMATCH_EXIT,
     MISSING_EXIT,
     sh_program,
@@ -150,12 +151,15 @@ class ClusterSession:
         timeout: float | None = None,
         check: bool = True,
         sudo: bool = False,
+        label: str | None = None,
     ) -> Result:
-        """Run one command on one node with a timeout (the inventory's by default)."""
+        """Run one command on one node with a timeout; `label` names it in errors."""
         limit = timeout if timeout is not None else self.cluster.ssh.command_timeout
         cmd = self._wrap(host, command, sudo)
-        self.log.debug("run", host=host, command=cmd[:200])
+        self.log.debug("run", host=host, command=label or cmd[:200])
         result = await self.connector(host).run(cmd, input=input, timeout=limit)
+        if label:
+            result.command = label
         return result.check() if check else result
 
     async def gather(
@@ -183,7 +187,9 @@ class ClusterSession:
 
     async def read_file(self, host: str, path: str, *, sudo: bool = False) -> str | None:
         """Read a remote text file; None when it does not exist."""
-        res = await self.run(host, sh_program(_READ, path), check=False, sudo=sudo)
+        res = await self.run(
+            host, sh_program(_READ, path), check=False, sudo=sudo, label=f"read {path}"
+        )
         if res.exit_code == MISSING_EXIT:
             return None
         res.check()
@@ -193,7 +199,9 @@ class ClusterSession:
         """Write content to a synced temp file beside the target, if the target is unchanged."""
         expected = "-" if w.expected_sha is None else w.expected_sha
         cmd = sh_program(_STAGE, w.path, expected, sha256(w.content))
-        res = await self.run(w.host, cmd, input=w.content, check=False, sudo=True)
+        res = await self.run(
+            w.host, cmd, input=w.content, check=False, sudo=True, label=f"stage {w.path}"
+        )
         if res.exit_code == MISMATCH_EXIT:
             raise RemoteError(
                 w.host,
@@ -207,7 +215,7 @@ class ClusterSession:
         """Back up the target and rename the staged file over it, then sync the directory."""
         assert staged.staged
         cmd = sh_program(_COMMIT, w.path, staged.staged, str(max(w.keep_backups, 1)))
-        res = await self.run(w.host, cmd, check=True, sudo=True)
+        res = await self.run(w.host, cmd, check=True, sudo=True, label=f"rename over {w.path}")
         backup = None
         for line in res.stdout.splitlines():
             if line.startswith("backup="):
@@ -234,8 +242,29 @@ class ClusterSession:
         for n, w in enumerate(writes):
             out = staged[str(n)]
             assert isinstance(out, WriteOutcome)
-            done.append(await self.commit(w, out))
+            try:
+                done.append(await self.commit(w, out))
+            except SparkOpsError:
+                await self._undo(writes, staged, done, n)
+                raise
         return done
+
+    async def _undo(
+        self,
+        writes: Sequence[FileWrite],
+        staged: dict[str, WriteOutcome | SparkOpsError],
+        done: list[WriteOutcome],
+        failed_at: int,
+    ) -> None:
+        """A rename failed: drop the staged files not yet renamed, put the committed ones back."""
+        for n in range(failed_at + 1, len(writes)):
+            out = staged[str(n)]
+            if isinstance(out, WriteOutcome) and out.staged:
+                await self.discard(writes[n].host, out.staged)
+        for out in done:
+            cmd = sh_program(_UNDO, out.path, out.backup or "")
+            with suppress(SparkOpsError):
+                await self.run(out.host, cmd, sudo=True, label=f"restore {out.path}")
 
     async def stream_lines(self, host: str, command: str) -> AsyncIterator[str]:
         """Follow a command's output lines on a node (e.g. the engine log)."""

@@ -68,7 +68,11 @@ if [ -e "$p" ]; then
   ln -- "$p" "$bk" 2>/dev/null || { cp -p -- "$p" "$bk.part" && mv -f -- "$bk.part" "$bk"; }
   printf 'backup=%s\n' "$bk"
 fi
-mv -f -- "$tmp" "$p"
+if ! mv -f -- "$tmp" "$p"; then
+  rm -f -- "$tmp" ${bk:+"$bk"}
+  echo "cannot rename the staged file over $p" >&2
+  exit 68
+fi
 sync -- "${d:-/}" 2>/dev/null || sync
 n=0
 for f in "$p".bak.*; do [ -e "$f" ] && n=$((n + 1)); done
@@ -76,6 +80,14 @@ if [ "$n" -gt "$keep" ]; then
   ls -1 -- "$p".bak.* | grep -v '[.]part$' | sort | head -n "-$keep" |
     while IFS= read -r old; do rm -f -- "$old"; done
 fi
+"""
+
+_UNDO = r"""
+set -eu
+p=$1; bk=$2
+case $p in */*) d=${p%/*} ;; *) d=. ;; esac
+if [ -n "$bk" ]; then mv -f -- "$bk" "$p"; else rm -f -- "$p"; fi
+sync -- "${d:-/}" 2>/dev/null || sync
 """
 
 _READ = r"""
