@@ -36,7 +36,8 @@ class Step:
     hosts: list[str] = field(default_factory=list)
     status: str = "pending"  # pending | running | done | skipped | failed
     detail: str = ""
-    seconds: float | None = None
+    seconds: float | None = None  # how long it took, once finished
+    started: float | None = field(default=None, repr=False)  # monotonic clock, while running
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
@@ -111,17 +112,16 @@ class StepRunner:
         """Mark a step as running."""
         s = self.plan.step(name)
         s.status = "running"
-        s.seconds = time.monotonic()
+        s.started = time.monotonic()
+        s.seconds = None
         self._emit(s)
         return s
 
     def finish(self, name: str, detail: str = "", status: str = "done") -> Step:
         """Mark a step finished with a detail line."""
         s = self.plan.step(name)
-        if s.status == "running" and s.seconds is not None:
-            s.seconds = time.monotonic() - s.seconds
-        else:
-            s.seconds = None
+        s.seconds = time.monotonic() - s.started if s.started is not None else None
+        s.started = None
         s.status = status
         s.detail = detail
         self._emit(s)
