@@ -52,6 +52,7 @@ async def verify_boot(op: Any, plan: Plan, run: StepRunner, out: Any) -> list[di
     if since is not None:
         checks.extend(await _xid_checks(op, float(since)))
         checks.extend(await _gpu_process_checks(op, float(since)))
+    checks.append(await _still_serving(op, head))
     dicts = [ch.to_dict() for ch in checks]
     bad = [d for d in dicts if not d["ok"]]
     run.finish(
@@ -60,6 +61,22 @@ async def verify_boot(op: Any, plan: Plan, run: StepRunner, out: Any) -> list[di
         "done" if not bad else "failed",
     )
     return dicts
+
+
+async def _still_serving(op: Any, head: str) -> Any:
+    """A second real completion after the checks: a wedged multi-node engine fails it."""
+    from spark_ops import verify
+
+    timeout = op.cluster.engine.probe_timeout_s
+    async with op.engine(timeout=timeout) as api:
+        ok = await api.complete(timeout)
+    if ok:
+        return verify.Check("still-serving", head, True, "a second completion answered")
+    return verify.Check(
+        "still-serving", head, False,
+        f"the engine answered once, then no completion within {timeout:.0f} s",
+        "a worker may have died after the boot (wedged TP group): spark-ops status, ray status",
+    )  # fmt: skip
 
 
 async def kv_pool(op: Any) -> int | None:
