@@ -1,4 +1,4 @@
-"""Every recipe shipped in recipes/ is valid: it loads, renders to `vllm serve`, and has the knobs."""
+"""Every recipe shipped in recipes/ is valid: it loads, renders to `vllm serve`, has the knobs."""
 
 from __future__ import annotations
 
