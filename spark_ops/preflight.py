@@ -25,6 +25,7 @@ from typing import Any
 
 from spark_ops.errors import CommandTimeout, SparkOpsError
 from spark_ops.log import get_logger
+from spark_ops.preflight_programs import PICK_SH, PRELUDE, PROBE_SH, SIM_BODY, VLLM_BODY
 from spark_ops.remote import ClusterSession, Result, quote_args
 
 HOWS = ("auto", "vllm", "sim", "docker", "off")
@@ -100,224 +101,6 @@ class _Unreachable(Exception):
     """This way of asking found no vLLM to ask (the reason is the message)."""
 
 
-# Finds the `vllm` the engine is started with; prints its path, resolved path and first 4 KiB.
-_PROBE = r"""
-v=$(command -v "$1" 2>/dev/null) || { echo "no $1 on PATH ($PATH)" >&2; exit 47; }
-r=$(readlink -f "$v" 2>/dev/null) || r=$v
-printf '%s\n%s\n' "$v" "$r"
-head -c 4096 "$r" 2>/dev/null | LC_ALL=C tr -d '\000'
-"""
-
-# Runs the program on stdin with the first candidate interpreter that can import the module.
-_PICK = r"""
-m=$1; shift
-for py in "$@"; do
-  case $py in
-    */*) [ -x "$py" ] || continue ;;
-    *) command -v "$py" >/dev/null 2>&1 || continue ;;
-  esac
-  if "$py" -c 'import importlib.util as u, sys; sys.exit(0 if u.find_spec(sys.argv[1]) else 1)' \
-      "$m" </dev/null >/dev/null 2>&1; then
-    exec "$py" -
-  fi
-done
-echo "no Python here imports $m (tried: $*)" >&2
-exit 47
-"""
-
-# Shared head of both programs: report one JSON line after a marker, argparse error extraction.
-_PRELUDE = r'''
-import contextlib, importlib, io, json, os, sys, time, warnings
-MARK = "SPARK-OPS-PREFLIGHT "
-T0 = time.monotonic()
-
-
-def answer(**kw):
-    """Print the one result line and stop."""
-    kw.setdefault("python", sys.executable)
-    kw["program_seconds"] = time.monotonic() - T0
-    sys.stdout.write("\n" + MARK + json.dumps(kw, default=str) + "\n")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # skip the interpreter's teardown of torch & co (seconds, and nothing to keep)
-
-
-def error_text(text):
-    """argparse's own error line(s) without the usage block."""
-    lines = text.strip().splitlines()
-    for i, line in enumerate(lines):
-        if ": error:" in line:
-            return "\n".join(lines[i:]).strip()
-    return "\n".join(lines[-5:]).strip() or "refused without a message"
-
-
-def parse(parser, args, **extra):
-    """Parse like the engine would; a refusal is answered with argparse's message."""
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            return parser.parse_args(args)
-    except SystemExit as exc:
-        if exc.code in (0, None):
-            answer(ok=None, error="the command line makes vLLM exit before serving (--help?)")
-        answer(ok=False, stage="parse", error=error_text(err.getvalue()), **extra)
-'''
-
-_VLLM_BODY = r'''
-
-def relative_missing(template):
-    """True for a chat template that looks like a relative file path absent from here."""
-    looks_like_path = "{" not in template and ("/" in template or template.endswith(".jinja"))
-    return looks_like_path and not template.startswith("/") and not os.path.exists(template)
-
-
-def field_problems(parser, ns):
-    """Numbers outside the bounds (ge/gt/le/lt) of vLLM's config fields, checked at engine start.
-
-    Only bounds: a field's type is not re-validated, since config classes convert some values
-    (e.g. an attention backend name) in validators this check would not run.
-    """
-    try:
-        import typing
-
-        import pydantic
-        import vllm.config as vc
-    except Exception:
-        return []
-    bound_names = ("Ge", "Gt", "Le", "Lt")
-    owners = {}
-    for name in dir(vc):
-        cls = getattr(vc, name, None)
-        fields = getattr(cls, "__pydantic_fields__", None)
-        if isinstance(cls, type) and name.endswith("Config") and isinstance(fields, dict):
-            for key, info in fields.items():
-                bounds = [m for m in info.metadata if type(m).__name__ in bound_names]
-                owners.setdefault(key, []).append((name, bounds))
-    problems = []
-    for action in parser._actions:
-        dest, flags = action.dest, [o for o in action.option_strings if o.startswith("--")]
-        value = getattr(ns, dest, None)
-        if not flags or dest not in owners or value == action.default:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        failures = []
-        for cls_name, bounds in owners[dest]:
-            if not bounds:
-                break  # a field of that name without bounds: not ours to judge
-            try:
-                adapter = pydantic.TypeAdapter(typing.Annotated[(type(value), *bounds)])
-                adapter.validate_python(value)
-            except pydantic.ValidationError as exc:
-                failures.append(f"{exc.errors()[0].get('msg', exc)} ({cls_name}.{dest})")
-            except Exception:
-                break
-        if failures and len(failures) == len(owners[dest]):
-            problems.append(f"{flags[0]} {value!r}: " + "; ".join(failures))
-    return problems
-
-
-# Where vLLM keeps its serve parser, newest layout first; `vllm serve`'s own module imports all
-# three names from wherever the installed version keeps them, so it is the last resort.
-PARSER_HOMES = (
-    "vllm.entrypoints.launchers.cli_args",
-    "vllm.entrypoints.openai.cli_args",
-    "vllm.entrypoints.cli.serve",
-)
-FLEXIBLE_HOMES = ("vllm.utils.argparse_utils", "vllm.utils", "vllm.entrypoints.cli.serve")
-
-
-def find(name, homes):
-    """The first module of homes that defines name: (object, module name), else (None, None)."""
-    for home in homes:
-        try:
-            found = getattr(importlib.import_module(home), name, None)
-        except ImportError:
-            continue
-        if found is not None:
-            return found, home
-    return None, None
-
-
-def main():
-    """Build vLLM's serve parser as the installed version does and check ARGS with it."""
-    version = None
-    try:
-        import vllm
-
-        version = getattr(vllm, "__version__", None)
-        make, home = find("make_arg_parser", PARSER_HOMES)
-        flexible, _ = find("FlexibleArgumentParser", FLEXIBLE_HOMES)
-        module = importlib.import_module(home) if home else None
-        validate = getattr(module, "validate_parsed_serve_args", None)
-    except Exception as exc:
-        answer(ok=None, version=version, error=f"cannot import vLLM's serve parser: {exc!r}")
-    if make is None or flexible is None:
-        answer(ok=None, version=version, error=f"vLLM {version} has no make_arg_parser here")
-    imported = time.monotonic() - T0
-    info = {"version": version, "import_seconds": imported, "parser_module": home}
-    parser = make(flexible(prog="vllm serve"))
-    ns = parse(parser, ARGS, **info)
-    if getattr(ns, "model_tag", None):
-        ns.model = ns.model_tag  # as `vllm serve` does before it validates
-    template = getattr(ns, "chat_template", None)
-    if isinstance(template, str) and relative_missing(template):
-        info["notes"] = [
-            f"--chat-template {template}: a relative path not found from {os.getcwd()}; "
-            "not checked (the engine resolves it from its own working directory)"
-        ]
-        ns.chat_template = None
-    if validate is not None:
-        try:
-            validate(ns)
-        except Exception as exc:
-            answer(ok=False, stage="validate", error=f"{type(exc).__name__}: {exc}", **info)
-    problems = field_problems(parser, ns)
-    if problems:
-        answer(ok=False, stage="config", error="; ".join(problems), **info)
-    answer(ok=True, **info)
-
-
-main()
-'''
-
-_SIM_BODY = r'''
-
-def main():
-    """Check ARGS with the simulated engine's own `vllm serve` parser."""
-    try:
-        from spark_ops.sim.engine_args import parse_serve_args
-        from spark_ops.sim.engine_config import cfg_get, load_config
-    except Exception as exc:
-        answer(ok=None, error=f"cannot import the sim engine: {type(exc).__name__}: {exc}")
-    path = None
-    for i, tok in enumerate(ARGS):
-        if tok == "--sim-config" and i + 1 < len(ARGS):
-            path = ARGS[i + 1]
-        elif tok.startswith("--sim-config="):
-            path = tok.split("=", 1)[1]
-    try:
-        cfg = load_config(path)
-        version = str(cfg_get(cfg, "vllm_version"))
-    except Exception as exc:
-        answer(ok=None, error=f"the sim engine's config: {getattr(exc, 'message', exc)}")
-    info = {"version": version, "import_seconds": time.monotonic() - T0}
-
-    class Parser:
-        """Adapter: parse_args runs the sim engine's full argument handling."""
-
-        def parse_args(self, args):
-            """Parse like `python -m spark_ops.sim.engine serve` does."""
-            return parse_serve_args(cfg, args)
-
-    parse(Parser(), ARGS, **info)
-    answer(ok=True, **info)
-
-
-main()
-'''
-
-
 def split_command(argv: list[str]) -> tuple[dict[str, str], str, list[str]] | None:
     """(leading VAR=value assignments, the vllm to run, the args after `serve`), or None."""
     words = [str(a) for a in argv]
@@ -342,8 +125,8 @@ def build_program(kind: str, args: list[str]) -> str:
     """The Python program (sent on stdin) that checks args with a real (vllm) or sim parser."""
     if kind not in ("vllm", "sim"):
         raise PreflightError(f"preflight program kind {kind!r}: allowed are 'vllm' and 'sim'")
-    body = _VLLM_BODY if kind == "vllm" else _SIM_BODY
-    return f"{_PRELUDE}\nARGS = json.loads({json.dumps(args)!r})\n{body}"
+    body = VLLM_BODY if kind == "vllm" else SIM_BODY
+    return f"{PRELUDE}\nARGS = json.loads({json.dumps(args)!r})\n{body}"
 
 
 def engine_env(env: dict[str, str]) -> dict[str, str]:
@@ -472,7 +255,7 @@ class _Asker:
 
     async def probe(self, timeout: float) -> tuple[str, str, str]:
         """Path, resolved path and head text of the `vllm` the engine would run."""
-        res = await self.run(_sh_argv(_PROBE, self.vllm), min(timeout, PROBE_TIMEOUT))
+        res = await self.run(_sh_argv(PROBE_SH, self.vllm), min(timeout, PROBE_TIMEOUT))
         where = f" in container {self.container}" if self.container else ""
         why = " | ".join(res.stderr.strip().splitlines()[-2:]) or f"exit {res.exit_code}"
         if res.exit_code == NO_PYTHON_EXIT:
@@ -489,7 +272,7 @@ class _Asker:
         path, real, text = probe
         module = "vllm" if kind == "vllm" else "spark_ops.sim.engine_args"
         cands = interpreters(path, real, text, kind)
-        res = await self.run(_sh_argv(_PICK, module, *cands), timeout, build_program(kind, args))
+        res = await self.run(_sh_argv(PICK_SH, module, *cands), timeout, build_program(kind, args))
         data = parse_answer(res)
         data["warnings"] = [str(n) for n in data.get("notes") or []] + warning_lines(res)
         if data.get("ok") is None:
