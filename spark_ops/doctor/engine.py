@@ -1,0 +1,198 @@
+"""Doctor checks of what is served: the recipe on its nodes, the engine's log and its API."""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from spark_ops.doctor.report import Checker
+from spark_ops.errors import RecipeError, SparkOpsError
+from spark_ops.remote import quote_path
+
+
+class EngineChecks(Checker):
+    """The recipe (present, parseable, identical), the engine log source and the engine's API."""
+
+    async def check_recipe(self) -> str | None:
+        """The recipe on every node that holds it: present, parseable, renderable, identical."""
+        from spark_ops.recipe import load_recipe_text, render_recipe
+
+        rs = self.cluster.recipe
+        texts: dict[str, str] = {}
+        for host in rs.nodes:
+            if not self.up(host):
+                continue
+            source = f"{host}:{rs.path}"
+            try:
+                text = await self.session.read_file(host, rs.path, sudo=True)
+            except SparkOpsError as exc:
+                self.report.add(
+                    "recipe",
+                    host,
+                    "fail",
+                    f"cannot read {rs.path}: {exc.message}",
+                    "check the file's permissions, or set sudo: true for the node",
+                )
+                continue
+            if text is None:
+                self.report.add(
+                    "recipe",
+                    host,
+                    "fail",
+                    f"{rs.path} not found",
+                    f"copy the recipe to {host}:{rs.path}, or fix recipe.path / recipe.nodes "
+                    "in the inventory (spark-ops init finds it for you)",
+                )
+                continue
+            try:
+                load_recipe_text(text, source=source)
+                rendered = render_recipe(text, source=source)
+                args = rendered.args()
+            except RecipeError as exc:
+                self.report.add(
+                    "recipe",
+                    host,
+                    "fail",
+                    exc.message,
+                    exc.hint or f"fix the recipe at {source} (see the message)",
+                )
+                continue
+            texts[host] = text
+            seqs = args.get("--max-num-seqs", "default")
+            self.report.add(
+                "recipe",
+                host,
+                "ok",
+                f"{rs.path} parses; model {rendered.model or '?'}, --max-num-seqs {seqs}",
+            )
+        if len(texts) > 1:
+            first = next(iter(texts))
+            differ = [h for h, t in texts.items() if t != texts[first]]
+            if differ:
+                from spark_ops.recipe import unified_diff
+
+                diff = unified_diff(texts[first], texts[differ[0]], f"{differ[0]}:{rs.path}")
+                lines = [
+                    ln
+                    for ln in diff.splitlines()
+                    if ln.startswith(("+", "-")) and not ln.startswith(("+++", "---"))
+                ]
+                self.report.add(
+                    "recipe-same",
+                    ",".join(texts),
+                    "fail",
+                    f"the copy on {', '.join(differ)} differs from {first}: "
+                    + " | ".join(lines[:4]),
+                    f"make the copies agree (e.g. copy {first}:{rs.path} to {', '.join(differ)}), "
+                    "or run apply with --force to overwrite them all",
+                )
+            else:
+                self.report.add(
+                    "recipe-same", ",".join(texts), "ok", f"identical on {len(texts)} nodes"
+                )
+        return texts.get(self.head) or next(iter(texts.values()), None)
+
+    async def check_engine(self) -> None:
+        """The engine's API: reachable (directly or by tunnel), version, model, a completion."""
+        from spark_ops.workflows import Operation
+
+        if not self.up(self.head) and self.cluster.engine.tunnel:
+            return
+        eng = self.cluster.engine
+        op = Operation(self.session, "doctor")
+        how = "through an SSH tunnel to the head" if eng.tunnel else "directly"
+        try:
+            await op.api_url()
+        except SparkOpsError as exc:
+            self.report.add(
+                "engine-api",
+                self.head,
+                "fail",
+                f"{eng.api_url} {how}: {exc.message}",
+                "check engine.api.url; the head's sshd must allow TCP forwarding",
+            )
+            return
+        fix = (
+            f"check the engine on the head (spark-ops status; its log: {eng.log_kind} "
+            f"{eng.log_target}) and engine.api.url ({eng.api_url}) in the inventory"
+        )
+        async with op.engine(timeout=min(eng.probe_timeout_s, 10.0)) as api:
+            if not await api.health():
+                self.report.add(
+                    "engine-api",
+                    self.head,
+                    "fail",
+                    f"{eng.api_url} ({how}) does not answer /health",
+                    fix,
+                )
+                return
+            version = await api.version()
+            models = await api.models()
+            self.report.add(
+                "engine-api",
+                self.head,
+                "ok",
+                f"{eng.api_url} ({how}): vLLM {version or '?'}, "
+                f"serving {', '.join(models) or 'no model'}",
+            )
+            if eng.model and eng.model not in models:
+                self.report.add(
+                    "engine-model",
+                    self.head,
+                    "fail",
+                    f"engine.model {eng.model!r} is not served (served: {models})",
+                    "set engine.model to one of the served names, or remove it",
+                )
+            start = time.monotonic()
+            answered = await api.complete(eng.probe_timeout_s)
+            took = time.monotonic() - start
+        if answered:
+            self.report.add(
+                "engine-completion",
+                self.head,
+                "ok",
+                f"a 5-token completion answered in {took:.1f} s",
+            )
+        else:
+            self.report.add(
+                "engine-completion",
+                self.head,
+                "fail",
+                f"/health answers but a 5-token completion did not within "
+                f"{eng.probe_timeout_s:.0f} s "
+                "(the engine may be wedged: a Ray worker lost, NCCL hung)",
+                "see docs/troubleshooting.md ('/health 200 while wedged'); a restart is needed "
+                "before apply can prove its own",
+            )
+
+    async def check_engine_log(self) -> None:
+        """The engine's log source exists, so apply can follow the boot."""
+        if not self.up(self.head):
+            return
+        eng = self.cluster.engine
+        if eng.log_kind == "file":
+            cmd, what = f"test -r {quote_path(eng.log_target)}", f"log file {eng.log_target}"
+            fix = "set engine.log.path to the file the engine writes (or kind: docker / journalctl)"
+        elif eng.log_kind == "docker":
+            cmd = f"docker inspect --format '{{{{.State.Status}}}}' {shlex.quote(eng.log_target)}"
+            what, fix = (
+                f"container {eng.log_target}",
+                "set engine.log.container to the engine's container",
+            )
+        elif eng.log_kind == "journalctl":
+            cmd = f"systemctl cat {shlex.quote(eng.log_target)} >/dev/null"
+            what, fix = f"systemd unit {eng.log_target}", "set engine.log.unit to the engine's unit"
+        else:
+            self.report.add("engine-log", self.head, "ok", f"log command: {eng.log_target}")
+            return
+        res = await self.session.run(self.head, cmd, check=False, sudo=True)
+        if res.ok:
+            self.report.add("engine-log", self.head, "ok", f"{what} readable")
+        else:
+            self.report.add(
+                "engine-log",
+                self.head,
+                "fail",
+                f"{what} not readable: {res.stderr.strip()[-200:] or 'absent'}",
+                fix,
+            )

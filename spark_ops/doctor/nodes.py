@@ -1,0 +1,161 @@
+"""Doctor checks of the nodes themselves: SSH, tools, the state dir, the cluster lock, sudo."""
+
+from __future__ import annotations
+
+import shlex
+
+from spark_ops.doctor.report import Checker
+from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
+from spark_ops.inventory import Node
+from spark_ops.remote import sh_program
+
+# $1 a directory that must exist or be creatable and writable (the state dir: cluster lock, audit
+# log).
+_STATE_DIR = r"""
+d=$1
+while [ ! -e "$d" ]; do d=$(dirname -- "$d"); done
+if [ -d "$d" ] && [ -w "$d" ]; then echo "ok $d"; else echo "no $d"; fi
+"""
+
+
+# $1 the cluster lock, $2 its owner file: "held" and the owner record when another process holds it.
+_LOCK_FREE = r"""
+l=$1; o=$2
+[ -e "$l" ] || { echo free; exit 0; }
+command -v flock >/dev/null 2>&1 || { echo free; exit 0; }
+if ( exec 9<"$l" && flock -n 9 ); then echo free; else echo held; cat -- "$o" 2>/dev/null; fi
+"""
+
+
+class NodeChecks(Checker):
+    """SSH on every node; tools, state dir and cluster lock on the head; sudo where needed."""
+
+    def check_ssh(self) -> None:
+        """Reachable, host key known, authentication accepted, on every node."""
+        c = self.cluster
+        kh = c.ssh.known_hosts or "~/.ssh/known_hosts"
+        for node in c.nodes:
+            err = self.session.errors.get(node.name)
+            if err is None:
+                ms = self.session.latency.get(node.name, 0.0) * 1000
+                key = (
+                    "host key NOT checked" if c.ssh.insecure_no_host_key_check else "host key known"
+                )
+                status = "warn" if c.ssh.insecure_no_host_key_check else "ok"
+                self.report.add(
+                    "ssh",
+                    node.name,
+                    status,
+                    f"{node.host}:{node.port} reachable ({ms:.0f} ms), {key}",
+                    "remove ssh.insecure_no_host_key_check and add the nodes' keys to known_hosts",
+                )
+                continue
+            self.report.add("ssh", node.name, "fail", err.message, _ssh_fix(err, node, kh))
+
+    async def check_tools(self) -> None:
+        """The head has flock (cluster lock, history lock) and the watchdog's python3."""
+        if not self.up(self.head):
+            return
+        py = self.cluster.watchdog.python
+        res = await self.session.run(
+            self.head,
+            f'for t in flock {shlex.quote(py)} sha256sum mktemp; do command -v "$t" >/dev/null '
+            '2>&1 || echo "missing $t"; done',
+            check=False,
+        )
+        missing = [
+            ln.split(" ", 1)[1] for ln in res.stdout.splitlines() if ln.startswith("missing ")
+        ]
+        if missing:
+            self.report.add(
+                "tools",
+                self.head,
+                "fail",
+                f"not found on PATH: {', '.join(missing)}",
+                "install util-linux (flock), coreutils (sha256sum, mktemp) and python3 on the "
+                "head, "
+                "or set watchdog.python to the head's python3",
+            )
+        else:
+            self.report.add("tools", self.head, "ok", f"flock, {py}, sha256sum, mktemp present")
+
+    async def check_cluster_lock(self) -> None:
+        """Nobody holds the cluster lock now (apply would stop with exit 6); names the holder."""
+        import json
+
+        from spark_ops.lock import describe_holder, lock_paths
+
+        if not self.up(self.head):
+            return
+        lock, owner = lock_paths(self.cluster.state_dir, self.cluster.name)
+        res = await self.session.run(self.head, sh_program(_LOCK_FREE, lock, owner), check=False)
+        first, _, rest = res.stdout.partition("\n")
+        if first.strip() != "held":
+            self.report.add("cluster-lock", self.head, "ok", f"free ({lock})")
+            return
+        try:
+            holder = json.loads(rest.strip() or "{}")
+        except ValueError:
+            holder = {}
+        self.report.add(
+            "cluster-lock",
+            self.head,
+            "fail",
+            f"held by {describe_holder(holder if isinstance(holder, dict) else {})}",
+            "wait for that operation to end (the lock frees itself if its holder dies), "
+            "then run doctor again",
+        )
+
+    async def check_sudo(self) -> None:
+        """`sudo -n true` on every node whose inventory entry says sudo: true."""
+        for node in self.cluster.nodes:
+            if not node.sudo or not self.up(node.name):
+                continue
+            res = await self.session.run(node.name, "sudo -n true", check=False)
+            if res.ok:
+                self.report.add("sudo", node.name, "ok", "sudo -n true works without a password")
+            else:
+                self.report.add(
+                    "sudo",
+                    node.name,
+                    "fail",
+                    f"sudo -n true failed (exit {res.exit_code}): {res.stderr.strip()[-200:]}",
+                    f"allow {node.user or 'the SSH user'} passwordless sudo on {node.name} "
+                    "(a sudoers.d entry), or set sudo: false for the node if the files are its own",
+                )
+
+    async def check_state_dir(self) -> None:
+        """The head's state dir (cluster lock, audit log) exists or can be made, and is writable."""
+        if not self.up(self.head):
+            return
+        sd = self.cluster.state_dir
+        res = await self.session.run(self.head, sh_program(_STATE_DIR, sd), check=False)
+        word, _, where = res.stdout.strip().partition(" ")
+        if word == "ok":
+            self.report.add("state-dir", self.head, "ok", f"{sd} usable (lock and audit log)")
+        else:
+            self.report.add(
+                "state-dir",
+                self.head,
+                "fail",
+                f"{sd} cannot be created or written ({where or res.stderr.strip()} is not a "
+                "writable directory)",
+                f"create it: ssh {self.cluster.head.host} mkdir -p {sd}, or set state_dir in the "
+                "inventory to a directory the SSH user can write",
+            )
+
+
+def _ssh_fix(err: SparkOpsError, node: Node, known_hosts: str) -> str:
+    """The fix for an SSH failure."""
+    target = f"[{node.host}]:{node.port}" if node.port != 22 else node.host
+    if isinstance(err, HostKeyError):
+        return (
+            f"verify the node's key fingerprint, then: ssh-keyscan -p {node.port} {node.host} "
+            f">> {known_hosts} (the entry must read {target} ...)"
+        )
+    if isinstance(err, AuthError):
+        return (
+            f"install your public key in ~{node.user or ''}/.ssh/authorized_keys on {node.name}, "
+            "or set ssh.identity in the inventory"
+        )
+    return f"check that {node.name} is up and sshd listens on {node.host}:{node.port}"

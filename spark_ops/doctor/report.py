@@ -1,0 +1,80 @@
+"""The doctor's report (checks as data) and the base that every group of checks works on."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from spark_ops.remote import ClusterSession
+
+STATUSES = ("ok", "warn", "fail")
+
+
+@dataclass
+class Check:
+    """One checked precondition: what, where, ok / warn / fail, what was seen, how to fix it."""
+
+    name: str
+    host: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def __post_init__(self) -> None:
+        """Refuse a status outside ok / warn / fail."""
+        if self.status not in STATUSES:
+            raise ValueError(f"Check.status must be one of {STATUSES}, got {self.status!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json."""
+        return asdict(self)
+
+
+@dataclass
+class DoctorReport:
+    """Every check of one cluster, in the order they were made."""
+
+    cluster: str
+    inventory: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no check failed (warnings allowed)."""
+        return not any(c.status == "fail" for c in self.checks)
+
+    def add(self, name: str, host: str, status: str, detail: str, fix: str = "") -> Check:
+        """Record one check and return it."""
+        check = Check(name, host, status, detail, fix if status != "ok" else "")
+        self.checks.append(check)
+        return check
+
+    def failed(self) -> list[Check]:
+        """The failing checks."""
+        return [c for c in self.checks if c.status == "fail"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json."""
+        counts = {s: sum(1 for c in self.checks if c.status == s) for s in STATUSES}
+        return {
+            "cluster": self.cluster,
+            "inventory": self.inventory,
+            "ok": self.ok,
+            "counts": counts,
+            "checks": [c.to_dict() for c in self.checks],
+        }
+
+
+class Checker:
+    """What a group of checks works on: the open session, its cluster, the report it fills."""
+
+    def __init__(self, session: ClusterSession, report: DoctorReport) -> None:
+        """Bind to an open session (nodes connected or with their errors recorded)."""
+        self.session = session
+        self.cluster = session.cluster
+        self.report = report
+        self.head = self.cluster.head.name
+
+    def up(self, name: str) -> bool:
+        """True when the node is connected."""
+        return name in self.session.connectors

@@ -1,0 +1,264 @@
+"""Doctor checks of the watchdog: restart command, history and lock, flags, restart budget."""
+
+from __future__ import annotations
+
+import shlex
+
+from spark_ops.doctor.report import Checker
+from spark_ops.errors import SparkOpsError
+from spark_ops.remote import quote_path, sh_program
+
+# $1 history file, $2 lock file. Prints key=value lines; changes nothing (the lock is opened read-
+# only,
+# and only when it exists; a missing lock file only needs a writable directory to be created in).
+_WRITABLE = r"""
+h=$1; l=$2
+hd=$(dirname -- "$h"); ld=$(dirname -- "$l")
+if [ -e "$h" ]; then
+  if [ -f "$h" ] && [ -w "$h" ]; then echo "file=writable"; else echo "file=not-writable"; fi
+else echo "file=absent"; fi
+if [ -d "$hd" ]; then
+  if [ -w "$hd" ]; then echo "dir=writable"; else echo "dir=not-writable"; fi
+elif [ -e "$hd" ]; then echo "dir=not-a-directory"; else echo "dir=absent"; fi
+command -v flock >/dev/null 2>&1 || { echo "lock=no-flock"; exit 0; }
+if [ -e "$l" ]; then
+  if [ ! -r "$l" ]; then echo "lock=unreadable"
+  elif ( exec 9<"$l" && flock -n 9 ); then echo "lock=free"; else echo "lock=held"; fi
+  if [ -w "$l" ]; then echo "lockfile=writable"; else echo "lockfile=not-writable"; fi
+elif [ -d "$ld" ] && [ -w "$ld" ]; then echo "lock=absent-creatable"
+else echo "lock=absent-not-creatable"; fi
+"""
+
+
+def _program(command: str) -> tuple[str | None, str | None]:
+    """(directory, program) a shell command runs: skips `cd DIR &&`, VAR=value, sudo, env."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    directory = None
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w == "cd" and i + 2 < len(words) and words[i + 2] in ("&&", ";"):
+            directory = words[i + 1]
+            i += 3
+        elif "=" in w and not w.startswith(("/", "~", ".")) and w.split("=", 1)[0].isidentifier():
+            i += 1
+        elif w in ("sudo", "env", "exec", "nice", "nohup"):
+            i += 1
+            while i < len(words) and words[i].startswith("-"):
+                i += 1
+        else:
+            return directory, w
+    return directory, None
+
+
+def _first_word(command: str) -> str | None:
+    """The program a shell command runs (see _program)."""
+    return _program(command)[1]
+
+
+def _parse_kv(text: str) -> dict[str, str]:
+    """key=value lines into a dict."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+class WatchdogChecks(Checker):
+    """The watchdog on the head: its restart command, history file, lock, flags and budget."""
+
+    async def check_watchdog(self) -> None:
+        """Restart command present; history readable and writable under its lock; pause, gave-up."""
+        if not self.up(self.head):
+            return
+        wd = self.cluster.watchdog
+        directory, prog = _program(wd.restart_command)
+        if prog is None:
+            self.report.add(
+                "watchdog-command",
+                self.head,
+                "fail",
+                f"watchdog.restart_command {wd.restart_command!r} names no program",
+                "set watchdog.restart_command to your watchdog's forced-restart command",
+            )
+        else:
+            target = quote_path(prog) if prog.startswith("~") else shlex.quote(prog)
+            probe = f"command -v {target}"
+            if directory:
+                where = (
+                    quote_path(directory) if directory.startswith("~") else shlex.quote(directory)
+                )
+                probe = f"cd {where} && {probe}"
+            res = await self.session.run(self.head, probe, check=False)
+            if res.ok and res.stdout.strip():
+                self.report.add(
+                    "watchdog-command",
+                    self.head,
+                    "ok",
+                    f"{prog} found at {res.stdout.strip()}"
+                    + (f" (in {directory})" if directory else ""),
+                )
+            else:
+                self.report.add(
+                    "watchdog-command",
+                    self.head,
+                    "fail",
+                    f"{prog} (first word of watchdog.restart_command) is not found on the head's "
+                    "PATH for a non-interactive SSH command",
+                    "install the watchdog on the head, or use an absolute path in "
+                    "watchdog.restart_command",
+                )
+        from spark_ops.watchdog.contract import WatchdogContract
+
+        contract = WatchdogContract(self.session)
+        try:
+            data = await contract.history("read", *contract._common())
+        except SparkOpsError as exc:
+            self.report.add(
+                "history",
+                self.head,
+                "fail",
+                exc.message,
+                f"check watchdog.history_file ({wd.history_file}) and "
+                f"watchdog.history_format ({wd.history_format}); "
+                f"python3 must run on the head as {wd.python}",
+            )
+            return
+        count = int(data.get("count", 0))
+        malformed = data.get("malformed") or []
+        exists = data.get("exists", True)
+        detail = f"{wd.history_file}: {count} stamp(s), format {data.get('format')}"
+        if not exists:
+            detail = f"{wd.history_file} does not exist yet (no restart recorded)"
+        if malformed:
+            first = malformed[0]
+            self.report.add(
+                "history",
+                self.head,
+                "warn",
+                f"{detail}; {len(malformed)} malformed line(s), e.g. line {first.get('line')}: "
+                f"{str(first.get('raw', first)).strip()[:80]}",
+                "malformed lines are kept and ignored; fix them by hand under the lock if they "
+                "should count",
+            )
+        else:
+            self.report.add("history", self.head, "ok", detail)
+        await self._check_writable()
+        await self._check_flags()
+
+    async def _check_writable(self) -> None:
+        """The history (or its directory) writable, the lock file lockable now, as the SSH user."""
+        wd = self.cluster.watchdog
+        res = await self.session.run(
+            self.head, sh_program(_WRITABLE, wd.history_file, wd.lock_path), check=False, sudo=True
+        )
+        kv = _parse_kv(res.stdout)
+        user = self.cluster.head.user or "the SSH user"
+        problems = []
+        if kv.get("file") == "not-writable":
+            problems.append(f"{wd.history_file} is not writable by {user}")
+        if kv.get("dir") != "writable":
+            problems.append(
+                f"its directory is {kv.get('dir', 'unknown').replace('-', ' ')} for {user} "
+                "(the history is replaced by a rename there)"
+            )
+        lock = kv.get("lock", "unknown")
+        if lock in ("unreadable", "absent-not-creatable", "no-flock", "unknown"):
+            problems.append(f"lock file {wd.lock_path}: {lock.replace('-', ' ')}")
+        if kv.get("lockfile") == "not-writable":
+            problems.append(f"lock file {wd.lock_path} is not writable")
+        if problems:
+            self.report.add(
+                "history-writable",
+                self.head,
+                "fail",
+                "; ".join(problems),
+                f"let {user} write {wd.history_file} and its directory (chown/chmod, or "
+                "chattr -i if immutable), or set sudo: true for the head in the inventory",
+            )
+        elif lock == "held":
+            self.report.add(
+                "history-writable",
+                self.head,
+                "warn",
+                f"writable, but {wd.lock_path} is locked right now (the watchdog may be writing)",
+                "run doctor again in a moment; if it stays locked, find the holder: "
+                f"fuser -v {wd.lock_path}",
+            )
+        else:
+            self.report.add(
+                "history-writable",
+                self.head,
+                "ok",
+                f"history and its directory writable; lock {wd.lock_path} "
+                f"{'free' if lock == 'free' else 'can be created'}",
+            )
+
+    async def _check_flags(self) -> None:
+        """Report the pause and gave-up flags (warnings: apply forces the restart anyway)."""
+        wd = self.cluster.watchdog
+        for name, path, fix in (
+            (
+                "pause",
+                wd.pause_file,
+                "the watchdog will not recover a failed boot while paused; "
+                "remove the file when done",
+            ),
+            (
+                "gave-up",
+                wd.gave_up_file,
+                "see why, then `spark-ops budget` and clear it once the window has room",
+            ),
+        ):
+            if not path:
+                continue
+            text = await self.session.read_file(self.head, path)
+            if text is None:
+                self.report.add(f"watchdog-{name}", self.head, "ok", f"{path} absent")
+            else:
+                first = (text.strip().splitlines() or [""])[0][:120]
+                self.report.add(
+                    f"watchdog-{name}",
+                    self.head,
+                    "warn",
+                    f"{path} present{': ' + first if first else ''}",
+                    fix,
+                )
+
+    async def check_budget(self) -> None:
+        """The restart budget left: none left fails (a failed boot could not be recovered)."""
+        if not self.up(self.head):
+            return
+        from spark_ops.watchdog.contract import WatchdogContract
+
+        try:
+            view = await WatchdogContract(self.session).budget()
+        except SparkOpsError as exc:
+            self.report.add(
+                "budget",
+                self.head,
+                "fail",
+                exc.message,
+                "fix the history first (see the history check)",
+            )
+            return
+        left = max(0, view.allowed - view.used)
+        detail = f"{view.used}/{view.allowed} automatic restarts used in {view.window_s / 3600:g} h"
+        if left == 0:
+            wait = max(0.0, view.next_free_at - view.now)
+            self.report.add(
+                "budget",
+                self.head,
+                "fail",
+                f"{detail}: none left; if apply's boot failed the watchdog could not recover "
+                f"the engine (next slot frees in {wait / 60:.0f} min)",
+                "remove planned stamps left by earlier experiments: spark-ops budget prune "
+                "--planned (see `spark-ops budget`), or wait for the window to free a slot",
+            )
+        else:
+            self.report.add("budget", self.head, "ok", f"{detail}, {left} left")
