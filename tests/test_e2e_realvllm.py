@@ -12,6 +12,7 @@ on this shared 2-core machine.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import time
@@ -32,6 +33,9 @@ MODELS = VENV / "models"
 # Measured here at C=16: 3.45x (1,355 -> 4,672 tok/s); docs/test-ground.md saw 1.9x on a busier
 # machine. 1.5x is what the test can defend while other engineers' runs compete for the 2 cores.
 MIN_RATIO = 1.5
+# Each bench is ~1-2 s; on 2 shared cores one run can land on a burst of other work (a single
+# pair once gave 2,220 vs 2,930 tok/s), so each cap is measured 3 times and its best run kept.
+BENCH_RUNS = 3
 
 RECIPE = """# tiny-llama on vLLM's CPU build, for spark-ops' real-engine tests (written by the test)
 recipe_version: "1"
@@ -57,7 +61,7 @@ command: |
       --port {{port}} \\
       --served-model-name {{served_model_name}} \\
       --max-num-seqs {{max_num_seqs}} \\
-      --kv-cache-memory-bytes 1G \\
+      --kv-cache-memory-bytes 2G \\
       --enforce-eager
 """
 
@@ -72,6 +76,7 @@ def real_sim(tmp_path: Path) -> Iterator[Sim]:
 
     s = start_sim(tmp_path / "sim")
     try:
+        _wait_serving(s.state["engine_port"])  # the simulated engine's first boot is over
         state = s.head / ".local" / "state" / "spark-watchdog"
         (state / "pause").write_text("paused by the real-vLLM test: forced restarts only\n")
         shim = s.head / "bin" / "vllm"
@@ -92,6 +97,27 @@ def real_sim(tmp_path: Path) -> Iterator[Sim]:
         yield s
     finally:
         down(s.root)
+
+
+def _wait_serving(port: int, timeout: float = 60) -> None:
+    """Wait until an engine on 127.0.0.1:port answers /v1/models.
+
+    An engine still booting when apply takes the log offset would print its own start-up lines
+    (its `non-default args:` among them) after that offset.
+    """
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"no engine served on port {port} within {timeout} s")
 
 
 def _env(s: Sim) -> dict[str, str]:
@@ -145,28 +171,38 @@ def test_real_vllm_apply_bench_and_refused_backend(real_sim: Sim, tmp_path: Path
     timings: dict[str, float] = {}
 
     figures: dict[str, float] = {}
+    runs: dict[int, list[float]] = {}
     for cap in (6, 64):
         offset = log.stat().st_size
-        code, out, err, took = _apply(s, "--max-num-seqs", str(cap))
-        assert code == 0, err[-3000:]
+        # the first apply also sets the KV memory: the recipe written above says 2G while the
+        # simulated engine serves, so spark-ops' KV-pool check expects (and accepts) a new pool
+        kv = ["--kv-cache-memory", "1G"] if cap == 6 else []
+        code, out, err, took = _apply(s, "--max-num-seqs", str(cap), *kv)
+        failed = [c for c in out.get("checks", []) if not c["ok"]]
+        assert code == 0, f"failed checks {failed}; {err[-2000:]}"
         timings[f"apply {cap}"] = took
         nda = out["boot"]["non_default_args"]
         assert nda["max_num_seqs"] == cap
         assert nda["kv_cache_memory_bytes"] == 2**30 and nda["enforce_eager"] is True
         new_log = log.read_text(errors="replace")[offset:]
-        line = next(li for li in new_log.splitlines() if "non-default args:" in li)
-        assert f"'max_num_seqs': {cap}" in line, line
+        line = [li for li in new_log.splitlines() if "non-default args:" in li][-1]
+        logged = ast.literal_eval(line.split("non-default args: ", 1)[1].strip())
+        assert logged == nda, f"boot report {nda} != engine log {logged}"
+        assert logged["max_num_seqs"] == cap and logged["model"].endswith("tiny-llama")
+        assert not {"tensor_parallel_size", "distributed_executor_backend"} & set(logged)
         assert "CPU KV cache size" in new_log, "the real CPU build served this boot"
         assert out["stamp"] is not None and out["pruned"] == [out["stamp"]]
         assert all(c["ok"] for c in out["checks"]), out["checks"]
         started = time.monotonic()
-        figures[f"cap{cap}"] = _tok_s(_bench(s, tmp_path, cap))
+        runs[cap] = [_tok_s(_bench(s, tmp_path, cap)) for _ in range(BENCH_RUNS)]
+        figures[f"cap{cap}"] = max(runs[cap])
         timings[f"bench {cap}"] = time.monotonic() - started
 
     ratio = figures["cap64"] / figures["cap6"]
     print(
-        f"\nreal vLLM C=16 aggregate: cap 6 {figures['cap6']:.0f} tok/s, "
-        f"cap 64 {figures['cap64']:.0f} tok/s, ratio {ratio:.2f}x"
+        f"\nreal vLLM C=16 aggregate (best of {BENCH_RUNS}): cap 6 {figures['cap6']:.0f} tok/s, "
+        f"cap 64 {figures['cap64']:.0f} tok/s, ratio {ratio:.2f}x; runs {runs}; "
+        f"load average {os.getloadavg()[0]:.1f}"
     )
     assert ratio >= MIN_RATIO, figures
 
