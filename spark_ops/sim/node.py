@@ -36,7 +36,21 @@ class NodeSpec:
 
 
 class _NodeServer(asyncssh.SSHServer):
-    """Key-only auth; port forwarding allowed to loopback only."""
+    """Key-only auth; port forwarding allowed to loopback only; connections known to the node."""
+
+    def __init__(self, node: SimNode) -> None:
+        """Remember the node, which closes our connection when it is taken down."""
+        self.node = node
+        self.conn: Any = None
+
+    def connection_made(self, conn: Any) -> None:
+        """Track the connection."""
+        self.conn = conn
+        self.node._conns.add(conn)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Forget the connection."""
+        self.node._conns.discard(self.conn)
 
     def connection_requested(
         self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
@@ -59,6 +73,7 @@ class SimNode:
         self._raylet: asyncio.AbstractServer | None = None
         self._procs: set[asyncio.subprocess.Process] = set()
         self._peers: set[asyncio.StreamWriter] = set()
+        self._conns: set[Any] = set()
         self.log = get_logger(host=spec.name)
 
     @property
@@ -166,7 +181,7 @@ class SimNode:
     async def start(self) -> None:
         """Open the SSH port (and the raylet port for workers), reusing earlier ports when set."""
         self._server = await asyncssh.create_server(
-            _NodeServer,
+            lambda: _NodeServer(self),
             "127.0.0.1",
             self.spec.port,
             server_host_keys=[str(self.spec.host_key)],
@@ -196,5 +211,7 @@ class SimNode:
             with suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
             self._server = None
+        for conn in list(self._conns):  # a lost node drops its sessions too
+            conn.close()
         for proc in list(self._procs):
             self._kill(proc)
