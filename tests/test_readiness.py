@@ -938,3 +938,22 @@ async def test_real_vllm_refused_backend_fails_fast(
         )
     assert not isinstance(info.value, BootTimeout)
     assert "TRITON" in info.value.message and "does not support" in info.value.message
+
+
+def test_a_new_engine_restarts_phase_tracking() -> None:
+    """Lines of an engine still booting at the restart do not count for the next engine's boot."""
+    tracker = BootTracker()
+    for line in _boot_lines("serve-startup.log"):  # the outgoing engine got as far as API_UP
+        tracker.feed(line)
+    assert tracker.phase is Phase.API_UP and tracker.kv_cache_tokens == 2_097_152
+    new_args = "(APIServer pid=9) INFO 11-30 02:00:00 [api_utils.py:286] non-default args: " + (
+        "{'model_tag': 'm', 'max_num_seqs': 64}"
+    )
+    tracker.feed(new_args)
+    assert tracker.phase is Phase.STARTING
+    assert tracker.kv_cache_tokens is None and tracker.non_default_args["max_num_seqs"] == 64
+    _, reached, _ = tracker.feed(
+        "(EngineCore pid=10) INFO 11-30 02:00:03 [ray_utils.py:316] Waiting for creating a "
+        "placement group of specs for 10 seconds. specs=[{'GPU': 1.0}]."
+    )
+    assert reached is Phase.RAY_WORKERS

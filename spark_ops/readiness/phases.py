@@ -358,6 +358,8 @@ class BootTracker:
         info = classify_line(line)
         data = info.data
 
+        if "non_default_args" in data and self.phase.rank > Phase.STARTING.rank:
+            self._new_engine()
         if "non_default_args" in data:
             self.non_default_args = data["non_default_args"]
         if "kv_cache_tokens" in data:
@@ -423,6 +425,17 @@ class BootTracker:
             fatal = Fatal(fatal_kind, line, index, before, self.phase)
             self.fatals.append(fatal)
         return info, new_phase, fatal
+
+    def _new_engine(self) -> None:
+        """A new engine starts after lines of the one before it (still booting at the restart)."""
+        self.phase = Phase.STARTING
+        self.kv_cache_tokens = None
+        self.kv_cache_blocks = None
+        self.api_url = None
+        self.workers_expected = None
+        self.placement_wait_s = None
+        self.worker_ips = set()
+        self.metrics = {}
 
     def best_fatal(self) -> Fatal | None:
         """The line that best explains the failure: first specific cause, else first summary."""
