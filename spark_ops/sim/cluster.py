@@ -213,7 +213,7 @@ class SimCluster:
 
     def head_env(self) -> dict[str, str]:
         """The environment of commands on the head."""
-        return self.nodes[self.names[0]]._env()
+        return self.nodes[self.names[0]].env()
 
     def start_watchdog(self) -> None:
         """Start the engine from the recipe, then the reference watchdog, on the head."""

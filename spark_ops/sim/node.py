@@ -81,7 +81,7 @@ class SimNode:
         """True while the SSH server is up."""
         return self._server is not None
 
-    def _env(self) -> dict[str, str]:
+    def env(self) -> dict[str, str]:
         """The environment commands on this node see."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("SSH_")}
         home = str(self.spec.home)
@@ -109,7 +109,7 @@ class SimNode:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             cwd=self.spec.home,
-            env=self._env(),
+            env=self.env(),
             start_new_session=True,
         )
         self._procs.add(proc)
