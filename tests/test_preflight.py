@@ -17,13 +17,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import asyncssh
 import pytest
 import yaml
 from conftest import SHARED, Sim
+from embedded import start_nodes
 from ground.vllm import VENV, model_path, shim_path, vllm_unavailable_reason
 
-from spark_ops.inventory import Cluster, load_inventory, parse_inventory
+from spark_ops.inventory import Cluster, load_inventory
 from spark_ops.preflight import (
     MARK,
     PreflightError,
@@ -36,7 +36,7 @@ from spark_ops.preflight import (
     split_command,
 )
 from spark_ops.remote import ClusterSession, Result
-from spark_ops.sim.node import NodeSpec, SimNode
+from spark_ops.sim.node import SimNode
 
 FIXTURES = Path(__file__).parent / "fixtures" / "preflight"
 
@@ -62,36 +62,9 @@ class Head:
 
 async def start_head(root: Path, path: str, engine: dict[str, Any] | None = None) -> Head:
     """Start an embedded head node with PATH=<home>/bin:path and connect a session to it."""
-    client = asyncssh.generate_private_key("ssh-ed25519")
-    client.write_private_key(str(root / "id"))
-    client.write_public_key(str(root / "id.pub"))
-    key = asyncssh.generate_private_key("ssh-ed25519")
-    key.write_private_key(str(root / "host"))
-    home = root / "node1"
-    (home / "bin").mkdir(parents=True)
-    spec = NodeSpec("node1", "head", home, root / "host", root / "id.pub", env={"PATH": path})
-    node = SimNode(spec)
-    await node.start()
-    known = f"[127.0.0.1]:{spec.port} {key.export_public_key().decode().strip()}\n"
-    (root / "known_hosts").write_text(known)
-    inv = {
-        "clusters": {
-            "t": {
-                "ssh": {
-                    "known_hosts": str(root / "known_hosts"),
-                    "identity": str(root / "id"),
-                    "agent": False,
-                    "config": "/dev/null",
-                    "command_timeout": 60,
-                },
-                "nodes": {"node1": {"host": "127.0.0.1", "port": spec.port, "role": "head"}},
-                "recipe": {"path": "~/r.yaml"},
-                "watchdog": {"restart_command": "true", "history_file": "~/h"},
-                **({"engine": engine} if engine else {}),
-            }
-        }
-    }
-    cluster = parse_inventory(yaml.safe_dump(inv), "test").cluster()
+    [node], cluster = await start_nodes(
+        root, 1, env={"PATH": path}, engine=engine, command_timeout=60
+    )
     session = ClusterSession(cluster)
     await session.connect()
     return Head(node, cluster, session)

@@ -10,64 +10,22 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import asyncssh
 import pytest
 import yaml
+from embedded import start_nodes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_ops.errors import CommandTimeout, ConnectError, HostKeyError, RemoteError
 from spark_ops.inventory import Cluster, parse_inventory
 from spark_ops.remote import ClusterSession, FileWrite, WriteOutcome, quote_args, sha256
-from spark_ops.sim.node import NodeSpec, SimNode
-
-
-async def _nodes(root: Path, n: int = 3) -> tuple[list[SimNode], Cluster]:
-    """Start n embedded nodes and an inventory reaching them."""
-    client = asyncssh.generate_private_key("ssh-ed25519")
-    client.write_private_key(str(root / "id"))
-    client.write_public_key(str(root / "id.pub"))
-    nodes, known = [], ""
-    for i in range(1, n + 1):
-        key = asyncssh.generate_private_key("ssh-ed25519")
-        key.write_private_key(str(root / f"host{i}"))
-        home = root / f"node{i}"
-        home.mkdir()
-        node = SimNode(
-            NodeSpec(
-                f"node{i}", "head" if i == 1 else "worker", home, root / f"host{i}", root / "id.pub"
-            )
-        )
-        await node.start()
-        nodes.append(node)
-        known += f"[127.0.0.1]:{node.spec.port} {key.export_public_key().decode().strip()}\n"
-    (root / "known_hosts").write_text(known)
-    inv = {
-        "clusters": {
-            "t": {
-                "ssh": {
-                    "known_hosts": str(root / "known_hosts"),
-                    "identity": str(root / "id"),
-                    "agent": False,
-                    "config": "/dev/null",
-                    "command_timeout": 20,
-                },
-                "nodes": {
-                    n.spec.name: {"host": "127.0.0.1", "port": n.spec.port, "role": n.spec.role}
-                    for n in nodes
-                },
-                "recipe": {"path": "~/r.yaml"},
-                "watchdog": {"restart_command": "true", "history_file": "~/h"},
-            }
-        }
-    }
-    return nodes, parse_inventory(yaml.safe_dump(inv), "test").cluster()
+from spark_ops.sim.node import SimNode
 
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[tuple[list[SimNode], Cluster]]:
     """Three running embedded nodes."""
-    nodes, c = await _nodes(tmp_path)
+    nodes, c = await start_nodes(tmp_path)
     try:
         yield nodes, c
     finally:
@@ -221,7 +179,7 @@ def one_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimNode
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     root = tmp_path_factory.mktemp("one-node")
-    nodes, c = asyncio.run_coroutine_threadsafe(_nodes(root, 1), loop).result(30)
+    nodes, c = asyncio.run_coroutine_threadsafe(start_nodes(root, 1), loop).result(30)
     yield nodes[0], c
     asyncio.run_coroutine_threadsafe(nodes[0].stop(), loop).result(30)
     loop.call_soon_threadsafe(loop.stop)
@@ -291,5 +249,5 @@ async def test_rename_failing_on_one_node_puts_the_others_back(
             await s.write_atomic(writes)
     for n in nodes:
         assert (n.spec.home / "r.yaml").read_text() == "old\n", n.spec.name
-        leftovers = [p.name for p in n.spec.home.iterdir() if p.name != "r.yaml"]
+        leftovers = [p.name for p in n.spec.home.iterdir() if p.name not in ("r.yaml", "bin")]
         assert leftovers == [], (n.spec.name, leftovers)
