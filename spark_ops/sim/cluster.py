@@ -258,6 +258,8 @@ class SimCluster:
         head = self.root / "nodes" / self.names[0]
         if self.watchdog is not None:
             _killpg(self.watchdog.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.watchdog.wait(timeout=5)  # reap our child
         for pidfile in head.glob(".local/state/spark-watchdog/engine.pid"):
             with contextlib.suppress(ValueError, OSError):
                 _killpg(int(pidfile.read_text().split()[0]))
@@ -270,7 +272,7 @@ class SimCluster:
 
 
 def _killpg(pid: int) -> None:
-    """SIGTERM a process group, then SIGKILL it if it lingers."""
+    """SIGTERM a process group, then SIGKILL it if it lingers (zombies count as gone)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
@@ -278,10 +280,22 @@ def _killpg(pid: int) -> None:
             return
         for _ in range(30):
             time.sleep(0.1)
-            try:
-                os.killpg(pid, 0)
-            except (ProcessLookupError, PermissionError):
+            if not _group_alive(pid):
                 return
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while a process of the group runs (not yet exited, zombies excluded)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 async def serve(root: Path) -> None:
