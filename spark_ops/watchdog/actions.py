@@ -142,6 +142,25 @@ def _stop_group(
     return step
 
 
+def _spawn(
+    argv: list[str], log: Any, *, env: dict[str, str] | None, cwd: str | None, what: str
+) -> subprocess.Popen[bytes]:
+    """Start argv in its own session, stdin from /dev/null, stdout and stderr to the log."""
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        raise ActionError(f"cannot {what} {argv[0]!r}: {exc.strerror}") from None
+
+
 def start_detached(
     argv: list[str],
     *,
@@ -153,20 +172,8 @@ def start_detached(
     """Start argv in a new session, output appended to log_file, pid file written atomically."""
     Path(log_file).parent.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, **(env or {})}
-    with open(log_file, "ab") as log, open(os.devnull, "rb") as devnull:
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=devnull,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=full_env,
-                cwd=cwd,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as exc:
-            raise ActionError(f"cannot start {argv[0]!r}: {exc.strerror}") from None
+    with open(log_file, "ab") as log:
+        proc = _spawn(argv, log, env=full_env, cwd=cwd, what="start")
     history.atomic_write(pid_file, f"{proc.pid}\n".encode())
     return proc.pid
 
@@ -178,18 +185,8 @@ def run_step(
     Path(log_file).parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     step: dict[str, Any] = {"step": "run", "argv": argv}
-    with open(log_file, "ab") as log, open(os.devnull, "rb") as devnull:
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=devnull,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=cwd,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise ActionError(f"cannot run {argv[0]!r}: {exc.strerror}") from None
+    with open(log_file, "ab") as log:
+        proc = _spawn(argv, log, env=None, cwd=cwd, what="run")
         try:
             rc = proc.wait(timeout)
         except subprocess.TimeoutExpired:
