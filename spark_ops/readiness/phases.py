@@ -103,7 +103,9 @@ _PG_WAIT_RE = re.compile(
     r"(?:\.\s*specs=(?P<specs>\[.*?\])(?:\.|\s|$))?"
 )
 _PG_GAVE_UP_RE = re.compile(r"Cannot provide a placement group")
-_KV_RE = re.compile(r"\b(?:GPU|CPU|XPU|TPU)?\s*KV cache size:\s*(?P<tokens>[\d,]+)\s+tokens")
+KV_CACHE_SIZE_RE = re.compile(  # also used by spark_ops.verify
+    r"\b(?:GPU|CPU|XPU|TPU)?\s*KV cache size:\s*(?P<tokens>[\d,]+)\s+tokens"
+)
 _KV_MEMORY_RE = re.compile(r"Available KV cache memory:\s*(?P<gib>[\d.]+)\s*GiB")
 _KV_BLOCKS_RE = re.compile(r"# (?:GPU|CUDA|cuda|gpu) blocks:\s*(?P<blocks>\d+)")
 _WEIGHTS_TOOK_RE = re.compile(r"Loading weights took (?P<secs>[\d.]+) seconds")
@@ -256,7 +258,7 @@ def classify_line(line: str) -> LineInfo:
         bundles = _placement_specs(m.group("specs"))
         if bundles is not None:
             data["workers_expected"] = bundles
-    elif m := _KV_RE.search(message):
+    elif m := KV_CACHE_SIZE_RE.search(message):
         phase = Phase.KV_CACHE
         data["kv_cache_tokens"] = _number(m.group("tokens"))
     elif m := _KV_BLOCKS_RE.search(message):

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from spark_ops.errors import VerifyError
-from spark_ops.readiness.phases import parse_args_literal
+from spark_ops.readiness.phases import KV_CACHE_SIZE_RE, parse_args_literal
 
 
 class ParseError(VerifyError):
@@ -25,7 +25,6 @@ class ParseError(VerifyError):
 # ---- vLLM log lines -----------------------------------------------------------------------------
 
 _NON_DEFAULT_RE = re.compile(r"non-default args:\s*(\{.*)$", re.M)
-_KV_TOKENS_RE = re.compile(r"\b(?:GPU|CPU|XPU|TPU)?\s*KV cache size:\s*([\d,]+)\s+tokens")
 
 
 def parse_non_default_args(text: str) -> dict[str, Any]:
@@ -41,7 +40,7 @@ def parse_non_default_args(text: str) -> dict[str, Any]:
 
 def parse_kv_cache_tokens(text: str) -> int | None:
     """The KV pool in tokens from the last `GPU/CPU KV cache size: N tokens` line, or None."""
-    matches = _KV_TOKENS_RE.findall(text)
+    matches = [m.group("tokens") for m in KV_CACHE_SIZE_RE.finditer(text)]
     return int(matches[-1].replace(",", "")) if matches else None
 
 
