@@ -394,7 +394,7 @@ async def test_fatal_line_without_source_end_uses_grace() -> None:
     started = time.monotonic()
     with pytest.raises(BootError) as info:
         await wait_for_boot(_feed(lines), probe=never, deadline_s=30, fatal_grace_s=0.3)
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 10, "fails after the grace, long before the 30 s deadline"
     assert "NCCL" in info.value.message
     assert info.value.phase == "KV_CACHE"
     assert "Watchdog caught collective operation timeout" in info.value.lines[-1]
@@ -448,7 +448,7 @@ async def test_never_ready_times_out_at_deadline() -> None:
     with pytest.raises(BootTimeout) as info:
         await wait_for_boot(_feed(lines), probe=refused, deadline_s=0.8, probe_interval_s=0.1)
     took = time.monotonic() - started
-    assert 0.8 <= took < 2.0
+    assert 0.8 <= took < 5.0, "at the 0.8 s deadline, not long after"
     assert calls >= 2
     err = info.value
     assert err.phase == "KV_CACHE"
@@ -482,7 +482,7 @@ async def test_missing_worker_past_stall_names_node() -> None:
             worker_stall_s=0.5,
             worker_poll_s=0.1,
         )
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 10, "after the 0.5 s stall limit, not at the deadline"
     assert not isinstance(info.value, BootTimeout)
     assert "node3" in info.value.message
     assert info.value.lines == [pg]
