@@ -35,7 +35,12 @@ class SSHSettings:
     connect_timeout: float = 10.0
     command_timeout: float = 60.0
     max_concurrent_connects: int = 16
+    max_channels: int = 8
     insecure_no_host_key_check: bool = False
+
+    def jump_target(self) -> tuple[str | None, str, int] | None:
+        """The jump host as (user, host, port), or None when there is none."""
+        return parse_jump(self.jump) if self.jump else None
 
 
 @dataclass(frozen=True)
@@ -253,6 +258,29 @@ class _Section:
         return _Section(self.source, self.path(name), self.data.get(name), allowed)
 
 
+def parse_jump(value: str) -> tuple[str | None, str, int]:
+    """Split a jump host `[user@]host[:port]` (IPv6 as `[addr]:port`); ValueError when malformed."""
+    user, _, rest = value.rpartition("@")
+    port = "22"
+    if rest.startswith("["):
+        host, sep, tail = rest[1:].partition("]")
+        if not sep or (tail and not tail.startswith(":")):
+            raise ValueError("an IPv6 jump host is written [addr] or [addr]:port")
+        port = tail[1:] or port
+    elif rest.count(":") == 1:
+        host, _, port = rest.partition(":")
+    else:
+        host = rest
+    bare_v6 = ":" in host and not rest.startswith("[")
+    if not host or bare_v6 or any(c.isspace() for c in value):
+        raise ValueError("expected [user@]host[:port]")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"port {port!r} is not a number from 1 to 65535")
+    if "@" in value and not user:
+        raise ValueError("the user before @ is empty")
+    return user or None, host, int(port)
+
+
 def _load_ssh(sec: _Section) -> SSHSettings:
     """Validate the ssh: section."""
     identity = sec.get("identity", (str, list), ())
@@ -260,6 +288,12 @@ def _load_ssh(sec: _Section) -> SSHSettings:
         identity = [identity]
     if "password" in sec.data:
         raise sec.error(sec.path("password"), "passwords are not accepted; use identity or agent")
+    jump = sec.get("jump", str)
+    if jump is not None:
+        try:
+            parse_jump(jump)
+        except ValueError as exc:
+            raise sec.error(sec.path("jump"), f"{exc}, got {jump!r}") from None
     return SSHSettings(
         user=sec.get("user", str),
         port=sec.positive("port", int, 22),
@@ -267,17 +301,19 @@ def _load_ssh(sec: _Section) -> SSHSettings:
         identity=tuple(str(i) for i in identity),
         agent=sec.get("agent", bool, True),
         config=sec.get("config", str),
-        jump=sec.get("jump", str),
+        jump=jump,
         connect_timeout=sec.positive("connect_timeout", float, 10.0),
         command_timeout=sec.positive("command_timeout", float, 60.0),
         max_concurrent_connects=sec.positive("max_concurrent_connects", int, 16),
+        max_channels=sec.positive("max_channels", int, 8),
         insecure_no_host_key_check=sec.get("insecure_no_host_key_check", bool, False),
     )
 
 
 _SSH_KEYS = (
     "user", "port", "known_hosts", "identity", "agent", "config", "jump", "connect_timeout",
-    "command_timeout", "max_concurrent_connects", "insecure_no_host_key_check", "password",
+    "command_timeout", "max_concurrent_connects", "max_channels", "insecure_no_host_key_check",
+    "password",
 )  # fmt: skip
 _NODE_KEYS = ("host", "port", "user", "role", "sudo")
 _RECIPE_KEYS = ("path", "nodes", "keep_backups")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from spark_ops.errors import InventoryError
-from spark_ops.inventory import load_inventory, parse_inventory
+from spark_ops.inventory import load_inventory, parse_inventory, parse_jump
 
 CASES = Path(__file__).parent / "fixtures" / "inventory"
 
@@ -63,3 +64,39 @@ def test_several_clusters_need_a_choice() -> None:
     assert inv.cluster("small").head.name == "s1"
     assert inv.cluster("big").node("n8").sudo is True
     assert inv.cluster("big").node("n8").port == 2200
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("bastion", (None, "bastion", 22)),
+        ("ops@bastion", ("ops", "bastion", 22)),
+        ("ops@bastion.example:2222", ("ops", "bastion.example", 2222)),
+        ("[fd00::1]:2200", (None, "fd00::1", 2200)),
+        ("ops@[fd00::1]", ("ops", "fd00::1", 22)),
+        ("bastion:ssh", "port 'ssh' is not a number"),
+        ("bastion:70000", "port '70000' is not a number"),
+        ("@bastion", "the user before @ is empty"),
+        ("fd00::1", "expected [user@]host[:port]"),
+        ("[fd00::1", "an IPv6 jump host is written"),
+        ("ops bastion", "expected [user@]host[:port]"),
+    ],
+)
+def test_jump_host_forms(value: str, expected: tuple[str | None, str, int] | str) -> None:
+    """ssh.jump is [user@]host[:port]; anything else is refused with the accepted form."""
+    if isinstance(expected, tuple):
+        assert parse_jump(value) == expected
+    else:
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            parse_jump(value)
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parents[1] / "inventory").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_shipped_inventories_load(path: Path) -> None:
+    """The inventories shipped in inventory/ (what operators copy) are valid."""
+    inv = load_inventory(path)
+    assert inv.clusters
+    for name in inv.clusters:
+        assert inv.cluster(name).head.role == "head"

@@ -7,6 +7,7 @@ starts fast).
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
@@ -26,7 +27,9 @@ from spark_ops.errors import (
 from spark_ops.inventory import Node, SSHSettings
 from spark_ops.log import get_logger
 
+JUMP = "jump host"  # the host name errors of the shared jump connection carry
 CONNECT_RETRIES = 2  # for connections dropped before login only
+CHANNEL_RETRIES = 2  # for a session refused by sshd (its slots free a little after a close)
 _TRANSIENT = ("Connection reset by peer", "Connection lost", "Connection closed by peer")
 
 
@@ -60,7 +63,6 @@ class Result:
         return self
 
 
-@dataclass(frozen=True)
 class Connector(ABC):
     """One connection to one node: the small base class every transport implements."""
 
@@ -92,67 +94,35 @@ class Connector(ABC):
 class SSHConnector(Connector):
     """A Connector over asyncssh: known_hosts, identity, agent, ssh config and jump host."""
 
-    def __init__(self, node: Node, ssh: SSHSettings) -> None:
-        """Keep the settings; connect later."""
+    def __init__(self, node: Node, ssh: SSHSettings, *, tunnel: Any = None) -> None:
+        """Keep the settings; connect later (through `tunnel`, an open jump connection, if any)."""
         super().__init__(node)
         self.ssh = ssh
+        self.tunnel = tunnel
         self._conn: Any = None
         self._listeners: list[Any] = []
+        self._channels: asyncio.Semaphore | None = None
         self.log = get_logger(host=node.name)
 
     def _options(self) -> dict[str, Any]:
         """Build asyncssh connect options from the inventory."""
-        import os
-
-        opts: dict[str, Any] = {
-            "port": self.node.port,
-            "connect_timeout": self.ssh.connect_timeout,
-            "keepalive_interval": 15,
-            "keepalive_count_max": 4,
-        }
-        if self.node.user:
-            opts["username"] = self.node.user
-        if self.ssh.insecure_no_host_key_check:
-            opts["known_hosts"] = None
-        elif self.ssh.known_hosts:
-            opts["known_hosts"] = os.path.expanduser(self.ssh.known_hosts)
-        if self.ssh.identity:
-            opts["client_keys"] = [os.path.expanduser(p) for p in self.ssh.identity]
-        if not self.ssh.agent:
-            opts["agent_path"] = None
-        if self.ssh.config:
-            opts["config"] = [os.path.expanduser(self.ssh.config)]
-        if self.ssh.jump:
-            opts["tunnel"] = self.ssh.jump
+        opts = client_options(self.ssh, self.node.port, self.node.user)
+        if self.tunnel is not None:
+            opts["tunnel"] = self.tunnel
         return opts
 
     async def connect(self) -> None:
         """Open the SSH connection, mapping failures to our error tree."""
-        import asyncssh
-
-        name = self.node.name
-        try:
-            self._conn = await asyncssh.connect(self.node.host, **self._options())
-        except asyncssh.HostKeyNotVerifiable as exc:
-            raise HostKeyError(
-                name,
-                f"host key of {self.node.host}:{self.node.port} not verified ({exc.reason})",
-                hint="check the node's key, then add it to the known_hosts file of the inventory",
-            ) from exc
-        except asyncssh.PermissionDenied as exc:
-            raise AuthError(
-                name,
-                f"authentication refused for user {self.node.user or '(default)'} ({exc.reason})",
-                hint="check ssh.identity / the agent and the node's authorized_keys",
-            ) from exc
-        except asyncssh.DisconnectError as exc:
-            raise ConnectError(name, f"disconnected while connecting: {exc.reason}") from exc
-        except (OSError, asyncio.TimeoutError, asyncssh.Error) as exc:
-            detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-            raise ConnectError(
-                name, f"cannot connect to {self.node.host}:{self.node.port}: {detail}"
-            ) from exc
+        self._conn = await _connect(
+            self.node.name, self.node.host, self.node.port, self.node.user, self._options()
+        )
         self.log.debug("connected", port=self.node.port)
+
+    def _channel_cap(self) -> asyncio.Semaphore:
+        """The per-connection cap on concurrent command channels (ssh.max_channels)."""
+        if self._channels is None:
+            self._channels = asyncio.Semaphore(self.ssh.max_channels)
+        return self._channels
 
     def _require(self) -> Any:
         """Return the live connection or fail clearly."""
@@ -166,14 +136,30 @@ class SSHConnector(Connector):
 
         conn = self._require()
         start = time.monotonic()
+        stdin: dict[str, Any] = {"input": input} if input else {"stdin": asyncssh.DEVNULL}
         try:
-            stdin: dict[str, Any] = {"input": input} if input else {"stdin": asyncssh.DEVNULL}
-            proc = await asyncio.wait_for(
-                conn.run(command, check=False, timeout=timeout, **stdin), timeout + 5
-            )
+            async with self._channel_cap():
+                for attempt in range(CHANNEL_RETRIES + 1):
+                    try:
+                        proc = await asyncio.wait_for(
+                            conn.run(command, check=False, timeout=timeout, **stdin), timeout + 5
+                        )
+                        break
+                    except asyncssh.ChannelOpenError:
+                        # sshd frees a session slot a little after the client saw it close
+                        if attempt == CHANNEL_RETRIES:
+                            raise
+                        await asyncio.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
         except (asyncssh.TimeoutError, asyncio.TimeoutError) as exc:
             raise CommandTimeout(
                 self.node.name, f"command timed out after {timeout:.0f}s: {command[:120]}"
+            ) from exc
+        except asyncssh.ChannelOpenError as exc:
+            raise RemoteError(
+                self.node.name,
+                f"the node's sshd refused a new session ({exc.reason})",
+                hint=f"ssh.max_channels ({self.ssh.max_channels}) must stay below the node's "
+                "sshd MaxSessions (default 10), counting the lock and log channels",
             ) from exc
         except (asyncssh.Error, OSError) as exc:
             raise ConnectError(self.node.name, f"connection lost running a command: {exc}") from exc
@@ -229,3 +215,69 @@ class SSHConnector(Connector):
             with suppress(Exception):
                 await asyncio.wait_for(self._conn.wait_closed(), 2)
             self._conn = None
+
+
+def client_options(ssh: SSHSettings, port: int, user: str | None) -> dict[str, Any]:
+    """asyncssh connect options from the inventory's ssh settings, for a node or the jump host."""
+    import os
+
+    opts: dict[str, Any] = {
+        "port": port,
+        "connect_timeout": ssh.connect_timeout,
+        "keepalive_interval": 15,
+        "keepalive_count_max": 4,
+    }
+    if user:
+        opts["username"] = user
+    if ssh.insecure_no_host_key_check:
+        opts["known_hosts"] = None
+    elif ssh.known_hosts:
+        opts["known_hosts"] = os.path.expanduser(ssh.known_hosts)
+    if ssh.identity:
+        opts["client_keys"] = [os.path.expanduser(p) for p in ssh.identity]
+    if not ssh.agent:
+        opts["agent_path"] = None
+    if ssh.config:
+        opts["config"] = [os.path.expanduser(ssh.config)]
+    return opts
+
+
+async def _connect(name: str, host: str, port: int, user: str | None, opts: dict[str, Any]) -> Any:
+    """asyncssh.connect with its failures mapped to our error tree, naming `name`."""
+    import asyncssh
+
+    try:
+        return await asyncssh.connect(host, **opts)
+    except asyncssh.HostKeyNotVerifiable as exc:
+        raise HostKeyError(
+            name,
+            f"host key of {host}:{port} not verified ({exc.reason})",
+            hint="check the node's key, then add it to the known_hosts file of the inventory",
+        ) from exc
+    except asyncssh.PermissionDenied as exc:
+        raise AuthError(
+            name,
+            f"authentication refused for user {user or '(default)'} ({exc.reason})",
+            hint="check ssh.identity / the agent and the node's authorized_keys",
+        ) from exc
+    except asyncssh.DisconnectError as exc:
+        raise ConnectError(name, f"disconnected while connecting: {exc.reason}") from exc
+    except (OSError, asyncio.TimeoutError, asyncssh.Error) as exc:
+        detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise ConnectError(name, f"cannot connect to {host}:{port}: {detail}") from exc
+
+
+async def open_jump(ssh: SSHSettings) -> Any:
+    """One connection to the inventory's jump host (same keys and known_hosts as the nodes).
+
+    Every node's connection is then tunnelled through it: one key exchange and one sshd session
+    on the jump host for the whole cluster, instead of one per node (its MaxStartups stays far).
+    """
+    target = ssh.jump_target()
+    if target is None:
+        raise ConnectError(JUMP, "no ssh.jump in the inventory")
+    user, host, port = target
+    login = user or ssh.user
+    conn = await _connect(JUMP, host, port, login, client_options(ssh, port, login))
+    get_logger(host=JUMP).debug("connected", jump=ssh.jump)
+    return conn

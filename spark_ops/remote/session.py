@@ -18,7 +18,14 @@ from spark_ops.errors import (
 )
 from spark_ops.inventory import Cluster, Node, SSHSettings
 from spark_ops.log import get_logger
-from spark_ops.remote.connector import CONNECT_RETRIES, Connector, Result, SSHConnector, transient
+from spark_ops.remote.connector import (
+    CONNECT_RETRIES,
+    Connector,
+    Result,
+    SSHConnector,
+    open_jump,
+    transient,
+)
 from spark_ops.remote.shell import (
     _COMMIT,
     _READ,
@@ -75,6 +82,9 @@ class ClusterSession:
         self.connectors: dict[str, Connector] = {}
         self.errors: dict[str, SparkOpsError] = {}
         self.latency: dict[str, float] = {}
+        self._jump: Any = None
+        self._jump_lock = asyncio.Lock()
+        self._jump_error: SparkOpsError | None = None
         self.log = get_logger(cluster=cluster.name)
         if cluster.ssh.insecure_no_host_key_check:
             self.log.warning(
@@ -100,10 +110,10 @@ class ClusterSession:
             for attempt in range(CONNECT_RETRIES + 1):
                 if node.name in self.connectors:
                     return
-                conn = self._factory(node, self.cluster.ssh)
                 async with sem:
                     start = time.monotonic()
                     try:
+                        conn = await self._new_connector(node)
                         await conn.connect()
                     except SparkOpsError as exc:
                         self.errors[node.name] = exc
@@ -121,10 +131,26 @@ class ClusterSession:
             if len(failed) == 1:
                 raise failed[0]
             raise ConnectError(
-                ",".join(e.host for e in failed if isinstance(e, RemoteError)),
-                "; ".join(e.message for e in failed),
+                ",".join(dict.fromkeys(e.host for e in failed if isinstance(e, RemoteError))),
+                "; ".join(dict.fromkeys(e.message for e in failed)),
                 hint=failed[0].hint,
             )
+
+    async def _new_connector(self, node: Node) -> Connector:
+        """A connector for node; with ssh.jump, tunnelled through the one shared jump connection."""
+        if not self.cluster.ssh.jump or self._factory is not SSHConnector:
+            return self._factory(node, self.cluster.ssh)
+        async with self._jump_lock:
+            if self._jump_error is not None:
+                raise self._jump_error
+            if self._jump is None:
+                try:
+                    self._jump = await open_jump(self.cluster.ssh)
+                except SparkOpsError as exc:
+                    if not transient(exc):
+                        self._jump_error = exc  # the same answer for every node, asked once
+                    raise
+        return SSHConnector(node, self.cluster.ssh, tunnel=self._jump)
 
     def connector(self, host: str) -> Connector:
         """The open connector of a node."""
@@ -310,3 +336,8 @@ class ClusterSession:
         conns = list(self.connectors.values())
         self.connectors.clear()
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+        jump, self._jump = self._jump, None
+        if jump is not None:
+            jump.close()
+            with suppress(Exception):
+                await asyncio.wait_for(jump.wait_closed(), 2)

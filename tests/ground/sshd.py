@@ -468,8 +468,13 @@ class SshdCluster:
             raise GroundError("closing the sshd cluster: " + "; ".join(errors))
 
 
-def _sshd_config(node: SshNode, *, env: dict[str, str], penalties: bool) -> str:
-    """Render a node's sshd_config: loopback only, key-only auth for its user, high limits."""
+def _sshd_config(
+    node: SshNode, *, env: dict[str, str], penalties: bool, options: dict[str, str] | None = None
+) -> str:
+    """Render a node's sshd_config: loopback only, key-only auth for its user, high limits.
+
+    `options` replaces settings by keyword (e.g. {"MaxSessions": "10"} for sshd's default).
+    """
     lines = [
         f"Port {node.port}",
         f"ListenAddress {node.host}",
@@ -498,6 +503,8 @@ def _sshd_config(node: SshNode, *, env: dict[str, str], penalties: bool) -> str:
         "Subsystem sftp internal-sftp",
         "LogLevel VERBOSE",
     ]
+    for key, value in (options or {}).items():
+        lines = [li for li in lines if li.split(" ", 1)[0] != key] + [f"{key} {value}"]
     if penalties:  # OpenSSH >= 9.8 penalises sources that fail auth; tests fail auth on purpose
         lines.append("PerSourcePenalties no")
     if env:
@@ -511,11 +518,13 @@ def start_sshd_nodes(
     *,
     names: Sequence[str] | None = None,
     env: dict[str, str] | None = None,
+    options: dict[str, str] | None = None,
 ) -> SshdCluster:
     """Start n sshd nodes on 127.0.0.1 (free ports, own users/homes/host keys); wait for them.
 
     `names` defaults to node1..nodeN. `env` adds variables to every session (sshd SetEnv); each
-    node's PATH is `<home>/bin:/usr/local/bin:/usr/bin:/bin` unless env sets PATH. Raises
+    node's PATH is `<home>/bin:/usr/local/bin:/usr/bin:/bin` unless env sets PATH. `options`
+    overrides sshd_config settings by keyword (e.g. {"MaxSessions": "10"}). Raises
     GroundUnavailable when this machine cannot run sshd nodes (callers turn that into a skip).
     """
     reason = unavailable_reason()
@@ -569,7 +578,8 @@ def start_sshd_nodes(
             )
             node.host_key_pub = keygen(node.host_key_path, f"{name}-host")
             node_env = {"PATH": f"{home}/bin:/usr/local/bin:/usr/bin:/bin", **(env or {})}
-            node.config_path.write_text(_sshd_config(node, env=node_env, penalties=penalties))
+            config = _sshd_config(node, env=node_env, penalties=penalties, options=options)
+            node.config_path.write_text(config)
             cluster.nodes.append(node)
         cluster.write_known_hosts()
         for node in cluster.nodes:
