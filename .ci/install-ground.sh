@@ -57,15 +57,16 @@ for pkg in torchvision torchaudio torchcodec; do
 done
 "$VENV/bin/python" -c 'import torch; assert "cpu" in torch.__version__ or not torch.cuda.is_available()'
 
-# 3. Tiny models (random weights, fixed seed, locally trained tokenizer).
-for kind in llama moe; do
-  out="$VENV/models/tiny-$kind"
+# 3. Tiny models (random weights, fixed seed, locally trained tokenizer): name, kind, layers.
+for spec in "llama llama 2" "moe moe 2" "llama-deep llama 8"; do
+  read -r name kind layers <<<"$spec"
+  out="$VENV/models/tiny-$name"
   if [[ -f "$out/config.json" && -f "$out/model.safetensors" && -f "$out/tokenizer.json" ]]; then
-    log "model tiny-$kind present"
+    log "model tiny-$name present"
   else
     t0=$SECONDS
-    "$VENV/bin/python" "$REPO/scripts/make_tiny_model.py" --kind "$kind" --out "$out"
-    log "model tiny-$kind built in $((SECONDS - t0)) s"
+    "$VENV/bin/python" "$REPO/scripts/make_tiny_model.py" --kind "$kind" --layers "$layers" --out "$out"
+    log "model tiny-$name built in $((SECONDS - t0)) s"
   fi
 done
 

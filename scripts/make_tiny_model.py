@@ -7,9 +7,12 @@ tokenizers):
 
     /opt/spark-ops-vllm/bin/python scripts/make_tiny_model.py --kind llama --out DIR
     /opt/spark-ops-vllm/bin/python scripts/make_tiny_model.py --kind moe --out DIR
+    /opt/spark-ops-vllm/bin/python scripts/make_tiny_model.py --kind llama --layers 8 --out DIR
 
 Kinds: `llama` (dense LlamaForCausalLM: hidden 128, 2 layers, 4 heads, 2 KV heads, head_dim 32)
-and `moe` (Qwen3MoeForCausalLM: same attention, 4 experts, 2 active per token). The directory is
+and `moe` (Qwen3MoeForCausalLM: same attention, 4 experts, 2 active per token). `--layers 8`
+makes a deeper model whose decode step costs more per step and about as much per sequence: the
+throughput test uses it, so that batching shows on a CPU (see docs/test-ground.md). The directory is
 built beside `DIR` and renamed into place, so a finished `DIR/config.json` means a complete model.
 """
 
@@ -94,13 +97,13 @@ def train_tokenizer(seed: int, vocab_size: int) -> Any:
     return fast
 
 
-def model_config(kind: str, vocab_size: int, ids: dict[str, int]) -> Any:
+def model_config(kind: str, vocab_size: int, ids: dict[str, int], layers: int = 2) -> Any:
     """Return the transformers config of the tiny model of this kind."""
     common: dict[str, Any] = {
         "vocab_size": vocab_size,
         "hidden_size": 128,
         "intermediate_size": 256,
-        "num_hidden_layers": 2,
+        "num_hidden_layers": layers,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "head_dim": 32,
@@ -131,7 +134,7 @@ def model_config(kind: str, vocab_size: int, ids: dict[str, int]) -> Any:
     raise SystemExit(f"--kind {kind!r} not allowed: llama or moe")
 
 
-def build(kind: str, out: Path, *, seed: int, vocab_size: int) -> Path:
+def build(kind: str, out: Path, *, seed: int, vocab_size: int, layers: int = 2) -> Path:
     """Build the model directory out (tokenizer, config, safetensors weights); return it."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -142,7 +145,7 @@ def build(kind: str, out: Path, *, seed: int, vocab_size: int) -> Path:
         "eos": tokenizer.convert_tokens_to_ids(EOS),
         "pad": tokenizer.convert_tokens_to_ids(PAD),
     }
-    config = model_config(kind, len(tokenizer), ids)
+    config = model_config(kind, len(tokenizer), ids, layers)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.generation_config = GenerationConfig(
@@ -154,7 +157,13 @@ def build(kind: str, out: Path, *, seed: int, vocab_size: int) -> Path:
     tokenizer.save_pretrained(tmp)
     model.save_pretrained(tmp, safe_serialization=True)
     params = sum(p.numel() for p in model.parameters())
-    provenance = {"kind": kind, "seed": seed, "vocab_size": len(tokenizer), "parameters": params}
+    provenance = {
+        "kind": kind,
+        "layers": layers,
+        "seed": seed,
+        "vocab_size": len(tokenizer),
+        "parameters": params,
+    }
     (tmp / "spark-ground.json").write_text(json.dumps(provenance, indent=2) + "\n")
     for path in [tmp, *tmp.iterdir()]:
         path.chmod(0o755 if path.is_dir() else 0o644)
@@ -170,8 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--vocab-size", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=2, choices=range(1, 33), metavar="1..32")
     args = parser.parse_args(argv)
-    out = build(args.kind, args.out.resolve(), seed=args.seed, vocab_size=args.vocab_size)
+    out = build(
+        args.kind,
+        args.out.resolve(),
+        seed=args.seed,
+        vocab_size=args.vocab_size,
+        layers=args.layers,
+    )
     info = json.loads((out / "spark-ground.json").read_text())
     sys.stderr.write(f"built {out}: {info}\n")
     return 0

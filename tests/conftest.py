@@ -11,6 +11,18 @@ from ground.fixtures import openssh_cluster, real_vllm, real_vllm_factory  # noq
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+REQUIRE_GROUND = "SPARK_OPS_REQUIRE_GROUND"  # set by .ci/run: a skipped tier is a failure there
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under SPARK_OPS_REQUIRE_GROUND=1 a skip (sshd or vLLM missing) fails instead."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.skipped and os.environ.get(REQUIRE_GROUND) == "1":
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped ({reason}), but {REQUIRE_GROUND}=1 asks for every tier to run"
 
 
 class Sim:

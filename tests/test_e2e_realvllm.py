@@ -30,12 +30,13 @@ from spark_ops.errors import ExitStatus
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
 
 MODELS = VENV / "models"
-# Measured here at C=16: 3.45x (1,355 -> 4,672 tok/s); docs/test-ground.md saw 1.9x on a busier
-# machine. 1.5x is what the test can defend while other engineers' runs compete for the 2 cores.
-MIN_RATIO = 1.5
-# Each bench is ~1-2 s; on 2 shared cores one run can land on a burst of other work (a single
-# pair once gave 2,220 vs 2,930 tok/s), so each cap is measured 3 times and its best run kept.
-BENCH_RUNS = 3
+# C=16 on the 8-layer tiny model, best of 5 each: see docs/test-ground.md for the runs. The issue
+# asks for 2x; on 2 cores shared with other engineers' runs single benches swing by +-20%, so the
+# test fails below 1.8x and prints the figures every time.
+MIN_RATIO = 1.8
+# Each bench is ~2 s; one run can land on a burst of other work, so each cap is measured 5 times
+# and its best run kept.
+BENCH_RUNS = 5
 
 RECIPE = """# tiny-llama on vLLM's CPU build, for spark-ops' real-engine tests (written by the test)
 recipe_version: "1"
@@ -176,8 +177,10 @@ def test_real_vllm_apply_bench_and_refused_backend(real_sim: Sim, tmp_path: Path
         offset = log.stat().st_size
         # the first apply also sets the KV memory: the recipe written above says 2G while the
         # simulated engine serves, so spark-ops' KV-pool check expects (and accepts) a new pool
-        kv = ["--kv-cache-memory", "1G"] if cap == 6 else []
-        code, out, err, took = _apply(s, "--max-num-seqs", str(cap), *kv)
+        # and the model: the 8-layer tiny model, whose decode step costs enough per step that
+        # batching shows on a CPU (the 2-layer one measured ~1.8x here, this one ~2.1x)
+        first = ["--kv-cache-memory", "1G", "--set", f"model_path={MODELS}/tiny-llama-deep"]
+        code, out, err, took = _apply(s, "--max-num-seqs", str(cap), *(first if cap == 6 else []))
         failed = [c for c in out.get("checks", []) if not c["ok"]]
         assert code == 0, f"failed checks {failed}; {err[-2000:]}"
         timings[f"apply {cap}"] = took
@@ -188,7 +191,7 @@ def test_real_vllm_apply_bench_and_refused_backend(real_sim: Sim, tmp_path: Path
         line = [li for li in new_log.splitlines() if "non-default args:" in li][-1]
         logged = ast.literal_eval(line.split("non-default args: ", 1)[1].strip())
         assert logged == nda, f"boot report {nda} != engine log {logged}"
-        assert logged["max_num_seqs"] == cap and logged["model"].endswith("tiny-llama")
+        assert logged["max_num_seqs"] == cap and logged["model"].endswith("tiny-llama-deep")
         assert not {"tensor_parallel_size", "distributed_executor_backend"} & set(logged)
         assert "CPU KV cache size" in new_log, "the real CPU build served this boot"
         assert out["stamp"] is not None and out["pruned"] == [out["stamp"]]

@@ -26,7 +26,7 @@ from . import GroundError
 from .sshd import free_port, pid_alive
 
 VENV = Path(os.environ.get("SPARK_GROUND_VENV", "/opt/spark-ops-vllm"))
-MODELS = ("tiny-llama", "tiny-moe")
+MODELS = ("tiny-llama", "tiny-moe", "tiny-llama-deep")
 SERVED_NAME = "tiny"
 BOOT_TIMEOUT = 300.0
 STOP_TIMEOUT = 30.0
