@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from ground.cluster import bare_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,21 +25,7 @@ ECHO_ARGV = "import sys, json; sys.stdout.write(json.dumps(sys.argv[1:]))"
 
 def inventory_for(ground: Any, *, max_connects: int = 16) -> Cluster:
     """A spark-ops cluster for an sshd ground cluster (node1 head)."""
-    nodes = "".join(
-        f"      {n.name}: {{host: {n.host}, port: {n.port}, user: {n.user}"
-        + (", role: head" if i == 0 else "")
-        + "}\n"
-        for i, n in enumerate(ground)
-    )
-    text = (
-        "clusters:\n  t:\n    ssh:\n"
-        f"      known_hosts: {ground.known_hosts}\n      identity: {ground.client_key}\n"
-        "      agent: false\n      config: /dev/null\n      connect_timeout: 10\n"
-        f"      max_concurrent_connects: {max_connects}\n"
-        "    nodes:\n" + nodes + "    recipe: {path: ~/recipe.yaml}\n"
-        "    watchdog: {restart_command: 'true', history_file: ~/restarts}\n"
-    )
-    return parse_inventory(text, "test-inventory.yaml").cluster()
+    return bare_cluster(ground, max_concurrent_connects=max_connects)
 
 
 def put_recipe(ground: Any, text: str = RECIPE) -> None:

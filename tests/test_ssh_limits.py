@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 from ground import GroundUnavailable
+from ground.cluster import bare_cluster
 from ground.sshd import SshdCluster, start_sshd_nodes
 
 from spark_ops.errors import ConnectError, RemoteError
-from spark_ops.inventory import Cluster, parse_inventory
+from spark_ops.inventory import Cluster
 from spark_ops.remote import ClusterSession
 
 pytestmark = pytest.mark.openssh
@@ -19,24 +20,7 @@ pytestmark = pytest.mark.openssh
 
 def inventory(ground: SshdCluster, *, jump: str | None = None, max_channels: int = 8) -> Cluster:
     """A cluster over the ground's nodes; known_hosts and key only in the inventory."""
-    nodes = "".join(
-        f"      {n.name}: {{host: {n.host}, port: {n.port}, user: {n.user}"
-        + (", role: head" if i == 0 else "")
-        + "}\n"
-        for i, n in enumerate(ground)
-    )
-    text = (
-        "clusters:\n  t:\n    ssh:\n"
-        f"      known_hosts: {ground.known_hosts}\n      identity: {ground.client_key}\n"
-        "      agent: false\n      config: /dev/null\n      connect_timeout: 10\n"
-        f"      max_channels: {max_channels}\n"
-        + (f"      jump: '{jump}'\n" if jump else "")
-        + "    nodes:\n"
-        + nodes
-        + "    recipe: {path: ~/recipe.yaml}\n"
-        "    watchdog: {restart_command: 'true', history_file: ~/restarts}\n"
-    )
-    return parse_inventory(text, "limits-inventory.yaml").cluster()
+    return bare_cluster(ground, max_channels=max_channels, **({"jump": jump} if jump else {}))
 
 
 def accepted(ground: SshdCluster, name: str) -> int:

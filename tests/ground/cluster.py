@@ -36,9 +36,13 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import GroundError
 from .sshd import SshdCluster, SshNode, free_port
+
+if TYPE_CHECKING:
+    from spark_ops.inventory import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_PYTHON = "/usr/bin/python3"
@@ -343,6 +347,35 @@ clusters:
       worker_stall_s: 20
       min_mem_available_gb: 0.1
 """
+
+
+def bare_cluster(ground_cluster: SshdCluster, **ssh: object) -> Cluster:
+    """A spark-ops cluster over sshd nodes (the first one head) with no engine, for SSH tests.
+
+    Host keys and the client key come from the inventory only; `ssh` adds settings of the
+    inventory's ssh: section (e.g. max_channels=8, jump="user@host:port").
+    """
+    from spark_ops.inventory import parse_inventory
+
+    nodes = "".join(
+        f"      {n.name}: {{host: {n.host}, port: {n.port}, user: {n.user}"
+        + (", role: head" if i == 0 else "")
+        + "}\n"
+        for i, n in enumerate(ground_cluster.nodes)
+    )
+    extra = "".join(f"      {key}: {json.dumps(value)}\n" for key, value in ssh.items())
+    text = (
+        "clusters:\n  t:\n    ssh:\n"
+        f"      known_hosts: {ground_cluster.known_hosts}\n"
+        f"      identity: {ground_cluster.client_key}\n"
+        "      agent: false\n      config: /dev/null\n      connect_timeout: 10\n"
+        + extra
+        + "    nodes:\n"
+        + nodes
+        + "    recipe: {path: ~/recipe.yaml}\n"
+        "    watchdog: {restart_command: 'true', history_file: ~/restarts}\n"
+    )
+    return parse_inventory(text, "test-inventory.yaml").cluster()
 
 
 def start_raylet(ground: SparkGround, name: str) -> None:
