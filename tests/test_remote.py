@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -251,3 +253,46 @@ async def test_rename_failing_on_one_node_puts_the_others_back(
         assert (n.spec.home / "r.yaml").read_text() == "old\n", n.spec.name
         leftovers = [p.name for p in n.spec.home.iterdir() if p.name not in ("r.yaml", "bin")]
         assert leftovers == [], (n.spec.name, leftovers)
+
+
+LIBOQS_PROBE = """
+import ctypes.util, json, sys
+calls = []
+stock = ctypes.util.find_library
+def spy(name):
+    calls.append(name)
+    return stock(name)
+ctypes.util.find_library = spy
+if sys.argv[1] == "spark-ops":
+    from spark_ops.remote.connector import load_asyncssh
+    load_asyncssh()
+else:
+    import asyncssh
+import asyncssh.crypto.pq as pq
+import asyncssh.crypto.umac as umac
+print(json.dumps({"lib": pq._oqs_lib, "nettle": umac._nettle_lib, "mlkem": pq.mlkem_available,
+                  "restored": ctypes.util.find_library is spy, "calls": calls}))
+"""
+
+
+def _probe(how: str, env: dict[str, str]) -> dict[str, Any]:
+    """Import asyncssh the stock way or through load_asyncssh; what it found and asked."""
+    out = subprocess.run(
+        [sys.executable, "-c", LIBOQS_PROBE, how], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return dict(json.loads(out.stdout))
+
+
+def test_asyncssh_import_finds_what_the_stock_probe_finds() -> None:
+    """load_asyncssh asks the linker cache for liboqs/nettle: the stock probe's answer, faster."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LIBRARY_PATH")}
+    stock, ours = _probe("stock", env), _probe("spark-ops", env)
+    found = ("lib", "nettle", "mlkem")
+    assert [ours[k] for k in found] == [stock[k] for k in found]
+    assert ours["restored"], "ctypes.util.find_library is put back after the import"
+    assert ours["calls"] == [], "asyncssh's probes did not go through the slow search"
+    assert {"oqs", "nettle"} <= set(stock["calls"]), "the stock import probes (else: no test)"
+    # a library path outside the cache: the stock search runs, as asyncssh alone would do it
+    custom = _probe("spark-ops", dict(env, LD_LIBRARY_PATH="/opt/oqs/lib"))
+    assert {"oqs", "nettle"} <= set(custom["calls"])

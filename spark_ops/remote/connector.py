@@ -29,6 +29,7 @@ from spark_ops.log import get_logger
 
 JUMP = "jump host"  # the host name errors of the shared jump connection carry
 CONNECT_RETRIES = 2  # for connections dropped before login only
+_PROBED_AT_IMPORT = frozenset({"oqs", "liboqs", "nettle", "libnettle", "libnettle-6"})
 CHANNEL_RETRIES = 2  # for a session refused by sshd (its slots free a little after a close)
 _TRANSIENT = ("Connection reset by peer", "Connection lost", "Connection closed by peer")
 
@@ -242,9 +243,45 @@ def client_options(ssh: SSHSettings, port: int, user: str | None) -> dict[str, A
     return opts
 
 
+def load_asyncssh() -> Any:
+    """Import asyncssh, its probes for liboqs and nettle asking the linker cache only.
+
+    At import asyncssh looks for liboqs and libnettle with `ctypes.util.find_library`, which on
+    Linux runs `ldconfig -p` and then, for a name the cache lacks, `gcc` and `ld`: ~35 ms of a
+    0.35 s `spark-ops exec` without liboqs (docs/performance.md). A library installed where the
+    dynamic linker finds it is in ldconfig's cache, so the cache alone gives the same answer.
+    With LD_LIBRARY_PATH or LIBRARY_PATH set (a library outside the cache), the stock search runs.
+    """
+    import os
+    import sys
+
+    if "asyncssh" in sys.modules:
+        return sys.modules["asyncssh"]
+    import ctypes.util
+
+    original = ctypes.util.find_library
+    from_cache = getattr(ctypes.util, "_findSoname_ldconfig", None)
+    custom_paths = os.environ.get("LD_LIBRARY_PATH") or os.environ.get("LIBRARY_PATH")
+    if from_cache is None or custom_paths or not sys.platform.startswith("linux"):
+        import asyncssh
+
+        return asyncssh
+
+    def find_library(name: str) -> str | None:
+        """The linker cache's answer for asyncssh's probes; the stock search for the rest."""
+        return from_cache(name) if name in _PROBED_AT_IMPORT else original(name)
+
+    ctypes.util.find_library = find_library
+    try:
+        import asyncssh
+    finally:
+        ctypes.util.find_library = original
+    return asyncssh
+
+
 async def _connect(name: str, host: str, port: int, user: str | None, opts: dict[str, Any]) -> Any:
     """asyncssh.connect with its failures mapped to our error tree, naming `name`."""
-    import asyncssh
+    asyncssh = load_asyncssh()
 
     try:
         return await asyncssh.connect(host, **opts)
