@@ -26,6 +26,7 @@ from ground.sshd import SshdCluster, start_sshd_nodes  # noqa: E402
 
 PEERS_VENV = Path(os.environ.get("SPARK_OPS_PEERS_VENV", "/tmp/sparkops-peers"))
 RECIPE_NAME = "bench-recipe.yaml"
+NO_CAP = "spark-ops, connect cap = nodes"  # a variant row, not a peer
 RECIPE_TEXT = "model: glm-5.3-flash\nmax_num_seqs: 6\nkv_cache_memory: 40G\n"
 
 
@@ -89,6 +90,8 @@ class Target:
         """Write the inventory of every tool into the workdir."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.files["spark-ops"] = self.write_inventory(max_connects)
+        if len(self.endpoints) > max_connects:  # the same run without the default cap
+            self.files[NO_CAP] = self.write_inventory(len(self.endpoints), "inventory-nocap.yaml")
         hosts = self.workdir / "pssh-hosts"
         hosts.write_text("".join(f"{e.user}@{e.host}:{e.port}\n" for e in self.endpoints))
         self.files["pssh"] = hosts

@@ -45,17 +45,23 @@ Case = Callable[[int], "tuple[list[str], dict[str, str] | None] | None"]
 def cases_for(t: c.Target, op: str) -> dict[str, Case]:
     """The per-tool process builders for one operation ('true' or 'edit')."""
     out: dict[str, Case] = {}
-    for name, build in c.PEERS.items():
+    tools: dict[str, c.Builder] = dict(c.PEERS)
+    if c.NO_CAP in t.files:
+        tools[c.NO_CAP] = c.PEERS["spark-ops"]
+    for name, build in tools.items():
 
         def case(rnd: int, name: str = name, build: c.Builder = build) -> Any:
             """argv and env of one run; the edit writes a value unique to (round, tool)."""
             value = edit_value(name, rnd)
             env = c.ansible_env(t) if name.startswith("ansible") else None
+            inventory = str(t.files[name if name == c.NO_CAP else "spark-ops"])
             if op == "true":
                 argv = build(t, ["true"])
-            elif name == "spark-ops":
+                if argv is not None and name == c.NO_CAP:
+                    argv = [inventory if a == str(t.files["spark-ops"]) else a for a in argv]
+            elif name.startswith("spark-ops"):
                 argv = [
-                    *c.spark_ops_argv(), "-q", "-i", str(t.files["spark-ops"]), "exec",
+                    *c.spark_ops_argv(), "-q", "-i", inventory, "exec",
                     "--edit", "~/" + c.RECIPE_NAME,
                     "--sub", "^max_num_seqs: .*", f"max_num_seqs: {value}",
                 ]  # fmt: skip
@@ -69,7 +75,7 @@ def cases_for(t: c.Target, op: str) -> dict[str, Case]:
 
 def edit_value(name: str, rnd: int) -> int:
     """The max_num_seqs value a tool writes in a round (unique per round and tool)."""
-    return 1000 + rnd * 10 + list(c.PEERS).index(name)
+    return 1000 + rnd * 10 + [*c.PEERS, c.NO_CAP].index(name)
 
 
 def edit_verifier(cluster: Any) -> Callable[[str, int], str | None]:
@@ -127,12 +133,20 @@ def fanout_tables(results: dict[str, Any], sizes: list[int]) -> str:
         rows: list[list[str]] = []
         fastest: dict[int, float] = {}
         for n in sizes:
-            peers = [s.median for name, s in by_size[n].items() if name != "spark-ops" and s.median]
+            peers = [
+                s.median
+                for name, s in by_size[n].items()
+                if not name.startswith("spark-ops") and s.median
+            ]
             fastest[n] = min(peers) if peers else float("nan")
-        for name in c.PEERS:
+        variants = [c.NO_CAP] if any(c.NO_CAP in by_size[n] for n in sizes) else []
+        for name in [*c.PEERS, *variants]:
             row = [name]
             for n in sizes:
-                s = by_size[n][name]
+                s = by_size[n].get(name)
+                if s is None:
+                    row += ["(not run)", ""]
+                    continue
                 if s.skipped:
                     row += [f"skipped ({s.skipped})", ""]
                     continue

@@ -55,6 +55,7 @@ async def test_unreachable_jump_is_one_clear_error(openssh_cluster: SshdCluster)
         assert session.connectors == {}
     err = info.value
     assert err.host == "jump host"
+    assert err.message.startswith(f"jump host: cannot connect to {bastion.host}:{bastion.port}")
     assert err.message.count(f"{bastion.host}:{bastion.port}") == 1, err.message
 
 

@@ -128,12 +128,13 @@ class ClusterSession:
         await asyncio.gather(*(one(n) for n in nodes))
         failed = [self.errors[n.name] for n in nodes if n.name in self.errors]
         if failed and required:
-            if len(failed) == 1:
-                raise failed[0]
+            distinct = list({e.message: e for e in failed}.values())  # one jump host failing
+            if len(distinct) == 1:
+                raise distinct[0]
             raise ConnectError(
-                ",".join(dict.fromkeys(e.host for e in failed if isinstance(e, RemoteError))),
-                "; ".join(dict.fromkeys(e.message for e in failed)),
-                hint=failed[0].hint,
+                ",".join(e.host for e in distinct if isinstance(e, RemoteError)),
+                "; ".join(e.message for e in distinct),
+                hint=distinct[0].hint,
             )
 
     async def _new_connector(self, node: Node) -> Connector:
