@@ -19,6 +19,9 @@ ENV_VAR = "SPARK_OPS_INVENTORY"
 ROLES = ("head", "worker")
 LOG_KINDS = ("file", "journalctl", "docker", "command")
 HISTORY_FORMATS = ("stamps", "jsonl", "auto")
+# Run on each worker when the placement group waits: exit 1 means its Ray worker is not running
+# (the raylet's process name; a container's processes show in the host's process table).
+DEFAULT_WORKER_CHECK = "pgrep -x raylet >/dev/null"
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class EngineSettings:
     min_mem_available_gb: float = 8.0
     model: str | None = None
     pid_file: str | None = None
+    worker_check: str | None = DEFAULT_WORKER_CHECK
 
     def recent_command(self, lines: int = 5000) -> str:
         """The shell command that prints the engine log's recent lines."""
@@ -323,7 +327,7 @@ _WATCHDOG_KEYS = (
 )  # fmt: skip
 _ENGINE_KEYS = (
     "log", "api", "boot_deadline_s", "probe_timeout_s", "worker_stall_s", "min_mem_available_gb",
-    "model", "pid_file",
+    "model", "pid_file", "worker_check",
 )  # fmt: skip
 _CLUSTER_KEYS = ("tensor_parallel", "ssh", "nodes", "recipe", "watchdog", "engine", "state_dir")
 
@@ -409,6 +413,7 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
         min_mem_available_gb=esec.positive("min_mem_available_gb", float, 8.0),
         model=esec.get("model", str),
         pid_file=esec.get("pid_file", str),
+        worker_check=esec.get("worker_check", str, DEFAULT_WORKER_CHECK) or None,
     )
     tp = sec.positive("tensor_parallel", int, len(nodes))
     return Cluster(

@@ -51,6 +51,12 @@ class Sim:
 
         node(self.root, "stop", name)
 
+    def stop_raylet(self, name: str) -> None:
+        """Stop a worker's Ray worker only (its SSH server stays up)."""
+        from spark_ops.sim.control import node
+
+        node(self.root, "stop-raylet", name)
+
     def start_node(self, name: str) -> None:
         """Bring a node back."""
         from spark_ops.sim.control import node

@@ -524,6 +524,66 @@ def test_boot_stalled_by_missing_worker(tmp_path: Path) -> None:
         down(s.root)
 
 
+def test_boot_stalled_by_dead_ray_worker(tmp_path: Path) -> None:
+    """node3's Ray worker dies as the restart starts, SSH still up: apply names it, fails fast."""
+    from spark_ops.sim.control import down
+
+    s = start_sim(tmp_path / "sim")
+    t = sim_target(s)
+    try:
+        old = s.recipe.read_text()
+        t.remember()
+        args = ["apply", "--max-num-seqs", "64", "--yes", "--json", "--no-drain"]
+        code, out, err, acted, took = run_and_act(
+            t.env,
+            [*args, "--deadline", "120"],
+            step_started("restart"),
+            lambda: s.stop_raylet("node3"),
+        )
+        assert acted, err[-2000:]
+        message = first_error(err, out)
+        record("ray-worker-dead", "sim", "node3's Ray worker stopped (SSH up) as the restart began",
+               exit=code, message=message, seconds=round(took, 1), torn=len(t.torn()),
+               lost=len(t.lost()),
+               kept="new recipe whole; planned stamp pruned; earlier stamps kept")  # fmt: skip
+        # the worker check names it after worker_stall_s (20 s), long before the 120 s deadline
+        assert code == ExitStatus.BOOT_FAILED, err[-3000:]
+        assert "node3 (its Ray worker is not running" in message, message
+        assert "node2" not in message and "node4" not in message, message
+        assert took < 100, f"failed at the stall limit, not the deadline ({took:.0f} s)"
+        assert s.recipe.read_text() == edited(old), "the new recipe, whole"
+        assert not t.lost() and t.history_parses() and t.lock_free()
+    finally:
+        down(s.root)
+
+
+@pytest.mark.openssh
+def test_ray_worker_killed_ssh_up(ground_of: Callable[..., SparkGround]) -> None:
+    """node3's raylet process killed as the restart starts (sshd fine): only node3 is named."""
+    g = ground_of()
+    t = ground_target(g)
+    old = g.recipe.read_text()
+    t.remember()
+    args = ["apply", "--max-num-seqs", "64", "--yes", "--json", "--no-drain", "--deadline", "120"]
+    code, out, err, acted, took = run_and_act(
+        t.env,
+        args,
+        step_started("restart"),
+        lambda: g.ssh("node3", 'pkill -x -u "$(id -u)" raylet'),
+    )
+    assert acted, err[-2000:]
+    message = first_error(err, out)
+    record("ray-worker-killed", "openssh", "node3's raylet process killed, its sshd up",
+           exit=code, message=message, seconds=round(took, 1), torn=len(t.torn()), lost=0,
+           kept="new recipe whole; planned stamp pruned; earlier stamps kept")  # fmt: skip
+    assert code == ExitStatus.BOOT_FAILED, err[-3000:]
+    assert "missing: node3 (its Ray worker is not running" in message, message
+    assert "node2" not in message and "node4" not in message, message
+    assert g.recipe.read_text() == edited(old), "the new recipe, whole"
+    assert not t.lost() and t.history_parses() and t.lock_free()
+    assert g.stamps() == t.before["history"], "the planned stamp pruned"
+
+
 @pytest.mark.openssh
 def test_node_lost_mid_boot(ground_of: Callable[..., SparkGround]) -> None:
     """node3 (sshd, sessions, raylet) killed while weights load: apply fails naming it."""

@@ -97,3 +97,25 @@ def start_node(root: Path, name: str) -> None:
 
     node(root, "start", name)
     click.echo(f"{name} started")
+
+
+@cli.command("stop-raylet")
+@_DIR
+@click.argument("name")
+def stop_raylet(root: Path, name: str) -> None:
+    """Stop one worker's Ray worker only (as when its container dies); SSH stays up."""
+    from spark_ops.sim.control import node
+
+    node(root, "stop-raylet", name)
+    click.echo(f"{name}: Ray worker stopped")
+
+
+@cli.command("start-raylet")
+@_DIR
+@click.argument("name")
+def start_raylet(root: Path, name: str) -> None:
+    """Start a worker's Ray worker again on its old port."""
+    from spark_ops.sim.control import node
+
+    node(root, "start-raylet", name)
+    click.echo(f"{name}: Ray worker started")

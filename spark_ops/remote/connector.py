@@ -146,9 +146,9 @@ class SSHConnector(Connector):
                             conn.run(command, check=False, timeout=timeout, **stdin), timeout + 5
                         )
                         break
-                    except asyncssh.ChannelOpenError:
+                    except asyncssh.ChannelOpenError as exc:
                         # sshd frees a session slot a little after the client saw it close
-                        if attempt == CHANNEL_RETRIES:
+                        if _connection_gone(conn, exc) or attempt == CHANNEL_RETRIES:
                             raise
                         await asyncio.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
         except (asyncssh.TimeoutError, asyncio.TimeoutError) as exc:
@@ -156,6 +156,10 @@ class SSHConnector(Connector):
                 self.node.name, f"command timed out after {timeout:.0f}s: {command[:120]}"
             ) from exc
         except asyncssh.ChannelOpenError as exc:
+            if _connection_gone(conn, exc):
+                raise ConnectError(
+                    self.node.name, f"connection lost running a command: {exc.reason}"
+                ) from exc
             raise RemoteError(
                 self.node.name,
                 f"the node's sshd refused a new session ({exc.reason})",
@@ -216,6 +220,16 @@ class SSHConnector(Connector):
             with suppress(Exception):
                 await asyncio.wait_for(self._conn.wait_closed(), 2)
             self._conn = None
+
+
+def _connection_gone(conn: Any, exc: Exception) -> bool:
+    """True when a channel could not open because the connection itself is closed.
+
+    sshd refuses a session past MaxSessions with the same code (connect failed, "open failed")
+    as asyncssh uses for a lost connection; the connection's own state tells them apart.
+    """
+    closed = getattr(conn, "is_closed", None)
+    return bool(closed()) if callable(closed) else getattr(exc, "reason", "").endswith("closed")
 
 
 def client_options(ssh: SSHSettings, port: int, user: str | None) -> dict[str, Any]:

@@ -28,6 +28,14 @@ STATE = "state.json"
 CONTROL = "control.sock"
 
 
+_NODE_ACTIONS = {
+    "stop": "stop",
+    "start": "start",
+    "stop-raylet": "stop_raylet",
+    "start-raylet": "start_raylet",
+}
+
+
 class SimError(SparkOpsError):
     """The embedded cluster could not be started, reached or stopped."""
 
@@ -237,13 +245,13 @@ class SimCluster:
         )  # fmt: skip
 
     async def control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Answer one control request: `stop NODE` / `start NODE` / `ports`."""
+        """Answer one control request: `stop|start|stop-raylet|start-raylet NODE` / `ports`."""
         try:
             words = (await reader.readline()).decode().split()
             answer: dict[str, Any] = {"ok": True}
-            if len(words) == 2 and words[0] in ("stop", "start") and words[1] in self.nodes:
+            if len(words) == 2 and words[0] in _NODE_ACTIONS and words[1] in self.nodes:
                 node = self.nodes[words[1]]
-                await (node.stop() if words[0] == "stop" else node.start())
+                await getattr(node, _NODE_ACTIONS[words[0]])()
             elif words == ["ports"]:
                 answer["ports"] = {n: s.spec.port for n, s in self.nodes.items()}
             else:

@@ -90,6 +90,7 @@ class SimNode:
             HOME=home,
             USER=os.environ.get("USER", "ops"),
             SPARK_SIM_NODE=self.spec.name,
+            SPARK_SIM_RAYLET_PORT=str(self.spec.raylet_port),
             PATH=f"{home}/bin:{env.get('PATH', '/usr/bin:/bin')}",
         )
         return env
@@ -192,20 +193,28 @@ class SimNode:
             keepalive_interval=15,
         )
         self.spec.port = self._server.sockets[0].getsockname()[1]
-        if self.spec.role == "worker":
+        await self.start_raylet()
+        self.log.debug("node up", port=self.spec.port)
+
+    async def start_raylet(self) -> None:
+        """Open a worker's raylet port (its earlier port when it had one)."""
+        if self.spec.role == "worker" and self._raylet is None:
             self._raylet = await asyncio.start_server(
                 self._raylet_conn, "127.0.0.1", self.spec.raylet_port
             )
             self.spec.raylet_port = self._raylet.sockets[0].getsockname()[1]
-        self.log.debug("node up", port=self.spec.port)
 
-    async def stop(self) -> None:
-        """Take the node off the network: close its servers and stop its commands."""
+    async def stop_raylet(self) -> None:
+        """Stop the worker's Ray worker only (as when its container dies): SSH stays up."""
         if self._raylet is not None:
             self._raylet.close()
             self._raylet = None
         for peer in list(self._peers):
             peer.close()
+
+    async def stop(self) -> None:
+        """Take the node off the network: close its servers and stop its commands."""
+        await self.stop_raylet()
         if self._server is not None:
             self._server.close()
             with suppress(Exception):

@@ -185,15 +185,27 @@ async def _wait(
             worker_stall_s=c.engine.worker_stall_s,
             probe_timeout_s=c.engine.probe_timeout_s,
             source_end_fatal=start_at is not None,
-            missing_workers=lambda: unreachable_workers(op),
+            missing_workers=lambda: missing_workers(op),
         )
 
 
-async def unreachable_workers(op: Operation) -> list[str]:
-    """Worker nodes that no longer answer over SSH (their Ray worker cannot be up either)."""
+async def missing_workers(op: Operation) -> list[str]:
+    """Workers whose Ray worker cannot be up: no SSH answer, or the worker check says not running.
+
+    The check (`engine.worker_check`, default `pgrep -x raylet`) counts only when it exits 1, its
+    "no such process"; any other failure (not installed, no permission) leaves the node unknown,
+    never wrongly named missing.
+    """
     names = [n.name for n in op.cluster.workers]
-    results = await op.session.run_all("true", names, check=False, timeout=5)
-    return [h for h, r in results.items() if isinstance(r, SparkOpsError)]
+    check = op.cluster.engine.worker_check or "true"
+    results = await op.session.run_all(check, names, check=False, timeout=5)
+    missing = []
+    for host, res in results.items():
+        if isinstance(res, SparkOpsError):
+            missing.append(f"{host} (no SSH answer)")
+        elif res.exit_code == 1 and op.cluster.engine.worker_check:
+            missing.append(f"{host} (its Ray worker is not running: `{check}` exited 1)")
+    return missing
 
 
 async def _prune_step(

@@ -151,7 +151,9 @@ export PYTHONPATH="$HOME/lib"
 exec @PYTHON@ -m spark_ops.sim.engine "$@"
 """
 
-RAYLET_PY = """import socket, threading
+RAYLET_PY = """import ctypes, socket, threading
+# named `raylet` like Ray's own process, so that `pgrep -x raylet` finds it (PR_SET_NAME = 15)
+ctypes.CDLL(None).prctl(15, b"raylet", 0, 0, 0)
 def keep(conn):
     # hold the engine's liveness connection until it closes (or this node dies)
     conn.sendall(b"raylet {name}\\n")
@@ -346,6 +348,8 @@ clusters:
       probe_timeout_s: 10
       worker_stall_s: 20
       min_mem_available_gb: 0.1
+      # the ground's nodes share one kernel: count only this node user's raylet
+      worker_check: pgrep -x -u "$(id -u)" raylet >/dev/null
 """
 
 
