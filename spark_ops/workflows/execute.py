@@ -204,7 +204,7 @@ async def missing_workers(op: Operation) -> list[str]:
         if isinstance(res, SparkOpsError):
             missing.append(f"{host} (no SSH answer)")
         elif res.exit_code == 1 and op.cluster.engine.worker_check:
-            missing.append(f"{host} (its Ray worker is not running: `{check}` exited 1)")
+            missing.append(f"{host} (`{check}` exited 1: its Ray worker is not running)")
     return missing
 
 
