@@ -175,6 +175,7 @@ async def test_healthy_cluster_is_all_green(mini: MiniCluster) -> None:
         "engine-log",
         "engine-api",
         "engine-completion",
+        "ray-worker",
     } <= names
     assert [c.host for c in report.checks if c.name == "ssh"] == [
         "node1",
@@ -297,3 +298,28 @@ async def test_cluster_lock_held_by_another_operator(mini: MiniCluster) -> None:
     assert "wait for that operation to end" in check.fix
     after = await run_doctor(cluster)
     assert any(c.name == "cluster-lock" and c.status == "ok" for c in after.checks)
+
+
+def test_dead_ray_worker_fails_doctor(tmp_path: Path) -> None:
+    """A worker whose Ray worker died (SSH up) fails `ray-worker` naming it, with the fix shown.
+
+    Its own cluster: the engine loses the worker too (its completions stop), which would leave the
+    shared one wedged for the cases after it.
+    """
+    from conftest import start_sim
+
+    from spark_ops.sim.control import down
+
+    s = start_sim(tmp_path / "sim")
+    try:
+        s.stop_raylet("node3")
+        res = spark_ops(s.inventory, "doctor", "--json")
+        data = json.loads(res.stdout)
+    finally:
+        down(s.root)
+    assert res.returncode == ExitStatus.CHECK_FAILED, res.stdout + res.stderr
+    rays = {c["host"]: c for c in data["checks"] if c["name"] == "ray-worker"}
+    assert sorted(rays) == ["node2", "node3", "node4"]
+    assert [h for h, c in rays.items() if c["status"] != "ok"] == ["node3"]
+    assert "exited 1: no Ray worker running" in rays["node3"]["detail"]
+    assert "start Ray on node3" in rays["node3"]["fix"]

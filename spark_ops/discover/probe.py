@@ -73,6 +73,9 @@ def _tilde(path: str, home: str) -> str:
     return path
 
 
+SIM_WORKER_CHECK = 'exec 3<>"/dev/tcp/127.0.0.1/$SPARK_SIM_RAYLET_PORT" 2>/dev/null'
+
+
 class Discovery:
     """Looks around the head of a connected session and collects findings and inventory values."""
 
@@ -118,6 +121,34 @@ class Discovery:
         await self.find_recipe()
         await self.find_engine_log(config)
         await self.find_engine_api()
+        await self.find_worker_check()
+
+    async def find_worker_check(self) -> None:
+        """How to tell a worker's Ray worker is up: a `raylet` process, or the sim's raylet port."""
+        from spark_ops.inventory import DEFAULT_WORKER_CHECK
+
+        workers = [n.name for n in self.cluster.workers if n.name in self.session.connectors]
+        if not workers:
+            return
+        probe = (
+            "if pgrep -x raylet >/dev/null; then echo raylet; "
+            'elif [ -n "${SPARK_SIM_RAYLET_PORT:-}" ]; then echo sim; else echo none; fi'
+        )
+        answers = {h: (await self.sh(probe, h))[1].strip() for h in workers}
+        if all(a == "sim" for a in answers.values()):
+            self.found(
+                "engine.worker_check",
+                SIM_WORKER_CHECK,
+                "the embedded cluster's workers: their Ray worker is a port, not a process",
+            )
+            return
+        down = sorted(h for h, a in answers.items() if a != "raylet")
+        if down:
+            self.warn(
+                "engine.worker_check",
+                f"no `raylet` process on {', '.join(down)} (Ray not running there?); kept the "
+                f"default check `{DEFAULT_WORKER_CHECK}`: doctor will flag those nodes",
+            )
 
     async def find_recipe(self) -> None:
         """--recipe or the watchdog's, else the one `vllm serve` recipe in the usual places."""

@@ -106,6 +106,37 @@ class NodeChecks(Checker):
             "then run doctor again",
         )
 
+    async def check_ray_workers(self) -> None:
+        """engine.worker_check on every reachable worker: is its Ray worker (raylet) running?"""
+        check = self.cluster.engine.worker_check
+        if not check:
+            return
+        for node in self.cluster.workers:
+            if not self.up(node.name):
+                continue
+            res = await self.session.run(node.name, check, check=False, timeout=10)
+            if res.ok:
+                self.report.add("ray-worker", node.name, "ok", f"`{check}` found it running")
+            elif res.exit_code == 1:
+                self.report.add(
+                    "ray-worker",
+                    node.name,
+                    "fail",
+                    f"`{check}` exited 1: no Ray worker running, so a TP boot would wait for it",
+                    f"start Ray on {node.name} (the launcher's container, e.g. `docker ps -a`, "
+                    "`docker logs vllm_node`), then run doctor again",
+                )
+            else:
+                self.report.add(
+                    "ray-worker",
+                    node.name,
+                    "warn",
+                    f"`{check}` exited {res.exit_code}: cannot tell "
+                    f"({res.stderr.strip()[-160:] or 'no message'})",
+                    "set engine.worker_check to a command that exits 0 when the node's Ray worker "
+                    'runs and 1 when it does not (or "" to skip this check)',
+                )
+
     async def check_sudo(self) -> None:
         """`sudo -n true` on every node whose inventory entry says sudo: true."""
         for node in self.cluster.nodes:
