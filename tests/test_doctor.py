@@ -312,7 +312,8 @@ def test_dead_ray_worker_fails_doctor(tmp_path: Path) -> None:
 
     s = start_sim(tmp_path / "sim")
     try:
-        s.stop_raylet("node3")
+        stop = spark_ops(s.inventory, "sim", "stop-raylet", "--dir", str(s.root), "node3")
+        assert stop.returncode == 0 and stop.stdout == "node3: Ray worker stopped\n", stop
         res = spark_ops(s.inventory, "doctor", "--json")
         data = json.loads(res.stdout)
     finally:

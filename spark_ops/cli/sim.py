@@ -77,45 +77,31 @@ def status(root: Path, as_json: bool) -> None:
         click.echo(f"running (pid {state['pid']}); inventory {state['inventory']}")
 
 
-@cli.command("stop-node")
-@_DIR
-@click.argument("name")
-def stop_node(root: Path, name: str) -> None:
-    """Take one node off the network (SSH and its Ray worker)."""
-    from spark_ops.sim.control import node
-
-    node(root, "stop", name)
-    click.echo(f"{name} stopped")
-
-
-@cli.command("start-node")
-@_DIR
-@click.argument("name")
-def start_node(root: Path, name: str) -> None:
-    """Bring a stopped node back on its old port."""
-    from spark_ops.sim.control import node
-
-    node(root, "start", name)
-    click.echo(f"{name} started")
+# command, control request, help, what it prints
+_NODE_COMMANDS = (
+    ("stop-node", "stop", "Take one node off the network (SSH and its Ray worker).", "stopped"),
+    ("start-node", "start", "Bring a stopped node back on its old port.", "started"),
+    ("stop-raylet", "stop-raylet",
+     "Stop one worker's Ray worker only (as when its container dies); SSH stays up.",
+     "Ray worker stopped"),
+    ("start-raylet", "start-raylet", "Start a worker's Ray worker again on its old port.",
+     "Ray worker started"),
+)  # fmt: skip
 
 
-@cli.command("stop-raylet")
-@_DIR
-@click.argument("name")
-def stop_raylet(root: Path, name: str) -> None:
-    """Stop one worker's Ray worker only (as when its container dies); SSH stays up."""
-    from spark_ops.sim.control import node
+def _node_command(command: str, request: str, doc: str, done: str) -> None:
+    """Register `spark-ops sim COMMAND NAME`, sending `request NAME` to the running cluster."""
 
-    node(root, "stop-raylet", name)
-    click.echo(f"{name}: Ray worker stopped")
+    @cli.command(command, help=doc)
+    @_DIR
+    @click.argument("name")
+    def run(root: Path, name: str) -> None:
+        """Send the request for one node (click shows `doc` as the help)."""
+        from spark_ops.sim.control import node
+
+        node(root, request, name)
+        click.echo(f"{name}: {done}")
 
 
-@cli.command("start-raylet")
-@_DIR
-@click.argument("name")
-def start_raylet(root: Path, name: str) -> None:
-    """Start a worker's Ray worker again on its old port."""
-    from spark_ops.sim.control import node
-
-    node(root, "start-raylet", name)
-    click.echo(f"{name}: Ray worker started")
+for _spec in _NODE_COMMANDS:
+    _node_command(*_spec)
