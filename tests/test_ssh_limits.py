@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ground import GroundUnavailable
 from ground.cluster import bare_cluster
-from ground.sshd import SshdCluster, start_sshd_nodes
+from ground.fixtures import sshd_nodes
+from ground.sshd import SshdCluster
 
 from spark_ops.errors import ConnectError, RemoteError
 from spark_ops.inventory import Cluster
@@ -60,16 +61,10 @@ async def test_unreachable_jump_is_one_clear_error(openssh_cluster: SshdCluster)
 
 
 @pytest.fixture
-def default_limits_node(tmp_path: Path) -> Any:
+def default_limits_node(tmp_path: Path) -> Iterator[SshdCluster]:
     """One sshd with sshd's own MaxSessions default (10 channels per connection)."""
-    try:
-        ground = start_sshd_nodes(1, tmp_path / "limits", options={"MaxSessions": "10"})
-    except GroundUnavailable as exc:
-        pytest.skip(str(exc))
-    try:
+    with sshd_nodes(1, tmp_path / "limits", options={"MaxSessions": "10"}) as ground:
         yield ground
-    finally:
-        ground.close()
 
 
 async def _many(cluster: Cluster, n: int, seconds: float) -> list[Any]:

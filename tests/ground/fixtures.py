@@ -6,7 +6,9 @@ from ground.fixtures import openssh_cluster, real_vllm, real_vllm_factory  # noq
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,17 +19,24 @@ from .vllm import VllmFactory, VllmServer, vllm_unavailable_reason
 OPENSSH_NODES = 4
 
 
-@pytest.fixture
-def openssh_cluster(tmp_path: Path) -> Iterator[SshdCluster]:
-    """Four real sshd nodes (node1..node4) on 127.0.0.1, each with own user, HOME, host key."""
+@contextmanager
+def sshd_nodes(n: int, workdir: Path, **kw: Any) -> Iterator[SshdCluster]:
+    """n sshd nodes for one test (start_sshd_nodes options); skips where sshd cannot run."""
     try:
-        cluster = start_sshd_nodes(OPENSSH_NODES, tmp_path / "openssh")
+        cluster = start_sshd_nodes(n, workdir, **kw)
     except GroundUnavailable as exc:
         pytest.skip(str(exc))
     try:
         yield cluster
     finally:
         cluster.close()
+
+
+@pytest.fixture
+def openssh_cluster(tmp_path: Path) -> Iterator[SshdCluster]:
+    """Four real sshd nodes (node1..node4) on 127.0.0.1, each with own user, HOME, host key."""
+    with sshd_nodes(OPENSSH_NODES, tmp_path / "openssh") as cluster:
+        yield cluster
 
 
 @pytest.fixture
