@@ -178,7 +178,7 @@ def test_real_vllm_apply_bench_and_refused_backend(real_sim: Sim, tmp_path: Path
         # the first apply also sets the KV memory: the recipe written above says 2G while the
         # simulated engine serves, so spark-ops' KV-pool check expects (and accepts) a new pool
         # and the model: the 8-layer tiny model, whose decode step costs enough per step that
-        # batching shows on a CPU (the 2-layer one measured ~1.8x here, this one ~2.1x)
+        # batching shows on a CPU (the 2-layer one measured ~1.8x here, this one 2.3-2.5x)
         first = ["--kv-cache-memory", "1G", "--set", f"model_path={MODELS}/tiny-llama-deep"]
         code, out, err, took = _apply(s, "--max-num-seqs", str(cap), *(first if cap == 6 else []))
         failed = [c for c in out.get("checks", []) if not c["ok"]]
