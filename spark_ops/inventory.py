@@ -111,6 +111,14 @@ class EngineSettings:
     pid_file: str | None = None
     worker_check: str | None = DEFAULT_WORKER_CHECK
 
+    def worker_down(self, exit_code: int | None) -> bool | None:
+        """What worker_check's exit says: True (no Ray worker: exit 1), False (exit 0), None.
+
+        Any other exit (the command missing, no permission) is unknown: a node is never named
+        missing on a check that could not answer.
+        """
+        return {0: False, 1: True}.get(exit_code) if exit_code is not None else None
+
     def recent_command(self, lines: int = 5000) -> str:
         """The shell command that prints the engine log's recent lines."""
         from spark_ops.remote import quote_path

@@ -73,9 +73,6 @@ def _tilde(path: str, home: str) -> str:
     return path
 
 
-SIM_WORKER_CHECK = 'exec 3<>"/dev/tcp/127.0.0.1/$SPARK_SIM_RAYLET_PORT" 2>/dev/null'
-
-
 class Discovery:
     """Looks around the head of a connected session and collects findings and inventory values."""
 
@@ -126,19 +123,20 @@ class Discovery:
     async def find_worker_check(self) -> None:
         """How to tell a worker's Ray worker is up: a `raylet` process, or the sim's raylet port."""
         from spark_ops.inventory import DEFAULT_WORKER_CHECK
+        from spark_ops.sim import RAYLET_CHECK, RAYLET_PORT_ENV
 
         workers = [n.name for n in self.cluster.workers if n.name in self.session.connectors]
         if not workers:
             return
         probe = (
-            "if pgrep -x raylet >/dev/null; then echo raylet; "
-            'elif [ -n "${SPARK_SIM_RAYLET_PORT:-}" ]; then echo sim; else echo none; fi'
+            f"if {DEFAULT_WORKER_CHECK}; then echo raylet; "
+            f'elif [ -n "${{{RAYLET_PORT_ENV}:-}}" ]; then echo sim; else echo none; fi'
         )
         answers = {h: (await self.sh(probe, h))[1].strip() for h in workers}
         if all(a == "sim" for a in answers.values()):
             self.found(
                 "engine.worker_check",
-                SIM_WORKER_CHECK,
+                RAYLET_CHECK,
                 "the embedded cluster's workers: their Ray worker is a port, not a process",
             )
             return

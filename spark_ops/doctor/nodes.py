@@ -115,9 +115,10 @@ class NodeChecks(Checker):
             if not self.up(node.name):
                 continue
             res = await self.session.run(node.name, check, check=False, timeout=10)
-            if res.ok:
+            down = self.cluster.engine.worker_down(res.exit_code)
+            if down is False:
                 self.report.add("ray-worker", node.name, "ok", f"`{check}` found it running")
-            elif res.exit_code == 1:
+            elif down:
                 self.report.add(
                     "ray-worker",
                     node.name,

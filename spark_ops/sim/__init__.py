@@ -1,0 +1,6 @@
+"""The embedded cluster: asyncssh nodes on loopback, the reference watchdog, a simulated vLLM."""
+
+# A worker's "Ray worker" is a TCP listener whose port each command on the node finds in this
+# variable; the inventory's engine.worker_check for the embedded cluster connects to it.
+RAYLET_PORT_ENV = "SPARK_SIM_RAYLET_PORT"
+RAYLET_CHECK = f'exec 3<>"/dev/tcp/127.0.0.1/${RAYLET_PORT_ENV}" 2>/dev/null'

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import SparkOpsError
+from spark_ops.sim import RAYLET_CHECK
 
 STATE = "state.json"
 CONTROL = "control.sock"
@@ -173,6 +174,7 @@ def inventory_text(root: Path, ports: dict[str, int], engine_port: int) -> str:
         nodes=nodes,
         tp=len(names),
         engine_port=engine_port,
+        worker_check=json.dumps(RAYLET_CHECK),
     )
 
 

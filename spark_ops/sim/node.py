@@ -19,6 +19,7 @@ from typing import Any
 import asyncssh
 
 from spark_ops.log import get_logger
+from spark_ops.sim import RAYLET_PORT_ENV
 
 
 @dataclass
@@ -90,7 +91,7 @@ class SimNode:
             HOME=home,
             USER=os.environ.get("USER", "ops"),
             SPARK_SIM_NODE=self.spec.name,
-            SPARK_SIM_RAYLET_PORT=str(self.spec.raylet_port),
+            **{RAYLET_PORT_ENV: str(self.spec.raylet_port)},
             PATH=f"{home}/bin:{env.get('PATH', '/usr/bin:/bin')}",
         )
         return env

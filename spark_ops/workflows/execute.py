@@ -196,14 +196,15 @@ async def missing_workers(op: Operation) -> list[str]:
     "no such process"; any other failure (not installed, no permission) leaves the node unknown,
     never wrongly named missing.
     """
+    engine = op.cluster.engine
     names = [n.name for n in op.cluster.workers]
-    check = op.cluster.engine.worker_check or "true"
+    check = engine.worker_check or "true"
     results = await op.session.run_all(check, names, check=False, timeout=5)
     missing = []
     for host, res in results.items():
         if isinstance(res, SparkOpsError):
             missing.append(f"{host} (no SSH answer)")
-        elif res.exit_code == 1 and op.cluster.engine.worker_check:
+        elif engine.worker_check and engine.worker_down(res.exit_code):
             missing.append(f"{host} (`{check}` exited 1: its Ray worker is not running)")
     return missing
 
