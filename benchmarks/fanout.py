@@ -10,9 +10,11 @@ the machine hits all tools alike. Two operations:
   a synced temp file with a digest check, rename, keep a backup — remote.FileWrite) against
   `sed -i` run by each peer.
 
-Peers: a minimal asyncssh script, parallel-ssh (ssh2-python), pssh (Debian's parallel-ssh
-2.3.4), pyinfra and Ansible (raw module); a peer that is not installed is skipped and marked so.
-Peers are looked for in $SPARK_OPS_PEERS_VENV (default /tmp/sparkops-peers) and on PATH.
+spark-ops runs as operators install it (common.bench_venv: `pip install .`, not editable, in a venv
+of its own, like the peers). Peers: a minimal asyncssh script (spark-ops' interpreter),
+parallel-ssh (ssh2-python), pssh (Debian's parallel-ssh 2.3.4), pyinfra and Ansible (raw module); a
+peer that is not installed is skipped and marked so. Peers are looked for in $SPARK_OPS_PEERS_VENV
+(default /tmp/sparkops-peers) and on PATH.
 
     python benchmarks/fanout.py [--sizes 4,32] [--repeats 5] [--ops true,edit]
     python benchmarks/fanout.py --limits-only   # connect cap / MaxStartups / MaxSessions

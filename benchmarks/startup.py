@@ -1,10 +1,11 @@
 """How long does spark-ops take to start (--help, budget, exec -- true); what do imports cost?
 
-Times whole processes (medians of interleaved runs): `spark-ops --help` through the console script
-itself and through whatever `spark-ops` is first on PATH (a pyenv shim, for instance), and
+Times whole processes (medians of interleaved runs) of spark-ops installed as operators install it
+(common.bench_venv: `pip install .` in a venv of its own): `spark-ops --help` through the console
+script itself and through whatever `spark-ops` is first on PATH (a pyenv shim, for instance), and
 `spark-ops budget` / `spark-ops exec -- true` against the embedded cluster (`spark-ops sim up`, 4
-nodes). Then the cost of each import layer on the exec path, as the difference between
-`python -c 'import …'` processes, and the top imports by `python -X importtime`.
+nodes). Then the cost of each import layer on the exec path, as the difference between `python -c
+'import …'` processes, and the top imports by `python -X importtime`.
 
     python benchmarks/startup.py [--repeats 15] [--no-sim]
 
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as c
 
 HELP_TARGET_S = 0.150
-PY = sys.executable
+PY = sys.executable  # replaced in main() by the benchmark venv's interpreter
 
 # Import layers of the `exec` path, each including the previous ones.
 LAYERS: list[tuple[str, str]] = [
@@ -94,8 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--no-sim", action="store_true")
     args = ap.parse_args(argv)
+    global PY
     work = Path(tempfile.mkdtemp(prefix="spark-ops-bench-startup-"))
     script = c.spark_ops_argv()
+    PY = c.bench_python()
     on_path = shutil.which("spark-ops")
     print(f"# load average {os.getloadavg()[0]:.1f}; cores {os.cpu_count()}; python {PY}")
 

@@ -147,6 +147,36 @@ async def test_unknown_host_key_and_missing_node(
             await s.connect()
 
 
+async def test_known_hosts_parsed_once_per_content(
+    cluster: tuple[list[SimNode], Cluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every connection shares one parse of known_hosts; an edit to the file is seen at once."""
+    from asyncssh.known_hosts import SSHKnownHosts
+
+    from spark_ops.remote import connector
+
+    _, c = cluster
+    loads: list[int] = []
+    real_load = SSHKnownHosts.load
+
+    def counting_load(self: SSHKnownHosts, data: str) -> None:
+        """Count the parses of known_hosts content."""
+        loads.append(len(data))
+        real_load(self, data)
+
+    monkeypatch.setattr(SSHKnownHosts, "load", counting_load)
+    connector._KNOWN_HOSTS.clear()
+    async with ClusterSession(c) as s:
+        await s.connect()
+        assert len(loads) == 1, f"3 connections, {len(loads)} parses of known_hosts"
+    kh = Path(os.path.expanduser(c.ssh.known_hosts or ""))
+    kh.write_text("# every key removed\n")
+    async with ClusterSession(c) as s:
+        with pytest.raises(HostKeyError, match="node1"):
+            await s.connect(["node1"])
+    assert len(loads) == 2
+
+
 async def test_tunnel_reaches_a_loopback_service(cluster: tuple[list[SimNode], Cluster]) -> None:
     """A local port forwarded through the head reaches a service listening on the head."""
     _, c = cluster

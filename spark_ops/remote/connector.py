@@ -247,7 +247,7 @@ def client_options(ssh: SSHSettings, port: int, user: str | None) -> dict[str, A
     if ssh.insecure_no_host_key_check:
         opts["known_hosts"] = None
     elif ssh.known_hosts:
-        opts["known_hosts"] = os.path.expanduser(ssh.known_hosts)
+        opts["known_hosts"] = known_hosts_arg(os.path.expanduser(ssh.known_hosts))
     if ssh.identity:
         opts["client_keys"] = [os.path.expanduser(p) for p in ssh.identity]
     if not ssh.agent:
@@ -255,6 +255,30 @@ def client_options(ssh: SSHSettings, port: int, user: str | None) -> dict[str, A
     if ssh.config:
         opts["config"] = [os.path.expanduser(ssh.config)]
     return opts
+
+
+_KNOWN_HOSTS: dict[tuple[str, str], Any] = {}  # (path, content) -> asyncssh.SSHKnownHosts
+
+
+def known_hosts_arg(path: str) -> Any:
+    """The known_hosts file parsed once per content, for every connection of this process.
+
+    Given a path, asyncssh reads and parses the whole file on each connect, so N nodes listed in
+    one file cost N x N key parses (1,056 at 32 nodes). The file is still read on every call, so
+    an edit is seen at once; only its parse is shared. A file that cannot be read or parsed here
+    is passed on as the path, and the connection reports it as before.
+    """
+    try:
+        with open(path) as f:
+            text = f.read()
+        key = (path, text)
+        if key not in _KNOWN_HOSTS:
+            parsed = load_asyncssh().import_known_hosts(text)
+            _KNOWN_HOSTS.clear()  # one content per process is the common case; never grows
+            _KNOWN_HOSTS[key] = parsed
+        return _KNOWN_HOSTS[key]
+    except (OSError, ValueError):
+        return path
 
 
 def load_asyncssh() -> Any:
