@@ -165,7 +165,7 @@ async def test_known_hosts_parsed_once_per_content(
         real_load(self, data)
 
     monkeypatch.setattr(SSHKnownHosts, "load", counting_load)
-    connector._KNOWN_HOSTS.clear()
+    connector._parse_known_hosts.cache_clear()
     async with ClusterSession(c) as s:
         await s.connect()
         assert len(loads) == 1, f"3 connections, {len(loads)} parses of known_hosts"

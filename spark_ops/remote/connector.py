@@ -7,7 +7,10 @@ starts fast).
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import random
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
@@ -234,8 +237,6 @@ def _connection_gone(conn: Any, exc: Exception) -> bool:
 
 def client_options(ssh: SSHSettings, port: int, user: str | None) -> dict[str, Any]:
     """asyncssh connect options from the inventory's ssh settings, for a node or the jump host."""
-    import os
-
     opts: dict[str, Any] = {
         "port": port,
         "connect_timeout": ssh.connect_timeout,
@@ -257,7 +258,10 @@ def client_options(ssh: SSHSettings, port: int, user: str | None) -> dict[str, A
     return opts
 
 
-_KNOWN_HOSTS: dict[tuple[str, str], Any] = {}  # (path, content) -> asyncssh.SSHKnownHosts
+@functools.lru_cache(maxsize=2)
+def _parse_known_hosts(text: str) -> Any:
+    """asyncssh's SSHKnownHosts for a known_hosts content, parsed once per content."""
+    return load_asyncssh().import_known_hosts(text)
 
 
 def known_hosts_arg(path: str) -> Any:
@@ -270,13 +274,7 @@ def known_hosts_arg(path: str) -> Any:
     """
     try:
         with open(path) as f:
-            text = f.read()
-        key = (path, text)
-        if key not in _KNOWN_HOSTS:
-            parsed = load_asyncssh().import_known_hosts(text)
-            _KNOWN_HOSTS.clear()  # one content per process is the common case; never grows
-            _KNOWN_HOSTS[key] = parsed
-        return _KNOWN_HOSTS[key]
+            return _parse_known_hosts(f.read())
     except (OSError, ValueError):
         return path
 
@@ -290,9 +288,6 @@ def load_asyncssh() -> Any:
     dynamic linker finds it is in ldconfig's cache, so the cache alone gives the same answer.
     With LD_LIBRARY_PATH or LIBRARY_PATH set (a library outside the cache), the stock search runs.
     """
-    import os
-    import sys
-
     if "asyncssh" in sys.modules:
         return sys.modules["asyncssh"]
     import ctypes.util

@@ -29,12 +29,8 @@ STATE = "state.json"
 CONTROL = "control.sock"
 
 
-_NODE_ACTIONS = {
-    "stop": "stop",
-    "start": "start",
-    "stop-raylet": "stop_raylet",
-    "start-raylet": "start_raylet",
-}
+# control requests on one node; each names a SimNode method (dashes as underscores)
+_NODE_ACTIONS = ("stop", "start", "stop-raylet", "start-raylet")
 
 
 class SimError(SparkOpsError):
@@ -253,7 +249,7 @@ class SimCluster:
             answer: dict[str, Any] = {"ok": True}
             if len(words) == 2 and words[0] in _NODE_ACTIONS and words[1] in self.nodes:
                 node = self.nodes[words[1]]
-                await getattr(node, _NODE_ACTIONS[words[0]])()
+                await getattr(node, words[0].replace("-", "_"))()
             elif words == ["ports"]:
                 answer["ports"] = {n: s.spec.port for n, s in self.nodes.items()}
             else:
