@@ -28,11 +28,16 @@ def spark_ops(env: dict[str, str], *args: str, timeout: float = 240) -> subproce
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    """Digest of the node files spark-ops may change (not logs, pids, the daemon's state)."""
+    """Digest of the node files spark-ops may change (not logs, pids, the daemon's state).
+
+    The watchdog daemon rewrites its state.json atomically at any time, so its temp file
+    (`.state.json.tmp.*`, renamed away within milliseconds) is skipped like the file itself.
+    """
     skip = (".log", ".pid", ".owner", ".lock", "state.json")
     out = {}
     for p in sorted((root / "nodes").rglob("*")):
-        if p.is_file() and not p.name.endswith(skip):
+        daemon_tmp = p.name.startswith(".state.json.tmp.")
+        if p.is_file() and not p.name.endswith(skip) and not daemon_tmp:
             out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 
