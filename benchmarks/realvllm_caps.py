@@ -1,12 +1,12 @@
-"""The ops note's finding on the real engine: vLLM's CPU build at --max-num-seqs 6 and 64, side by side.
+"""The ops note's finding on the real engine: vLLM's CPU build at caps 6 and 64, side by side.
 
-Starts two real `vllm serve` processes on 127.0.0.1 (the test ground's venv and tiny models, built by
-`.ci/install-ground.sh`), one per cap, and sweeps them with `spark-ops bench --url … --json` in
+Starts two real `vllm serve` processes on 127.0.0.1 (the test ground's venv and tiny models, built
+by `.ci/install-ground.sh`), one per cap, and sweeps them with `spark-ops bench --url … --json` in
 interleaved rounds (cap 6, cap 64, cap 6, …) so that both see the same machine noise. Prints, per
-concurrency level, the median and range of aggregate tok/s for each cap and the ratio of medians, and
+concurrency level, the median and range of aggregate tok/s for each cap, the ratio of medians and
 the highest `vllm:num_requests_running` seen (the cap at work).
 
-    python benchmarks/realvllm_caps.py [--rounds 3] [--concurrency 1,6,16,32] [--model tiny-llama-deep]
+    python benchmarks/realvllm_caps.py [--rounds 3] [--concurrency 1,6,16,32] [--model NAME]
 
 This is a measurement, not a test: the tests assert only the behaviour (tests/test_e2e_realvllm.py).
 """

@@ -160,7 +160,7 @@ def _bench(s: Sim, tmp: Path, cap: int) -> dict[str, Any]:
 
 
 def _gauges(s: Sim, tmp: Path, cap: int) -> list[tuple[float, float]]:
-    """(running, waiting) samples of C=16 sweeps, until the cap's behaviour showed (or BENCH_RUNS)."""
+    """(running, waiting) gauge samples of C=16 sweeps, until the cap's behaviour shows."""
     seen: list[tuple[float, float]] = []
     for _ in range(BENCH_RUNS):
         level = _bench(s, tmp, cap)
@@ -174,7 +174,7 @@ def _gauges(s: Sim, tmp: Path, cap: int) -> list[tuple[float, float]]:
 
 @pytest.mark.timeout(900)
 def test_real_vllm_apply_bench_and_refused_backend(real_sim: Sim, tmp_path: Path) -> None:
-    """Cap 6 then 64 through spark-ops; the cap binds, then lifts; triton on MoE fails, rolls back."""
+    """Cap 6 then 64 through spark-ops; the cap binds, then lifts; triton on MoE rolls back."""
     s = real_sim
     log = s.head / "engine.log"
     timings: dict[str, float] = {}
