@@ -1,4 +1,4 @@
-"""Real Docker containers on the test ground: an image made here, engines in containers on the host network.
+"""Real Docker containers on the test ground: a local image, engines in containers on the host net.
 
 No registry is reachable, so nothing is pulled: the image is a skeleton root made locally with
 `docker import` (bin, lib, lib64 and sbin as links into /usr, a passwd and group file), and every
