@@ -29,6 +29,8 @@ else
 fi
 mkdir -p /run/sshd && chmod 0755 /run/sshd
 
+bash "$REPO/.ci/install-sparkrun.sh"  # the real sparkrun (Python 3.12 venv): recipe oracle, sparkrun CLI
+
 [[ "$WITH_VLLM" == 1 ]] || { log "done (--no-vllm) in $((SECONDS - t_all)) s"; exit 0; }
 
 # 2. venv with vLLM's CPU build and the CPU torch.
