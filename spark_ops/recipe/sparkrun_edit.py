@@ -156,9 +156,9 @@ def _landing(chain: Chain, change: Change, source: str) -> tuple[Layer, str, str
     else:
         placeholder = _placeholder_key(command_layer, change)
         holder = chain.holder("defaults", placeholder) if placeholder else None
-        if placeholder and holder is not None and holder is not command_layer:
+        if placeholder and holder is not None:
             why = f"{_flag_of(change)} reads {{{placeholder}}}, set in {holder.source}"
-            return holder, why, placeholder
+            return holder, why, placeholder if holder is not command_layer else None
     return command_layer, f"{_flag_of(change)} is in the command of {command_layer.source}", None
 
 
