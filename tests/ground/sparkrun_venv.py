@@ -55,14 +55,47 @@ def offline_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, st
     return env
 
 
-def no_network_prefix() -> list[str]:
-    """`unshare -n` when this process may create a network namespace, else nothing."""
+def no_network_prefix(loopback: bool = False) -> list[str]:
+    """`unshare -n` (a new network namespace: nothing but loopback, which `loopback` brings
+    up) when this process may create one, else nothing."""
     unshare = shutil.which("unshare")
     if unshare and os.geteuid() == 0:
         probe = subprocess.run([unshare, "-n", "true"], capture_output=True, check=False)
         if probe.returncode == 0:
+            if loopback:
+                return [unshare, "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
             return [unshare, "-n"]
     return []
+
+
+def prepare_home(home: Path) -> Path:
+    """A private sparkrun home: no recipe registries (sparkrun would clone its defaults)."""
+    config = home / ".config" / "sparkrun"
+    config.mkdir(parents=True, exist_ok=True)
+    registries = config / "registries.yaml"
+    if not registries.exists():
+        registries.write_text("registries: []\n", encoding="utf-8")
+    return home
+
+
+def run_sparkrun(
+    args: Sequence[str],
+    home: Path,
+    *,
+    timeout: float = 300,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """The real sparkrun CLI, offline, in a network namespace with only loopback up."""
+    prepare_home(home)
+    env = offline_env(home, extra_env)
+    return subprocess.run(
+        [*no_network_prefix(loopback=True), str(sparkrun_bin()), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def run_oracle(paths: Sequence[Path], home: Path) -> list[dict[str, object]]:
