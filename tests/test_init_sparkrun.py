@@ -164,7 +164,7 @@ def test_sparkrun_restart_action_config(tmp_path: Path) -> None:
     assert sparkrun_argv(cfg.action, "run")[-5:] == [
         "lab", "--no-follow", "--image", "local/vllm:tiny", "--offline",
     ]  # fmt: skip
-    with pytest.raises(WatchdogConfigError, match="action.cluster is required"):
+    with pytest.raises(WatchdogConfigError, match=r"action\.cluster is required"):
         parse_config({"action": {"kind": "sparkrun", "recipe": "/r/q.yaml"}})
     with pytest.raises(WatchdogConfigError, match="run_options"):
         parse_config(
