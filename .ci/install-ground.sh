@@ -29,7 +29,10 @@ else
 fi
 mkdir -p /run/sshd && chmod 0755 /run/sshd
 
-bash "$REPO/.ci/install-sparkrun.sh"  # the real sparkrun (Python 3.12 venv): recipe oracle, sparkrun CLI
+# 1b. Docker (docker.io; dockerd without a bridge or iptables): engines in real containers.
+bash "$REPO/.ci/install-docker.sh"
+# 1c. The real sparkrun (Python 3.12 venv): the recipe oracle and the sparkrun CLI.
+bash "$REPO/.ci/install-sparkrun.sh"
 
 [[ "$WITH_VLLM" == 1 ]] || { log "done (--no-vllm) in $((SECONDS - t_all)) s"; exit 0; }
 
