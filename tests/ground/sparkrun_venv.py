@@ -84,12 +84,16 @@ def run_sparkrun(
     *,
     timeout: float = 300,
     extra_env: dict[str, str] | None = None,
+    isolate: bool = True,
 ) -> subprocess.CompletedProcess[str]:
-    """The real sparkrun CLI, offline, in a network namespace with only loopback up."""
+    """The real sparkrun CLI, offline (no registries, no Hub, no plugins, no telemetry), in a
+    network namespace of its own unless `isolate` is false: to reach the embedded nodes, which
+    listen on this namespace's loopback, it then relies on those switches alone."""
     prepare_home(home)
     env = offline_env(home, extra_env)
+    prefix = no_network_prefix(loopback=True) if isolate else []
     return subprocess.run(
-        [*no_network_prefix(loopback=True), str(sparkrun_bin()), *args],
+        [*prefix, str(sparkrun_bin()), *args],
         capture_output=True,
         text=True,
         env=env,
