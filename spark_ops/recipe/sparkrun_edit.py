@@ -31,6 +31,7 @@ from spark_ops.recipe.sparkrun_maps import (
     SGLANG_KNOB_FLAGS,
     VLLM_BOOL_KEYS,
     VLLM_FLAG_MAP,
+    VLLM_NEGATABLE_KEYS,
 )
 from spark_ops.recipe.sparkrun_render import Chain, IncludeReader, Layer, load_chain, runtime_family
 
@@ -266,15 +267,15 @@ class _SparkrunEditor(_Editor):
         value = _text_value(change)
         if entry is not None:
             return [entry_edit(rt, entry, _scalar(value, entry.raw))]
-        if value == "false" and key in VLLM_BOOL_KEYS:
-            return []  # absent is already off (sparkrun omits a false boolean)
+        if value == "false" and key in VLLM_BOOL_KEYS and key not in VLLM_NEGATABLE_KEYS:
+            return []  # absent is already off (sparkrun omits a false default-off boolean)
         return [defaults_insert(rt, f"{key}: {_scalar(value, None)}")]
 
 
 def _text_value(change: Change) -> str:
     """A change's value as the text written into defaults."""
     if change.kind == "flag" and change.value is None:
-        return "true"
+        return "false" if change.name.startswith("--no-") else "true"
     if isinstance(change.value, bool):
         return "true" if change.value else "false"
     return str(change.value)

@@ -213,15 +213,13 @@ def _first_pid(argv: list[str], timeout: float) -> int | None:
 
 def _recipe(action: ActionConfig, paths: PathsConfig, result: ActionResult) -> None:
     """Stop the engine by its pid file, render the recipe and start it detached."""
-    from spark_ops.recipe import render_recipe  # another part; imported only when used
+    from spark_ops.recipe.files import render_file  # another part; imported only when used
 
     assert action.recipe is not None
     result.steps.append(stop_engine(paths.pid, action.stop_timeout))
-    try:
-        text = Path(action.recipe).read_text()
-    except OSError as exc:
-        raise ActionError(f"cannot read recipe {action.recipe}: {exc.strerror}") from None
-    rendered = render_recipe(text, source=action.recipe)
+    if not Path(action.recipe).is_file():
+        raise ActionError(f"cannot read recipe {action.recipe}: no such file")
+    rendered = render_file(Path(action.recipe))  # either dialect; sparkrun bases read beside it
     cwd = action.workdir or str(Path(action.recipe).parent)
     pid = start_detached(
         list(rendered.argv),
