@@ -170,3 +170,52 @@ def test_sparkrun_restart_action_config(tmp_path: Path) -> None:
         parse_config(
             {"action": {"kind": "sparkrun", "recipe": "x", "cluster": "c", "run_options": "-x"}}
         )
+
+
+def test_sparkrun_action_runs_the_real_cli_and_reports_its_refusal(tmp_path: Path) -> None:
+    """The watchdog's sparkrun action runs the real `sparkrun stop` then `run --no-follow`.
+
+    Here no host can take the job (the cluster's hosts are unreachable loopback addresses, in a
+    network namespace of their own): stop's failure is recorded and ignored, run's failure is the
+    action's error, and sparkrun's own words are in the engine log.
+    """
+    from spark_ops.watchdog.actions import restart_engine
+    from tests.ground.sparkrun_venv import VENV, no_network_prefix, offline_env, prepare_home
+
+    try:
+        sparkrun_bin()
+    except GroundUnavailable as exc:
+        pytest.skip(str(exc))
+    home = prepare_home(tmp_path / "operator")
+    made = run_sparkrun(["cluster", "create", "lab", "-H", "127.0.0.2"], home)
+    assert made.returncode == 0, made.stdout + made.stderr
+    recipe = tmp_path / "recipe.yaml"
+    shutil.copy(RECIPE, recipe)
+    cfg = parse_config(
+        {
+            "paths": {"dir": str(tmp_path / "state")},
+            "action": {
+                "kind": "sparkrun",
+                "recipe": str(recipe),
+                "cluster": "lab",
+                "sparkrun": [*no_network_prefix(), str(VENV / "bin" / "sparkrun")],
+                "run_options": ["--offline", "--no-auto-detect", "--no-sync-tuning"],
+                "timeout": 120,
+                "stop_timeout": 30,
+            },
+        }
+    )
+    env = offline_env(home)
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        result = restart_engine(cfg.action, cfg.paths)
+    assert result.kind == "sparkrun" and result.ok is False
+    assert len(result.steps) == 1 and result.steps[0]["argv"][-4:] == [
+        "stop", str(recipe), "--cluster", "lab",
+    ]  # fmt: skip
+    assert result.steps[0]["result"].startswith("ignored: "), result.steps
+    assert f" run {recipe} --cluster lab --no-follow --offline" in (result.error or "")
+    assert "exited 1" in (result.error or ""), result.error
+    log = Path(cfg.paths.engine_log).read_text()
+    assert "sparkrun" in log and "127.0.0.2" in log, log[-2000:]

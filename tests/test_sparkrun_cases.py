@@ -96,3 +96,27 @@ def test_edited_chains_render_the_same_in_sparkrun(tmp_path: Path) -> None:
         text = top.read_bytes().decode("utf-8")
         mine = render_recipe(text, source=str(top), includes=sibling_reader)
         assert mine.argv == bash_words(str(entry["command"])), top
+
+
+def test_recipe_set_cli_names_and_writes_the_file_that_holds_the_knob(tmp_path: Path) -> None:
+    """`recipe set top.yaml` says the edit lands in base.yaml, writes it (with a backup) only."""
+    from click.testing import CliRunner
+
+    from spark_ops.cli.recipe import cli
+
+    folder = tmp_path / "chain"
+    shutil.copytree(CASES / "include_knob_in_base_defaults", folder)
+    top_before = (folder / "top.yaml").read_bytes()
+    out = CliRunner().invoke(
+        cli, ["set", str(folder / "top.yaml"), "--max-num-seqs", "64", "--yes"]
+    )
+    assert out.exit_code == 0, out.output
+    assert f"the edit lands in {folder / 'base.yaml'}" in out.output
+    assert "reads {max_num_seqs}, set in" in out.output
+    assert (folder / "top.yaml").read_bytes() == top_before
+    expected = (folder / "after" / "base.yaml").read_bytes()
+    assert (folder / "base.yaml").read_bytes() == expected
+    assert len(list(folder.glob("base.yaml.bak.*"))) == 1
+    shown = CliRunner().invoke(cli, ["render", str(folder / "top.yaml")])
+    assert "format:    sparkrun (runtime vllm)" in shown.output
+    assert "--max-num-seqs 64" in shown.output and "--port 9000" in shown.output

@@ -83,7 +83,7 @@ class ActionConfig:
     start: list[str] | None = None
     detach: bool = False
     cluster: str | None = None  # sparkrun: the saved cluster (sparkrun cluster create NAME)
-    sparkrun: list[str] | None = None  # sparkrun: its CLI, one path (default: `sparkrun`)
+    sparkrun: list[str] | None = None  # sparkrun: its CLI, a path or argv (default: `sparkrun`)
     run_options: list[str] | None = None  # sparkrun: more `sparkrun run` options
 
 
@@ -188,6 +188,13 @@ class _Reader:
         return None
 
 
+def _sparkrun_cli(a: _Reader) -> list[str]:
+    """action.sparkrun: one path, or a list (a prefix such as `unshare -n` and the path)."""
+    if isinstance(a.data.get("sparkrun"), list):
+        return a.words("sparkrun") or ["sparkrun"]
+    return [a.text("sparkrun", None) or "sparkrun"]
+
+
 def _resolve(base: Path, value: str | None, default: str) -> str:
     """Make a path absolute against base, using default when value is None."""
     return str((base / (value if value is not None else default)).resolve())
@@ -280,7 +287,7 @@ def parse_config(data: Any, *, source: str = "<config>") -> WatchdogConfig:
         start=a.command("start"),
         detach=a.flag("detach", False),
         cluster=a.text("cluster", None),
-        sparkrun=[a.text("sparkrun", None) or "sparkrun"] if kind == "sparkrun" else None,
+        sparkrun=_sparkrun_cli(a) if kind == "sparkrun" else None,
         run_options=a.words("run_options"),
     )
     needs = {
