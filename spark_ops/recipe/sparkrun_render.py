@@ -119,7 +119,7 @@ def sibling_reader(name: str, including: str) -> tuple[str, str]:
 def load_chain(text: str, *, source: str, reader: IncludeReader | None) -> Chain:
     """Parse a recipe and its include bases; RecipeError for cycles, depth, registry refs."""
     layers: list[Layer] = []
-    seen: set[str] = set()
+    seen: set[str] = {str(Path(source).resolve())} if Path(source).is_file() else set()
     cur_text, cur_source = text, source
     while True:
         data = parse_yaml(cur_text, source=cur_source)
