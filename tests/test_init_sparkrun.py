@@ -219,3 +219,27 @@ def test_sparkrun_action_runs_the_real_cli_and_reports_its_refusal(tmp_path: Pat
     assert "exited 1" in (result.error or ""), result.error
     log = Path(cfg.paths.engine_log).read_text()
     assert "sparkrun" in log and "127.0.0.2" in log, log[-2000:]
+
+
+@pytest.mark.parametrize(
+    "options, port, identity, known, ignored",
+    [
+        (["-p", "2222"], 2222, (), None, []),
+        (["-p2222", "-o", "ServerAliveInterval=30"], 2222, (), None, ["-o ServerAliveInterval=30"]),
+        (["-o", "Port=2201", "-oUserKnownHostsFile=/k/known"], 2201, (), "/k/known", []),
+        (["-o", "Port 2202", "-i", "/k/id", "-F", "/k/cfg"], 2202, ("/k/id",), None, ["-F /k/cfg"]),
+        ("-p 2203 -A", 2203, (), None, ["-A"]),
+    ],
+)
+def test_sparkrun_ssh_options(
+    tmp_path: Path, options: object, port: int, identity: tuple, known: str | None, ignored: list
+) -> None:
+    """Port, key and known_hosts are taken from sparkrun's ssh options; the rest is listed."""
+    from spark_ops.discover.sparkrun import SparkrunSetup, _ssh_options
+
+    setup = SparkrunSetup("lab", [])
+    _ssh_options(setup, options, tmp_path / "config.yaml")
+    assert (setup.port, setup.identity, setup.known_hosts) == (port, identity, known)
+    assert setup.ignored_options == ignored
+    with pytest.raises(InventoryError, match="ssh port '0x' is not a port number"):
+        _ssh_options(SparkrunSetup("lab", []), ["-p", "0x"], tmp_path / "config.yaml")

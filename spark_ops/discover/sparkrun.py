@@ -21,6 +21,11 @@ from spark_ops.discover.options import Finding, InitOptions, NodeSpec, _name_nod
 from spark_ops.errors import InventoryError
 
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+#: OpenSSH client options that take a value as the next word.
+_SSH_VALUE_FLAGS = frozenset(
+    {"-b", "-c", "-D", "-E", "-e", "-F", "-I", "-i", "-J", "-L", "-l", "-m", "-O", "-o", "-p"}
+    | {"-Q", "-R", "-S", "-W", "-w"}
+)
 
 #: Prints the newest sparkrun head (or solo) container's log; sparkrun renames it every launch.
 HEAD_LOG_COMMAND = (
@@ -127,31 +132,31 @@ def _ssh_options(setup: SparkrunSetup, options: object, source: Path) -> None:
     words = [str(o) for o in options]
     i = 0
     while i < len(words):
-        word = words[i]
-        value: str | None = None
-        if word == "-p" and i + 1 < len(words):
-            value, i = words[i + 1], i + 1
-        elif word.startswith("-p") and word[2:].isdigit():
-            value = word[2:]
-        elif word in ("-o",) and i + 1 < len(words) and words[i + 1].lower().startswith("port"):
-            value, i = re.split(r"[= ]", words[i + 1], maxsplit=1)[-1], i + 1
-        elif word.lower().startswith("-oport="):
-            value = word.split("=", 1)[1]
-        elif word == "-i" and i + 1 < len(words):
-            setup.identity = (*setup.identity, str(Path(words[i + 1]).expanduser()))
-            i += 1
-        elif word == "-o" and i + 1 < len(words) and _known_hosts(words[i + 1]):
-            setup.known_hosts = _known_hosts(words[i + 1])
-            i += 1
-        elif _known_hosts(word[2:]) if word.startswith("-o") else None:
-            setup.known_hosts = _known_hosts(word[2:])
+        word, nxt = words[i], words[i + 1] if i + 1 < len(words) else None
+        option = (
+            nxt if word == "-o" and nxt is not None else word[2:] if word.startswith("-o") else None
+        )
+        key, value = _option_pair(option)
+        port: str | None = None
+        if word == "-p" and nxt is not None:
+            port = nxt
+        elif word.startswith("-p") and len(word) > 2:
+            port = word[2:]
+        elif word == "-i" and nxt is not None:
+            setup.identity = (*setup.identity, str(Path(nxt).expanduser()))
+        elif key == "port":
+            port = value
+        elif key == "userknownhostsfile" and value:
+            setup.known_hosts = str(Path(value).expanduser())
         else:
-            setup.ignored_options.append(word)
-        if value is not None:
-            if not value.isdigit() or not 0 < int(value) < 65536:
-                raise InventoryError(f"{source}: ssh port {value!r} is not a port number")
-            setup.port = int(value)
-        i += 1
+            with_value = word in _SSH_VALUE_FLAGS and nxt is not None
+            setup.ignored_options.append(f"{word} {nxt}" if with_value else word)
+        if port is not None:
+            if not port.isdigit() or not 0 < int(port) < 65536:
+                raise InventoryError(f"{source}: ssh port {port!r} is not a port number")
+            setup.port = int(port)
+        takes_value = word in _SSH_VALUE_FLAGS and nxt is not None
+        i += 2 if takes_value else 1
     if setup.port:
         setup.findings.append(Finding("ssh.port", "found", setup.port, f"ssh.options of {source}"))
     if setup.known_hosts:
@@ -169,12 +174,14 @@ def _ssh_options(setup: SparkrunSetup, options: object, source: Path) -> None:
         )
 
 
-def _known_hosts(option: str) -> str | None:
-    """The file of an `UserKnownHostsFile=PATH` ssh option, else None."""
-    key, sep, value = option.partition("=")
-    if sep and key.strip().lower() == "userknownhostsfile" and value.strip():
-        return str(Path(value.strip()).expanduser())
-    return None
+def _option_pair(option: str | None) -> tuple[str, str]:
+    """An ssh `-o` option as (lowercase key, value): `Port=22`, `Port 22`."""
+    if not option:
+        return "", ""
+    key, _, value = option.strip().partition("=")
+    if not _:
+        key, _, value = option.strip().partition(" ")
+    return key.strip().lower(), value.strip()
 
 
 def _job(setup: SparkrunSetup, jobs: Path) -> None:
