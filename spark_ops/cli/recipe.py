@@ -154,16 +154,18 @@ def render_cmd(file: Path, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def show_cmd(file: Path, as_json: bool) -> None:
     """Show the four knobs of FILE as vLLM would see them."""
-    from spark_ops.recipe.files import knobs_of_file
+    from spark_ops.recipe.files import dialect_of, knobs_of_file
 
     try:
         values = knobs_of_file(file)
+        dialect = dialect_of(file)
     except SparkOpsError as err:
         _fail(err)
         return
     if as_json:
         click.echo(json.dumps(values, indent=2))
         return
+    click.echo(f"{'format':<22} {dialect.value}")
     for key, value in values.items():
         shown = "(vLLM default)" if value is None else value
         click.echo(f"{key:<22} {shown}")
