@@ -31,6 +31,8 @@ mkdir -p /run/sshd && chmod 0755 /run/sshd
 
 # 1b. Docker (docker.io; dockerd without a bridge or iptables): engines in real containers.
 bash "$REPO/.ci/install-docker.sh"
+# 1c. The real sparkrun (Python 3.12 venv): the recipe oracle and the sparkrun CLI.
+bash "$REPO/.ci/install-sparkrun.sh"
 
 [[ "$WITH_VLLM" == 1 ]] || { log "done (--no-vllm) in $((SECONDS - t_all)) s"; exit 0; }
 

@@ -21,6 +21,21 @@ _MARK = {"found": ("✓", "green"), "warn": ("!", "yellow"), "missing": ("✗", 
     metavar="HOST:PATH",
     help="Read CLUSTER_NODES, ETH_IF, IB_IF from the launch setup's .env on the head.",
 )
+@click.option(
+    "--from-sparkrun",
+    "from_sparkrun",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[NAME]",
+    help="Read sparkrun cluster NAME (default: sparkrun's default) from ~/.config/sparkrun.",
+)
+@click.option(
+    "--sparkrun-home",
+    "sparkrun_home",
+    metavar="DIR",
+    help="The home whose .config/sparkrun and .cache/sparkrun to read (default: ~).",
+)
 @click.option("--user", help="SSH user on every node.")
 @click.option("--identity", multiple=True, metavar="KEY", help="SSH private key (repeatable).")
 @click.option(
@@ -28,7 +43,12 @@ _MARK = {"found": ("✓", "green"), "warn": ("!", "yellow"), "missing": ("✗", 
 )
 @click.option("--port", type=click.IntRange(1, 65535), help="SSH port (default 22).")
 @click.option("--recipe", metavar="PATH", help="The recipe's path on the head (else searched).")
-@click.option("--name", default="spark", show_default=True, help="Cluster name in the inventory.")
+@click.option(
+    "--name",
+    default="spark",
+    show_default=True,
+    help="Cluster name in the inventory (--from-sparkrun: the sparkrun name).",
+)
 @click.option(
     "-o",
     "--output",
@@ -42,6 +62,8 @@ _MARK = {"found": ("✓", "green"), "warn": ("!", "yellow"), "missing": ("✗", 
 def cli(
     hosts: str | None,
     from_env: str | None,
+    from_sparkrun: str | None,
+    sparkrun_home: str | None,
     user: str | None,
     identity: tuple[str, ...],
     known_hosts: str | None,
@@ -58,8 +80,10 @@ def cli(
     from spark_ops.discover import InitOptions, discover, write_inventory
     from spark_ops.errors import InventoryError
 
-    if bool(hosts) == bool(from_env):
-        raise click.UsageError("give exactly one of --hosts H1,H2,… or --from-env HOST:PATH")
+    if sum((bool(hosts), bool(from_env), from_sparkrun is not None)) != 1:
+        raise click.UsageError(
+            "give exactly one of --hosts H1,H2,…, --from-env HOST:PATH or --from-sparkrun [NAME]"
+        )
     if Path(output).expanduser().exists() and not force:
         raise InventoryError(
             f"{output} already exists; not overwritten",
@@ -74,6 +98,8 @@ def cli(
         port=port,
         recipe=recipe,
         name=name,
+        from_sparkrun=from_sparkrun,
+        sparkrun_home=sparkrun_home,
     )
     result = run_async(discover(opts))
     path = write_inventory(output, result.text, force=force)

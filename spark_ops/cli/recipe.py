@@ -23,16 +23,6 @@ def _fail(err: SparkOpsError) -> None:
     raise SystemExit(int(err.exit_status))
 
 
-def _read(path: Path) -> str:
-    """Read a recipe file as UTF-8 text, byte for byte (no newline translation)."""
-    try:
-        return path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise RecipeError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise RecipeError(f"{path}: not UTF-8 text: {exc}") from exc
-
-
 def write_atomically(path: Path, text: str) -> Path:
     """Back up PATH to PATH.bak.<UTC stamp>, then replace it via temp file, fsync and rename."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -92,7 +82,8 @@ def set_cmd(
     yes: bool,
 ) -> None:
     """Change knobs in FILE with a minimal diff; show the diff, then write atomically."""
-    from spark_ops.recipe import changes_from_options, edit_recipe
+    from spark_ops.recipe import changes_from_options
+    from spark_ops.recipe.files import edit_file
 
     try:
         changes = changes_from_options(
@@ -108,21 +99,23 @@ def set_cmd(
             raise RecipeError(
                 "nothing to change: give a knob option, --set, --flag or --unset-flag"
             )
-        text = _read(file)
-        result = edit_recipe(text, changes, source=str(file), vllm_version=vllm_version)
+        landed = edit_file(file, changes, vllm_version=vllm_version)
+        result, target = landed.edit, Path(landed.target)
         for warning in result.warnings:
             click.echo(f"warning: {warning}", err=True)
+        if target != file:
+            click.echo(f"{file}: the edit lands in {target} ({'; '.join(landed.reasons)})")
         if not result.changed:
-            click.echo(f"{file}: already as requested, nothing to write")
+            click.echo(f"{target}: already as requested, nothing to write")
             return
-        click.echo(result.diff(str(file)), nl=False)
+        click.echo(result.diff(str(target)), nl=False)
         if dry_run:
             click.echo("(dry run: nothing written)")
             return
-        if not yes and not click.confirm(f"Write {file}?", default=False):
-            raise Aborted(f"{file}: not written (declined)")
-        backup = write_atomically(file, result.text)
-        click.echo(f"wrote {file} (backup {backup.name})")
+        if not yes and not click.confirm(f"Write {target}?", default=False):
+            raise Aborted(f"{target}: not written (declined)")
+        backup = write_atomically(target, result.text)
+        click.echo(f"wrote {target} (backup {backup.name})")
     except SparkOpsError as err:
         _fail(err)
 
@@ -134,16 +127,21 @@ def render_cmd(file: Path, as_json: bool) -> None:
     """Print the command FILE runs (after placeholders), its env, model and container."""
     import shlex
 
-    from spark_ops.recipe import render_recipe
+    from spark_ops.recipe.files import render_file
 
     try:
-        rendered = render_recipe(_read(file), source=str(file))
+        rendered = render_file(file)
     except SparkOpsError as err:
         _fail(err)
         return
     if as_json:
         click.echo(json.dumps(rendered.to_dict(), indent=2))
         return
+    for note in rendered.notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"format:    {rendered.dialect} (runtime {rendered.runtime})")
+    for base in rendered.chain:
+        click.echo(f"include:   {base}")
     click.echo(f"model:     {rendered.model}")
     click.echo(f"container: {rendered.container}")
     for key, value in rendered.env.items():
@@ -156,16 +154,18 @@ def render_cmd(file: Path, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def show_cmd(file: Path, as_json: bool) -> None:
     """Show the four knobs of FILE as vLLM would see them."""
-    from spark_ops.recipe import knob_values
+    from spark_ops.recipe.files import dialect_of, knobs_of_file
 
     try:
-        values = knob_values(_read(file), source=str(file))
+        values = knobs_of_file(file)
+        dialect = dialect_of(file)
     except SparkOpsError as err:
         _fail(err)
         return
     if as_json:
         click.echo(json.dumps(values, indent=2))
         return
+    click.echo(f"{'format':<22} {dialect.value}")
     for key, value in values.items():
         shown = "(vLLM default)" if value is None else value
         click.echo(f"{key:<22} {shown}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from spark_ops.discover.options import (
@@ -16,6 +18,7 @@ from spark_ops.discover.options import (
 )
 from spark_ops.discover.probe import Discovery, _bare_cluster
 from spark_ops.discover.render import render_inventory
+from spark_ops.discover.sparkrun import SparkrunSetup, adopt_sparkrun, read_sparkrun
 from spark_ops.errors import InventoryError
 from spark_ops.remote import ClusterSession
 
@@ -79,9 +82,24 @@ async def discover(opts: InitOptions) -> InitResult:
     """Connect to the cluster described by the options, look around, return the inventory text."""
     findings: list[Finding] = []
     notes: list[str] = []
+    setup: SparkrunSetup | None = None
     if opts.from_env:
         nodes, findings, notes = await _nodes_from_env(opts)
         origin = f"--from-env {opts.from_env}"
+    elif opts.from_sparkrun is not None:
+        home = Path(opts.sparkrun_home or "~").expanduser()
+        setup = read_sparkrun(opts.from_sparkrun or None, home)
+        nodes, findings = setup.nodes, list(setup.findings)
+        opts = replace(
+            opts,
+            user=opts.user or setup.user,
+            identity=opts.identity or setup.identity,
+            port=opts.port or setup.port,
+            known_hosts=opts.known_hosts or setup.known_hosts,
+            recipe=opts.recipe or setup.recipe,
+            name=setup.name if opts.name == "spark" else opts.name,
+        )
+        origin = f"--from-sparkrun {setup.name}"
     elif opts.hosts:
         nodes = parse_hosts(opts.hosts)
         origin = f"--hosts {opts.hosts}"
@@ -118,5 +136,7 @@ async def discover(opts: InitOptions) -> InitResult:
             await d.run()
             findings.extend(d.findings)
             values = d.values
+    if setup is not None:
+        findings = adopt_sparkrun(setup, opts, values, findings)
     text = render_inventory(cluster, values, findings, origin=origin, notes=notes)
     return InitResult(text, findings)

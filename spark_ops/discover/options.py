@@ -48,6 +48,8 @@ class InitOptions:
     recipe: str | None = None
     name: str = "spark"
     connect_timeout: float = 10.0
+    from_sparkrun: str | None = None  # a sparkrun cluster name; "" for sparkrun's default
+    sparkrun_home: str | None = None  # whose ~/.config/sparkrun to read (default: ~)
 
 
 @dataclass

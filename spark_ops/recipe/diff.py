@@ -124,6 +124,17 @@ def _took_effect(
     return args.get(spec.flag) == str(change.value)
 
 
+def took_effect_in(
+    change: Change, args: dict[str, object], env: dict[str, str], defaults: dict, version: str
+) -> bool:
+    """Whether a rendered result shows a change (for renderers other than verify_edit's);
+    a bare `--no-x` shows as `--x` false."""
+    negated = change.kind == "flag" and change.name.startswith("--no-") and not change.remove
+    if negated and change.value is None:
+        return args.get("--" + change.name[5:]) is False
+    return _took_effect(change, args, env, defaults, version)
+
+
 def _same_number(value: object, text: str) -> bool:
     """Whether a YAML-loaded number equals the requested text numerically (0.90 vs 0.9)."""
     try:

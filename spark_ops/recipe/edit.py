@@ -16,6 +16,7 @@ from spark_ops.recipe.command import (
     env_insert,
     yaml_scalar,
 )
+from spark_ops.recipe.dialect import Dialect, detect_dialect
 from spark_ops.recipe.diff import unified_diff, verify_edit
 from spark_ops.recipe.knobs import (
     KNOBS,
@@ -249,7 +250,11 @@ def edit_recipe(
     text: str, changes: Sequence[Change], *, source: str, vllm_version: str | None = None
 ) -> RecipeEdit:
     """Apply changes with a minimal diff; verify the result parses and renders to the request."""
-    load_recipe_text(text, source=source)
+    data = load_recipe_text(text, source=source)
+    if detect_dialect(data, source=source) is Dialect.SPARKRUN:
+        from spark_ops.recipe.sparkrun_edit import edit_sparkrun  # it builds on this module
+
+        return edit_sparkrun(text, changes, source=source, vllm_version=vllm_version).edit
     version, version_warnings = resolve_version(text, source, vllm_version)
     editor = _Editor(text, source, version)
     if any(c.kind == "knob" and c.name == "moe_backend" for c in changes):

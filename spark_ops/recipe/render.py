@@ -6,12 +6,14 @@ import re
 from dataclasses import dataclass, field
 
 from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe
+from spark_ops.recipe.dialect import Dialect, detect_dialect
 from spark_ops.recipe.knobs import (
     backend_from_legacy_env,
     parse_kv_cache_memory,
     parse_max_num_seqs,
 )
 from spark_ops.recipe.source import Token, load_recipe_text, normalize_flag, scan_shell
+from spark_ops.recipe.sparkrun_render import IncludeReader, build_command, load_chain
 
 _NUMBER = re.compile(r"^-\d+(\.\d+)?$")
 
@@ -86,6 +88,10 @@ class Rendered:
     model: str | None = None
     container: str | None = None
     defaults: dict[str, object] = field(default_factory=dict)
+    dialect: str = Dialect.EUGR.value
+    runtime: str = "vllm"
+    chain: list[str] = field(default_factory=list)  # include bases, outermost first
+    notes: list[str] = field(default_factory=list)
 
     def is_vllm_serve(self) -> bool:
         """Whether the command is a `vllm serve` invocation."""
@@ -94,6 +100,11 @@ class Rendered:
     def options(self) -> list[Option]:
         """The options of the `vllm serve` command; UnsupportedRecipe for other commands."""
         start = serve_index(self.argv)
+        if start is None and self.runtime != "vllm":
+            raise UnsupportedRecipe(
+                f"{self.source}: runtime {self.runtime!r}: its command is not `vllm serve`; "
+                "spark-ops reads and edits vLLM flags only"
+            )
         if start is None:
             raise UnsupportedRecipe(
                 f"{self.source}: command is not `vllm serve` (it starts "
@@ -114,6 +125,10 @@ class Rendered:
             "env": self.env,
             "model": self.model,
             "container": self.container,
+            "dialect": self.dialect,
+            "runtime": self.runtime,
+            "include_chain": self.chain,
+            "notes": self.notes,
         }
 
 
@@ -143,9 +158,13 @@ def env_value(value: object) -> str:
     return str(value)
 
 
-def render_recipe(text: str, *, source: str) -> Rendered:
-    """Render a recipe: format the command from defaults and split it into argv as bash would."""
+def render_recipe(text: str, *, source: str, includes: IncludeReader | None = None) -> Rendered:
+    """Render a recipe of either dialect into argv as bash would split it; env, model, image.
+
+    `includes` reads a sparkrun `include:` base (none given: such a recipe is refused)."""
     data = load_recipe_text(text, source=source)
+    if detect_dialect(data, source=source) is Dialect.SPARKRUN:
+        return render_sparkrun(text, source=source, includes=includes)
     defaults = data.get("defaults") or {}
     command = format_command(str(data["command"]), defaults, source=source)
     scan = scan_shell(command)
@@ -169,9 +188,52 @@ def render_recipe(text: str, *, source: str) -> Rendered:
     )
 
 
-def knob_values(text: str, *, source: str) -> dict[str, object]:
+def render_sparkrun(text: str, *, source: str, includes: IncludeReader | None) -> Rendered:
+    """A sparkrun v2 recipe rendered as sparkrun's loader does for a solo launch."""
+    chain = load_chain(text, source=source, reader=includes)
+    data = chain.merged
+    built = build_command(data, source=source)
+    scan = scan_shell(built.text)
+    if scan.rest_start is not None:
+        raise UnsupportedRecipe(
+            f"{source}: command renders to more than one shell command (a line without a "
+            "trailing `\\` ends it); sparkrun would run only the first as the server",
+            hint="join the lines with `\\`, or move comments after the last line",
+        )
+    notes = [
+        f"{source}: placeholder {{{name}}} has no value; sparkrun passes it literally"
+        for name in built.literal_placeholders
+    ]
+    if data.get("overrides"):
+        notes.append(
+            f"{source}: 'overrides:' layers apply at launch when their conditions match; "
+            "shown are the declared values"
+        )
+    model, container = data.get("model"), data.get("container")
+    return Rendered(
+        source=source,
+        argv=[tok.value for tok in scan.tokens],
+        env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
+        model=None if model is None else str(model),
+        container=None if container is None else str(container),
+        defaults=dict(data.get("defaults") or {}),
+        dialect=Dialect.SPARKRUN.value,
+        runtime=built.family,
+        chain=[layer.source for layer in chain.layers[:-1]],
+        notes=notes,
+    )
+
+
+def knob_values(
+    text: str, *, source: str, includes: IncludeReader | None = None
+) -> dict[str, object]:
     """Current values of the four knobs as vLLM would see them (None: not set, vLLM default)."""
-    rendered = render_recipe(text, source=source)
+    rendered = render_recipe(text, source=source, includes=includes)
+    if rendered.runtime != "vllm":
+        raise UnsupportedRecipe(
+            f"{source}: runtime {rendered.runtime!r}: max_num_seqs, kv_cache_memory, "
+            "moe_backend and enforce_eager are vLLM knobs; spark-ops does not read them here"
+        )
     args = rendered.args()
     seqs = args.get("--max-num-seqs")
     kv = args.get("--kv-cache-memory-bytes")

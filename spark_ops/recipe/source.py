@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops.errors import RecipeError, UnsupportedRecipe
+from spark_ops.recipe.dialect import Dialect, check_sparkrun_shape, detect_dialect
 from spark_ops.recipe.knobs import FLAG_ALIASES
 
 _TOP_KEY = re.compile(r"^([A-Za-z_][\w.-]*)[ \t]*:(?=[ \t\r]|$)")
@@ -23,7 +24,7 @@ def split_lines(text: str) -> list[str]:
 
 
 def load_recipe_text(text: str, *, source: str) -> dict[str, Any]:
-    """Parse and check a recipe: valid YAML, a mapping, a string `command`; RecipeError if not."""
+    """Parse and check a recipe (either dialect): valid YAML, a mapping, the keys' types."""
     import yaml
 
     try:
@@ -32,6 +33,9 @@ def load_recipe_text(text: str, *, source: str) -> dict[str, Any]:
         raise RecipeError(f"{source}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
+    if detect_dialect(data, source=source) is Dialect.SPARKRUN:
+        check_sparkrun_shape(data, source=source)
+        return data
     command = data.get("command")
     if not isinstance(command, str) or not command.strip():
         raise RecipeError(

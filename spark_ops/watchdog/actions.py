@@ -1,4 +1,5 @@
-"""The restart action of the reference watchdog: recipe, launcher, systemd, docker or command."""
+"""The restart action of the reference watchdog: recipe, launcher, systemd, docker, command or
+sparkrun (sparkrun's own stop, then `sparkrun run RECIPE --cluster NAME --no-follow`)."""
 
 from __future__ import annotations
 
@@ -212,15 +213,13 @@ def _first_pid(argv: list[str], timeout: float) -> int | None:
 
 def _recipe(action: ActionConfig, paths: PathsConfig, result: ActionResult) -> None:
     """Stop the engine by its pid file, render the recipe and start it detached."""
-    from spark_ops.recipe import render_recipe  # another part; imported only when used
+    from spark_ops.recipe.files import render_file  # another part; imported only when used
 
     assert action.recipe is not None
     result.steps.append(stop_engine(paths.pid, action.stop_timeout))
-    try:
-        text = Path(action.recipe).read_text()
-    except OSError as exc:
-        raise ActionError(f"cannot read recipe {action.recipe}: {exc.strerror}") from None
-    rendered = render_recipe(text, source=action.recipe)
+    if not Path(action.recipe).is_file():
+        raise ActionError(f"cannot read recipe {action.recipe}: no such file")
+    rendered = render_file(Path(action.recipe))  # either dialect; sparkrun bases read beside it
     cwd = action.workdir or str(Path(action.recipe).parent)
     pid = start_detached(
         list(rendered.argv),
@@ -261,6 +260,31 @@ def _command(action: ActionConfig, paths: PathsConfig, result: ActionResult) -> 
         result.engine_pid = read_pid(paths.pid)
 
 
+def sparkrun_argv(action: ActionConfig, verb: str) -> list[str]:
+    """`sparkrun stop|run RECIPE --cluster NAME` (run: --no-follow and the run options)."""
+    assert action.recipe is not None and action.cluster is not None
+    argv = [*(action.sparkrun or ["sparkrun"]), verb, action.recipe, "--cluster", action.cluster]
+    if verb == "run":
+        argv += ["--no-follow", *(action.run_options or [])]
+    return argv
+
+
+def _sparkrun(action: ActionConfig, paths: PathsConfig, result: ActionResult) -> None:
+    """sparkrun's own restart: stop the job (nothing running is fine), then run it again."""
+    stop = sparkrun_argv(action, "stop")
+    try:
+        result.steps.append(
+            run_step(stop, timeout=action.stop_timeout + 60, log_file=paths.engine_log)
+        )
+    except ActionError as exc:
+        if "timed out" in str(exc):
+            raise
+        result.steps.append({"step": "run", "argv": stop, "result": f"ignored: {exc}"})
+    result.steps.append(
+        run_step(sparkrun_argv(action, "run"), timeout=action.timeout, log_file=paths.engine_log)
+    )
+
+
 def restart_engine(action: ActionConfig, paths: PathsConfig) -> ActionResult:
     """Run the configured restart; never raises for a failed step, the result carries the error."""
     result = ActionResult(kind=action.kind)
@@ -292,6 +316,8 @@ def restart_engine(action: ActionConfig, paths: PathsConfig) -> ActionResult:
             result.engine_pid = _first_pid(
                 ["docker", "inspect", "-f", "{{.State.Pid}}", action.container], 10
             )
+        elif action.kind == "sparkrun":
+            _sparkrun(action, paths, result)
         else:
             _command(action, paths, result)
     except (WatchdogError, history.HistoryFailure) as exc:

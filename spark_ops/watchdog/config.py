@@ -12,7 +12,7 @@ from spark_ops.errors import WatchdogError
 
 DEFAULT_CONFIG = "/etc/spark-watchdog/config.yaml"
 DEFAULT_STATE_DIR = "/var/lib/spark-watchdog"
-ACTION_KINDS = ("recipe", "launcher", "systemd", "docker", "command")
+ACTION_KINDS = ("recipe", "launcher", "systemd", "docker", "command", "sparkrun")
 PROBE_ENDPOINTS = ("completions", "chat")
 HISTORY_FORMATS = ("auto", "stamps", "jsonl")
 
@@ -82,6 +82,9 @@ class ActionConfig:
     stop: list[str] | None = None
     start: list[str] | None = None
     detach: bool = False
+    cluster: str | None = None  # sparkrun: the saved cluster (sparkrun cluster create NAME)
+    sparkrun: list[str] | None = None  # sparkrun: its CLI, a path or argv (default: `sparkrun`)
+    run_options: list[str] | None = None  # sparkrun: more `sparkrun run` options
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,16 @@ class _Reader:
             self.fail(key, value, "true or false")
         return bool(value)
 
+    def words(self, key: str) -> list[str] | None:
+        """Read a list of strings (command-line arguments, passed as they are)."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        self.fail(key, value, "a list of strings (arguments)")
+        return None
+
     def command(self, key: str) -> list[str] | None:
         """Read a command: a string (run by /bin/sh -c) or a non-empty list of strings (argv)."""
         value = self.data.get(key)
@@ -173,6 +186,13 @@ class _Reader:
             return list(value)
         self.fail(key, value, "a shell command string or a non-empty list of strings")
         return None
+
+
+def _sparkrun_cli(a: _Reader) -> list[str]:
+    """action.sparkrun: one path, or a list (a prefix such as `unshare -n` and the path)."""
+    if isinstance(a.data.get("sparkrun"), list):
+        return a.words("sparkrun") or ["sparkrun"]
+    return [a.text("sparkrun", None) or "sparkrun"]
 
 
 def _resolve(base: Path, value: str | None, default: str) -> str:
@@ -266,6 +286,9 @@ def parse_config(data: Any, *, source: str = "<config>") -> WatchdogConfig:
         stop=a.command("stop"),
         start=a.command("start"),
         detach=a.flag("detach", False),
+        cluster=a.text("cluster", None),
+        sparkrun=_sparkrun_cli(a) if kind == "sparkrun" else None,
+        run_options=a.words("run_options"),
     )
     needs = {
         "recipe": ("recipe",),
@@ -273,13 +296,14 @@ def parse_config(data: Any, *, source: str = "<config>") -> WatchdogConfig:
         "systemd": ("unit",),
         "docker": ("container",),
         "command": ("start",),
+        "sparkrun": ("recipe", "cluster"),
     }[kind]
     for key in needs:
         if getattr(action, key) is None:
             raise WatchdogConfigError(
                 f"{source}: action.{key} is required when action.kind is {kind}"
             )
-    if kind == "recipe" and recipe:
+    if kind in ("recipe", "sparkrun") and recipe:
         action = ActionConfig(**{**asdict(action), "recipe": _resolve(config_dir, recipe, "")})
     return WatchdogConfig(
         source=source, engine=engine, probe=probe, budget=budget, paths=paths, action=action

@@ -1,0 +1,57 @@
+"""Recipe files on the local disk, either dialect: read, render, show, edit (naming the file).
+
+A sparkrun recipe's `include:` bases are read next to it; an edit may land in a base, and
+FileEdit.target says which file to write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from spark_ops.errors import RecipeError
+from spark_ops.recipe.changes import Change
+from spark_ops.recipe.dialect import Dialect, detect_dialect
+from spark_ops.recipe.edit import edit_recipe
+from spark_ops.recipe.render import Rendered, knob_values, render_recipe
+from spark_ops.recipe.source import load_recipe_text
+from spark_ops.recipe.sparkrun_edit import FileEdit, edit_sparkrun
+from spark_ops.recipe.sparkrun_render import sibling_reader
+
+
+def read_recipe(path: Path) -> str:
+    """A recipe file as UTF-8 text, byte for byte (no newline translation)."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{path}: not UTF-8 text: {exc}") from exc
+
+
+def dialect_of(path: Path) -> Dialect:
+    """The dialect a recipe file declares."""
+    return detect_dialect(load_recipe_text(read_recipe(path), source=str(path)), source=str(path))
+
+
+def render_file(path: Path) -> Rendered:
+    """Render a recipe file (sparkrun includes read next to it)."""
+    return render_recipe(read_recipe(path), source=str(path), includes=sibling_reader)
+
+
+def knobs_of_file(path: Path) -> dict[str, object]:
+    """The four knobs of a recipe file as vLLM would see them."""
+    return knob_values(read_recipe(path), source=str(path), includes=sibling_reader)
+
+
+def edit_file(
+    path: Path, changes: Sequence[Change], *, vllm_version: str | None = None
+) -> FileEdit:
+    """Edit a recipe file: the result names the file the edit lands in (a base, maybe)."""
+    text = read_recipe(path)
+    if dialect_of(path) is Dialect.SPARKRUN:
+        return edit_sparkrun(
+            text, changes, source=str(path), vllm_version=vllm_version, includes=sibling_reader
+        )
+    result = edit_recipe(text, changes, source=str(path), vllm_version=vllm_version)
+    return FileEdit(str(path), result, [])

@@ -1,0 +1,337 @@
+"""Minimal-diff edits of sparkrun v2 recipes, with the file that holds each knob named.
+
+A recipe with `command:` is edited as a run-recipe one is (the flag in the command, or the
+`defaults` key its `{placeholder}` reads). A recipe without `command:` is edited through
+`defaults`, for keys sparkrun's flag map renders; any other key is refused by name, since
+sparkrun would drop it without a word. With `include:`, the edit lands in the file whose
+value wins in the merge (the including file, or a base), and the merged recipe is rendered
+to check it. SGLang recipes refuse the vLLM knobs, naming SGLang's own flag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe
+from spark_ops.recipe.changes import Change
+from spark_ops.recipe.command import Edit, apply_edits, entry_edit, yaml_scalar
+from spark_ops.recipe.diff import check_others, took_effect_in
+from spark_ops.recipe.edit import RecipeEdit, _Editor
+from spark_ops.recipe.knobs import (
+    KNOBS,
+    NEWEST_KNOWN,
+    validate_moe_backend,
+    version_from_container,
+)
+from spark_ops.recipe.render import Rendered, render_sparkrun
+from spark_ops.recipe.source import RecipeText, normalize_flag
+from spark_ops.recipe.sparkrun_maps import (
+    KNOB_DEFAULTS_KEYS,
+    SGLANG_KNOB_FLAGS,
+    VLLM_BOOL_KEYS,
+    VLLM_FLAG_MAP,
+    VLLM_NEGATABLE_KEYS,
+)
+from spark_ops.recipe.sparkrun_render import Chain, IncludeReader, Layer, load_chain, runtime_family
+
+#: Command-less keys spark-ops leaves to the user: they choose sparkrun's runtime, not a flag.
+_HAND_ONLY = {"distributed_executor_backend": "it selects sparkrun's runtime (vllm-ray or not)"}
+
+
+@dataclass
+class FileEdit:
+    """An edit of one file of a recipe's include chain: which file, why, and the edit."""
+
+    target: str
+    edit: RecipeEdit
+    reasons: list[str]
+
+    def to_dict(self) -> dict[str, object]:
+        """Serialize for --json output."""
+        return {"file": self.target, "why": self.reasons, **self.edit.to_dict()}
+
+
+def edit_sparkrun(
+    text: str,
+    changes: Sequence[Change],
+    *,
+    source: str,
+    vllm_version: str | None = None,
+    includes: IncludeReader | None = None,
+) -> FileEdit:
+    """Apply changes to a sparkrun recipe (and its bases); the edit lands in one file."""
+    chain = load_chain(text, source=source, reader=includes)
+    family = runtime_family(chain.merged)
+    for change in changes:
+        _refuse_other_runtime(change, family, source)
+    version, version_warnings = _version(chain, source, vllm_version)
+    targets: dict[str, list[str]] = {}
+    keys: dict[Change, str] = {}
+    for change in changes:
+        layer, why, key = _landing(chain, change, source)
+        targets.setdefault(layer.source, []).append(why)
+        if key is not None:
+            keys[change] = key
+    if len(targets) > 1:
+        listed = "; ".join(f"{name}: {', '.join(why)}" for name, why in targets.items())
+        raise UnsupportedRecipe(
+            f"{source}: these changes land in {len(targets)} files ({listed}); spark-ops writes "
+            "one file per edit",
+            hint="run one `recipe set` per file",
+        )
+    target_source = next(iter(targets))
+    layer = next(lay for lay in chain.layers if lay.source == target_source)
+    editor = _SparkrunEditor(layer.text, layer.source, version, chain, keys)
+    if any(c.kind == "knob" and c.name == "moe_backend" for c in changes):
+        editor.warnings += version_warnings
+    for change in changes:
+        editor.apply(change)
+    _verify(chain, layer, editor.text, changes, source, version)
+    edit = RecipeEdit(editor.text, layer.text, editor.warnings, version)
+    return FileEdit(layer.source, edit, targets[target_source])
+
+
+def _version(chain: Chain, source: str, explicit: str | None) -> tuple[str, list[str]]:
+    """The vLLM version to edit for: explicit, else the merged container tag's, else newest."""
+    if explicit:
+        return explicit, []
+    container = str(chain.merged.get("container") or "")
+    found = version_from_container(container)
+    if found:
+        return found, []
+    return NEWEST_KNOWN, [
+        f"{source}: vLLM version unknown (no --vllm-version and container {container!r} "
+        f"names none): assuming {NEWEST_KNOWN}"
+    ]
+
+
+def _refuse_other_runtime(change: Change, family: str, source: str) -> None:
+    """The vLLM knobs (and any flag edit) are refused for a non-vLLM runtime, by name."""
+    if family == "vllm":
+        return
+    if change.kind == "knob":
+        theirs = SGLANG_KNOB_FLAGS.get(change.name) if family == "sglang" else None
+        known = f"; SGLang's own flag is {theirs}" if theirs else ""
+        raise UnsupportedRecipe(
+            f"{source}: runtime {family!r}: {change.name} ({KNOBS[change.name].flag}) is a vLLM "
+            f"knob, not a {family} flag{known}",
+            hint="edit the recipe by hand for a non-vLLM runtime",
+        )
+    raise UnsupportedRecipe(
+        f"{source}: runtime {family!r}: spark-ops edits vLLM recipes only ({change.describe()})"
+    )
+
+
+def _key_of(change: Change) -> str | None:
+    """The sparkrun defaults key a change means, when it means one."""
+    if change.kind == "knob":
+        return KNOB_DEFAULTS_KEYS[change.name]
+    if change.kind == "setting":
+        return change.name
+    canon = change.name if not change.name.startswith("--no-") else "--" + change.name[5:]
+    for key, flag in VLLM_FLAG_MAP.items():
+        if normalize_flag(flag) == canon:
+            return key
+    return None
+
+
+def _landing(chain: Chain, change: Change, source: str) -> tuple[Layer, str, str | None]:
+    """The layer a change is written to, why (the file that holds the knob), and the defaults
+    key to set when that layer holds a placeholder's value but not the command."""
+    data = chain.merged
+    key = _key_of(change)
+    if not data.get("command"):
+        _check_structured(change, key, source)
+        assert key is not None
+        holder = chain.holder("defaults", key)
+        if holder is not None:
+            return holder, f"defaults.{key} is set in {holder.source}", None
+        return chain.top, f"defaults.{key} added to {chain.top.source} (no command:)", None
+    command_layer = chain.holder("command")
+    assert command_layer is not None
+    if change.kind == "setting":
+        holder = chain.holder("defaults", change.name)
+        if holder is not None:
+            return holder, f"defaults.{change.name} is set in {holder.source}", change.name
+    else:
+        placeholder = _placeholder_key(command_layer, change)
+        holder = chain.holder("defaults", placeholder) if placeholder else None
+        if placeholder and holder is not None:
+            why = f"{_flag_of(change)} reads {{{placeholder}}}, set in {holder.source}"
+            return holder, why, placeholder if holder is not command_layer else None
+    return command_layer, f"{_flag_of(change)} is in the command of {command_layer.source}", None
+
+
+def _flag_of(change: Change) -> str:
+    """The command-line flag a change is about."""
+    if change.kind == "knob":
+        return KNOBS[change.name].flag
+    if change.kind == "setting":
+        return "--" + change.name.replace("_", "-")
+    return change.name
+
+
+def _placeholder_key(layer: Layer, change: Change) -> str | None:
+    """The `{key}` a flag's value reads in the command (only when every use is that key)."""
+    from spark_ops.recipe.command import CommandView
+
+    view = CommandView(RecipeText(layer.text, source=layer.source))
+    names = (
+        set(KNOBS[change.name].aliases) | {KNOBS[change.name].flag}
+        if (change.kind == "knob")
+        else {change.name}
+    )
+    keys: set[str | None] = set()
+    found = view.find(sorted(names))
+    for opt in found:
+        raw = (opt.value_token.raw if opt.value_token else opt.flag.raw.partition("=")[2]) or ""
+        raw = raw.strip("'\"")
+        ok = raw.startswith("{") and raw.endswith("}") and raw[1:-1].isidentifier()
+        keys.add(raw[1:-1] if ok else None)
+    key = next(iter(keys)) if len(keys) == 1 else None
+    if key is not None and view.placeholder_uses(key) != len(found):
+        raise UnsupportedRecipe(
+            f"{layer.source}: {{{key}}} feeds other words of the command too, and its value is "
+            "set in another file of the include chain; spark-ops will not change both",
+            hint="set the flag literally in the command by hand",
+        )
+    return key
+
+
+def _check_structured(change: Change, key: str | None, source: str) -> None:
+    """A command-less recipe takes only keys sparkrun's flag map renders; others refused."""
+    what = change.describe()
+    if key is None:
+        raise UnsupportedRecipe(
+            f"{source}: {what}: this recipe has no 'command:', so sparkrun builds the serve "
+            f"command from its fixed flag map, which has no {change.name}: sparkrun would drop it",
+            hint="add a `command:` template to the recipe to pass arbitrary flags",
+        )
+    if key not in VLLM_FLAG_MAP:
+        raise UnsupportedRecipe(
+            f"{source}: defaults.{key}: this recipe has no 'command:', and sparkrun's vLLM flag "
+            f"map has no key {key!r}: sparkrun would drop it silently; nothing written",
+            hint="add a `command:` template, or use a key of the flag map (docs/sparkrun.md)",
+        )
+    if key in _HAND_ONLY:
+        raise UnsupportedRecipe(f"{source}: defaults.{key}: edit it by hand ({_HAND_ONLY[key]})")
+    bare = change.kind == "flag" and change.value is None and not change.remove
+    if bare and key not in VLLM_BOOL_KEYS:
+        raise KnobError(f"{source}: {change.name} needs a value (defaults.{key})")
+
+
+class _SparkrunEditor(_Editor):
+    """The run-recipe editor, with sparkrun's rules: no literal braces; command-less recipes."""
+
+    def __init__(
+        self, text: str, source: str, version: str, chain: Chain, keys: dict[Change, str]
+    ) -> None:
+        """Edit one layer of a chain; `keys`: changes that set a defaults key of this layer."""
+        super().__init__(text, source, version)
+        self.structured = not chain.merged.get("command")
+        self.keys = keys
+
+    def apply(self, change: Change) -> None:
+        """Apply one change: defaults when the recipe (or this layer) has no command."""
+        if isinstance(change.value, str) and ("{" in change.value or "}" in change.value):
+            raise KnobError(
+                f"{self.source}: {change.describe()}: braces in a value would be read as "
+                "sparkrun placeholders; put the value under defaults and reference it",
+            )
+        rt = RecipeText(self.text, source=self.source)
+        if self.structured:
+            edits = self._structured(rt, change)
+        elif change in self.keys and "command" not in rt:
+            if change.kind == "knob" and change.name == "moe_backend":
+                validate_moe_backend(change.value, self.version)
+            entry = rt.entry("defaults", self.keys[change])
+            assert entry is not None
+            edits = [entry_edit(rt, entry, yaml_scalar(_text_value(change), entry.raw))]
+        else:
+            super().apply(change)
+            return
+        self.text = apply_edits(self.text, edits)
+
+    def _structured(self, rt: RecipeText, change: Change) -> list[Edit]:
+        """A command-less recipe: set, add or remove the defaults key sparkrun maps."""
+        key = _key_of(change)
+        assert key is not None
+        if change.kind == "knob" and change.name == "moe_backend":
+            validate_moe_backend(change.value, self.version)
+        entry = rt.entry("defaults", key)
+        if change.kind == "flag" and change.remove:
+            if entry is None:
+                return []
+            return [(rt.offsets[entry.line], rt.offsets[entry.line + 1], "")]
+        value = _text_value(change)
+        if entry is not None:
+            return [entry_edit(rt, entry, _scalar(value, entry.raw))]
+        if value == "false" and key in VLLM_BOOL_KEYS and key not in VLLM_NEGATABLE_KEYS:
+            return []  # absent is already off (sparkrun omits a false default-off boolean)
+        return [defaults_insert(rt, f"{key}: {_scalar(value, None)}")]
+
+
+def _text_value(change: Change) -> str:
+    """A change's value as the text written into defaults."""
+    if change.kind == "flag" and change.value is None:
+        return "false" if change.name.startswith("--no-") else "true"
+    if isinstance(change.value, bool):
+        return "true" if change.value else "false"
+    return str(change.value)
+
+
+def _scalar(value: str, old_raw: str | None) -> str:
+    """A YAML scalar for a defaults value: true/false stay booleans, else yaml_scalar."""
+    if value in ("true", "false") and (old_raw is None or old_raw[:1] not in "'\""):
+        return value
+    return yaml_scalar(value, old_raw)
+
+
+def defaults_insert(rt: RecipeText, line: str) -> Edit:
+    """An edit adding `key: value` to the defaults mapping (creating the mapping if needed)."""
+    block = rt.blocks.get("defaults")
+    if block is not None and block.entries:
+        last = block.entries[-1]
+        text = rt.lines[last.line]
+        indent = text[: len(text) - len(text.lstrip())]
+        prefix = "" if text.endswith("\n") else "\n"
+        at = rt.offsets[last.line + 1]
+        return (at, at, f"{prefix}{indent}{line}\n")
+    if block is not None:
+        head = rt.lines[block.line]
+        end = rt.offsets[block.line + 1] if head.endswith("\n") else len(rt.text)
+        return (rt.offsets[block.line], end, f"defaults:\n  {line}\n")
+    prefix = "" if not rt.text or rt.text.endswith("\n") else "\n"
+    return (len(rt.text), len(rt.text), f"{prefix}\ndefaults:\n  {line}\n")
+
+
+def _verify(
+    chain: Chain, layer: Layer, new_text: str, changes: Sequence[Change], source: str, version: str
+) -> None:
+    """Render the merged chain before and after: every change took effect, nothing else moved."""
+    before = _render(chain, layer, layer.text, source)
+    after = _render(chain, layer, new_text, source)
+    args = after.args()
+    check_others(before.args(), args, before.env, after.env, changes, source)
+    defaults = dict(after.defaults)
+    for change in changes:
+        if not took_effect_in(change, args, after.env, defaults, version):
+            raise RecipeError(
+                f"{source}: internal: {change.describe()} did not take effect in the command "
+                "sparkrun renders; nothing written"
+            )
+
+
+def _render(chain: Chain, layer: Layer, text: str, source: str) -> Rendered:
+    """Render the chain with one layer's text replaced."""
+    texts = {lay.source: (text if lay is layer else lay.text) for lay in chain.layers}
+
+    def reader(name: str, including: str) -> tuple[str, str]:
+        """Serve the chain's own (possibly edited) texts."""
+        index = [lay.source for lay in chain.layers].index(including)
+        base = chain.layers[index - 1]
+        return texts[base.source], base.source
+
+    top = chain.top
+    return render_sparkrun(texts[top.source], source=top.source, includes=reader)
