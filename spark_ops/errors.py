@@ -167,3 +167,24 @@ class Aborted(SparkOpsError):
     """The operator declined or interrupted the operation."""
 
     exit_status = ExitStatus.ABORTED
+
+
+class InputError(SparkOpsError):
+    """A value given to spark-ops cannot be sent or written safely (refused before any change)."""
+
+    exit_status = ExitStatus.USAGE
+
+
+def excerpt(value: object, limit: int = 60) -> str:
+    """A value as it may appear in an error: its repr, cut to `limit` characters, never whole."""
+    text = value if isinstance(value, str) else None
+    if text is None:
+        text = f"<{type(value).__name__}>" if isinstance(value, dict | list | tuple | set) else ""
+        if not text:
+            text = repr(value)[: limit + 1]
+        else:
+            return text
+    shown = repr(text[: limit + 1])
+    if len(text) > limit:
+        shown = repr(text[:limit]) + f"… ({len(text):,} characters)"
+    return shown

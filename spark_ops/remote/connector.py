@@ -146,7 +146,14 @@ class SSHConnector(Connector):
                 for attempt in range(CHANNEL_RETRIES + 1):
                     try:
                         proc = await asyncio.wait_for(
-                            conn.run(command, check=False, timeout=timeout, **stdin), timeout + 5
+                            conn.run(
+                                command,
+                                check=False,
+                                timeout=timeout,
+                                errors="surrogateescape",  # a bad byte never ends the read
+                                **stdin,
+                            ),
+                            timeout + 5,
                         )
                         break
                     except asyncssh.ChannelOpenError as exc:
@@ -182,7 +189,7 @@ class SSHConnector(Connector):
 
         conn = self._require()
         try:
-            proc = await conn.create_process(command, stderr=asyncssh.DEVNULL)
+            proc = await conn.create_process(command, stderr=asyncssh.DEVNULL, errors="replace")
         except (asyncssh.Error, OSError) as exc:
             raise ConnectError(self.node.name, f"cannot start {command[:80]}: {exc}") from exc
         try:
