@@ -267,6 +267,20 @@ async def test_edit_all_or_nothing(openssh_cluster: Any) -> None:
         assert "32" not in text
         assert not [p for p in n.home.iterdir() if ".spark-ops." in p.name]  # staged files removed
 
+    # one node's copy immutable: the rename fails there after the others renamed; all put back
+    broken.write_text(RECIPE.replace(": 6", ": 64"))
+    before = {n.name: sorted(p.name for p in n.home.iterdir()) for n in openssh_cluster}
+    subprocess.run(["chattr", "+i", str(broken)], check=True)
+    try:
+        rep3 = await fanout.edit_line(cluster, edit2)
+    finally:
+        subprocess.run(["chattr", "-i", str(broken)], check=True)
+    assert not rep3.ok and "Operation not permitted" in (rep3.result("node3").error or "")
+    assert "another node" in (rep3.result("node1").error or "")
+    for n in openssh_cluster:
+        assert (n.home / "recipe.yaml").read_text() == RECIPE.replace(": 6", ": 64"), n.name
+        assert sorted(p.name for p in n.home.iterdir()) == before[n.name], "no backup left"
+
 
 @pytest.mark.openssh
 def test_cli_exec_exit_code_and_json(openssh_cluster: Any, tmp_path: Path) -> None:
