@@ -237,6 +237,13 @@ def test_rollback_restores_the_latest_backup(sim: Sim, cli_env: dict[str, str]) 
     assert res.returncode == 0, res.stderr[-2000:]
     assert sim.recipe.read_bytes() == original
     assert json.loads(res.stdout)["checks"][0]["ok"] is True
+    # its re-run converges: the backup it made is marked .rolled-back, never the default source
+    backups = sorted(p.name for p in sim.recipe.parent.glob(sim.recipe.name + ".bak.*"))
+    assert backups[-1].endswith(".rolled-back"), backups
+    again = spark_ops(cli_env, "rollback", "--yes", "--json")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert sim.recipe.read_bytes() == original, "a re-run does not flip back to 48"
+    assert json.loads(again.stdout)["plan"]["changes"] == []
 
 
 @pytest.mark.parametrize("step", ["restart", "boot"])

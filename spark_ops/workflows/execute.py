@@ -14,6 +14,7 @@ from spark_ops.plan import Plan, StepRunner
 from spark_ops.postboot import kv_pool, verify_boot
 from spark_ops.remote import FileWrite, quote_path, sha256
 from spark_ops.watchdog.contract import Trigger
+from spark_ops.watchdog.history import ROLLED_BACK
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
 
 StepReporter = Callable[[Any], None]
@@ -71,10 +72,12 @@ async def _execute(
     await op.api_url()
     if "write" in steps:
         run.start("write")
+        label = ROLLED_BACK if plan.operation == "rollback" else ""  # the version rolled away
         writes = [
-            FileWrite(ch.host, ch.path, ch.new_text, ch.old_sha, op.cluster.recipe.keep_backups)
+            FileWrite(ch.host, ch.path, ch.new_text, ch.old_sha, op.cluster.recipe.keep_backups,
+                      label=label)
             for ch in plan.changes
-        ]
+        ]  # fmt: skip
         done = await op.session.write_atomic(writes)
         run.finish("write", "; ".join(f"{d.host}: backup {d.backup}" for d in done))
     try:
@@ -265,10 +268,9 @@ async def _rollback(
     ):
         plan.add(name, desc, [op.cluster.head.name])
     run.start("rollback")
+    keep = op.cluster.recipe.keep_backups
     writes = [
-        FileWrite(
-            ch.host, ch.path, ch.old_text, sha256(ch.new_text), op.cluster.recipe.keep_backups
-        )
+        FileWrite(ch.host, ch.path, ch.old_text, sha256(ch.new_text), keep, label=ROLLED_BACK)
         for ch in plan.changes
     ]
     await op.session.write_atomic(writes)
