@@ -176,15 +176,16 @@ class InputError(SparkOpsError):
 
 
 def excerpt(value: object, limit: int = 60) -> str:
-    """A value as it may appear in an error: its repr, cut to `limit` characters, never whole."""
-    text = value if isinstance(value, str) else None
-    if text is None:
-        text = f"<{type(value).__name__}>" if isinstance(value, dict | list | tuple | set) else ""
-        if not text:
-            text = repr(value)[: limit + 1]
-        else:
-            return text
-    shown = repr(text[: limit + 1])
-    if len(text) > limit:
-        shown = repr(text[:limit]) + f"… ({len(text):,} characters)"
-    return shown
+    """A value as it may appear in an error: its repr cut to about `limit` characters, never whole.
+
+    A mapping or a sequence is named by its type and size: walking one built from YAML aliases
+    would expand gigabytes.
+    """
+    if isinstance(value, dict | list | tuple | set):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    if not isinstance(value, str):
+        shown = repr(value)
+        return shown if len(shown) <= limit else shown[:limit] + "…"
+    if len(value) <= limit:
+        return repr(value)
+    return repr(value[:limit]) + f"… ({len(value):,} characters)"
