@@ -148,7 +148,10 @@ def render_recipe(text: str, *, source: str) -> Rendered:
     data = load_recipe_text(text, source=source)
     defaults = data.get("defaults") or {}
     command = format_command(str(data["command"]), defaults, source=source)
-    scan = scan_shell(command)
+    try:
+        scan = scan_shell(command)
+    except RecipeError as exc:
+        raise type(exc)(f"{source}: {exc.message}", hint=exc.hint) from None
     if scan.rest_start is not None:
         line = command.count("\n", 0, scan.rest_start) + 1
         raise UnsupportedRecipe(
