@@ -24,7 +24,7 @@ def load_yaml(
     max_aliases: int = MAX_ALIASES,
     max_bytes: int = MAX_YAML_BYTES,
 ) -> Any:
-    """Parse YAML text safely; `error` (naming `source`) for invalid YAML, too many aliases or bytes."""
+    """Parse YAML text safely; `error` naming `source` for bad YAML, too many aliases or bytes."""
     import yaml
 
     size = len(text.encode("utf-8", "surrogatepass"))
@@ -39,7 +39,7 @@ def load_yaml(
     try:
         if len(_ALIAS_LIKE.findall(text)) > max_aliases:  # only then count the real aliases
             _count_aliases(yaml, loader, text, source, error, max_aliases)
-        return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
+        return yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         raise error(f"{source}: not valid YAML: {exc}") from exc
 
