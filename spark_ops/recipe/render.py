@@ -181,8 +181,12 @@ def knob_values(text: str, *, source: str) -> dict[str, object]:
     moe = args.get("--moe-backend")
     try:
         values: dict[str, object] = {
-            "max_num_seqs": None if not isinstance(seqs, str) else parse_max_num_seqs(seqs),
-            "kv_cache_memory_bytes": None if not isinstance(kv, str) else parse_kv_cache_memory(kv),
+            "max_num_seqs": None
+            if not isinstance(seqs, str)
+            else parse_max_num_seqs(seqs, check_range=False),
+            "kv_cache_memory_bytes": None
+            if not isinstance(kv, str)
+            else parse_kv_cache_memory(kv, check_range=False),
         }
     except KnobError as exc:
         raise KnobError(f"{source}: {exc.message}", hint=exc.hint) from exc
