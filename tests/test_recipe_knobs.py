@@ -66,7 +66,7 @@ def test_kv_cache_memory_unset_or_impossible_refused(text: str, match: str) -> N
 @pytest.mark.parametrize("value", [0, -3, "abc", "1.5", True, "", "99999999999999999999", "70000"])
 def test_max_num_seqs_rejected(value: object) -> None:
     """--max-num-seqs takes positive integers only."""
-    with pytest.raises(KnobError, match="positive integer|more than 65,536"):
+    with pytest.raises(KnobError, match=r"positive integer|more than 65,536"):
         parse_max_num_seqs(value)
 
 
