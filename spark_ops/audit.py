@@ -115,6 +115,9 @@ def entry_for(
             "stamp": getattr(outcome, "stamp", None),
             "pruned": getattr(outcome, "pruned", []),
         }
+    written = (getattr(plan, "facts", None) or {}).get("written")
+    if written is not None:
+        detail["written"] = list(written)  # what changed, even when a later step failed
     return make_entry(
         str(getattr(plan, "operation", "?")),
         args=args,
@@ -130,7 +133,9 @@ async def record(session: ClusterSession, entry: dict[str, Any]) -> None:
     data = dict(entry)
     data.pop("when", None)
     data.setdefault("who", who())
-    line = json.dumps(data, default=str, ensure_ascii=False, separators=(", ", ": "))
+    # ASCII JSON: any value (a lone surrogate from an undecodable argv byte, a NUL) is escaped,
+    # so an entry can always be sent and appended whole
+    line = json.dumps(data, default=str, ensure_ascii=True, separators=(", ", ": "))
     cluster = session.cluster
     path = audit_path(cluster.state_dir)
     await session.run(cluster.head.name, sh_program(_APPEND, path), input=line + "\n", check=True)

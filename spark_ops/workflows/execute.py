@@ -38,8 +38,24 @@ async def execute(
         failure = exc
         raise
     finally:
-        await _audit(op, audit_entry(plan, opts, out, failure))
+        try:
+            entry = audit_entry(plan, opts, out, failure)
+        except Exception as exc:  # an entry is written whatever went wrong: a minimal one
+            entry = audit_minimal(plan, failure, exc)
+        await _audit(op, entry)
     return out
+
+
+def audit_minimal(plan: Plan, failure: BaseException | None, exc: Exception) -> dict[str, Any]:
+    """The audit entry when building the full one failed: operation, what was written, why."""
+    from spark_ops import audit
+
+    return audit.make_entry(
+        plan.operation,
+        nodes=[c.host for c in plan.changes],
+        outcome=f"failed: {type(failure).__name__ if failure else 'unknown'}",
+        detail={"written": plan.facts.get("written", []), "entry_error": repr(exc)[:300]},
+    )
 
 
 def audit_entry(plan: Plan, opts: Any, out: Any, failure: BaseException | None) -> dict[str, Any]:
@@ -57,6 +73,8 @@ async def _audit(op: Operation, entry: dict[str, Any]) -> None:
         await audit.record(op.session, entry)
     except SparkOpsError as exc:
         op.log.warning("audit log not written", error=exc.message)
+    except Exception as exc:  # never hide the failure being audited behind the audit's own
+        op.log.error("audit log not written", error=repr(exc)[:300])
 
 
 async def _execute(
@@ -79,6 +97,7 @@ async def _execute(
             for ch in plan.changes
         ]  # fmt: skip
         done = await op.session.write_atomic(writes)
+        plan.facts["written"] = [f"{d.host}:{d.path}" for d in done]  # named by the audit entry
         run.finish("write", "; ".join(f"{d.host}: backup {d.backup}" for d in done))
     try:
         try:
