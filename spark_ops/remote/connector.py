@@ -110,7 +110,7 @@ class SSHConnector(Connector):
 
     def _options(self) -> dict[str, Any]:
         """Build asyncssh connect options from the inventory."""
-        opts = client_options(self.ssh, self.node.port, self.node.user)
+        opts = client_options(self.ssh, self.node.port, self.node.user, name=self.node.name)
         if self.tunnel is not None:
             opts["tunnel"] = self.tunnel
         return opts
@@ -242,8 +242,23 @@ def _connection_gone(conn: Any, exc: Exception) -> bool:
     return bool(closed()) if callable(closed) else getattr(exc, "reason", "").endswith("closed")
 
 
-def client_options(ssh: SSHSettings, port: int, user: str | None) -> dict[str, Any]:
-    """asyncssh connect options from the inventory's ssh settings, for a node or the jump host."""
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+
+def known_hosts_file(ssh: SSHSettings) -> str:
+    """The known_hosts file host keys are checked against: the inventory's, else ~/.ssh's."""
+    return os.path.expanduser(ssh.known_hosts or DEFAULT_KNOWN_HOSTS)
+
+
+def client_options(
+    ssh: SSHSettings, port: int, user: str | None, *, name: str = JUMP
+) -> dict[str, Any]:
+    """asyncssh connect options from the inventory's ssh settings, for a node or the jump host.
+
+    Host keys are always checked against one named file (the inventory's `ssh.known_hosts`, else
+    ~/.ssh/known_hosts): an ssh config's `UserKnownHostsFile none` or `StrictHostKeyChecking no`
+    cannot turn checking off. Only `ssh.insecure_no_host_key_check` does, loudly warned.
+    """
     opts: dict[str, Any] = {
         "port": port,
         "connect_timeout": ssh.connect_timeout,
@@ -254,8 +269,22 @@ def client_options(ssh: SSHSettings, port: int, user: str | None) -> dict[str, A
         opts["username"] = user
     if ssh.insecure_no_host_key_check:
         opts["known_hosts"] = None
-    elif ssh.known_hosts:
-        opts["known_hosts"] = known_hosts_arg(os.path.expanduser(ssh.known_hosts))
+    else:
+        path = known_hosts_file(ssh)
+        if not os.path.isfile(path):
+            raise HostKeyError(
+                name,
+                f"known_hosts file {path} does not exist: host keys cannot be checked",
+                hint=f"check each node's key fingerprint, then add it: ssh-keyscan -p {port} "
+                f"HOST >> {path}; or name another file in ssh.known_hosts",
+            )
+        if not os.access(path, os.R_OK):
+            raise HostKeyError(
+                name,
+                f"known_hosts file {path} cannot be read: host keys cannot be checked",
+                hint="check its permissions, or name another file in ssh.known_hosts",
+            )
+        opts["known_hosts"] = known_hosts_arg(path)
     if ssh.identity:
         opts["client_keys"] = [os.path.expanduser(p) for p in ssh.identity]
     if not ssh.agent:
@@ -280,9 +309,13 @@ def known_hosts_arg(path: str) -> Any:
     is passed on as the path, and the connection reports it as before.
     """
     try:
-        with open(path) as f:
-            return _parse_known_hosts(f.read())
-    except (OSError, ValueError):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return path
+    try:
+        return _parse_known_hosts(text)
+    except ValueError:
         return path
 
 
