@@ -23,6 +23,9 @@ HISTORY_FORMATS = ("stamps", "jsonl", "auto")
 # Run on each worker when the placement group waits: exit 1 means its Ray worker is not running
 # (the raylet's process name; a container's processes show in the host's process table).
 DEFAULT_WORKER_CHECK = "pgrep -x raylet >/dev/null"
+# On the head: the cluster lock and the audit log, shared by every operator's account (sticky,
+# world-writable like /tmp; kept across reboots, unlike /tmp).
+SHARED_STATE_DIR = "/var/tmp/spark-ops"
 
 
 @dataclass(frozen=True)
@@ -157,7 +160,7 @@ class Cluster:
     watchdog: WatchdogSettings
     engine: EngineSettings
     source: str = ""
-    state_dir: str = "~/.local/state/spark-ops"
+    state_dir: str = SHARED_STATE_DIR
 
     @property
     def head(self) -> Node:
@@ -443,7 +446,7 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
         watchdog=watchdog,
         engine=engine,
         source=source,
-        state_dir=sec.get("state_dir", str, "~/.local/state/spark-ops"),
+        state_dir=sec.get("state_dir", str, SHARED_STATE_DIR),
     )
 
 

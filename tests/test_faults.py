@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, Sim, start_sim
+from conftest import REPO, Sim, cluster_files, start_sim
 from ground.cluster import SparkGround, make_spark_ground, run_cli
 from ground.sshd import SshdCluster, keygen
 
@@ -135,7 +135,7 @@ def sim_target(s: Sim) -> Target:
         [s.recipe],
         s.history,
         state / "spark-watchdog" / "engine.pid",
-        state / "spark-ops" / "sim.lock",
+        cluster_files(s.recipe)["lock"],
     )
 
 
@@ -147,7 +147,7 @@ def ground_target(g: SparkGround) -> Target:
         [g.recipe_on(n) for n in g.recipe_nodes],
         g.history,
         g.head.home / ".watchdog" / "engine.pid",
-        g.head.home / ".local" / "state" / "spark-ops" / "ground.lock",
+        cluster_files(g.recipe)["lock"],
     )
 
 

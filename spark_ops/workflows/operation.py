@@ -64,13 +64,16 @@ class ApplyOptions:
             value = getattr(change, "value", None)
             if isinstance(value, str):
                 check_text(f"--{name.replace('_', '-')} value", value, max_bytes=64 << 10)
-        for label, seconds in (
-            ("--drain-timeout", self.drain_timeout_s),
-            ("--deadline", self.deadline_s),
-            ("--preflight-timeout", self.preflight_timeout_s),
+        for label, seconds, zero_ok in (
+            ("--drain-timeout", self.drain_timeout_s, True),
+            ("--deadline", self.deadline_s, False),
+            ("--preflight-timeout", self.preflight_timeout_s, False),
         ):
-            if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
-                raise InputError(f"{label}: {seconds!r} is not allowed; give seconds > 0")
+            if seconds is None:
+                continue
+            if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero_ok):
+                what = "seconds >= 0" if zero_ok else "seconds > 0"
+                raise InputError(f"{label}: {seconds!r} is not allowed; give {what}")
 
 
 @dataclass
