@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from spark_ops.errors import LockError
+from spark_ops.errors import LockError, RemoteError
 from spark_ops.remote import ClusterSession, sh_program
 
 # The cluster is keyed by itself, not by an inventory's name or an SSH user's home: by the real
@@ -46,7 +46,7 @@ state=$1; recipe=$2; info=$3
 cluster_key "$recipe"; shared_dir "$state"
 lock="$state/cluster-$key.lock"; owner="$lock.owner"
 shared_file "$lock"; shared_file "$owner"
-exec 9<"$lock" || { echo "cannot open the cluster lock $lock" >&2; exit 73; }
+exec 9<"$lock" 2>/dev/null || { echo "ERROR cannot open the cluster lock $lock"; exit 73; }
 if flock -n 9; then
   printf '%s\n' "$info" 2>/dev/null > "$owner" || true
   echo "LOCKED $lock"
@@ -124,7 +124,15 @@ async def cluster_lock(session: ClusterSession, operation: str) -> AsyncIterator
     info = holder_info(operation)
     program = sh_program(_HOLD, cluster.state_dir, cluster.recipe.path, json.dumps(info))
     async with session.held(cluster.head.name, program, ready="LOCKED") as lines:
-        if not lines or not lines[0].startswith("LOCKED"):
+        if not lines or lines[0].startswith("ERROR"):
+            raise RemoteError(
+                cluster.head.name,
+                (lines[0][6:] if lines else "the lock program ended without an answer")
+                + f" (state_dir {cluster.state_dir})",
+                hint="the state dir must be a directory every operator's SSH user can write "
+                "(the default /var/tmp/spark-ops is made sticky, mode 1777)",
+            )
+        if not lines[0].startswith("LOCKED"):
             other: dict[str, Any] = {}
             for line in lines[1:]:
                 try:
