@@ -303,6 +303,10 @@ def _mutate_one(
     elif kind == "huge_recipe":
         p = t.recipes[0]
         p.write_text(p.read_text() + "#" * 80 + ("\n" + "#" * 80) * 26_000 + "\n")
+    elif kind == "restart_fails":  # the watchdog refuses the restart after the write step
+        inv = Path(t.env["SPARK_OPS_INVENTORY"])
+        text = re.sub(r"restart_command: [^\n]*", "restart_command: exit 3", inv.read_text())
+        inv.write_text(text)
     elif kind == "ssh_config_no_checking":  # checking off in ~/.ssh/config, no known_hosts named
         assert g is not None
         home = tmp / "operator-home"
@@ -456,6 +460,11 @@ def test_input_fault(case: dict[str, Any], tmp_path: Path, request: pytest.Fixtu
         if "old_backups" in str(case.get("mutate")):
             for p in t.recipes:
                 assert len(_ours(p)) == 5, _ours(p)  # keep_backups: the oldest rotated
+        if case.get("audit_names"):  # the entry is written after the failure, naming the write
+            log = cluster_files(t.recipes[0])["audit"].read_text().splitlines()
+            last = json.loads(log[-1])
+            assert last["outcome"].startswith("failed"), last
+            assert last["detail"]["written"] == case["audit_names"], last
         if "stale_staged" in str(case.get("mutate")):
             left = [x for p in t.recipes for x in Path(os.path.realpath(p)).parent.glob(".*AbC123")]
             assert not left, f"a staged file a killed run left is still there: {left}"
