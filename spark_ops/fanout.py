@@ -19,6 +19,7 @@ from spark_ops.errors import (
     CommandTimeout,
     ConnectError,
     ExitStatus,
+    InputError,
     InventoryError,
     RemoteError,
     SparkOpsError,
@@ -251,18 +252,18 @@ class LineEdit:
     replacement: str
 
     def compiled(self) -> re.Pattern[str]:
-        """The pattern, compiled, its replacement template checked (InventoryError naming them)."""
+        """The pattern, compiled, and its replacement template checked (InputError naming them)."""
         try:
             rx = re.compile(self.pattern)
         except re.error as exc:
-            raise InventoryError(
+            raise InputError(
                 f"edit pattern {excerpt(self.pattern)} is not a valid regex: {exc}"
             ) from exc
         try:
             rx.sub(self.replacement, "")  # compiles the template: \\9, \\g<x> fail here
             re.compile(f"(?:{self.pattern})|").sub(self.replacement, "")
         except (re.error, IndexError) as exc:
-            raise InventoryError(
+            raise InputError(
                 f"replacement {excerpt(self.replacement)} is not a valid template for pattern "
                 f"{excerpt(self.pattern)}: {exc}",
                 hint="groups are \\1 … \\9 or \\g<name>, and must exist in the pattern",

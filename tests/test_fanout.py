@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_ops import fanout
-from spark_ops.errors import ConnectError, ExitStatus, HostKeyError, InventoryError
+from spark_ops.errors import ConnectError, ExitStatus, HostKeyError, InputError, InventoryError
 from spark_ops.inventory import Cluster, parse_inventory
 
 RECIPE = "model: glm\nmax_num_seqs: 6\nkv_cache_memory: 40G\n"
@@ -56,8 +56,11 @@ def test_line_edit_refuses_zero_or_many(text: str) -> None:
 
 def test_line_edit_bad_regex_and_split() -> None:
     """An invalid regex and a replacement that adds a newline are refused."""
-    with pytest.raises(InventoryError, match=r"not a valid regex"):
+    with pytest.raises(InputError, match=r"not a valid regex"):
         fanout.LineEdit("r", "(", "x").compiled()
+    for template, why in ((r"\9", "invalid group reference 9"), (r"\g<x>", "unknown group name")):
+        with pytest.raises(InputError, match=f"not a valid template .*{why}"):
+            fanout.LineEdit("r", "^(a)", template).compiled()
     with pytest.raises(fanout.FanoutError, match="split"):
         fanout.LineEdit("r", "^a", "a\nb").apply("h", "a\n")
 
