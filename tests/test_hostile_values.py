@@ -11,19 +11,25 @@ test_fanout.py, on real SSH servers.)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+from conftest import cluster_files
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_remote import one_node  # noqa: F401 - one embedded SSH node for the module
 
 from spark_ops import audit
 from spark_ops.errors import InputError, RecipeError, SparkOpsError, excerpt
+from spark_ops.lock import cluster_lock
 from spark_ops.recipe import changes_from_options, edit_recipe, render_recipe
-from spark_ops.remote import check_text
+from spark_ops.remote import ClusterSession, check_text
 from spark_ops.workflows import ApplyOptions
 from spark_ops.yamlsafe import load_yaml
 
@@ -139,3 +145,46 @@ def test_inventory_alias_bomb_refused_at_once() -> None:
     )
     with pytest.raises(SparkOpsError, match="more than 64 YAML aliases"):
         load_yaml(text, source="inv.yaml", error=SparkOpsError)
+
+
+names = st.lists(st.sampled_from([p for p in PIECES if p != "\x00"]), min_size=1, max_size=6).map(
+    "".join
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(user=names)
+def test_lock_and_audit_carry_hostile_user_names(one_node: Any, user: str) -> None:  # noqa: F811
+    """The operator's name (LOGNAME, as `getpass` reads it: item 1's attack) and the operation
+    reach the head's lock owner record and audit log as data over real SSH: read back exactly,
+    nothing executed."""
+    node, c = one_node
+    # no ssh.user: the login is the account's name (as OpenSSH takes it), $LOGNAME only the
+    # operator's name written into the owner record and the audit entry
+    home = node.spec.home
+    saved = os.environ.get("LOGNAME")
+    os.environ["LOGNAME"] = user
+
+    async def go() -> None:
+        """Hold the lock, read its owner record, append and read an audit entry."""
+        async with ClusterSession(c) as s:
+            await s.connect()
+            async with cluster_lock(s, f"apply {user}"):
+                owner = cluster_files(home / "r.yaml")["owner"].read_text()
+                assert json.loads(owner)["user"] == user
+                assert json.loads(owner)["operation"] == f"apply {user}"
+            await audit.record(s, audit.make_entry(f"op {user}", outcome="ok"))
+            last = (await audit.read(s, 1))[-1]
+            assert last["who"] == f"{user}@{socket.gethostname()}"
+            assert last["what"]["operation"] == f"op {user}"
+
+    try:
+        asyncio.run(go())
+    finally:
+        if saved is None:
+            os.environ.pop("LOGNAME", None)
+        else:
+            os.environ["LOGNAME"] = saved
+    assert not (home / MARK).exists() and not Path(MARK).exists(), "nothing was executed"

@@ -26,6 +26,7 @@ from spark_ops.errors import (
     HostKeyError,
     RemoteError,
     SparkOpsError,
+    excerpt,
 )
 from spark_ops.inventory import Node, SSHSettings
 from spark_ops.log import get_logger
@@ -265,8 +266,11 @@ def client_options(
         "keepalive_interval": 15,
         "keepalive_count_max": 4,
     }
-    if user:
-        opts["username"] = user
+    # As OpenSSH does, the default login is the account's name from the password database, not
+    # $LOGNAME (which anyone can set to anything); asyncssh's own default reads $LOGNAME.
+    account = local_account()
+    opts["username"] = user or account
+    opts["client_username"] = account
     if ssh.insecure_no_host_key_check:
         opts["known_hosts"] = None
     else:
@@ -292,6 +296,16 @@ def client_options(
     if ssh.config:
         opts["config"] = [os.path.expanduser(ssh.config)]
     return opts
+
+
+def local_account() -> str:
+    """This process's account name from the password database (its uid), never from $LOGNAME."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (some containers)
+        return str(os.getuid())
 
 
 @functools.lru_cache(maxsize=2)
@@ -375,6 +389,14 @@ async def _connect(name: str, host: str, port: int, user: str | None, opts: dict
     except (OSError, asyncio.TimeoutError, asyncssh.Error) as exc:
         detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise ConnectError(name, f"cannot connect to {host}:{port}: {detail}") from exc
+    except ValueError as exc:  # a login name SSH cannot carry (asyncssh's SASLprep refuses it)
+        login = user if user is not None else os.environ.get("LOGNAME", "")
+        source = "" if user is not None else " (no ssh.user set: taken from $LOGNAME)"
+        raise AuthError(
+            name,
+            f"user name {excerpt(login)}{source} cannot be sent over SSH: {exc}",
+            hint="set ssh.user (or the node's user) in the inventory",
+        ) from None
 
 
 async def open_jump(ssh: SSHSettings) -> Any:
