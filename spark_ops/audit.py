@@ -32,13 +32,13 @@ f="$state/cluster-$key.audit.jsonl"
 entry=$(cat)
 case $entry in "{"*"}") ;; *) echo "entry is not one JSON object" >&2; exit 65;; esac
 shared_file "$f"; shared_file "$f.lock"
-exec 9<"$f.lock"
+exec 9<"$f.lock" || { echo "cannot open the audit lock $f.lock" >&2; exit 73; }
 flock -w 10 9 || { echo "audit lock $f.lock held for more than 10 s" >&2; exit 75; }
 t=$(date +%s.%N)
 case $t in *N*) t=$(date +%s);; esac
 rest=${entry#"{"}
 case $rest in "}") sep="";; *) sep=", ";; esac
-printf '{"when": %s%s%s\n' "$t" "$sep" "$rest" >> "$f"
+printf '{"when": %s%s%s\n' "$t" "$sep" "$rest" | put "$f" append
 """
 )
 

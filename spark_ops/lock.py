@@ -36,7 +36,14 @@ shared_dir() {  # create state dir $1 shareable by every account (mode 1777), if
     (umask 0; mkdir -p -- "$1") && chmod 1777 -- "$1" 2>/dev/null || true
   fi
 }
-shared_file() { (umask 0; : >> "$1") 2>/dev/null || true; }  # create $1 as 0666
+shared_file() { [ -e "$1" ] || (umask 0; : >> "$1") 2>/dev/null || true; }  # create 0666
+# Write stdin over (or, with `append`, onto) an existing shared file without O_CREAT: with
+# fs.protected_regular (Ubuntu's default) no account may O_CREAT-open another's file in a sticky
+# directory, even one it may write; dd's nocreat opens it as a plain writer.
+put() {
+  if [ "${2:-}" = append ]; then dd of="$1" oflag=append conv=nocreat,notrunc status=none
+  else dd of="$1" conv=nocreat status=none; fi
+}
 """
 
 _HOLD = (
@@ -48,10 +55,10 @@ lock="$state/cluster-$key.lock"; owner="$lock.owner"
 shared_file "$lock"; shared_file "$owner"
 exec 9<"$lock" 2>/dev/null || { echo "ERROR cannot open the cluster lock $lock"; exit 73; }
 if flock -n 9; then
-  printf '%s\n' "$info" 2>/dev/null > "$owner" || true
+  printf '%s\n' "$info" | put "$owner" 2>/dev/null || true
   echo "LOCKED $lock"
   cat >/dev/null
-  : 2>/dev/null > "$owner" || true
+  : | put "$owner" 2>/dev/null || true
 else
   echo "BUSY $lock"
   cat -- "$owner" 2>/dev/null
