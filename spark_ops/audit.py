@@ -1,9 +1,11 @@
 """The audit log: one JSON line per operation, kept on the head so every operator sees the same
 history.
 
-The file is `<cluster.state_dir>/audit.jsonl` on the head. Each entry is appended as one line by a
-single `>>` write under `flock` on `audit.jsonl.lock`, with the time taken from the head's clock, so
-entries from several operators' machines never interleave and are ordered by one clock.
+The file is `<state_dir>/cluster-<key>.audit.jsonl` on the head, keyed like the cluster lock by
+the real path of the recipe there (not by an inventory's name), in the shared state dir. Each entry
+is appended as one line by a single `>>` write under `flock` on its `.lock`, with the time taken
+from the head's clock, so entries from several operators' machines never interleave and are
+ordered by one clock.
 """
 
 from __future__ import annotations
@@ -14,31 +16,41 @@ from collections.abc import Sequence
 from typing import Any
 
 from spark_ops.errors import RemoteError
+from spark_ops.lock import KEY_SH, local_user
 from spark_ops.remote import ClusterSession, sh_program
 
-AUDIT_NAME = "audit.jsonl"
-
-# $1: the audit file. The entry (one JSON object without "when") arrives on stdin; the head's
-# clock is
-# read under the lock so that the file's order and its "when" values agree.
-_APPEND = r"""
+# $1: the state dir, $2: the recipe path (the cluster's key). The entry (one JSON object without
+# "when") arrives on stdin; the head's clock is read under the lock so that the file's order and
+# its "when" values agree. Files are created 0666 in the shared state dir: every operator appends.
+_APPEND = (
+    KEY_SH
+    + r"""
 set -eu
-f=$1
-mkdir -p -- "$(dirname -- "$f")"
+state=$1; recipe=$2
+cluster_key "$recipe"; shared_dir "$state"
+f="$state/cluster-$key.audit.jsonl"
 entry=$(cat)
 case $entry in "{"*"}") ;; *) echo "entry is not one JSON object" >&2; exit 65;; esac
-exec 9>>"$f.lock"
+shared_file "$f"; shared_file "$f.lock"
+exec 9<"$f.lock" || { echo "cannot open the audit lock $f.lock" >&2; exit 73; }
 flock -w 10 9 || { echo "audit lock $f.lock held for more than 10 s" >&2; exit 75; }
 t=$(date +%s.%N)
 case $t in *N*) t=$(date +%s);; esac
 rest=${entry#"{"}
 case $rest in "}") sep="";; *) sep=", ";; esac
-printf '{"when": %s%s%s\n' "$t" "$sep" "$rest" >> "$f"
+printf '{"when": %s%s%s\n' "$t" "$sep" "$rest" | put "$f" append
 """
+)
 
-# $1: the audit file, $2: how many lines from the end. Reads under a shared lock (no half line).
-_READ = r"""
-f=$1; n=$2
+# $1: the state dir, $2: the recipe path, $3: how many lines from the end. Reads under a shared
+# lock (no half line); the first line out is the file's path.
+_READ = (
+    KEY_SH
+    + r"""
+state=$1; recipe=$2; n=$3
+cluster_key "$recipe"
+f="$state/cluster-$key.audit.jsonl"
+printf '%s\n' "$f"
 [ -e "$f" ] || exit 44
 if [ -e "$f.lock" ] && [ -r "$f.lock" ]; then
   exec 9<"$f.lock"
@@ -46,17 +58,16 @@ if [ -e "$f.lock" ] && [ -r "$f.lock" ]; then
 fi
 tail -n "$n" -- "$f"
 """
+)
 
 
-def audit_path(state_dir: str) -> str:
-    """The audit file under a cluster's state_dir (on the head)."""
-    return f"{state_dir.rstrip('/')}/{AUDIT_NAME}"
+def audit_path(state_dir: str, key: str) -> str:
+    """The audit file of a cluster key under the head's state dir."""
+    return f"{state_dir.rstrip('/')}/cluster-{key}.audit.jsonl"
 
 
 def who() -> str:
     """The operator as user@host of the machine spark-ops runs on."""
-    from spark_ops.lock import local_user
-
     return f"{local_user()}@{socket.gethostname()}"
 
 
@@ -115,6 +126,9 @@ def entry_for(
             "stamp": getattr(outcome, "stamp", None),
             "pruned": getattr(outcome, "pruned", []),
         }
+    written = (getattr(plan, "facts", None) or {}).get("written")
+    if written is not None:
+        detail["written"] = list(written)  # what changed, even when a later step failed
     return make_entry(
         str(getattr(plan, "operation", "?")),
         args=args,
@@ -130,10 +144,12 @@ async def record(session: ClusterSession, entry: dict[str, Any]) -> None:
     data = dict(entry)
     data.pop("when", None)
     data.setdefault("who", who())
-    line = json.dumps(data, default=str, ensure_ascii=False, separators=(", ", ": "))
+    # ASCII JSON: any value (a lone surrogate from an undecodable argv byte, a NUL) is escaped,
+    # so an entry can always be sent and appended whole
+    line = json.dumps(data, default=str, ensure_ascii=True, separators=(", ", ": "))
     cluster = session.cluster
-    path = audit_path(cluster.state_dir)
-    await session.run(cluster.head.name, sh_program(_APPEND, path), input=line + "\n", check=True)
+    program = sh_program(_APPEND, cluster.state_dir, cluster.recipe.path)
+    await session.run(cluster.head.name, program, input=line + "\n", check=True, label="audit")
 
 
 async def read(session: ClusterSession, limit: int = 20) -> list[dict[str, Any]]:
@@ -141,8 +157,9 @@ async def read(session: ClusterSession, limit: int = 20) -> list[dict[str, Any]]
     if limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     cluster = session.cluster
-    path = audit_path(cluster.state_dir)
-    res = await session.run(cluster.head.name, sh_program(_READ, path, str(limit)), check=False)
+    program = sh_program(_READ, cluster.state_dir, cluster.recipe.path, str(limit))
+    res = await session.run(cluster.head.name, program, check=False)
+    path, _, body = res.stdout.partition("\n")
     if res.exit_code == 44:
         return []
     if not res.ok:
@@ -152,7 +169,7 @@ async def read(session: ClusterSession, limit: int = 20) -> list[dict[str, Any]]
             hint="check state_dir in the inventory and that the SSH user can read it",
         )
     out: list[dict[str, Any]] = []
-    for raw in res.stdout.splitlines():
+    for raw in body.splitlines():
         if not raw.strip():
             continue
         try:

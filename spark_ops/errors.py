@@ -93,12 +93,18 @@ class CommandError(RemoteError):
 
     def __init__(self, host: str, command: str, exit_code: int | None, stderr: str = "") -> None:
         """Keep the command, its exit code and the tail of its stderr."""
-        tail = stderr.strip().splitlines()[-3:]
+        tail = [_cut(line, 300) for line in stderr.strip().splitlines()[-3:]]
         detail = f": {' | '.join(tail)}" if tail else ""
-        super().__init__(host, f"command failed (exit {exit_code}): {command}{detail}")
+        shown = _cut(command, 200)  # a command (or a line it printed) is named, never shown whole
+        super().__init__(host, f"command failed (exit {exit_code}): {shown}{detail}")
         self.command = command
         self.exit_code = exit_code
         self.stderr = stderr
+
+
+def _cut(text: str, limit: int) -> str:
+    """Text cut to limit characters, saying how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
 
 
 class CommandTimeout(RemoteError):
@@ -167,3 +173,25 @@ class Aborted(SparkOpsError):
     """The operator declined or interrupted the operation."""
 
     exit_status = ExitStatus.ABORTED
+
+
+class InputError(SparkOpsError):
+    """A value given to spark-ops cannot be sent or written safely (refused before any change)."""
+
+    exit_status = ExitStatus.USAGE
+
+
+def excerpt(value: object, limit: int = 60) -> str:
+    """A value as it may appear in an error: its repr cut to about `limit` characters, never whole.
+
+    A mapping or a sequence is named by its type and size: walking one built from YAML aliases
+    would expand gigabytes.
+    """
+    if isinstance(value, dict | list | tuple | set):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    if not isinstance(value, str):
+        shown = repr(value)
+        return shown if len(shown) <= limit else shown[:limit] + "…"
+    if len(value) <= limit:
+        return repr(value)
+    return repr(value[:limit]) + f"… ({len(value):,} characters)"

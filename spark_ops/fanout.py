@@ -19,9 +19,11 @@ from spark_ops.errors import (
     CommandTimeout,
     ConnectError,
     ExitStatus,
+    InputError,
     InventoryError,
     RemoteError,
     SparkOpsError,
+    excerpt,
 )
 
 if TYPE_CHECKING:
@@ -250,13 +252,23 @@ class LineEdit:
     replacement: str
 
     def compiled(self) -> re.Pattern[str]:
-        """The pattern, compiled (an invalid regex is an InventoryError naming it)."""
+        """The pattern, compiled, and its replacement template checked (InputError naming them)."""
         try:
-            return re.compile(self.pattern)
+            rx = re.compile(self.pattern)
         except re.error as exc:
-            raise InventoryError(
-                f"edit pattern {self.pattern!r} is not a valid regex: {exc}"
+            raise InputError(
+                f"edit pattern {excerpt(self.pattern)} is not a valid regex: {exc}"
             ) from exc
+        try:
+            rx.sub(self.replacement, "")  # compiles the template: \\9, \\g<x> fail here
+            re.compile(f"(?:{self.pattern})|").sub(self.replacement, "")
+        except (re.error, IndexError) as exc:
+            raise InputError(
+                f"replacement {excerpt(self.replacement)} is not a valid template for pattern "
+                f"{excerpt(self.pattern)}: {exc}",
+                hint="groups are \\1 … \\9 or \\g<name>, and must exist in the pattern",
+            ) from None
+        return rx
 
     def apply(self, host: str, text: str) -> tuple[str, str, str]:
         """Return (new text, old line, new line); exactly one line must match."""
@@ -290,8 +302,8 @@ async def edit_on(
     *,
     keep_backups: int = 5,
 ) -> list[HostResult]:
-    """Edit one line on hosts all-or-nothing: read and stage on each, then rename everywhere."""
-    from spark_ops.remote import FileWrite, WriteOutcome, sha256
+    """Edit one line on hosts all-or-nothing: read and edit on each, then one atomic write."""
+    from spark_ops.remote import FileWrite, sha256
 
     hosts = list(hosts)
     edit.compiled()
@@ -299,10 +311,9 @@ async def edit_on(
     sem = _cap(session)
     results: dict[str, HostResult] = {}
     writes: dict[str, FileWrite] = {}
-    staged: dict[str, WriteOutcome] = {}
 
     async def prepare(h: str) -> None:
-        """Connect, read, edit in memory and stage the new content on one host."""
+        """Connect, read and edit in memory on one host."""
         if not await _connect_one(session, h, sem):
             results[h] = _from_error(h, session.errors[h])
             return
@@ -316,24 +327,26 @@ async def edit_on(
                 results[h] = HostResult(h, UNCHANGED, extra=info)
                 return
             results[h] = HostResult(h, OK, extra=info)
-            w = FileWrite(h, edit.path, new, expected_sha=sha256(text), keep_backups=keep_backups)
-            writes[h] = w
-            staged[h] = await session.stage(w)
+            writes[h] = FileWrite(
+                h, edit.path, new, expected_sha=sha256(text), keep_backups=keep_backups
+            )
         except SparkOpsError as exc:
             results[h] = _from_error(h, exc)
 
     await asyncio.gather(*(prepare(h) for h in hosts))
     if not writes or any(not r.ok for r in results.values()):
-        await asyncio.gather(
-            *(session.discard(h, out.staged) for h, out in staged.items() if out.staged)
-        )
         return _finish(hosts, results, writes, start, written=False)
-    done = await session.gather(list(writes), lambda h: session.commit(writes[h], staged[h]))
-    for h, value in done.items():
-        if isinstance(value, SparkOpsError):
-            results[h] = _from_error(h, value)
-        else:
-            results[h].extra["backup"] = value.backup
+    order = list(writes)
+    try:
+        done = await session.write_atomic([writes[h] for h in order])
+    except SparkOpsError as exc:  # every node put back: name the one that refused
+        failed = getattr(exc, "host", None)
+        for h in order:
+            if h == failed or failed not in writes:
+                results[h] = _from_error(h, exc)
+        return _finish(hosts, results, writes, start, written=False)
+    for out in done:
+        results[out.host].extra["backup"] = out.backup
     return _finish(hosts, results, writes, start, written=True)
 
 

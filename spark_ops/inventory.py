@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark_ops.errors import InventoryError
+from spark_ops.errors import InventoryError, excerpt
+from spark_ops.yamlsafe import load_yaml
 
 ENV_VAR = "SPARK_OPS_INVENTORY"
 ROLES = ("head", "worker")
@@ -22,6 +23,9 @@ HISTORY_FORMATS = ("stamps", "jsonl", "auto")
 # Run on each worker when the placement group waits: exit 1 means its Ray worker is not running
 # (the raylet's process name; a container's processes show in the host's process table).
 DEFAULT_WORKER_CHECK = "pgrep -x raylet >/dev/null"
+# On the head: the cluster lock and the audit log, shared by every operator's account (sticky,
+# world-writable like /tmp; kept across reboots, unlike /tmp).
+SHARED_STATE_DIR = "/var/tmp/spark-ops"
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,7 @@ class Cluster:
     watchdog: WatchdogSettings
     engine: EngineSettings
     source: str = ""
-    state_dir: str = "~/.local/state/spark-ops"
+    state_dir: str = SHARED_STATE_DIR
 
     @property
     def head(self) -> Node:
@@ -215,7 +219,7 @@ class _Section:
             data = {}
         if not isinstance(data, Mapping):
             raise self.error(key, f"must be a mapping, got {type(data).__name__}")
-        unknown = sorted(str(k) for k in data if k not in allowed)
+        unknown = sorted(str(k)[:60] for k in data if k not in allowed)
         if unknown:
             raise self.error(
                 f"{key}.{unknown[0]}" if key else unknown[0],
@@ -241,26 +245,28 @@ class _Section:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if isinstance(value, bool) and kind in (int, float):
-            raise self.error(self.path(name), f"must be a number, got {value!r}")
+            raise self.error(self.path(name), f"must be a number, got {excerpt(value)}")
         if not isinstance(value, kind):
             names = (
                 kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
             )
-            raise self.error(self.path(name), f"must be {names}, got {value!r}")
+            raise self.error(self.path(name), f"must be {names}, got {excerpt(value)}")
         return value
 
     def positive(self, name: str, kind: type, default: Any) -> Any:
         """Read a number that must be > 0."""
         value = self.get(name, kind, default)
         if value is not None and value <= 0:
-            raise self.error(self.path(name), f"must be > 0, got {value!r}")
+            raise self.error(self.path(name), f"must be > 0, got {excerpt(value)}")
         return value
 
     def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
         """Read a string among fixed choices."""
         value = self.get(name, str, default)
         if value not in choices:
-            raise self.error(self.path(name), f"must be one of {', '.join(choices)}, got {value!r}")
+            raise self.error(
+                self.path(name), f"must be one of {', '.join(choices)}, got {excerpt(value)}"
+            )
         return str(value)
 
     def sub(self, name: str, allowed: tuple[str, ...], *, required: bool = False) -> _Section:
@@ -290,6 +296,8 @@ def parse_jump(value: str) -> tuple[str | None, str, int]:
         raise ValueError(f"port {port!r} is not a number from 1 to 65535")
     if "@" in value and not user:
         raise ValueError("the user before @ is empty")
+    if ":" in user:
+        raise ValueError("user:password@ is not accepted (no passwords); give [user@]host[:port]")
     return user or None, host, int(port)
 
 
@@ -305,7 +313,8 @@ def _load_ssh(sec: _Section) -> SSHSettings:
         try:
             parse_jump(jump)
         except ValueError as exc:
-            raise sec.error(sec.path("jump"), f"{exc}, got {jump!r}") from None
+            shown = "(not shown: it holds a password)" if "password" in str(exc) else excerpt(jump)
+            raise sec.error(sec.path("jump"), f"{exc}, got {shown}") from None
     return SSHSettings(
         user=sec.get("user", str),
         port=sec.positive("port", int, 22),
@@ -375,7 +384,9 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
     rnodes = rsec.get("nodes", list, [head])
     for r in rnodes:
         if r not in names:
-            raise rsec.error(rsec.path("nodes"), f"names unknown node {r!r}; nodes are {names}")
+            raise rsec.error(
+                rsec.path("nodes"), f"names unknown node {excerpt(r)}; nodes are {names}"
+            )
     recipe = RecipeSettings(
         path=rsec.get("path", str, required=True),
         nodes=tuple(rnodes),
@@ -409,7 +420,9 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
     asec = esec.sub("api", ("url", "tunnel"))
     url = asec.get("url", str, "http://127.0.0.1:8000")
     if not url.startswith(("http://", "https://")):
-        raise asec.error(asec.path("url"), f"must start with http:// or https://, got {url!r}")
+        raise asec.error(
+            asec.path("url"), f"must start with http:// or https://, got {excerpt(url)}"
+        )
     engine = EngineSettings(
         log_kind=kind,
         log_target=target,
@@ -433,18 +446,13 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
         watchdog=watchdog,
         engine=engine,
         source=source,
-        state_dir=sec.get("state_dir", str, "~/.local/state/spark-ops"),
+        state_dir=sec.get("state_dir", str, SHARED_STATE_DIR),
     )
 
 
 def parse_inventory(text: str, source: str) -> Inventory:
     """Parse and validate inventory YAML text; `source` names it in errors."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InventoryError(f"{source}: not valid YAML: {exc}") from exc
+    data = load_yaml(text, source=source, error=InventoryError)
     top = _Section(source, "", data, ("clusters", "default_cluster"))
     csec = top.sub("clusters", tuple(str(k) for k in (top.data.get("clusters") or {})))
     if not csec.data:
@@ -453,7 +461,7 @@ def parse_inventory(text: str, source: str) -> Inventory:
     default = top.get("default_cluster", str)
     if default is not None and default not in clusters:
         raise InventoryError(
-            f"{source}: default_cluster: {default!r} is not one of {sorted(clusters)}"
+            f"{source}: default_cluster: {excerpt(default)} is not one of {sorted(clusters)}"
         )
     return Inventory(path=source, clusters=clusters, default=default)
 
@@ -470,7 +478,14 @@ def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
         chosen = default
     p = Path(chosen).expanduser()
     try:
-        text = p.read_text(encoding="utf-8")
+        raw = p.read_bytes()
     except OSError as exc:
         raise InventoryError(f"{p}: cannot read inventory: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InventoryError(
+            f"{p}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+            hint="re-save the inventory as UTF-8",
+        ) from None
     return parse_inventory(text, str(p))

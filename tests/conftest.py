@@ -14,6 +14,16 @@ SHARED = REPO.parent / "shared"
 REQUIRE_GROUND = "SPARK_OPS_REQUIRE_GROUND"  # set by .ci/run: a skipped tier is a failure there
 
 
+def cluster_files(recipe: Path, state_dir: str = "/var/tmp/spark-ops") -> dict[str, Path]:
+    """The cluster lock, its owner file and the audit log the head keeps for a recipe file."""
+    from spark_ops.lock import cluster_key
+
+    key = cluster_key(os.path.realpath(recipe))
+    base = Path(state_dir) / f"cluster-{key}"
+    lock = Path(f"{base}.lock")
+    return {"lock": lock, "owner": Path(f"{lock}.owner"), "audit": Path(f"{base}.audit.jsonl")}
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """Under SPARK_OPS_REQUIRE_GROUND=1 a skip (sshd or vLLM missing) fails instead."""

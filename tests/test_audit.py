@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import cluster_files
 
 from spark_ops import audit
 from spark_ops.inventory import Cluster, load_inventory
@@ -40,6 +41,13 @@ def cluster_in(mini: MiniCluster, state: str) -> Cluster:
     return dataclasses.replace(base, state_dir=f"~/.local/state/{state}")
 
 
+def audit_file(mini: MiniCluster, cluster: Cluster) -> Path:
+    """The head's audit file for the cluster (keyed by its recipe's real path)."""
+    state = cluster.state_dir.replace("~", str(mini.head), 1)
+    recipe = Path(cluster.recipe.path.replace("~", str(mini.head), 1))
+    return cluster_files(recipe, state)["audit"]
+
+
 async def test_record_then_read(mini: MiniCluster) -> None:
     """An entry comes back whole, with the head's time, who, nodes, a multi-line diff, outcome."""
     cluster = cluster_in(mini, "one")
@@ -59,7 +67,7 @@ async def test_record_then_read(mini: MiniCluster) -> None:
     assert e["who"] == audit.who() and "@" in e["who"]
     assert e["what"] == {"operation": "apply", "args": {"max_num_seqs": 64}}
     assert e["nodes"] == ["node1"] and e["diff"] == diff and e["outcome"] == "ok"
-    path = mini.head / ".local" / "state" / "one" / "audit.jsonl"
+    path = audit_file(mini, cluster)
     lines = path.read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0]) == e, "one line per entry on the head"
 
@@ -81,7 +89,7 @@ async def test_concurrent_operators_never_interleave(mini: MiniCluster) -> None:
             )
 
     await asyncio.gather(*(operator(k) for k in range(4)))
-    path = mini.head / ".local" / "state" / "many" / "audit.jsonl"
+    path = audit_file(mini, cluster)
     lines = path.read_text().splitlines()
     assert len(lines) == 40
     entries = [json.loads(line) for line in lines]
@@ -102,7 +110,7 @@ async def test_limit_order_malformed_and_empty(mini: MiniCluster) -> None:
         assert await audit.read(session, 5) == []
         for i in range(5):
             await audit.record(session, audit.make_entry(f"op{i}", outcome="ok"))
-        path = mini.head / ".local" / "state" / "limit" / "audit.jsonl"
+        path = audit_file(mini, cluster)
         with path.open("a") as f:
             f.write("not json {\n")
         await audit.record(session, {"what": {"operation": "last"}})

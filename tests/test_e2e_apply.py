@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Sim, start_sim
+from conftest import Sim, cluster_files, start_sim
 
 from spark_ops.errors import ExitStatus
 
@@ -158,18 +158,53 @@ def test_second_operator_is_told_who_holds_the_lock(sim: Sim, cli_env: dict[str,
         env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        owner = sim.head / ".local" / "state" / "spark-ops" / "sim.lock.owner"
+        owner = cluster_files(sim.recipe)["owner"]
         deadline = time.monotonic() + 30
-        while not owner.exists() and time.monotonic() < deadline:
+        while not (owner.exists() and owner.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert owner.exists()
+        assert owner.read_text()
         res = spark_ops(cli_env, "apply", "--max-num-seqs", "64", "--yes")
         assert res.returncode == ExitStatus.LOCKED
         assert "locked by" in res.stderr and "restart" in res.stderr
     finally:
         _, err = first.communicate(timeout=240)
     assert first.returncode == 0, err[-2000:]
-    assert not owner.exists()
+    assert owner.read_text() == "", "the owner record is cleared with the lock"
+
+
+def test_same_cluster_under_another_name_shares_the_lock(
+    sim: Sim, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A colleague's inventory names the cluster differently and reaches the recipe through a
+    symlink: it is the same cluster, so the same lock (and audit log) on the head."""
+    import yaml
+
+    data = yaml.safe_load(sim.inventory.read_text())
+    (name, cluster), *_ = data["clusters"].items()
+    link = sim.head / "active-recipe.yaml"
+    link.symlink_to(sim.recipe)
+    cluster["recipe"]["path"] = str(link)  # absolute, through the link
+    other = tmp_path / "colleague.yaml"
+    other.write_text(yaml.safe_dump({"clusters": {f"{name}-prod": cluster}}))
+    env2 = dict(cli_env, SPARK_OPS_INVENTORY=str(other))
+    first = subprocess.Popen(
+        [sys.executable, "-m", "spark_ops.cli.main", "restart", "--yes", "--no-drain"],
+        env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        owner = cluster_files(sim.recipe)["owner"]
+        deadline = time.monotonic() + 30
+        while not (owner.exists() and owner.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        res = spark_ops(env2, "apply", "--max-num-seqs", "64", "--yes")
+        assert res.returncode == ExitStatus.LOCKED, res.stderr[-2000:]
+        assert "locked by" in res.stderr and "restart" in res.stderr
+    finally:
+        _, err = first.communicate(timeout=240)
+        link.unlink()
+    assert first.returncode == 0, err[-2000:]
+    audit_lines = cluster_files(sim.recipe)["audit"].read_text().splitlines()
+    assert any('"restart"' in line for line in audit_lines), "one audit log for the cluster"
 
 
 def test_sigkilled_holder_leaves_no_stale_lock(sim: Sim, cli_env: dict[str, str]) -> None:
@@ -178,9 +213,9 @@ def test_sigkilled_holder_leaves_no_stale_lock(sim: Sim, cli_env: dict[str, str]
         [sys.executable, "-m", "spark_ops.cli.main", "restart", "--yes", "--no-drain"],
         env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    owner = sim.head / ".local" / "state" / "spark-ops" / "sim.lock.owner"
+    owner = cluster_files(sim.recipe)["owner"]
     deadline = time.monotonic() + 30
-    while not owner.exists() and time.monotonic() < deadline:
+    while not (owner.exists() and owner.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     victim.kill()
     victim.wait()
@@ -237,6 +272,13 @@ def test_rollback_restores_the_latest_backup(sim: Sim, cli_env: dict[str, str]) 
     assert res.returncode == 0, res.stderr[-2000:]
     assert sim.recipe.read_bytes() == original
     assert json.loads(res.stdout)["checks"][0]["ok"] is True
+    # its re-run converges: the backup it made is marked .rolled-back, never the default source
+    backups = sorted(p.name for p in sim.recipe.parent.glob(sim.recipe.name + ".bak.*"))
+    assert backups[-1].endswith(".rolled-back"), backups
+    again = spark_ops(cli_env, "rollback", "--yes", "--json")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert sim.recipe.read_bytes() == original, "a re-run does not flip back to 48"
+    assert json.loads(again.stdout)["plan"]["changes"] == []
 
 
 @pytest.mark.parametrize("step", ["restart", "boot"])

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_ops import fanout
-from spark_ops.errors import ConnectError, ExitStatus, HostKeyError, InventoryError
+from spark_ops.errors import ConnectError, ExitStatus, HostKeyError, InputError, InventoryError
 from spark_ops.inventory import Cluster, parse_inventory
 
 RECIPE = "model: glm\nmax_num_seqs: 6\nkv_cache_memory: 40G\n"
@@ -56,8 +56,11 @@ def test_line_edit_refuses_zero_or_many(text: str) -> None:
 
 def test_line_edit_bad_regex_and_split() -> None:
     """An invalid regex and a replacement that adds a newline are refused."""
-    with pytest.raises(InventoryError, match=r"not a valid regex"):
+    with pytest.raises(InputError, match=r"not a valid regex"):
         fanout.LineEdit("r", "(", "x").compiled()
+    for template, why in ((r"\9", "invalid group reference 9"), (r"\g<x>", "unknown group name")):
+        with pytest.raises(InputError, match=f"not a valid template .*{why}"):
+            fanout.LineEdit("r", "^(a)", template).compiled()
     with pytest.raises(fanout.FanoutError, match="split"):
         fanout.LineEdit("r", "^a", "a\nb").apply("h", "a\n")
 
@@ -266,6 +269,20 @@ async def test_edit_all_or_nothing(openssh_cluster: Any) -> None:
         text = (n.home / "recipe.yaml").read_text()
         assert "32" not in text
         assert not [p for p in n.home.iterdir() if ".spark-ops." in p.name]  # staged files removed
+
+    # one node's copy immutable: the rename fails there after the others renamed; all put back
+    broken.write_text(RECIPE.replace(": 6", ": 64"))
+    before = {n.name: sorted(p.name for p in n.home.iterdir()) for n in openssh_cluster}
+    subprocess.run(["chattr", "+i", str(broken)], check=True)
+    try:
+        rep3 = await fanout.edit_line(cluster, edit2)
+    finally:
+        subprocess.run(["chattr", "-i", str(broken)], check=True)
+    assert not rep3.ok and "Operation not permitted" in (rep3.result("node3").error or "")
+    assert "another node" in (rep3.result("node1").error or "")
+    for n in openssh_cluster:
+        assert (n.home / "recipe.yaml").read_text() == RECIPE.replace(": 6", ": 64"), n.name
+        assert sorted(p.name for p in n.home.iterdir()) == before[n.name], "no backup left"
 
 
 @pytest.mark.openssh

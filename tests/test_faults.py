@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,16 +31,30 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, Sim, start_sim
+from conftest import REPO, Sim, cluster_files, start_sim
 from ground.cluster import SparkGround, make_spark_ground, run_cli
 from ground.sshd import SshdCluster, keygen
 
 from spark_ops.errors import ExitStatus
+from spark_ops.watchdog import history as history_names
 from spark_ops.watchdog.history import read_history
 
 pytestmark = pytest.mark.slow
 
 CASES = REPO / "tests" / "fixtures" / "faults"
+UNREACHABLE = """clusters:
+  c:
+    ssh: {known_hosts: "{known_hosts}", agent: false, config: /dev/null, connect_timeout: 2}
+    nodes:
+      node1: {host: 127.0.0.1, port: 1, role: head}
+    recipe: {path: ~/recipe.yaml}
+    watchdog: {restart_command: spark-wd --restart-now, history_file: ~/restarts}
+"""  # a valid inventory whose head refuses connections: a case exiting 2 refused before connecting
+
+
+def _text(p: Path) -> str:
+    """A file's text, any undecodable byte kept as a surrogate escape."""
+    return p.read_bytes().decode("utf-8", "surrogateescape")
 
 
 def edited(recipe: str) -> str:
@@ -62,7 +77,7 @@ class Target:
     def snapshot(self) -> dict[str, Any]:
         """Recipe texts, history lines, engine pid and stray files (backups, staged temps)."""
         return {
-            "recipes": {str(p): p.read_text() for p in self.recipes},
+            "recipes": {str(p): _text(p) for p in self.recipes},
             "history": self.history.read_text().splitlines(),
             "pid": self.pid_file.read_text().strip() if self.pid_file.exists() else None,
             "strays": sorted(
@@ -89,7 +104,7 @@ class Target:
         bad = []
         for p in self.recipes:
             old = self.before["recipes"][str(p)]
-            if p.read_text() not in (old, edited(old)):
+            if _text(p) not in (old, edited(old)):
                 bad.append(str(p))
         return bad
 
@@ -135,7 +150,7 @@ def sim_target(s: Sim) -> Target:
         [s.recipe],
         s.history,
         state / "spark-watchdog" / "engine.pid",
-        state / "spark-ops" / "sim.lock",
+        cluster_files(s.recipe)["lock"],
     )
 
 
@@ -147,7 +162,7 @@ def ground_target(g: SparkGround) -> Target:
         [g.recipe_on(n) for n in g.recipe_nodes],
         g.history,
         g.head.home / ".watchdog" / "engine.pid",
-        g.head.home / ".local" / "state" / "spark-ops" / "ground.lock",
+        cluster_files(g.recipe)["lock"],
     )
 
 
@@ -231,9 +246,95 @@ def _cases() -> list[Any]:
     return out
 
 
+FOREIGN = ".bak.2025-11-30-known-good"  # an operator's own backup beside every recipe
+OURS_OLD = ".bak.20251101T000000.{n:06d}Z"  # backups an earlier spark-ops run made
+
+
+def _escapes(text: str) -> str:
+    """A case's `\\xNN` escapes as the raw bytes a shell would pass (surrogate escapes)."""
+    return os.fsdecode(text.encode("utf-8").decode("unicode_escape").encode("latin-1"))
+
+
 def _mutate(case: dict[str, Any], t: Target, g: SparkGround | None, tmp: Path) -> None:
-    """Inject the case's fault."""
-    kind = case.get("mutate")
+    """Inject the case's fault(s)."""
+    kinds = case.get("mutate")
+    for kind in kinds if isinstance(kinds, list) else [kinds]:
+        _mutate_one(kind, case, t, g, tmp)
+
+
+def _mutate_one(
+    kind: str | None, case: dict[str, Any], t: Target, g: SparkGround | None, tmp: Path
+) -> None:
+    """Inject one fault."""
+    if kind == "symlink_recipe":  # operators symlink the active recipe
+        for p in t.recipes:
+            real = p.parent / "real" / p.name
+            real.parent.mkdir(exist_ok=True)
+            shutil.copy2(p, real)
+            p.unlink()
+            p.symlink_to(real)
+            if g is not None:
+                _chown_like(real.parent, p.parent)
+    elif kind == "symlink_history":
+        real = t.history.parent / "real-history"
+        shutil.copy2(t.history, real)
+        t.history.unlink()
+        t.history.symlink_to(real)
+        if g is not None:
+            _chown_like(real, t.history.parent)
+    elif kind == "old_backups":  # more of our own backups than keep_backups (5)
+        for p in t.recipes:
+            for n in range(6):
+                old = p.parent / (p.name + OURS_OLD.format(n=n))
+                old.write_text(f"old {n}\n")
+                if g is not None:
+                    _chown_like(old, p.parent)
+    elif kind == "stale_staged":  # a SIGKILLed run's staged file, an hour old
+        for p in t.recipes:
+            real = Path(os.path.realpath(p))
+            stale = real.parent / f".{real.name}.spark-ops.AbC123"
+            stale.write_text("half\n")
+            os.utime(stale, (time.time() - 3600,) * 2)
+            if g is not None:
+                _chown_like(stale, real.parent)
+    elif kind == "recipe_bytes":
+        p = t.recipes[0]
+        p.write_bytes(p.read_bytes().replace(b"interactive default", b"interactive d\xe9fault"))
+    elif kind == "huge_recipe":
+        p = t.recipes[0]
+        p.write_text(p.read_text() + "#" * 80 + ("\n" + "#" * 80) * 26_000 + "\n")
+    elif kind == "restart_fails":  # the watchdog refuses the restart after the write step
+        inv = Path(t.env["SPARK_OPS_INVENTORY"])
+        text = re.sub(r"restart_command: [^\n]*", "restart_command: exit 3", inv.read_text())
+        inv.write_text(text)
+    elif kind == "ssh_config_no_checking":  # checking off in ~/.ssh/config, no known_hosts named
+        assert g is not None
+        home = tmp / "operator-home"
+        (home / ".ssh").mkdir(parents=True)
+        config = home / ".ssh" / "config"
+        config.write_text("Host *\n  UserKnownHostsFile none\n  StrictHostKeyChecking no\n")
+        text = re.sub(r"\n +known_hosts: [^\n]*", "", g.inventory.read_text())
+        g.inventory.write_text(text.replace("config: /dev/null", f"config: {config}"))
+        t.env["HOME"] = str(home)
+    else:
+        _mutate_classic(kind, case, t, g, tmp)
+
+
+def _ours(p: Path) -> list[Path]:
+    """The backups of p named by spark-ops' rule (an operator's own are not among them)."""
+    return sorted(b for b in p.parent.iterdir() if history_names.is_backup_name(str(p), b.name))
+
+
+def _chown_like(path: Path, like: Path) -> None:
+    """Give a file made as root the owner of a node user's directory (OpenSSH ground)."""
+    st = like.stat()
+    os.chown(path, st.st_uid, st.st_gid)
+
+
+def _mutate_classic(
+    kind: str | None, case: dict[str, Any], t: Target, g: SparkGround | None, tmp: Path
+) -> None:
+    """The faults of the first matrix."""
     if kind == "wrong_identity":
         assert g is not None
         other = tmp / "stranger_ed25519"
@@ -263,19 +364,38 @@ def test_input_fault(case: dict[str, Any], tmp_path: Path, request: pytest.Fixtu
     """Inject the fault, run the command: the exit code and message the case names; nothing lost."""
     g: SparkGround | None = None
     stop: Callable[[], object] = lambda: None  # noqa: E731
+    pwned = tmp_path / "PWNED"
+    command = [
+        _escapes(a) if case.get("escapes") else a.replace("{pwned}", str(pwned))
+        for a in case["command"]
+    ]
     if case["ground"] == "none":
         inv = tmp_path / "inventory.yaml"
-        inv.write_text(case["inventory"])
+        (tmp_path / "known_hosts").write_text("")
+        text = UNREACHABLE if case["inventory"] == "unreachable" else case["inventory"]
+        text = text.replace("{known_hosts}", str(tmp_path / "known_hosts"))
+        if case.get("pad_inventory"):
+            text += "#" * 100 + ("\n" + "#" * 100) * case["pad_inventory"] + "\n"
+        inv.write_bytes(
+            _escapes(text).encode("utf-8", "surrogateescape")
+            if case.get("escapes")
+            else text.encode()
+        )
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(inv))
         started = time.monotonic()
-        res = run_cli(env, *case["command"])
+        res = run_cli(env, *command)
         took = time.monotonic() - started
         assert res.returncode == case["exit"], res.stderr[-2000:]
         for needle in case["stderr_contains"]:
             assert needle.lower() in res.stderr.lower(), res.stderr[-2000:]
+        for needle in case.get("stderr_lacks", []):
+            assert needle not in res.stderr + res.stdout, "a secret or a whole value was printed"
+        assert len(res.stderr) < 5000, "an error names the value, never prints it whole"
+        assert not pwned.exists()
         record(case["case"], "none", case["fault"], exit=res.returncode,
                message=first_error(res.stderr), seconds=round(took, 1), torn=0, lost=0,
-               kept=case.get("kept", ""))  # fmt: skip
+               executed=0, half_changed=0, foreign_touched=0, kept=case.get("kept", ""),
+               items=case.get("items", []))  # fmt: skip
         return
     if case["ground"] == "sim":
         from spark_ops.sim.control import down
@@ -289,11 +409,18 @@ def test_input_fault(case: dict[str, Any], tmp_path: Path, request: pytest.Fixtu
         t = ground_target(g)
     try:
         _mutate(case, t, g, tmp_path)
+        foreign = {}
+        for p in t.recipes:  # the operator's own backup, never to be touched
+            mine = p.parent / (p.name + FOREIGN)
+            mine.write_text("known good, kept by hand\n")
+            if g is not None:
+                _chown_like(mine, p.parent)
+            foreign[mine] = mine.read_bytes()
         t.remember()
         started = time.monotonic()
-        res = run_cli(t.env, *case["command"])
+        res = run_cli(t.env, *command)
         took = time.monotonic() - started
-        assert res.returncode == case["exit"], res.stderr[-3000:]
+        assert res.returncode == case["exit"], (res.stderr + res.stdout)[-3000:]
         for needle in case["stderr_contains"]:
             assert needle.lower() in res.stderr.lower(), res.stderr[-3000:]
         after = t.snapshot()
@@ -307,11 +434,40 @@ def test_input_fault(case: dict[str, Any], tmp_path: Path, request: pytest.Fixtu
             p for p in after["recipes"] if after["recipes"][p] != t.before["recipes"][p]
         ]
         strays = sorted(set(after["strays"]) - set(t.before["strays"]))
+        touched = [
+            str(f) for f, data in foreign.items() if not f.exists() or f.read_bytes() != data
+        ]
+        half = len(set(after["recipes"].values())) > 1 or (
+            bool(changed_nodes) and not case["changed"]
+        )
         record(case["case"], t.kind, case["fault"], exit=res.returncode,
                message=first_error(res.stderr, res.stdout) if res.returncode else "ok",
                seconds=round(took, 1), torn=len(torn), lost=len(lost),
                recipes_changed=len(changed_nodes), strays_left=len(strays),
-               kept=case.get("kept", ""))  # fmt: skip
+               executed=int(pwned.exists()), half_changed=int(half),
+               foreign_touched=len(touched), kept=case.get("kept", ""),
+               items=case.get("items", []))  # fmt: skip
+        assert not pwned.exists(), "a value was executed"
+        assert not touched, f"an operator's own file was touched: {touched}"
+        assert not half, "the recipe copies disagree, or changed although the command failed"
+        assert len(res.stderr) < 20_000, "an error names the value, never prints it whole"
+        for p in t.recipes if case.get("links_kept") else []:
+            assert p.is_symlink(), f"{p} was replaced by a regular file"
+            made = [b for b in _ours(p) if "20251101" not in b.name]
+            assert made and all(not b.is_symlink() for b in made), "backups are copies"
+        if "symlink_history" in str(case.get("mutate")):
+            assert t.history.is_symlink(), "the history stays a link (the watchdog counts it)"
+        if "old_backups" in str(case.get("mutate")):
+            for p in t.recipes:
+                assert len(_ours(p)) == 5, _ours(p)  # keep_backups: the oldest rotated
+        if case.get("audit_names"):  # the entry is written after the failure, naming the write
+            log = cluster_files(t.recipes[0])["audit"].read_text().splitlines()
+            last = json.loads(log[-1])
+            assert last["outcome"].startswith("failed"), last
+            assert last["detail"]["written"] == case["audit_names"], last
+        if "stale_staged" in str(case.get("mutate")):
+            left = [x for p in t.recipes for x in Path(os.path.realpath(p)).parent.glob(".*AbC123")]
+            assert not left, f"a staged file a killed run left is still there: {left}"
         assert t.history_parses() and not lost and t.lock_free()
         if not case["changed"]:
             assert not changed_nodes, f"recipe changed on {changed_nodes} although the apply failed"

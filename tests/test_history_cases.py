@@ -261,3 +261,26 @@ def test_root_keeps_files_usable_for_the_watchdog_user() -> None:
         assert hist.read_text() == "1764410000\n1764430000\n1764440000\n"
     finally:
         shutil.rmtree(base)
+
+
+def test_symlinked_history_written_through_foreign_backups_kept(tmp_path: Path) -> None:
+    """A symlinked history stays a link (the watchdog counts the target); its backups are copies;
+    rotation keeps the operator's own `h.bak.known-good` and removes only spark-ops' backups."""
+    real = tmp_path / "data" / "restarts"
+    real.parent.mkdir()
+    real.write_text("".join(f"{1764400000 + i}\n" for i in range(6)))
+    (tmp_path / "h").symlink_to(real)
+    mine = tmp_path / "h.bak.known-good"
+    mine.write_text("mine\n")
+    for i in range(5):
+        rc, out, err = run_script(
+            ["prune", "--history", "h", "--stamp", str(1764400000 + i), "--keep-backups", "2"],
+            tmp_path,
+        )
+        assert rc == 0, err
+        assert not Path(out["backup"]).is_symlink()
+    assert (tmp_path / "h").is_symlink() and real.read_text() == "1764400005\n"
+    ours = sorted(p.name for p in tmp_path.glob("h.bak.*") if p != mine)
+    assert len(ours) == 2 and all(history.is_backup_name("h", n) for n in ours), ours
+    assert mine.read_text() == "mine\n"
+    assert history.list_backups(str(tmp_path / "h"))[-1].endswith(ours[-1])

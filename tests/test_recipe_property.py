@@ -44,10 +44,11 @@ FILLERS = [
 
 kv_values = st.one_of(
     st.integers(min_value=1, max_value=10**12).map(str),
-    st.tuples(st.integers(1, 999), st.sampled_from("KMGT")).map(lambda t: f"{t[0]}{t[1]}"),
-    st.tuples(st.integers(0, 999), st.integers(0, 99), st.sampled_from("kmgt")).map(
-        lambda t: f"{t[0]}.{t[1]}{t[2]}" if t[0] or t[1] else f"1{t[2]}"
-    ),
+    st.tuples(st.integers(1, 999), st.sampled_from("KMG")).map(lambda t: f"{t[0]}{t[1]}"),
+    st.integers(1, 2).map(lambda n: f"{n}T"),  # past 2 TiB per GPU is refused
+    st.tuples(st.integers(0, 999), st.integers(0, 99), st.sampled_from("kmgt"))
+    .map(lambda t: f"{t[0]}.{t[1]}{t[2]}" if t[0] or t[1] else f"1{t[2]}")
+    .filter(lambda v: parse_kv_cache_memory(v, check_range=False) <= 2 * 1024**4),
 )
 
 

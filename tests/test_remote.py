@@ -18,7 +18,7 @@ from embedded import start_nodes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_ops.errors import CommandTimeout, ConnectError, HostKeyError, RemoteError
+from spark_ops.errors import CommandTimeout, ConnectError, HostKeyError, InputError, RemoteError
 from spark_ops.inventory import Cluster, parse_inventory
 from spark_ops.remote import ClusterSession, FileWrite, WriteOutcome, quote_args, sha256
 from spark_ops.sim.node import SimNode
@@ -221,11 +221,15 @@ def one_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimNode
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(name=HOSTILE, content=st.text(max_size=200))
+@given(name=HOSTILE, content=st.text(max_size=200) | st.sampled_from(["a\udcffb", "\x00", "{x}"]))
 def test_hostile_paths_and_content_round_trip(
     one_node: tuple[SimNode, Cluster], name: str, content: str
 ) -> None:
-    """Quotes, $(), newlines and ; in a file name and its content reach the node exactly."""
+    """Quotes, $(), newlines and ; in a file name and its content reach the node exactly.
+
+    Content that is not UTF-8 text (a lone surrogate, as from an undecodable argv byte) or holds
+    a NUL is refused before anything is sent, naming the file: the node is left as it was.
+    """
     node, c = one_node
     fname = name.replace("/", "_").lstrip("-") or "x"
     if fname in (".", ".."):
@@ -235,6 +239,11 @@ def test_hostile_paths_and_content_round_trip(
         """Write, read back and echo through a real SSH node."""
         async with ClusterSession(c) as s:
             await s.connect()
+            if "\x00" in content or "\udcff" in content:
+                with pytest.raises(InputError, match="nothing was sent or written") as err:
+                    await s.write_atomic([FileWrite("node1", f"~/{fname}", content)])
+                assert fname in err.value.message
+                return
             await s.write_atomic([FileWrite("node1", f"~/{fname}", content)])
             assert (node.spec.home / fname).read_bytes().decode() == content
             assert await s.read_file("node1", f"~/{fname}") == content
@@ -326,3 +335,62 @@ def test_asyncssh_import_finds_what_the_stock_probe_finds() -> None:
     # a library path outside the cache: the stock search runs, as asyncssh alone would do it
     custom = _probe("spark-ops", dict(env, LD_LIBRARY_PATH="/opt/oqs/lib"))
     assert {"oqs", "nettle"} <= set(custom["calls"])
+
+
+async def test_symlink_written_through_foreign_backups_kept(
+    cluster: tuple[list[SimNode], Cluster],
+) -> None:
+    """A symlinked file: the target changes, the link stays, the backup is a copy, not a link;
+    rotation removes only backups spark-ops named, never the operator's own `.bak.known-good`."""
+    nodes, c = cluster
+    home = nodes[0].spec.home
+    (home / "recipes").mkdir()
+    real = home / "recipes" / "v2.yaml"
+    real.write_text("v0\n")
+    link = home / "active.yaml"
+    link.symlink_to(real)
+    mine = home / "active.yaml.bak.2025-11-30-known-good"
+    mine.write_text("operator's own\n")
+    async with ClusterSession(c) as s:
+        await s.connect(["node1"])
+        old = "v0\n"
+        for i in range(1, 8):
+            new = f"v{i}\n"
+            [out] = await s.write_atomic([FileWrite("node1", "~/active.yaml", new, sha256(old), 2)])
+            assert out.backup and not Path(out.backup).is_symlink()
+            assert Path(out.backup).read_text() == old, "the backup holds the old content"
+            old = new
+        assert len(await s.backups("node1", "~/active.yaml")) == 2
+    assert link.is_symlink() and os.readlink(link) == str(real), "the link is kept"
+    assert real.read_text() == "v7\n"
+    assert mine.read_text() == "operator's own\n", "the operator's backup is never rotated"
+    assert not list(home.glob(".active.yaml.spark-ops.*")) and not list(
+        real.parent.glob(".v2.yaml.spark-ops.*")
+    )
+
+
+async def test_stale_staged_file_cleaned_unreadable_refused(
+    cluster: tuple[list[SimNode], Cluster],
+) -> None:
+    """A staged file a SIGKILLed run left is removed by the next write (after 10 min); a
+    non-UTF-8 file and a huge one are refused naming the file, before anything is read."""
+    nodes, c = cluster
+    home = nodes[0].spec.home
+    (home / "r.yaml").write_text("a\n")
+    stale = home / ".r.yaml.spark-ops.AbC123"
+    stale.write_text("half")
+    os.utime(stale, (1, 1))
+    fresh = home / ".r.yaml.spark-ops.XyZ789"  # another run's, being written now: kept
+    fresh.write_text("in use")
+    (home / "bad.yaml").write_bytes(b"key: bad\xffbyte\n")
+    (home / "big.yaml").write_bytes(b"#" * (2 << 20))
+    async with ClusterSession(c) as s:
+        await s.connect(["node1"])
+        await s.write_atomic([FileWrite("node1", "~/r.yaml", "b\n", sha256("a\n"))])
+        with pytest.raises(RemoteError, match=r"bad.yaml: not UTF-8 text \(byte 0xff at offset 8"):
+            await s.read_file("node1", "~/bad.yaml")
+        with pytest.raises(RemoteError, match=r"big.yaml: 2097152 bytes, more than the 1,048,576"):
+            await s.read_file("node1", "~/big.yaml")
+        res = await s.run("node1", "cat ~/bad.yaml")
+        assert res.stdout == "key: bad\ufffdbyte\n", "other output: U+FFFD per bad byte"
+    assert not stale.exists() and fresh.exists()

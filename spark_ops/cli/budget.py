@@ -2,15 +2,48 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 import click
 
 from spark_ops.cli.common import emit_json, load_cluster, run_async, when
+from spark_ops.errors import excerpt
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+_MAX_STAMP = 1e11  # a Unix time past the year 5000 is a typo, not a stamp
+
+
+def _unix_time(value: str, what: str) -> float:
+    """A finite, non-negative Unix time; click.BadParameter (exit 2, before connecting) if not."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and 0 <= number < _MAX_STAMP) or len(value) > 40:
+        raise click.BadParameter(
+            f"{excerpt(value)}: give {what}",
+        )
+    return number
+
+
+class StampType(click.ParamType):
+    """An exact stamp: a finite Unix time (nan, inf, negative or absurd values refused)."""
+
+    name = "STAMP"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        """Parse one --stamp value."""
+        if isinstance(value, float):
+            value = repr(value)
+        try:
+            return _unix_time(str(value), "a Unix time such as 1764470000.5")
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
 
 
 def parse_time(value: str | None) -> tuple[float | None, float | None]:
@@ -20,12 +53,7 @@ def parse_time(value: str | None) -> tuple[float | None, float | None]:
     m = _AGO.match(value.strip())
     if m:
         return None, float(m.group(1)) * _UNIT[m.group(2)]
-    try:
-        return float(value), None
-    except ValueError:
-        raise click.BadParameter(
-            f"{value!r}: give a Unix time (1764470000) or a duration ago (90m, 6h, 2d)"
-        ) from None
+    return _unix_time(value, "a Unix time (1764470000) or a duration ago (90m, 6h, 2d)"), None
 
 
 def echo_budget(view: Any) -> None:
@@ -79,7 +107,7 @@ def cli(ctx: click.Context, as_json: bool) -> None:
 
 @cli.command("prune")
 @click.option(
-    "--stamp", "stamps", multiple=True, type=float, help="Exact stamp value (repeatable)."
+    "--stamp", "stamps", multiple=True, type=StampType(), help="Exact stamp (repeatable)."
 )
 @click.option("--since", help="Stamps at or after: Unix time or duration ago (90m, 6h).")
 @click.option("--until", help="With --since: stamps at or before this time.")

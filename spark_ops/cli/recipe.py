@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
-import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 
 import click
@@ -24,31 +20,19 @@ def _fail(err: SparkOpsError) -> None:
 
 
 def write_atomically(path: Path, text: str) -> Path:
-    """Back up PATH to PATH.bak.<UTC stamp>, then replace it via temp file, fsync and rename."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    backup = path.with_name(f"{path.name}.bak.{stamp}")
-    serial = 1
-    while backup.exists():
-        backup = path.with_name(f"{path.name}.bak.{stamp}.{serial}")
-        serial += 1
-    shutil.copy2(path, backup)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Back up PATH, then replace it atomically: spark-ops' one local writer (history.py's).
+
+    Temp file, fsync, rename, directory fsync; a symlink is written through and kept; the backup
+    follows the one naming rule, and rotation removes only backups of that name.
+    """
+    from spark_ops.watchdog import history
+
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text.encode("utf-8"))
-            handle.flush()
-            os.fsync(handle.fileno())
-        shutil.copymode(path, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return backup
+        backup = history.write_backup(str(path), path.read_bytes(), history.DEFAULT_KEEP_BACKUPS)
+        history.atomic_write(str(path), text.encode("utf-8"))
+    except (OSError, history.HistoryFailure) as exc:
+        raise RecipeError(f"{path}: not written: {getattr(exc, 'strerror', None) or exc}") from exc
+    return Path(backup)
 
 
 @click.group(name="recipe")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from spark_ops.errors import InventoryError
 from spark_ops.inventory import (
     Cluster,
 )
+from spark_ops.remote.connector import DEFAULT_KNOWN_HOSTS
 
 
 def _q(value: Any) -> str:
@@ -53,8 +55,9 @@ def render_inventory(
         out.append(f"      user: {_q(ssh.user)}")
     if ssh.port != 22:
         out.append(f"      port: {ssh.port}")
-    if ssh.known_hosts:
-        out.append(f"      known_hosts: {_q(ssh.known_hosts)}")
+    # always named: the file init checked the keys against (an ssh config cannot switch it off)
+    known = ssh.known_hosts or os.path.expanduser(DEFAULT_KNOWN_HOSTS)
+    out.append(f"      known_hosts: {_q(known)}")
     if ssh.identity:
         out.append(f"      identity: [{', '.join(_q(i) for i in ssh.identity)}]")
     out.append(f"      connect_timeout: {_q(ssh.connect_timeout)}")

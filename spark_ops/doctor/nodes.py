@@ -18,15 +18,6 @@ if [ -d "$d" ] && [ -w "$d" ]; then echo "ok $d"; else echo "no $d"; fi
 """
 
 
-# $1 the cluster lock, $2 its owner file: "held" and the owner record when another process holds it.
-_LOCK_FREE = r"""
-l=$1; o=$2
-[ -e "$l" ] || { echo free; exit 0; }
-command -v flock >/dev/null 2>&1 || { echo free; exit 0; }
-if ( exec 9<"$l" && flock -n 9 ); then echo free; else echo held; cat -- "$o" 2>/dev/null; fi
-"""
-
-
 class NodeChecks(Checker):
     """SSH on every node; tools, state dir and cluster lock on the head; sudo where needed."""
 
@@ -83,14 +74,17 @@ class NodeChecks(Checker):
         """Nobody holds the cluster lock now (apply would stop with exit 6); names the holder."""
         import json
 
-        from spark_ops.lock import describe_holder, lock_paths
+        from spark_ops.lock import PROBE, describe_holder
 
         if not self.up(self.head):
             return
-        lock, owner = lock_paths(self.cluster.state_dir, self.cluster.name)
-        res = await self.session.run(self.head, sh_program(_LOCK_FREE, lock, owner), check=False)
+        c = self.cluster
+        res = await self.session.run(
+            self.head, sh_program(PROBE, c.state_dir, c.recipe.path), check=False
+        )
         first, _, rest = res.stdout.partition("\n")
-        if first.strip() != "held":
+        state, _, lock = first.strip().partition(" ")
+        if state != "held":
             self.report.add("cluster-lock", self.head, "ok", f"free ({lock})")
             return
         try:

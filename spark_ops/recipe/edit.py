@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from spark_ops.errors import RecipeError
+from spark_ops.errors import KnobError, RecipeError, excerpt
 from spark_ops.recipe.changes import Change
 from spark_ops.recipe.command import (
     CommandView,
@@ -128,7 +129,7 @@ class _Editor:
             return edits
         text = str(value)
         if not found:
-            return cmd.insert_line(f"{flag} {text}")
+            return cmd.insert_line(f"{flag} {_quote(text)}")
         return self._set_values(rt, cmd, found, flag, text)
 
     def _set_values(
@@ -154,6 +155,7 @@ class _Editor:
                     f"key {key!r}"
                 )
             if key and entry and cmd.placeholder_uses(key) == keys[key]:
+                _plain_word(self.source, key, text)
                 if key not in edited_defaults:
                     edits.append(entry_edit(rt, entry, yaml_scalar(text, entry.raw)))
                     edited_defaults.add(key)
@@ -173,6 +175,8 @@ class _Editor:
         if entry is not None:
             if CommandView(rt).placeholder_uses(key) == 0:
                 self.warn(f"{self.source}: defaults.{key} is not used by command")
+            else:
+                _plain_word(self.source, key, value)
             return [entry_edit(rt, entry, yaml_scalar(value, entry.raw))]
         flag = "--" + key.replace("_", "-")
         if not CommandView(rt).find([flag]):
@@ -203,6 +207,22 @@ class _Editor:
         return edits
 
 
+def _plain_word(source: str, key: str, value: str) -> None:
+    """Refuse a value that reaches bash through `{key}` unquoted unless it is one plain word.
+
+    str.format pastes defaults into the command text that bash then reads: `x; touch f`, `$(…)`
+    or a space would change the command itself. A literal flag value is quoted instead.
+    """
+    if value and shlex.quote(value) == value:
+        return
+    raise KnobError(
+        f"{source}: value {excerpt(value)} for defaults.{key} would reach bash unquoted through "
+        f"{{{key}}} in command, and is not one plain word; allowed: letters, digits and @%+=:,./-",
+        hint=f"nothing was written; to pass such a value, write the flag literally (--flag "
+        f"--{key.replace('_', '-')}=VALUE), which spark-ops quotes",
+    )
+
+
 def _placeholder(opt: Option) -> str | None:
     """The defaults key when the option's value is exactly one `{key}` placeholder."""
     raw = opt.flag.raw.split("=", 1)[1] if opt.inline else (opt.value_token or opt.flag).raw
@@ -226,8 +246,6 @@ def _value_edit(opt: Option, text: str) -> Edit:
 
 def _quote(text: str) -> str:
     """Quote a value for the shell when it needs it (and keep str.format braces literal)."""
-    import shlex
-
     escaped = text.replace("{", "{{").replace("}", "}}")
     return escaped if escaped == shlex.quote(escaped) else shlex.quote(escaped)
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from spark_ops.errors import KnobError
+from spark_ops.errors import KnobError, excerpt
 
 #: Newest vLLM version whose knob facts are encoded here; assumed when no version is known.
 NEWEST_KNOWN = "0.33"
@@ -113,13 +113,49 @@ _KV_ACCEPTED = (
 )
 
 
-def parse_kv_cache_memory(value: str) -> int:
-    """Parse a --kv-cache-memory-bytes value as vLLM does; KnobError shows the accepted forms."""
+#: No accelerator holds more than this per GPU (today's largest hold under 300 GB): a larger
+#: KV cache size is a typo (a unit too many), refused before anything is written.
+MAX_KV_CACHE_BYTES = 2 * 1024**4  # 2 TiB
+#: vLLM's scheduler counts sequences in an int32; far below that no node has memory for them.
+MAX_NUM_SEQS = 65536
+
+
+def parse_kv_cache_memory(value: str, *, check_range: bool = True) -> int:
+    """Parse a --kv-cache-memory-bytes value as vLLM does; KnobError shows the accepted forms.
+
+    0 is refused (vLLM takes a falsy size as "unset" and sizes the cache itself, which is not
+    what was asked), and so is a size above MAX_KV_CACHE_BYTES, which no node can hold.
+    """
+    size = _parse_kv_size(value)
+    if not check_range:  # reading a recipe as it is (a 0 written before is shown, then fixed)
+        return size
+    if size <= 0:
+        raise KnobError(
+            f"--kv-cache-memory-bytes: {excerpt(value)} is 0 bytes; vLLM takes 0 as unset and "
+            "sizes the cache itself",
+            hint="give a size such as 60G, or --unset-flag --kv-cache-memory-bytes for vLLM's "
+            "own sizing",
+        )
+    if size > MAX_KV_CACHE_BYTES:
+        raise KnobError(
+            f"--kv-cache-memory-bytes: {excerpt(value)} is {size:.3g} bytes, more than the "
+            f"{MAX_KV_CACHE_BYTES // 1024**4} TiB any GPU holds",
+            hint="e.g. 60G (binary) or 60g (decimal) per GPU",
+        )
+    return size
+
+
+def _parse_kv_size(value: str) -> int:
+    """The byte count a --kv-cache-memory-bytes value names (no range check)."""
     text = str(value).strip()
+    if len(text) > 40:
+        raise KnobError(
+            f"--kv-cache-memory-bytes: {excerpt(value)} is not accepted; use {_KV_ACCEPTED}"
+        )
     match = _KV_RE.match(text)
     if not match:
         raise KnobError(
-            f"--kv-cache-memory-bytes: {value!r} is not accepted; use {_KV_ACCEPTED}",
+            f"--kv-cache-memory-bytes: {excerpt(value)} is not accepted; use {_KV_ACCEPTED}",
             hint="e.g. 60G, 60g, 1.5g or 64424509440",
         )
     plain, binary, bunit, decimal, dunit = match.groups()
@@ -130,15 +166,20 @@ def parse_kv_cache_memory(value: str) -> int:
     try:
         amount = Decimal(decimal) * 1000 ** ("kmgt".index(dunit) + 1)
     except InvalidOperation as exc:  # pragma: no cover - the regex admits only digits
-        raise KnobError(f"--kv-cache-memory-bytes: {value!r}: {exc}") from exc
+        raise KnobError(f"--kv-cache-memory-bytes: {excerpt(value)}: {exc}") from exc
     return int(amount)
 
 
-def parse_max_num_seqs(value: object) -> int:
+def parse_max_num_seqs(value: object, *, check_range: bool = True) -> int:
     """Validate --max-num-seqs: a positive integer."""
     text = str(value).strip()
-    if isinstance(value, bool) or not re.fullmatch(r"\d+", text) or int(text) <= 0:
-        raise KnobError(f"--max-num-seqs: {value!r} is not allowed; use a positive integer")
+    if isinstance(value, bool) or not re.fullmatch(r"\d{1,12}", text) or int(text) <= 0:
+        raise KnobError(f"--max-num-seqs: {excerpt(value)} is not allowed; use a positive integer")
+    if check_range and int(text) > MAX_NUM_SEQS:
+        raise KnobError(
+            f"--max-num-seqs: {int(text):,} is more than {MAX_NUM_SEQS:,}; no node holds the "
+            "KV cache for so many sequences"
+        )
     return int(text)
 
 

@@ -167,7 +167,10 @@ def render_recipe(text: str, *, source: str, includes: IncludeReader | None = No
         return render_sparkrun(text, source=source, includes=includes)
     defaults = data.get("defaults") or {}
     command = format_command(str(data["command"]), defaults, source=source)
-    scan = scan_shell(command)
+    try:
+        scan = scan_shell(command)
+    except RecipeError as exc:
+        raise type(exc)(f"{source}: {exc.message}", hint=exc.hint) from None
     if scan.rest_start is not None:
         line = command.count("\n", 0, scan.rest_start) + 1
         raise UnsupportedRecipe(
@@ -240,8 +243,12 @@ def knob_values(
     moe = args.get("--moe-backend")
     try:
         values: dict[str, object] = {
-            "max_num_seqs": None if not isinstance(seqs, str) else parse_max_num_seqs(seqs),
-            "kv_cache_memory_bytes": None if not isinstance(kv, str) else parse_kv_cache_memory(kv),
+            "max_num_seqs": None
+            if not isinstance(seqs, str)
+            else parse_max_num_seqs(seqs, check_range=False),
+            "kv_cache_memory_bytes": None
+            if not isinstance(kv, str)
+            else parse_kv_cache_memory(kv, check_range=False),
         }
     except KnobError as exc:
         raise KnobError(f"{source}: {exc.message}", hint=exc.hint) from exc

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_ops.errors import RecipeError, UnsupportedRecipe
+from spark_ops.errors import RecipeError, UnsupportedRecipe, excerpt
 from spark_ops.recipe.dialect import Dialect, check_sparkrun_shape, detect_dialect
 from spark_ops.recipe.knobs import FLAG_ALIASES
+from spark_ops.yamlsafe import load_yaml
+
+MAX_RECIPE_BYTES = 256 << 10  # a recipe is a few kilobytes; 256 KiB is refused at once
 
 _TOP_KEY = re.compile(r"^([A-Za-z_][\w.-]*)[ \t]*:(?=[ \t\r]|$)")
 _CHILD = re.compile(r"^([ \t]+)([A-Za-z_][\w.-]*)[ \t]*:[ \t]*")
@@ -24,13 +28,18 @@ def split_lines(text: str) -> list[str]:
 
 
 def load_recipe_text(text: str, *, source: str) -> dict[str, Any]:
-    """Parse and check a recipe (either dialect): valid YAML, a mapping, the keys' types."""
-    import yaml
+    """Parse and check a recipe (either dialect): valid YAML, a mapping, the keys' types.
 
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"{source}: not valid YAML: {exc}") from exc
+    A text over 256 KiB or with more than a few dozen aliases is refused before it is parsed. One
+    edit reads the same text several times (edit, version, verify, render): it is parsed once.
+    """
+    return dict(_parsed(text, source))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(text: str, source: str) -> dict[str, Any]:
+    """The checked mapping of a recipe text, parsed once per text (callers copy, never mutate)."""
+    data = load_yaml(text, source=source, error=RecipeError, max_bytes=MAX_RECIPE_BYTES)
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
     if detect_dialect(data, source=source) is Dialect.SPARKRUN:
@@ -44,7 +53,7 @@ def load_recipe_text(text: str, *, source: str) -> dict[str, Any]:
         )
     for key in ("defaults", "env"):
         if data.get(key) is not None and not isinstance(data[key], dict):
-            raise RecipeError(f"{source}: key {key!r} must be a mapping, got {data[key]!r}")
+            raise RecipeError(f"{source}: key {key!r} must be a mapping, got {excerpt(data[key])}")
     return data
 
 
@@ -219,6 +228,7 @@ def scan_shell(text: str, start: int = 0, end: int | None = None) -> Scan:
             while i < stop and text[i] != "\n":
                 i += 1
         else:
+            _refuse_operator(text, i, stop)
             if cur is None:
                 cur, tok_start = [], i
             if ch == "'":
@@ -239,12 +249,34 @@ def scan_shell(text: str, start: int = 0, end: int | None = None) -> Scan:
     return Scan(tokens, stop, None)
 
 
+# Outside quotes, these make bash run something other than one plain command line: a second
+# command (; & |), a redirection (< >), a subshell or command substitution (( ) ` $( ). Preflight
+# checks the words spark-ops parses; a recipe whose command bash would read differently is refused.
+_OPERATORS = ";&|<>()`"
+
+
+def _refuse_operator(text: str, i: int, stop: int) -> None:
+    """RecipeError when text[i] starts an operator or a command substitution bash would run."""
+    ch = text[i]
+    if ch in _OPERATORS or (ch == "$" and text.startswith("(", i + 1, stop)):
+        line = text.count("\n", 0, i) + 1
+        shown = "$(" if ch == "$" else ch
+        raise UnsupportedRecipe(
+            f"command line {line}: unquoted {shown!r} at {text[max(0, i - 20) : i + 20]!r}: "
+            "bash would run more than the one command line spark-ops checks",
+            hint="quote the value ('a;b'), or remove the operator: spark-ops runs no shell "
+            "pipelines, substitutions or chained commands",
+        )
+
+
 def _double_quoted(text: str, i: int, stop: int, out: list[str]) -> int:
     """Consume a double-quoted string body from i; return the offset after the closing quote."""
     while i < stop:
         ch = text[i]
         if ch == '"':
             return i + 1
+        if ch == "`" or (ch == "$" and text.startswith("(", i + 1, stop)):
+            _refuse_operator(text, i, stop)
         if ch == "\\" and i + 1 < stop and text[i + 1] in '"\\$`\n':
             if text[i + 1] != "\n":
                 out.append(text[i + 1])

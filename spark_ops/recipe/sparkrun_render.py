@@ -21,6 +21,7 @@ from typing import Any
 
 from spark_ops.errors import RecipeError, UnsupportedRecipe
 from spark_ops.recipe.dialect import check_sparkrun_shape
+from spark_ops.recipe.source import MAX_RECIPE_BYTES
 from spark_ops.recipe.sparkrun_maps import (
     VLLM_BOOL_KEYS,
     VLLM_FLAG_MAP,
@@ -29,6 +30,7 @@ from spark_ops.recipe.sparkrun_maps import (
     VLLM_SKIPPED_IN_LOOP,
     parse_bool,
 )
+from spark_ops.yamlsafe import load_yaml
 
 #: Deepest include chain sparkrun accepts.
 MAX_INCLUDE_DEPTH = 8
@@ -81,13 +83,8 @@ class Chain:
 
 
 def parse_yaml(text: str, *, source: str) -> dict[str, Any]:
-    """Parse a recipe file: valid YAML and a mapping, else RecipeError naming the file."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"{source}: not valid YAML: {exc}") from exc
+    """Parse a recipe file with the one safe YAML loader: a mapping, else RecipeError naming it."""
+    data = load_yaml(text, source=source, error=RecipeError, max_bytes=MAX_RECIPE_BYTES)
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
     return data

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from spark_ops.remote.connector import Connector, Result, SSHConnector, transient
 from spark_ops.remote.session import ClusterSession, FileWrite, WriteOutcome
-from spark_ops.remote.shell import quote_args, quote_path, sh_program, sha256
+from spark_ops.remote.shell import check_text, quote_args, quote_path, sh_program, sha256
 
 __all__ = [
     "ClusterSession",
@@ -18,6 +18,7 @@ __all__ = [
     "Result",
     "SSHConnector",
     "WriteOutcome",
+    "check_text",
     "quote_args",
     "quote_path",
     "sh_program",

@@ -26,6 +26,7 @@ from spark_ops.errors import (
     HostKeyError,
     RemoteError,
     SparkOpsError,
+    excerpt,
 )
 from spark_ops.inventory import Node, SSHSettings
 from spark_ops.log import get_logger
@@ -110,7 +111,7 @@ class SSHConnector(Connector):
 
     def _options(self) -> dict[str, Any]:
         """Build asyncssh connect options from the inventory."""
-        opts = client_options(self.ssh, self.node.port, self.node.user)
+        opts = client_options(self.ssh, self.node.port, self.node.user, name=self.node.name)
         if self.tunnel is not None:
             opts["tunnel"] = self.tunnel
         return opts
@@ -146,7 +147,14 @@ class SSHConnector(Connector):
                 for attempt in range(CHANNEL_RETRIES + 1):
                     try:
                         proc = await asyncio.wait_for(
-                            conn.run(command, check=False, timeout=timeout, **stdin), timeout + 5
+                            conn.run(
+                                command,
+                                check=False,
+                                timeout=timeout,
+                                errors="surrogateescape",  # a bad byte never ends the read
+                                **stdin,
+                            ),
+                            timeout + 5,
                         )
                         break
                     except asyncssh.ChannelOpenError as exc:
@@ -182,7 +190,7 @@ class SSHConnector(Connector):
 
         conn = self._require()
         try:
-            proc = await conn.create_process(command, stderr=asyncssh.DEVNULL)
+            proc = await conn.create_process(command, stderr=asyncssh.DEVNULL, errors="replace")
         except (asyncssh.Error, OSError) as exc:
             raise ConnectError(self.node.name, f"cannot start {command[:80]}: {exc}") from exc
         try:
@@ -235,20 +243,52 @@ def _connection_gone(conn: Any, exc: Exception) -> bool:
     return bool(closed()) if callable(closed) else getattr(exc, "reason", "").endswith("closed")
 
 
-def client_options(ssh: SSHSettings, port: int, user: str | None) -> dict[str, Any]:
-    """asyncssh connect options from the inventory's ssh settings, for a node or the jump host."""
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+
+def known_hosts_file(ssh: SSHSettings) -> str:
+    """The known_hosts file host keys are checked against: the inventory's, else ~/.ssh's."""
+    return os.path.expanduser(ssh.known_hosts or DEFAULT_KNOWN_HOSTS)
+
+
+def client_options(
+    ssh: SSHSettings, port: int, user: str | None, *, name: str = JUMP
+) -> dict[str, Any]:
+    """asyncssh connect options from the inventory's ssh settings, for a node or the jump host.
+
+    Host keys are always checked against one named file (the inventory's `ssh.known_hosts`, else
+    ~/.ssh/known_hosts): an ssh config's `UserKnownHostsFile none` or `StrictHostKeyChecking no`
+    cannot turn checking off. Only `ssh.insecure_no_host_key_check` does, loudly warned.
+    """
     opts: dict[str, Any] = {
         "port": port,
         "connect_timeout": ssh.connect_timeout,
         "keepalive_interval": 15,
         "keepalive_count_max": 4,
     }
-    if user:
-        opts["username"] = user
+    # As OpenSSH does, the default login is the account's name from the password database, not
+    # $LOGNAME (which anyone can set to anything); asyncssh's own default reads $LOGNAME.
+    account = local_account()
+    opts["username"] = user or account
+    opts["client_username"] = account
     if ssh.insecure_no_host_key_check:
         opts["known_hosts"] = None
-    elif ssh.known_hosts:
-        opts["known_hosts"] = known_hosts_arg(os.path.expanduser(ssh.known_hosts))
+    else:
+        path = known_hosts_file(ssh)
+        if not os.path.isfile(path):
+            raise HostKeyError(
+                name,
+                f"known_hosts file {path} does not exist: host keys cannot be checked",
+                hint=f"check each node's key fingerprint, then add it: ssh-keyscan -p {port} "
+                f"HOST >> {path}; or name another file in ssh.known_hosts",
+            )
+        if not os.access(path, os.R_OK):
+            raise HostKeyError(
+                name,
+                f"known_hosts file {path} cannot be read: host keys cannot be checked",
+                hint="check its permissions, or name another file in ssh.known_hosts",
+            )
+        opts["known_hosts"] = known_hosts_arg(path)
     if ssh.identity:
         opts["client_keys"] = [os.path.expanduser(p) for p in ssh.identity]
     if not ssh.agent:
@@ -256,6 +296,16 @@ def client_options(ssh: SSHSettings, port: int, user: str | None) -> dict[str, A
     if ssh.config:
         opts["config"] = [os.path.expanduser(ssh.config)]
     return opts
+
+
+def local_account() -> str:
+    """This process's account name from the password database (its uid), never from $LOGNAME."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (some containers)
+        return str(os.getuid())
 
 
 @functools.lru_cache(maxsize=2)
@@ -273,9 +323,13 @@ def known_hosts_arg(path: str) -> Any:
     is passed on as the path, and the connection reports it as before.
     """
     try:
-        with open(path) as f:
-            return _parse_known_hosts(f.read())
-    except (OSError, ValueError):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return path
+    try:
+        return _parse_known_hosts(text)
+    except ValueError:
         return path
 
 
@@ -335,6 +389,14 @@ async def _connect(name: str, host: str, port: int, user: str | None, opts: dict
     except (OSError, asyncio.TimeoutError, asyncssh.Error) as exc:
         detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise ConnectError(name, f"cannot connect to {host}:{port}: {detail}") from exc
+    except ValueError as exc:  # a login name SSH cannot carry (asyncssh's SASLprep refuses it)
+        login = user if user is not None else os.environ.get("LOGNAME", "")
+        source = "" if user is not None else " (no ssh.user set: taken from $LOGNAME)"
+        raise AuthError(
+            name,
+            f"user name {excerpt(login)}{source} cannot be sent over SSH: {exc}",
+            hint="set ssh.user (or the node's user) in the inventory",
+        ) from None
 
 
 async def open_jump(ssh: SSHSettings) -> Any:

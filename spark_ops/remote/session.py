@@ -28,11 +28,16 @@ from spark_ops.remote.connector import (
 )
 from spark_ops.remote.shell import (
     _COMMIT,
+    _LIST_BACKUPS,
     _READ,
     _STAGE,
     _UNDO,
+    MAX_READ_BYTES,
     MISMATCH_EXIT,
     MISSING_EXIT,
+    TOO_BIG_EXIT,
+    check_text,
+    replace_undecodable,
     sh_program,
     sha256,
 )
@@ -47,10 +52,9 @@ class FileWrite:
     host: str
     path: str
     content: str
-    expected_sha: str | None = (
-        None  # None: the file must not have changed from "absent or anything"
-    )
+    expected_sha: str | None = None  # None: any current content (or none) is accepted
     keep_backups: int = 5
+    label: str = ""  # appended to the backup's name: ROLLED_BACK for a rollback's write
 
 
 @dataclass
@@ -61,6 +65,7 @@ class WriteOutcome:
     path: str
     backup: str | None
     staged: str | None = None
+    target: str | None = None  # the file renamed over: path, or its symlink's target
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for reports."""
@@ -179,12 +184,24 @@ class ClusterSession:
         check: bool = True,
         sudo: bool = False,
         label: str | None = None,
+        raw: bool = False,
     ) -> Result:
-        """Run one command on one node with a timeout; `label` names it in errors."""
+        """Run one command on one node with a timeout; `label` names it in errors.
+
+        The command and its input must be text the node can receive (UTF-8, no NUL): a value that
+        is not is refused here, before anything runs. Output that is not UTF-8 reaches the caller
+        with U+FFFD in place of each bad byte, or (`raw`) as surrogate escapes.
+        """
         limit = timeout if timeout is not None else self.cluster.ssh.command_timeout
+        check_text(label or "remote command", command, max_bytes=None)
+        if input is not None:
+            check_text(f"{label or 'remote command'}: input", input, max_bytes=None)
         cmd = self._wrap(host, command, sudo)
         self.log.debug("run", host=host, command=label or cmd[:200])
         result = await self.connector(host).run(cmd, input=input, timeout=limit)
+        if not raw:
+            result.stdout = replace_undecodable(result.stdout)
+            result.stderr = replace_undecodable(result.stderr)
         if label:
             result.command = label
         return result.check() if check else result
@@ -212,18 +229,54 @@ class ClusterSession:
         names = list(hosts) if hosts is not None else list(self.connectors)
         return await self.gather(names, lambda h: self.run(h, command, **kw))
 
-    async def read_file(self, host: str, path: str, *, sudo: bool = False) -> str | None:
-        """Read a remote text file; None when it does not exist."""
+    async def read_file(
+        self, host: str, path: str, *, sudo: bool = False, max_bytes: int = MAX_READ_BYTES
+    ) -> str | None:
+        """Read a remote UTF-8 text file whole; None when it does not exist.
+
+        A file over max_bytes is refused before it is sent, and one that is not UTF-8 is refused
+        naming the first bad byte: nothing later sees a half-decoded text.
+        """
         res = await self.run(
-            host, sh_program(_READ, path), check=False, sudo=sudo, label=f"read {path}"
+            host,
+            sh_program(_READ, path, str(max_bytes)),
+            check=False,
+            sudo=sudo,
+            label=f"read {path}",
+            raw=True,
         )
         if res.exit_code == MISSING_EXIT:
             return None
+        if res.exit_code == TOO_BIG_EXIT:
+            size = res.stdout.strip()
+            raise RemoteError(
+                host,
+                f"{path}: {size} bytes, more than the {max_bytes:,} bytes spark-ops reads whole; "
+                "nothing read",
+                hint="a recipe is a few kilobytes: check that the path names the right file",
+            )
         res.check()
+        bad = next((i for i, ch in enumerate(res.stdout) if "\udc80" <= ch <= "\udcff"), None)
+        if bad is not None:
+            byte = ord(res.stdout[bad]) - 0xDC00
+            offset = len(res.stdout[:bad].encode("utf-8", "surrogateescape"))
+            raise RemoteError(
+                host,
+                f"{path}: not UTF-8 text (byte 0x{byte:02x} at offset {offset}); nothing read",
+                hint="re-save the file as UTF-8",
+            )
         return res.stdout
+
+    async def backups(self, host: str, path: str, *, sudo: bool = False) -> list[str]:
+        """The backups spark-ops made of path on host, oldest first (its naming rule only)."""
+        res = await self.run(
+            host, sh_program(_LIST_BACKUPS, path), sudo=sudo, label=f"list backups of {path}"
+        )
+        return [name for name in res.stdout.split("\0") if name]
 
     async def stage(self, w: FileWrite) -> WriteOutcome:
         """Write content to a synced temp file beside the target, if the target is unchanged."""
+        check_text(f"{w.host}:{w.path}: new content", w.content, max_bytes=MAX_READ_BYTES)
         expected = "-" if w.expected_sha is None else w.expected_sha
         cmd = sh_program(_STAGE, w.path, expected, sha256(w.content))
         res = await self.run(
@@ -236,18 +289,23 @@ class ClusterSession:
                 hint="run the command again to plan against the current content",
             )
         res.check()
-        return WriteOutcome(w.host, w.path, None, staged=res.stdout.strip())
+        staged, _, target = res.stdout.partition("\0")
+        return WriteOutcome(w.host, w.path, None, staged=staged, target=target or w.path)
 
     async def commit(self, w: FileWrite, staged: WriteOutcome) -> WriteOutcome:
         """Back up the target and rename the staged file over it, then sync the directory."""
-        assert staged.staged
-        cmd = sh_program(_COMMIT, w.path, staged.staged, str(max(w.keep_backups, 1)))
-        res = await self.run(w.host, cmd, check=True, sudo=True, label=f"rename over {w.path}")
+        assert staged.staged and staged.target
+        keep = str(max(w.keep_backups, 1))
+        cmd = sh_program(_COMMIT, w.path, staged.staged, staged.target, keep, w.label)
+        res = await self.run(w.host, cmd, check=False, sudo=True, label=f"rename over {w.path}")
+        if res.exit_code == MISMATCH_EXIT:
+            raise RemoteError(w.host, f"{res.stderr.strip()}; nothing written")
+        res.check()
         backup = None
-        for line in res.stdout.splitlines():
+        for line in res.stdout.split("\0"):
             if line.startswith("backup="):
                 backup = line[len("backup=") :]
-        return WriteOutcome(w.host, w.path, backup)
+        return WriteOutcome(w.host, w.path, backup, target=staged.target)
 
     async def discard(self, host: str, staged_path: str) -> None:
         """Remove a staged temp file (best effort)."""
@@ -289,7 +347,7 @@ class ClusterSession:
             if isinstance(out, WriteOutcome) and out.staged:
                 await self.discard(writes[n].host, out.staged)
         for out in done:
-            cmd = sh_program(_UNDO, out.path, out.backup or "")
+            cmd = sh_program(_UNDO, out.path, out.target or out.path, out.backup or "")
             with suppress(SparkOpsError):
                 await self.run(out.host, cmd, sudo=True, label=f"restore {out.path}")
 

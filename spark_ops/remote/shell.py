@@ -6,6 +6,8 @@ import hashlib
 import shlex
 from collections.abc import Iterable
 
+from spark_ops.errors import InputError, excerpt
+
 MISSING_EXIT = 44  # our own exit code for "file does not exist"
 MISMATCH_EXIT = 45  # the file changed under us (compare-and-swap failed)
 
@@ -29,71 +31,176 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+MAX_READ_BYTES = 1 << 20  # a file read whole (recipe, backup, --edit target): 1 MiB at most
+TOO_BIG_EXIT = 47  # the file is larger than the reader accepts
+
+
+def check_text(what: str, value: str, *, max_bytes: int | None) -> str:
+    """Refuse text that cannot reach a node intact: not UTF-8-encodable, a NUL, or too large.
+
+    The error names `what` and shows only an excerpt of the value, never the value whole.
+    """
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if "\udc80" <= bad <= "\udcff" else repr(bad)
+        raise InputError(
+            f"{what}: not UTF-8 text ({byte} at character {exc.start}) in "
+            f"{excerpt(value)}; nothing was sent or written",
+            hint="give the value as UTF-8 text",
+        ) from None
+    if "\x00" in value:
+        raise InputError(
+            f"{what}: holds a NUL character (at {value.index(chr(0))}) in {excerpt(value)}; "
+            "nothing was sent or written"
+        )
+    if max_bytes is not None and size > max_bytes:
+        raise InputError(
+            f"{what}: {size:,} bytes, more than the {max_bytes:,} allowed; nothing was written"
+        )
+    return value
+
+
+def replace_undecodable(text: str) -> str:
+    """Text decoded with surrogate escapes, each undecodable byte shown as U+FFFD."""
+    if not any("\udc80" <= ch <= "\udcff" for ch in text):
+        return text
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 # Shell programs run on the nodes. Arguments are passed as positional parameters ($1, $2 …) of
 # `sh -c`, never spliced into the program text.
-_STAGE = r"""
+#
+# The backup naming and rotation rule is watchdog/history.py's (BACKUP_TAG_RE), written here in
+# sh: <file>.bak.<date -u +%Y%m%dT%H%M%S.%6NZ>[-N][.rolled-back]; rotation removes only names of
+# that shape. A symlink is written through: the staged file goes beside its target, the target is
+# renamed over, the link stays, and the backup beside the link is a copy of the old content.
+_COMMON = r"""
+export LC_ALL=C
+D8='[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]'
+TAG="${D8}T[0-9][0-9][0-9][0-9][0-9][0-9].[0-9][0-9][0-9][0-9][0-9][0-9]Z"
+ours() {  # $1 a backup name of $p: made by spark-ops (the naming rule), not the operator's own
+  s=${1#"$p".bak.}; s=${s%.rolled-back}
+  case $s in $TAG|$TAG-[0-9]|$TAG-[0-9][0-9]|$TAG-[0-9][0-9][0-9]) return 0 ;; esac
+  return 1
+}
+resolve() {  # t= the file a write to $1 replaces: $1, or the end of its symlink chain
+  if [ -L "$1" ]; then t=$(readlink -f -- "$1"; echo .); t=${t%??}; else t=$1; fi
+}
+dir_of() { case $1 in */*) d=${1%/*}; [ -n "$d" ] || d=/ ;; *) d=. ;; esac; }  # d= its directory
+"""
+
+_STAGE = (
+    _COMMON
+    + r"""
 set -eu
 p=$1; expected=$2; want=$3
-case $p in */*) d=${p%/*}; b=${p##*/} ;; *) d=.; b=$p ;; esac
-[ -n "$d" ] || d=/
+resolve "$p"
+[ -n "$t" ] || { echo "symlink $p cannot be resolved" >&2; exit 66; }
+dir_of "$t"; b=${t##*/}
 [ -d "$d" ] || { echo "directory $d does not exist" >&2; exit 66; }
+[ ! -d "$t" ] || { echo "$p is a directory" >&2; exit 66; }
 if [ "$expected" = absent ]; then
-  [ ! -e "$p" ] || exit 45
+  [ ! -e "$t" ] || exit 45
 elif [ "$expected" != - ]; then
-  [ -e "$p" ] || exit 45
-  set -- $(sha256sum < "$p")
+  [ -e "$t" ] || exit 45
+  set -- $(sha256sum < "$t")
   [ "$1" = "$expected" ] || exit 45
 fi
+for old in "$d/.$b.spark-ops."*; do  # staged files of a killed run, older than 10 minutes
+  case ${old##*.spark-ops.} in ??????) ;; *) continue ;; esac
+  if [ -f "$old" ] && [ -n "$(find "$old" -maxdepth 0 -mmin +10 2>/dev/null)" ]; then
+    rm -f -- "$old"
+  fi
+done
 tmp=$(mktemp "$d/.$b.spark-ops.XXXXXX")
 trap 'rm -f -- "$tmp"' EXIT
 cat > "$tmp"
 set -- $(sha256sum < "$tmp")
 [ "$1" = "$want" ] || { echo "staged content does not match (got $1)" >&2; exit 65; }
-if [ -e "$p" ]; then
-  chmod --reference="$p" -- "$tmp"
-  chown --reference="$p" -- "$tmp" 2>/dev/null || true
+if [ -e "$t" ]; then
+  chmod --reference="$t" -- "$tmp"
+  chown --reference="$t" -- "$tmp" 2>/dev/null || true
 fi
 sync -- "$tmp"
 trap - EXIT
-printf '%s\n' "$tmp"
+printf '%s\0%s' "$tmp" "$t"
 """
+)
 
-_COMMIT = r"""
+_COMMIT = (
+    _COMMON
+    + r"""
 set -eu
-p=$1; tmp=$2; keep=$3
-case $p in */*) d=${p%/*} ;; *) d=. ;; esac
+p=$1; tmp=$2; t0=$3; keep=$4; label=$5
 [ -f "$tmp" ] || { echo "staged file $tmp vanished" >&2; exit 67; }
-if [ -e "$p" ]; then
-  bk="$p.bak.$(date -u +%Y%m%dT%H%M%S.%NZ)"
-  ln -- "$p" "$bk" 2>/dev/null || { cp -p -- "$p" "$bk.part" && mv -f -- "$bk.part" "$bk"; }
-  printf 'backup=%s\n' "$bk"
+resolve "$p"
+[ "$t" = "$t0" ] || { rm -f -- "$tmp"; echo "$p now points to $t, not $t0" >&2; exit 45; }
+bk=
+if [ -e "$t" ]; then
+  base="$p.bak.$(date -u +%Y%m%dT%H%M%S.%6NZ)"; bk=$base$label; n=0
+  while [ -e "$bk" ] || [ -L "$bk" ]; do n=$((n + 1)); bk=$base-$n$label; done
+  if [ -L "$p" ] || ! ln -- "$t" "$bk" 2>/dev/null; then
+    if ! { cp -p -- "$t" "$bk.part" && mv -f -- "$bk.part" "$bk"; }; then
+      rm -f -- "$tmp" "$bk.part"
+      echo "cannot keep a backup of $t as $bk" >&2
+      exit 69
+    fi
+  fi
+  printf 'backup=%s\0' "$bk"
 fi
-if ! mv -f -- "$tmp" "$p"; then
+if ! mv -f -- "$tmp" "$t"; then
   rm -f -- "$tmp" ${bk:+"$bk"}
-  echo "cannot rename the staged file over $p" >&2
+  echo "cannot rename the staged file over $t" >&2
   exit 68
 fi
-sync -- "${d:-/}" 2>/dev/null || sync
-n=0
-for f in "$p".bak.*; do [ -e "$f" ] && n=$((n + 1)); done
-if [ "$n" -gt "$keep" ]; then
-  ls -1 -- "$p".bak.* | grep -v '[.]part$' | sort | head -n "-$keep" |
-    while IFS= read -r old; do rm -f -- "$old"; done
-fi
+dir_of "$t"
+sync -- "$d" 2>/dev/null || sync
+set --
+for f in "$p".bak.*; do
+  if [ -f "$f" ] && ours "$f"; then set -- "$@" "$f"; fi
+done
+while [ "$#" -gt "$keep" ]; do rm -f -- "$1"; shift; done
 """
+)
 
-_UNDO = r"""
+_UNDO = (
+    _COMMON
+    + r"""
 set -eu
-p=$1; bk=$2
-case $p in */*) d=${p%/*} ;; *) d=. ;; esac
-if [ -n "$bk" ]; then mv -f -- "$bk" "$p"; else rm -f -- "$p"; fi
-sync -- "${d:-/}" 2>/dev/null || sync
+p=$1; t=$2; bk=$3
+dir_of "$t"
+if [ -n "$bk" ]; then
+  u=$(mktemp "$d/.${t##*/}.spark-ops.XXXXXX")
+  cp -p -- "$bk" "$u"
+  mv -f -- "$u" "$t"
+  rm -f -- "$bk"
+else
+  rm -f -- "$t"
+fi
+sync -- "$d" 2>/dev/null || sync
 """
+)
 
 _READ = r"""
-p=$1
-if [ -e "$p" ]; then cat -- "$p"; else exit 44; fi
+p=$1; max=$2
+[ -e "$p" ] || exit 44
+[ -r "$p" ] || { echo "$p: permission denied" >&2; exit 13; }
+n=$(wc -c < "$p") || exit 13
+[ "$n" -le "$max" ] || { echo "$n"; exit 47; }
+cat -- "$p"
 """
+
+_LIST_BACKUPS = (
+    _COMMON
+    + r"""
+p=$1
+for f in "$p".bak.*; do
+  if [ -f "$f" ] && ours "$f"; then printf '%s\0' "$f"; fi
+done
+"""
+)
 
 
 def sh_program(program: str, *args: str) -> str:

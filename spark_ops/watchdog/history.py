@@ -376,6 +376,15 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def write_target(path: str) -> str:
+    """The file a write to path replaces: path itself, or the end of its symlink chain.
+
+    Operators symlink the active recipe or history; a rename over the link would turn it into a
+    regular file while the watchdog keeps reading the target. The link stays, the target changes.
+    """
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
 def _tmp_prefix(path: str) -> str:
     """Return the prefix of temporary files written beside path."""
     return "." + os.path.basename(path) + ".tmp."
@@ -383,8 +392,9 @@ def _tmp_prefix(path: str) -> str:
 
 def _clean_stale_tmp(path: str) -> None:
     """Remove temp files a killed writer left beside path (call only while holding the lock)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    prefix = _tmp_prefix(path)
+    target = write_target(path)
+    directory = os.path.dirname(os.path.abspath(target))
+    prefix = _tmp_prefix(target)
     try:
         names = os.listdir(directory)
     except OSError:
@@ -396,7 +406,11 @@ def _clean_stale_tmp(path: str) -> None:
 
 
 def atomic_write(path: str, data: bytes, *, mode: int | None = None) -> None:
-    """Write data to path atomically: temp file in the same directory, fsync, rename, fsync dir."""
+    """Write data to path atomically: temp file in the same directory, fsync, rename, fsync dir.
+
+    A symlink is written through: its target is replaced, the link itself is kept.
+    """
+    path = write_target(path)
     directory = os.path.dirname(os.path.abspath(path))
     if mode is None:
         try:
@@ -443,8 +457,17 @@ def _read_bytes(path: str) -> tuple[bytes, bool]:
         raise HistoryFailure(f"cannot read history {path}: {exc.strerror}", path=path) from None
 
 
-def _utc_tag(now: float) -> str:
-    """Return a sortable UTC time tag with microseconds, for backup names."""
+# The one backup naming rule of spark-ops, shared by this file, the local recipe writer
+# (cli/recipe.py) and the remote writer (remote/shell.py builds the same names with `date`):
+# <file>.bak.<UTC YYYYmmddTHHMMSS.ffffffZ>[-N][.rolled-back]. Rotation removes only names of this
+# shape: an operator's own `recipe.yaml.bak.known-good` is never touched. `.rolled-back` marks the
+# copy a rollback moved away from, so a rollback and its re-run restore the same version.
+BACKUP_TAG_RE = re.compile(r"^\d{8}T\d{6}\.\d{6}Z(?:-\d{1,4})?(?:\.rolled-back)?$")
+ROLLED_BACK = ".rolled-back"
+
+
+def backup_tag(now: float) -> str:
+    """Return the sortable UTC time tag of a backup name, with microseconds."""
     whole = int(now)
     micro = round((now - whole) * 1_000_000) % 1_000_000
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime(whole)) + f".{micro:06d}Z"
@@ -455,29 +478,37 @@ def backup_prefix(path: str) -> str:
     return os.path.basename(path) + ".bak."
 
 
-def list_backups(path: str) -> list[str]:
-    """Return the backup files of path, oldest first."""
-    directory = os.path.dirname(os.path.abspath(path))
+def is_backup_name(path: str, name: str) -> bool:
+    """Whether name (a base name) is a backup of path that spark-ops made (its naming rule)."""
     prefix = backup_prefix(path)
+    return name.startswith(prefix) and bool(BACKUP_TAG_RE.match(name[len(prefix) :]))
+
+
+def list_backups(path: str) -> list[str]:
+    """Return the backups spark-ops made of path, oldest first (an operator's own are left out)."""
+    directory = os.path.dirname(os.path.abspath(path))
     try:
-        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+        names = [n for n in os.listdir(directory) if is_backup_name(path, n)]
     except OSError:
         return []
     return [os.path.join(directory, n) for n in sorted(names)]
 
 
-def _write_backup(path: str, data: bytes, keep: int) -> str:
-    """Keep the old content as a timestamped backup beside path; keep only the last ``keep``.
+def write_backup(path: str, data: bytes, keep: int, *, label: str = "") -> str:
+    """Keep the old content as a timestamped copy beside path; keep only the last ``keep``.
 
-    The old file is hard-linked (it is about to be replaced by a rename, so its inode is the
-    backup, with no copy); where links are not possible its bytes are written atomically.
+    The old file is hard-linked when it is about to be replaced by a rename (its inode is then the
+    backup, with no copy); where links are not possible its bytes are written atomically. A symlink
+    is never linked: its target's content is copied, so the backup cannot follow the live file.
     """
-    base = path + ".bak." + _utc_tag(time.time())
-    target, n = base, 0
-    while os.path.exists(target):
+    base = path + ".bak." + backup_tag(time.time())
+    target, n = base + label, 0
+    while os.path.lexists(target):
         n += 1
-        target = f"{base}-{n}"
+        target = f"{base}-{n}{label}"
     try:
+        if os.path.islink(path):
+            raise OSError("a symlink is copied, not linked")
         os.link(path, target)
     except OSError:
         atomic_write(target, data)
@@ -769,7 +800,7 @@ def prune(
         backup = None
         if removed and not dry_run:
             kept_lines = [raw for i, raw in enumerate(hist.lines, start=1) if i not in drop_lines]
-            backup = _write_backup(path, data, keep_backups)
+            backup = write_backup(path, data, keep_backups)
             atomic_write(path, _join(kept_lines))
             if write_journal:
                 _append_journal(

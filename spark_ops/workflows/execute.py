@@ -14,6 +14,7 @@ from spark_ops.plan import Plan, StepRunner
 from spark_ops.postboot import kv_pool, verify_boot
 from spark_ops.remote import FileWrite, quote_path, sha256
 from spark_ops.watchdog.contract import Trigger
+from spark_ops.watchdog.history import ROLLED_BACK
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
 
 StepReporter = Callable[[Any], None]
@@ -37,8 +38,24 @@ async def execute(
         failure = exc
         raise
     finally:
-        await _audit(op, audit_entry(plan, opts, out, failure))
+        try:
+            entry = audit_entry(plan, opts, out, failure)
+        except Exception as exc:  # an entry is written whatever went wrong: a minimal one
+            entry = audit_minimal(plan, failure, exc)
+        await _audit(op, entry)
     return out
+
+
+def audit_minimal(plan: Plan, failure: BaseException | None, exc: Exception) -> dict[str, Any]:
+    """The audit entry when building the full one failed: operation, what was written, why."""
+    from spark_ops import audit
+
+    return audit.make_entry(
+        plan.operation,
+        nodes=[c.host for c in plan.changes],
+        outcome=f"failed: {type(failure).__name__ if failure else 'unknown'}",
+        detail={"written": plan.facts.get("written", []), "entry_error": repr(exc)[:300]},
+    )
 
 
 def audit_entry(plan: Plan, opts: Any, out: Any, failure: BaseException | None) -> dict[str, Any]:
@@ -56,6 +73,8 @@ async def _audit(op: Operation, entry: dict[str, Any]) -> None:
         await audit.record(op.session, entry)
     except SparkOpsError as exc:
         op.log.warning("audit log not written", error=exc.message)
+    except Exception as exc:  # never hide the failure being audited behind the audit's own
+        op.log.error("audit log not written", error=repr(exc)[:300])
 
 
 async def _execute(
@@ -71,11 +90,14 @@ async def _execute(
     await op.api_url()
     if "write" in steps:
         run.start("write")
+        label = ROLLED_BACK if plan.operation == "rollback" else ""  # the version rolled away
         writes = [
-            FileWrite(ch.host, ch.path, ch.new_text, ch.old_sha, op.cluster.recipe.keep_backups)
+            FileWrite(ch.host, ch.path, ch.new_text, ch.old_sha, op.cluster.recipe.keep_backups,
+                      label=label)
             for ch in plan.changes
-        ]
+        ]  # fmt: skip
         done = await op.session.write_atomic(writes)
+        plan.facts["written"] = [f"{d.host}:{d.path}" for d in done]  # named by the audit entry
         run.finish("write", "; ".join(f"{d.host}: backup {d.backup}" for d in done))
     try:
         try:
@@ -265,10 +287,9 @@ async def _rollback(
     ):
         plan.add(name, desc, [op.cluster.head.name])
     run.start("rollback")
+    keep = op.cluster.recipe.keep_backups
     writes = [
-        FileWrite(
-            ch.host, ch.path, ch.old_text, sha256(ch.new_text), op.cluster.recipe.keep_backups
-        )
+        FileWrite(ch.host, ch.path, ch.old_text, sha256(ch.new_text), keep, label=ROLLED_BACK)
         for ch in plan.changes
     ]
     await op.session.write_atomic(writes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -9,15 +10,19 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from spark_ops.errors import (
+    InputError,
     RecipeError,
     SparkOpsError,
+    excerpt,
 )
 from spark_ops.inventory import Cluster
 from spark_ops.lock import cluster_lock
 from spark_ops.log import get_logger
 from spark_ops.plan import Plan
-from spark_ops.remote import ClusterSession
+from spark_ops.remote import ClusterSession, check_text
 from spark_ops.watchdog.contract import WatchdogContract
+
+MAX_REASON_BYTES = 1000
 
 
 @dataclass
@@ -34,6 +39,41 @@ class ApplyOptions:
     reason: str = "planned restart (spark-ops apply)"
     preflight: str = "auto"  # auto | vllm | sim | docker | off
     preflight_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        """Refuse, before anything connects, a value that could not be sent or written whole.
+
+        The reason reaches the watchdog's command line and journal, change values the recipe:
+        each must be UTF-8 text without NUL or control characters, of a sane size; durations
+        finite and positive. A value found bad only after the write would leave the recipe new
+        and the engine old.
+        """
+        check_text("--reason", self.reason, max_bytes=MAX_REASON_BYTES)
+        bad = next((c for c in self.reason if ord(c) < 32 and c != "\t"), None)
+        if bad is not None:
+            raise InputError(
+                f"--reason: holds the control character {bad!r} in {excerpt(self.reason)}; "
+                "nothing was changed",
+                hint="give the reason on one line",
+            )
+        if self.vllm_version is not None:
+            check_text("--vllm-version", self.vllm_version, max_bytes=64)
+        for change in self.changes:
+            name = str(getattr(change, "name", change))
+            check_text(f"--{name}", name, max_bytes=256)
+            value = getattr(change, "value", None)
+            if isinstance(value, str):
+                check_text(f"--{name.replace('_', '-')} value", value, max_bytes=64 << 10)
+        for label, seconds, zero_ok in (
+            ("--drain-timeout", self.drain_timeout_s, True),
+            ("--deadline", self.deadline_s, False),
+            ("--preflight-timeout", self.preflight_timeout_s, False),
+        ):
+            if seconds is None:
+                continue
+            if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero_ok):
+                what = "seconds >= 0" if zero_ok else "seconds > 0"
+                raise InputError(f"{label}: {seconds!r} is not allowed; give {what}")
 
 
 @dataclass

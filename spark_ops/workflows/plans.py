@@ -9,7 +9,8 @@ from spark_ops.errors import (
 )
 from spark_ops.plan import FileChange, Plan
 from spark_ops.postboot import kv_pool
-from spark_ops.remote import quote_path, sha256
+from spark_ops.remote import sha256
+from spark_ops.watchdog.history import ROLLED_BACK
 from spark_ops.workflows.operation import ApplyOptions, Operation, _jsonable
 
 
@@ -134,38 +135,54 @@ async def plan_restart(op: Operation, opts: ApplyOptions) -> Plan:
 
 
 async def list_backups(op: Operation) -> dict[str, list[str]]:
-    """The recipe's backups on every node that holds it, oldest first."""
+    """The recipe's backups spark-ops made on every node that holds it, oldest first."""
     path = op.cluster.recipe.path
-    cmd = f"ls -1 -- {quote_path(path)}.bak.* 2>/dev/null | grep -v '[.]part$' | sort || true"
-    found = await op.session.run_all(cmd, op.cluster.recipe.nodes, check=False, sudo=True)
+    found = await op.session.gather(
+        op.cluster.recipe.nodes, lambda h: op.session.backups(h, path, sudo=True)
+    )
     out: dict[str, list[str]] = {}
-    for host, res in found.items():
-        if isinstance(res, SparkOpsError):
-            raise res
-        out[host] = [line for line in res.stdout.splitlines() if line.strip()]
+    for host, names in found.items():
+        if isinstance(names, SparkOpsError):
+            raise names
+        out[host] = names
     return out
 
 
+def rollback_source(names: list[str], to: str | None) -> str | None:
+    """The backup a rollback restores: the newest one an apply made, or the newest matching `to`.
+
+    A backup a rollback made (`.rolled-back`, the version rolled away from) is never the default:
+    a rollback and its re-run restore the same version and then find nothing to do.
+    """
+    tags = [(b, b.rsplit(".bak.", 1)[-1]) for b in names]
+    if to is not None:
+        chosen = [b for b, tag in tags if to in tag]
+    else:
+        chosen = [b for b, tag in tags if not tag.endswith(ROLLED_BACK)]
+    return chosen[-1] if chosen else None
+
+
 async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None) -> Plan:
-    """Plan restoring the latest recipe backup (or the one whose name holds `to`) everywhere."""
+    """Plan restoring the newest backup an apply made (or the one whose name holds `to`)."""
     from spark_ops.recipe import knob_values, unified_diff
 
     plan = Plan("rollback", op.cluster.name)
     texts = await op.read_recipes()
     backups = await list_backups(op)
     for host, names in backups.items():
-        chosen = [b for b in names if to is None or to in b.rsplit(".bak.", 1)[-1]]
-        if not chosen:
+        chosen = rollback_source(names, to)
+        if chosen is None:
             raise RecipeError(
                 f"{host}:{op.cluster.recipe.path}: no backup"
                 + (f" matching {to!r}" if to else "")
                 + (f"; backups are {[b.rsplit('.bak.', 1)[-1] for b in names]}" if names else ""),
                 hint="spark-ops rollback --list shows them",
             )
-        backup_text = await op.session.read_file(host, chosen[-1], sudo=True)
-        assert backup_text is not None
+        backup_text = await op.session.read_file(host, chosen, sudo=True)
+        if backup_text is None:
+            raise RecipeError(f"{host}:{chosen}: the backup vanished while planning; run again")
         current = texts[host]
-        plan.facts.setdefault("backups", {})[host] = chosen[-1]
+        plan.facts.setdefault("backups", {})[host] = chosen
         if backup_text != current:
             diff = unified_diff(current, backup_text, f"{host}:{op.cluster.recipe.path}")
             plan.changes.append(
