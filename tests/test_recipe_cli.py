@@ -105,3 +105,25 @@ def test_missing_file_and_bad_recipe(tmp_path: Path) -> None:
     bad.write_text("command: |\n  /opt/entry.sh\n", encoding="utf-8")
     out = CliRunner().invoke(cli, ["set", str(bad), "--max-num-seqs", "3", "--yes"])
     assert out.exit_code == ExitStatus.RECIPE and "not `vllm serve`" in out.output
+
+
+def test_set_through_a_symlink_keeps_link_and_own_backups(recipe: Path) -> None:
+    """`recipe set` on a symlinked recipe writes the target, keeps the link, backs up a copy by
+    the one naming rule, and rotates (10 kept) only such backups, never the operator's own."""
+    from spark_ops.watchdog import history
+
+    real = recipe.parent / "real" / recipe.name
+    real.parent.mkdir()
+    shutil.move(recipe, real)
+    recipe.symlink_to(real)
+    mine = recipe.parent / f"{recipe.name}.bak.2025-11-30-known-good"
+    mine.write_text("mine\n")
+    for value in range(20, 32):
+        out = CliRunner().invoke(cli, ["set", str(recipe), "--max-num-seqs", str(value), "--yes"])
+        assert out.exit_code == 0, out.output
+    assert recipe.is_symlink()
+    ours = [p for p in recipe.parent.iterdir() if history.is_backup_name(str(recipe), p.name)]
+    assert len(ours) == history.DEFAULT_KEEP_BACKUPS and not any(p.is_symlink() for p in ours)
+    assert mine.read_text() == "mine\n"
+    show = CliRunner().invoke(cli, ["show", str(recipe), "--json"])
+    assert json.loads(show.output)["max_num_seqs"] == 31
