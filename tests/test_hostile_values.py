@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import cluster_files
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_remote import one_node  # noqa: F401 - one embedded SSH node for the module
 
@@ -61,6 +61,9 @@ def bash_words(command: str, cwd: Path) -> list[str]:
 
 @settings_
 @given(value=hostile, how=st.sampled_from(["flag", "set-placeholder", "set-new"]))
+@example(value="-a", how="set-placeholder")  # vLLM's argparse would read it as an option
+@example(value="--x", how="flag")
+@example(value="-1", how="set-placeholder")  # a negative number is a value
 def test_recipe_values_refused_or_exactly_what_bash_runs(
     value: str, how: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from spark_ops.errors import KnobError
+from spark_ops.errors import KnobError, excerpt
 from spark_ops.recipe.knobs import (
     KNOB_KEYS,
     KNOBS,
@@ -77,6 +77,8 @@ class Change:
                 return cls.knob(knob.name, value)
             if knob.boolean and canon == "--no-" + knob.flag[2:] and value is None and not remove:
                 return cls.knob(knob.name, False)
+        if value is not None and not remove:
+            refuse_option_like(f"flag {canon}", value)
         return cls("flag", canon, None if remove else value, remove)
 
     def describe(self) -> str:
@@ -102,6 +104,24 @@ def _as_bool(value: object, what: str) -> bool:
     if text in ("0", "false", "no", "off"):
         return False
     raise KnobError(f"{what}: {value!r} is not a boolean; use true or false")
+
+
+def refuse_option_like(what: str, value: str) -> None:
+    """Refuse a flag value that vLLM's argparse would read as an option (`-a`, `--x`), not a number.
+
+    `--served-model-name -a` fails at boot ("expected at least one argument"); `-1` is a value.
+    """
+    text = value.strip()
+    if not text.startswith("-"):
+        return
+    try:
+        float(text)
+    except ValueError:
+        raise KnobError(
+            f"{what}: value {excerpt(text)} starts with '-', so vLLM would read it as an option; "
+            "allowed: a value not starting with '-' (negative numbers are fine)",
+            hint="nothing was written",
+        ) from None
 
 
 def changes_from_options(

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from spark_ops.errors import KnobError, RecipeError, excerpt
-from spark_ops.recipe.changes import Change
+from spark_ops.recipe.changes import Change, refuse_option_like
 from spark_ops.recipe.command import (
     CommandView,
     Edit,
@@ -214,6 +214,7 @@ def _plain_word(source: str, key: str, value: str) -> None:
     or a space would change the command itself. A literal flag value is quoted instead.
     """
     if value and shlex.quote(value) == value:
+        refuse_option_like(f"{source}: defaults.{key} (through {{{key}}})", value)
         return
     raise KnobError(
         f"{source}: value {excerpt(value)} for defaults.{key} would reach bash unquoted through "
