@@ -1,9 +1,9 @@
 """Test ground only: let vLLM's CPU build use Ray (the one part of the Ray tier that is not stock).
 
 vLLM 0.32's CPU platform names no Ray device (`ray_device_key = ""`), so
-`--distributed-executor-backend ray` fails with `ValueError: current platform cpu does not support ray.`. Loaded at start-up through
-PYTHONPATH (tests/ground/ray.py sets it for `ray start` and `vllm serve`), this module changes two
-things once their modules are imported, and nothing else:
+`--distributed-executor-backend ray` fails with `ValueError: current platform cpu does not support
+ray.`. Loaded at start-up through PYTHONPATH (tests/ground/ray.py sets it for `ray start` and
+`vllm serve`), this module changes two things once their modules are imported, and nothing else:
 
 - the CPU platform's Ray device key becomes the custom resource `vcpu` (each `ray start` declares
   `--resources '{"vcpu": 1}'`), so the placement group asks one `vcpu` bundle per TP rank;
