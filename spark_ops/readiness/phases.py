@@ -70,7 +70,7 @@ FATAL_HINTS: dict[FatalKind, str] = {
     ),
 }
 
-# Ray colours the "(RayWorkerProc pid=N, ip=A)" prefixes it forwards, also into a file or docker log:
+# Ray colours the "(RayWorkerProc pid=N, ip=A)" prefixes it forwards, also in a file or docker log:
 # `\x1b[36m(RayWorkerProc pid=10242, ip=198.18.0.2)\x1b[0m …` (real, vLLM 0.32 over Ray 2.60).
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Leading decorations of a vLLM line: an optional docker/ISO timestamp, an optional
