@@ -281,6 +281,10 @@ class RayCluster:
         """The pid of the raylet process of a namespace, or None."""
         return next((p for p in netns_pids(ns) if _comm(p) == "raylet"), None)
 
+    def actors(self, ns: str) -> list[int]:
+        """The pids of vLLM's Ray worker actors (`ray::RayWorkerProc`) in a namespace."""
+        return [p for p in netns_pids(ns) if _comm(p).startswith("ray::RayWorker")]
+
     def kill_worker_raylet(self) -> int:
         """SIGKILL the worker node's raylet only (a node lost, as `kill -9`); return its pid."""
         pid = self.raylet_pid(self.worker_ns)
