@@ -20,9 +20,12 @@ if ! command -v ip >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 >/dev/null
 fi
 
-have="$("$VENV/bin/python" -c 'import ray, ray.util.state; print(ray.__version__)' 2>/dev/null || true)"
+# one Python start-up checks it all: Ray's version, its state API (ray list), and vLLM beside it
+check='import ray, ray.util.state, vllm; print(ray.__version__)'
+have="$("$VENV/bin/python" -c "$check" 2>/dev/null | tail -1 || true)"
 if [[ "$have" == "$RAY_VERSION" && -x "$VENV/bin/ray" ]]; then
-  log "ray $have present"
+  log "ray $have present (imports beside vllm)"
+  exit 0
 else
   log "installing ray[default]==$RAY_VERSION into $VENV (had: ${have:-none})"
   # torch and vLLM stay as they are: pip must not up- or downgrade anything the engine imports.
@@ -30,6 +33,7 @@ else
   "$VENV/bin/pip" install -q "ray[default]==$RAY_VERSION" -c "$VENV/.ray-keep.txt"
   log "ray installed in $((SECONDS - t0)) s"
 fi
+have="$("$VENV/bin/python" -c "$check" | tail -1)"
+[[ "$have" == "$RAY_VERSION" ]] || { log "after the install Ray imports as '$have', not $RAY_VERSION"; exit 1; }
 "$VENV/bin/ray" --version | grep -q "$RAY_VERSION" || { log "ray CLI does not answer $RAY_VERSION"; exit 1; }
-"$VENV/bin/python" -c 'import vllm, ray' || { log "vllm and ray do not import together"; exit 1; }
 log "done in $((SECONDS - t0)) s"
