@@ -21,7 +21,7 @@ The wiring (the only part made for the test ground; see docs/test-ground.md):
 One Ray cluster and one embedded cluster serve the three cells, in order (each sets up the worker
 state it needs first): served over Ray then the worker's raylet killed; the worker absent at boot;
 the worker back during the wait. Three real TP=2 boots: 10 minutes at load average 6-11 on this
-2-core machine (the boots dominate; quiet, a TP=2 boot is ~40 s).
+2-core machine (the boots dominate: 188-250 s each here; ~40 s on a quiet machine per the issue).
 """
 
 from __future__ import annotations
