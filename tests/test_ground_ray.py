@@ -7,11 +7,13 @@ Then the worker's raylet is killed by pid and the head is read until it says so.
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from ground.ray import HEAD_IP, WORKER_IP, RayCluster, netns_pids
+from ground.ray import HEAD_IP, WORKER_IP, RayCluster, netns_pids, ray_unavailable_reason
 from ground.sshd import pid_alive
 
 from spark_ops.verify import check_ray_nodes, missing_nodes, parse_ray_nodes, parse_ray_status
@@ -69,7 +71,6 @@ def test_two_nodes_read_by_the_parsers_then_worker_lost(real_ray: RayCluster) ->
 def test_close_leaves_nothing(tmp_path: Path) -> None:
     """close(): no process in the namespaces, the namespaces and temp dirs gone; idempotent."""
     from ground import GroundUnavailable
-    from ground.ray import ray_unavailable_reason
 
     reason = ray_unavailable_reason()
     if reason:
@@ -90,3 +91,38 @@ def test_close_leaves_nothing(tmp_path: Path) -> None:
     assert not cluster.temp_root.exists()
     assert not [p for p in pids if pid_alive(p)], pids
     cluster.close()
+
+
+def test_sweep_removes_a_dead_runs_namespaces() -> None:
+    """A namespace whose owner pid is gone is deleted (with its processes); a live owner's stays."""
+    import subprocess
+
+    from ground.ray import sweep_stale_namespaces
+
+    reason = ray_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale, live = f"sray-{dead.pid}-0ddba11-h", f"sray-{os.getpid()}-0ddba11-w"
+    for ns in (stale, live):
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", stale, "sleep", "600"])
+    try:
+        _wait_for(lambda: sleeper.pid in netns_pids(stale))
+        assert stale in sweep_stale_namespaces()
+        assert not Path(f"/run/netns/{stale}").exists()
+        assert sleeper.wait(timeout=10) != 0, "its process was killed"
+        assert Path(f"/run/netns/{live}").exists(), "a live owner's namespace stays"
+    finally:
+        sleeper.kill()
+        for ns in (stale, live):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait until cond() holds (AssertionError at the deadline)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
