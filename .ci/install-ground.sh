@@ -82,4 +82,5 @@ chmod 0755 "$VENV/shim/vllm.tmp" && mv "$VENV/shim/vllm.tmp" "$VENV/shim/vllm"
 version="$("$VENV/shim/vllm" --version 2>/dev/null | tail -1)"
 [[ "$version" == "$VLLM_VERSION"* ]] || { log "shim $VENV/shim/vllm answers '$version'"; exit 1; }
 log "shim $VENV/shim/vllm ok ($version)"
+SPARK_GROUND_VENV="$VENV" bash "$REPO/.ci/install-ray.sh"  # 5. Ray 2.60 beside vLLM (real-Ray tier)
 log "done in $((SECONDS - t_all)) s"

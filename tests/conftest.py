@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ground.fixtures import openssh_cluster, real_vllm, real_vllm_factory  # noqa: F401
+from ground.fixtures import openssh_cluster, real_ray, real_vllm, real_vllm_factory  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -26,7 +26,7 @@ def cluster_files(recipe: Path, state_dir: str = "/var/tmp/spark-ops") -> dict[s
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """Under SPARK_OPS_REQUIRE_GROUND=1 a skip (sshd or vLLM missing) fails instead."""
+    """Under SPARK_OPS_REQUIRE_GROUND=1 a skip (sshd, vLLM or Ray missing) fails instead."""
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
     if report.skipped and os.environ.get(REQUIRE_GROUND) == "1":

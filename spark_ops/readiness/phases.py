@@ -70,6 +70,9 @@ FATAL_HINTS: dict[FatalKind, str] = {
     ),
 }
 
+# Ray colours the "(RayWorkerProc pid=N, ip=A)" prefixes it forwards, also in a file or docker log:
+# `\x1b[36m(RayWorkerProc pid=10242, ip=198.18.0.2)\x1b[0m …` (real, vLLM 0.32 over Ray 2.60).
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Leading decorations of a vLLM line: an optional docker/ISO timestamp, an optional
 # "(ProcName pid=N[, ip=A])" prefix, an optional "LEVEL MM-DD HH:MM:SS [file.py:N]" header,
 # or uvicorn's "LEVEL:     " form.
@@ -83,7 +86,7 @@ _WORKER_JOINED_RE = re.compile(
     r"Ray worker (?P<name>\S+) at (?P<addr>\S+) joined the placement group"
 )
 _WORKER_IP_RE = re.compile(
-    r"^\((?:RayWorkerWrapper|RayWorkerProc|\w*Worker\w*)\s+pid=\d+,\s*ip=([^)\s,]+)"
+    r"^\((?:(?:RayWorkerWrapper|RayWorkerProc|\w*Worker\w*)\s+)?pid=\d+,\s*ip=([^)\s,]+)"
 )
 _EXCEPTION_RE = re.compile(
     r"^(?:[A-Za-z_][\w]*\.)*(?:[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)|Exception)"
@@ -126,7 +129,11 @@ _PHASE_MARKERS: tuple[tuple[Phase, re.Pattern[str]], ...] = (
     (Phase.STARTING, re.compile(r"Initializing a V1 LLM engine|vLLM API server version")),
     (
         Phase.RAY_WORKERS,
-        re.compile(r"Connecting to existing Ray cluster|Started a local Ray instance"),
+        re.compile(
+            r"Connecting to existing Ray cluster|Connected to Ray cluster\."
+            r"|Started a local Ray instance|No current placement group found"
+            r"|Creating a new placement group"
+        ),
     ),
     (
         Phase.WEIGHTS_LOADING,
@@ -165,6 +172,7 @@ _FATAL_PATTERNS: tuple[tuple[FatalKind, re.Pattern[str]], ...] = (
         re.compile(
             r"ActorDiedError|The actor died unexpectedly|A worker died or was killed"
             r"|RayActorError|Raylet is terminated|NodeDiedError"
+            r"|Ray\w*Worker\w* rank=\[?\d+\]? died unexpectedly"
         ),
     ),
     (FatalKind.PLACEMENT, _PG_GAVE_UP_RE),
@@ -205,8 +213,8 @@ class LineInfo:
 
 
 def split_prefix(line: str) -> tuple[str, str | None, str | None]:
-    """Split a log line into (message, level, process prefix)."""
-    line = line.rstrip("\r\n")
+    """Split a log line into (message, level, process prefix); ANSI colour codes are dropped."""
+    line = ANSI_RE.sub("", line.rstrip("\r\n"))
     m = _PREFIX_RE.match(line)
     if not m:
         return line, None, None
@@ -243,7 +251,7 @@ def classify_line(line: str) -> LineInfo:
         return LineInfo(message, level, None, FatalKind.EXIT, data=data)
 
     if proc:
-        ip = _WORKER_IP_RE.match(line)
+        ip = _WORKER_IP_RE.match(ANSI_RE.sub("", line))
         if ip:
             data["worker_ip"] = ip.group(1)
 

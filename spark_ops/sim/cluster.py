@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,10 @@ class SimOptions:
     watchdog_interval_s: float = 5.0
     watchdog_grace_s: float = 20.0
     seed_history: bool = True  # one automatic restart two hours ago, as a real cluster would have
+    # node name -> network namespace (made by the caller, e.g. tests/ground/ray.py): the head's is
+    # the one the whole cluster process runs in (SSH ports, tunnels, watchdog, engine), a worker's
+    # is where that node's commands run (`ip netns exec NS bash -c …`). Empty: no namespaces.
+    netns: dict[str, str] = field(default_factory=dict)
 
 
 def asset(name: str) -> str:
@@ -128,7 +132,7 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
         history.append(
             hist, stamp=int(time.time()) - 7200, reason="probe failed 3 times", by="watchdog"
         )
-    layout = {"root": str(root), "names": names, "engine_port": engine_port}
+    layout = {"root": str(root), "names": names, "engine_port": engine_port, "netns": opts.netns}
     (root / "layout.json").write_text(json.dumps(layout, indent=2))
     return layout
 
@@ -194,6 +198,7 @@ class SimCluster:
                 host_key=self.root / "keys" / f"host_{name}",
                 authorized_keys=self.root / "keys" / "client_ed25519.pub",
                 env={"SPARK_SIM_CONFIG": str(self.root / "engine.yaml")},
+                netns=layout.get("netns", {}).get(name) if i > 0 else None,
             )
             self.nodes[name] = SimNode(spec)
         self.watchdog: subprocess.Popen[bytes] | None = None

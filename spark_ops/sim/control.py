@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spark_ops.sim.cluster import CONTROL, STATE, SimError, SimOptions, prepare
+from spark_ops.sim.cluster import CONTROL, STATE, SimError, SimOptions, node_names, prepare
 
 DEFAULT_ROOT = Path(".sim")
 
@@ -48,8 +48,10 @@ def up(
     root.mkdir(parents=True, exist_ok=True)
     prepare(root, opts)
     log = open(root / "cluster.log", "ab")  # noqa: SIM115
+    head_ns = opts.netns.get(node_names(opts.nodes)[0])
+    netns = ["ip", "netns", "exec", head_ns] if head_ns else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_ops.sim.cluster", "serve", str(root)],
+        [*netns, sys.executable, "-m", "spark_ops.sim.cluster", "serve", str(root)],
         stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + timeout

@@ -34,6 +34,7 @@ class NodeSpec:
     env: dict[str, str] = field(default_factory=dict)
     port: int = 0
     raylet_port: int = 0
+    netns: str | None = None  # a worker's commands run in this network namespace (test ground)
 
 
 class _NodeServer(asyncssh.SSHServer):
@@ -103,7 +104,9 @@ class SimNode:
             process.stderr.write(b"this node accepts commands only, no interactive shell\n")
             process.exit(1)
             return
+        netns = ["ip", "netns", "exec", self.spec.netns] if self.spec.netns else []
         proc = await asyncio.create_subprocess_exec(
+            *netns,
             "bash",
             "-c",
             command,

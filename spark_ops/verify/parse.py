@@ -309,7 +309,12 @@ _RAY_UNREACHABLE = re.compile(
 )
 _RAY_HEADER_RE = re.compile(r"^=+ Autoscaler status: (?P<ts>.+?) =+$")
 _RAY_NODE_RE = re.compile(r"^\s*(?P<count>\d+)\s+(?P<node>\S+)\s*$")
-_RAY_RES_RE = re.compile(r"^\s*(?P<used>[\d.]+)/(?P<total>[\d.]+)\s+(?P<name>\S+)\s*$")
+# " 0.0/2.0 vcpu", and with a placement group holding it (real, Ray 2.60):
+# " 0.0/2.0 vcpu (0.0 used of 2.0 reserved in placement groups)"
+_RAY_RES_RE = re.compile(
+    r"^\s*(?P<used>[\d.]+)/(?P<total>[\d.]+)\s+(?P<name>\S+)"
+    r"(?:\s+\([\d.]+ used of (?P<reserved>[\d.]+) reserved in placement groups\))?\s*$"
+)
 
 
 def parse_ray_status(text: str) -> RayStatus:

@@ -1,4 +1,4 @@
-"""The real test ground: OpenSSH sshd nodes on loopback, vLLM's CPU build serving tiny models."""
+"""The real test ground: OpenSSH sshd nodes on loopback, vLLM's CPU build, real Ray in two netns."""
 
 from __future__ import annotations
 
@@ -10,4 +10,4 @@ class GroundError(SparkOpsError):
 
 
 class GroundUnavailable(GroundError):
-    """The ground cannot run here (not root, sshd or the vLLM venv missing); tests skip."""
+    """The ground cannot run here (not root, sshd, the vLLM venv or Ray missing); tests skip."""

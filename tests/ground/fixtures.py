@@ -1,6 +1,6 @@
 """pytest fixtures of the real test ground; import them in tests/conftest.py.
 
-from ground.fixtures import openssh_cluster, real_vllm, real_vllm_factory  # noqa: F401
+from ground.fixtures import openssh_cluster, real_ray, real_vllm, real_vllm_factory  # noqa: F401
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from . import GroundUnavailable
+from .ray import RayCluster, ray_cluster
 from .sshd import SshdCluster, start_sshd_nodes
 from .vllm import VllmFactory, VllmServer, vllm_unavailable_reason
 
@@ -56,3 +57,17 @@ def real_vllm_factory(tmp_path: Path) -> Iterator[VllmFactory]:
 def real_vllm(real_vllm_factory: VllmFactory) -> VllmServer:
     """A real vLLM CPU server of tiny-llama (`--max-num-seqs 6`), booted and answering."""
     return real_vllm_factory.start("tiny-llama", max_num_seqs=6)
+
+
+@pytest.fixture
+def real_ray(tmp_path: Path) -> Iterator[RayCluster]:
+    """A real two-node Ray cluster (head 198.18.0.1, worker 198.18.0.2, one namespace each).
+
+    Stopped and cleaned (processes, namespaces, psm_* segments, temp dirs) after the test, even
+    when it fails; skipped with the reason where namespaces or Ray are missing.
+    """
+    try:
+        with ray_cluster(tmp_path / "ray") as cluster:
+            yield cluster
+    except GroundUnavailable as exc:
+        pytest.skip(str(exc))
