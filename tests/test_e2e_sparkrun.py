@@ -3,9 +3,11 @@ on the head; `spark-ops apply --max-num-seqs 64` operates it end to end (real SS
 watchdog restarting the simulated engine from the sparkrun recipe), and the real sparkrun CLI on
 the head renders the edited recipe's serve command with 64 (`sparkrun run --dry-run`).
 
-What is not real here, and why (docs/test-ground.md): sparkrun's scheduler places ranks only on
-accelerators its hardware probe detects, and the embedded nodes have none, so `sparkrun run`
-itself cannot launch containers on them; the restart is the reference watchdog's recipe action.
+What is not real here, and why (docs/test-ground.md): the restart of the apply test is the
+reference watchdog's recipe action, because `sparkrun run` cannot yet bring a 4-node Ray job up on
+the embedded nodes. The second test shows how far it gets: with a simulated GB10 `nvidia-smi` on
+each node (the one simulated part), the real `sparkrun run` probes and places on all four nodes
+and runs its Ray head container on the real Docker daemon, which exits (the image has no Ray).
 """
 
 from __future__ import annotations
