@@ -3,15 +3,19 @@ on the head; `spark-ops apply --max-num-seqs 64` operates it end to end (real SS
 watchdog restarting the simulated engine from the sparkrun recipe), and the real sparkrun CLI on
 the head renders the edited recipe's serve command with 64 (`sparkrun run --dry-run`).
 
-What is not real here, and why (docs/test-ground.md): sparkrun's scheduler places ranks only on
-accelerators its hardware probe detects, and the embedded nodes have none, so `sparkrun run`
-itself cannot launch containers on them; the restart is the reference watchdog's recipe action.
+What is not real here, and why (docs/test-ground.md): the restart of the apply test is the
+reference watchdog's recipe action, because `sparkrun run` cannot yet bring a 4-node Ray job up on
+the embedded nodes. The second test shows how far it gets: with a simulated GB10 `nvidia-smi` on
+each node (the one simulated part), the real `sparkrun run` probes and places on all four nodes
+and runs its Ray head container on the real Docker daemon, which exits (the image has no Ray).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import resource
 import shutil
 from pathlib import Path
 
@@ -20,6 +24,7 @@ import yaml
 from conftest import Sim
 
 from tests.ground import GroundUnavailable
+from tests.ground.docker import IMAGE, LABEL, REPO, docker, docker_unavailable_reason, ensure_image
 from tests.ground.sparkrun_venv import run_sparkrun, sparkrun_bin
 from tests.test_e2e_apply import spark_ops, stamps
 
@@ -103,3 +108,64 @@ def test_apply_64_on_the_sparkrun_shaped_cluster(sim: Sim, cli_env: dict[str, st
     assert len(re.findall(r"--max-num-seqs 64\b", served)) == 1, served
     assert "--max-num-seqs 6 " not in served
     shutil.rmtree(sim.head / ".cache" / "sparkrun", ignore_errors=True)
+
+
+def launchable(sim: Sim, recipe: Path) -> dict[str, object]:
+    """Make the sparkrun-shaped cluster one that `sparkrun run` places and launches on: a GB10
+    `nvidia-smi` on every node (the simulated GPU tool), and in sparkrun's cluster file the
+    executor and distribution keys this ground needs (docs/test-ground.md says why each)."""
+    from spark_ops.sim.nvidia_smi import install
+
+    for node in (sim.root / "nodes").iterdir():
+        install(node / "bin")
+    cluster_file = sim.head / ".config" / "sparkrun" / "clusters" / "lab.yaml"
+    cluster = yaml.safe_load(cluster_file.read_text())
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    cluster["executor_config"] = {
+        "accelerator_vendor": "cpu",  # no --gpus: this dockerd has no NVIDIA runtime
+        "ulimit": [f"nofile={nofile}:{nofile}"],  # sparkrun's memlock=-1 is refused here
+        "volumes": ["/usr:/usr:ro", f"{REPO}:{REPO}:ro"],
+    }
+    cluster["distribution"] = {"model": {"enabled": False}}  # no weights: the engine is simulated
+    cluster_file.write_text(yaml.safe_dump(cluster, sort_keys=False))
+    return cluster
+
+
+@pytest.mark.docker
+def test_sparkrun_run_places_on_the_simulated_gb10s_and_starts_its_head_container(
+    sim: Sim,
+) -> None:
+    """The real `sparkrun run` probes the four nodes (GB10 each), passes its offline checks and
+    runs its Ray head container `sparkrun_<intent>_<token>_head` on the real Docker daemon; the
+    launch stops there: the image has no Ray (`ray start --head` exits), which sparkrun reports
+    as its head not running. See docs/test-ground.md for what is left."""
+    reason = docker_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    ensure_image()
+    recipe = sparkrun_shaped(sim)
+    launchable(sim, recipe)
+    label = f"{LABEL}={os.getpid()}"
+    try:
+        run = run_sparkrun(
+            [
+                "run", str(recipe), "--cluster", "lab", "--offline", "--no-auto-detect",
+                "--no-follow", "--image", IMAGE, "--label", label,
+            ],
+            sim.head,
+            isolate=False,  # it must reach the embedded nodes (loopback): its own switches only
+        )  # fmt: skip
+        out = run.stdout + run.stderr
+        assert "Platform:  DGX Spark (NVIDIA GB10" in out, out[-3000:]
+        rows = re.findall(r"^\s+(?:head|worker)\s+(node\d)\s+gb10\s", out, re.M)
+        assert rows == ["node1", "node2", "node3", "node4"], out[-3000:]
+        assert "Offline: every image and model is present" in out, out[-3000:]
+        assert "Step 3/5: Launching Ray head" in out, out[-3000:]
+        head = re.search(r"Workload (sparkrun_[0-9a-f]+_[0-9a-f]+_head) is not running", out)
+        assert head is not None, out[-3000:]
+        assert run.returncode != 0
+    finally:
+        ids = docker("ps", "-aq", "--filter", f"label={label}", check=False).split()
+        for cid in ids:
+            docker("rm", "-f", cid, check=False)
+        shutil.rmtree(sim.head / ".cache" / "sparkrun", ignore_errors=True)
