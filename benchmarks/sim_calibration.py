@@ -103,7 +103,9 @@ async def burst(url: str, concurrency: int, tokens: int) -> tuple[float, int, fl
         return end - start, sum(n for n, _ in counts), end - max(marks), per_user
 
 
-def predicted(cfg: dict[str, object], concurrency: int, cap: int, tokens: int) -> tuple[float, float]:
+def predicted(
+    cfg: dict[str, object], concurrency: int, cap: int, tokens: int
+) -> tuple[float, float]:
     """Aggregate and per-user tok/s of the engine core's scheduling on a virtual clock."""
     times = virtual_burst(
         cfg, concurrency=concurrency, cap=cap, output_tokens=tokens, prompt_tokens=PROMPT_TOKENS
@@ -209,7 +211,9 @@ def fit(cfg: dict[str, object]) -> None:
                 pts[-1], vals[-1] = trial, val
                 break
         else:
-            pts = [pts[0]] + [[(a + b) / 2 for a, b in zip(pts[0], p, strict=True)] for p in pts[1:]]
+            pts = [pts[0]] + [
+                [(a + b) / 2 for a, b in zip(pts[0], p, strict=True)] for p in pts[1:]
+            ]
             vals = [vals[0]] + [_fit_loss(cfg, p) for p in pts[1:]]
     best = pts[min(range(n + 1), key=vals.__getitem__)]
     print("loss", min(vals))

@@ -48,6 +48,7 @@ def _config_reading(name: str, r: SweepResult) -> dict[str, Any]:
         "cap_is_knob": bool(cap.detected and cap.matches_knob),
         "aggregate": {lv.max_concurrency: lv.output_throughput for lv in r.levels},
         "per_user": {lv.max_concurrency: lv.per_user_tok_s for lv in r.levels},
+        "predicted_from": (r.config or {}).get("predicted_from"),
     }
 
 
@@ -127,6 +128,8 @@ def _level_lines(rows: list[dict[str, Any]], first: str) -> list[str]:
 def _cap_line(cfg: dict[str, Any]) -> str:
     """Whether max_num_seqs capped one configuration, in words."""
     cap, name = cfg["cap"], cfg["label"]
+    if cfg.get("predicted_from"):
+        return f"{name}: predicted from the sweep at {cfg['predicted_from']} (no restart)."
     if not cfg["metrics"]:
         return f"{name}: cap unknown (the engine's /metrics was not readable)."
     if cfg["cap_is_knob"]:
@@ -184,6 +187,17 @@ def _recommendation(rec: dict[str, Any], top: int, n: int, slo: float | None) ->
     return text
 
 
+def _recommended(configs: list[dict[str, Any]], top: int) -> dict[str, Any]:
+    """Highest aggregate at the top level; within CLEAR_MARGIN of it, the highest cap wins.
+
+    Configurations that close are not told apart by a sweep (noise), and the higher cap admits
+    more requests at once: so a noisy tie is decided the same way in every run.
+    """
+    best = max(c["aggregate"].get(top) or 0.0 for c in configs)
+    close = [c for c in configs if (c["aggregate"].get(top) or 0.0) * CLEAR_MARGIN >= best]
+    return max(close, key=lambda c: (c["max_num_seqs"] or 0, c["aggregate"].get(top) or 0.0))
+
+
 def read_experiment(
     results: list[tuple[str, SweepResult]], *, slo_tok_s: float | None = None
 ) -> ExperimentReading:
@@ -194,7 +208,7 @@ def read_experiment(
     rows = _level_rows(configs)
     top = rows[-1]["concurrency"]
     measured = [c for c in configs if c["aggregate"].get(top) is not None] or configs
-    rec = max(measured, key=lambda c: c["aggregate"].get(top) or 0.0)
+    rec = _recommended(measured, top)
     neck = _bottleneck(configs)
     lines = [_bottleneck_line(neck)] if neck is not None else []
     lines.append(_recommendation(rec, top, len(configs), slo_tok_s))

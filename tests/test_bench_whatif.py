@@ -1,4 +1,4 @@
-"""The lower-cap what-if (spark_ops.bench.whatif) on data: tests/fixtures/bench/whatif_cases.yaml."""
+"""The lower-cap what-if (spark_ops.bench.whatif) on data: fixtures/bench/whatif_cases.yaml."""
 
 from __future__ import annotations
 

@@ -95,9 +95,18 @@ def test_reading_cases(name: str) -> None:
 
 def test_plan_state_and_refusals(tmp_path: Path) -> None:
     """Cartesian product, restarts counted from the recipe, atomic state, refusals named."""
-    spec = ExperimentSpec(
-        "sim", {"max_num_seqs": [6, 64], "moe_backend": ["marlin", "cutlass"]}, {"levels": [1]}
-    )
+    axes = {"max_num_seqs": [6, 64], "moe_backend": ["marlin", "cutlass"]}
+    fewest = ExperimentSpec("sim", axes, {"levels": [1, 6]}, what_if_caps=[16])
+    assert fewest.predicted() == {
+        "max_num_seqs=6, moe_backend=marlin": {"max_num_seqs": 64, "moe_backend": "marlin"},
+        "max_num_seqs=16, moe_backend=marlin": {"max_num_seqs": 64, "moe_backend": "marlin"},
+        "max_num_seqs=6, moe_backend=cutlass": {"max_num_seqs": 64, "moe_backend": "cutlass"},
+        "max_num_seqs=16, moe_backend=cutlass": {"max_num_seqs": 64, "moe_backend": "cutlass"},
+    }
+    assert [label(c) for c in fewest.measured()] == [
+        "max_num_seqs=64, moe_backend=marlin", "max_num_seqs=64, moe_backend=cutlass"
+    ]  # fmt: skip
+    spec = ExperimentSpec("sim", axes, {"levels": [1]}, measure_all=True)
     assert [label(c) for c in spec.configurations()] == [
         "max_num_seqs=6, moe_backend=marlin", "max_num_seqs=6, moe_backend=cutlass",
         "max_num_seqs=64, moe_backend=marlin", "max_num_seqs=64, moe_backend=cutlass",
@@ -113,7 +122,12 @@ def test_plan_state_and_refusals(tmp_path: Path) -> None:
     plan = plan_experiment(state, knobs, path, resumed)
     # the first configuration is what runs: 3 restarts, then one to restore 6/marlin
     assert [r["restart"] for r in plan.configurations] == [False, True, True, True]
-    assert plan.restarts == 4
+    assert plan.restarts == 4 and plan.restarts_if_all_measured == 4 and not plan.predicted
+    few = plan_experiment(ExperimentState(fewest, dict(knobs)), knobs, path, False)
+    assert [r["restart"] for r in few.configurations] == [True, True]
+    # measuring all six (6, 16 and 64 with each backend) and the restore: 6 restarts
+    assert few.restarts == 3 and few.restarts_if_all_measured == 6
+    assert len(few.predicted) == 4
     state.results["max_num_seqs=6, moe_backend=marlin"] = {"sweep": {}}
     state.save(path)
     assert not list(tmp_path.glob(".*tmp")), "the temp file was renamed over the state"
@@ -184,7 +198,7 @@ async def test_failure_ends_in_restore_and_leftovers_are_pruned(
     op = type(
         "Op", (), {"watchdog": FakeWatchdog([(100.0, "watchdog: engine down"), (200.0, killed)])}
     )()
-    spec = ExperimentSpec("sim", {"max_num_seqs": [6, 64]}, {"slo_tok_s": 12})
+    spec = ExperimentSpec("sim", {"max_num_seqs": [6, 64]}, {"slo_tok_s": 12}, measure_all=True)
     state = ExperimentState(spec, {"max_num_seqs": 6}, in_progress="max_num_seqs=64")
     path = tmp_path / "exp.json"
     notes: list[str] = []

@@ -133,9 +133,10 @@ def render_text(result: SweepResult, *, width: int = 140) -> str:
     return console.export_text()
 
 
-def write_json(result: SweepResult, path: Path) -> None:
-    """Write the result as JSON (to_dict) to path."""
-    _write(path, json.dumps(result.to_dict(), indent=2, ensure_ascii=False) + "\n")
+def write_json(result: SweepResult, path: Path, *, extra: dict[str, Any] | None = None) -> None:
+    """Write the result as JSON (to_dict, plus extra top-level keys such as what_if) to path."""
+    data = {**result.to_dict(), **(extra or {})}
+    _write(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def write_csv(result: SweepResult, path: Path) -> None:

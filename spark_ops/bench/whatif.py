@@ -167,7 +167,7 @@ def predict_caps(
     levels: list[LevelResult], caps: list[int], *, mode: str, running_cap: int | None,
     slo_tok_s: float | None = None, kv_tokens: int | None = None,
 ) -> WhatIf:  # fmt: skip
-    """The curve of each lower cap at every swept concurrency; BenchError when one cannot be read."""
+    """The curve of each lower cap at every swept level; BenchError when one cannot be read."""
     if mode not in PREDICTABLE_MODES:
         raise BenchError(
             f"--what-if-cap needs a burst or sustained sweep (this one is {mode}): the waves a "
@@ -247,3 +247,68 @@ def reading_lines(result: WhatIf) -> list[str]:
             )
         lines.append(text + ("" if top.trusted else " (not to be trusted there)") + ".")
     return lines
+
+
+def running_cap_of(knobs: dict[str, Any] | None) -> int | None:
+    """The max_num_seqs a sweep ran with (from its knobs), or None when unknown."""
+    knob = (knobs or {}).get("max_num_seqs")
+    return int(knob) if isinstance(knob, int | str) and str(knob).isdigit() else None
+
+
+def whatif_of(result: Any, caps: list[int], slo_tok_s: float | None = None) -> WhatIf:
+    """The what-if of a SweepResult (its levels, mode, knobs, KV pool and SLO)."""
+    slo = slo_tok_s if slo_tok_s is not None else result.reading.slo_tok_s
+    return predict_caps(
+        result.levels, caps, mode=result.mode, running_cap=running_cap_of(result.knobs),
+        slo_tok_s=slo, kv_tokens=result.kv_pool_tokens,
+    )  # fmt: skip
+
+
+def levels_with_caps(levels: list[int], caps: list[int]) -> list[int]:
+    """The sweep's levels plus every asked cap (the what-if reads the level at each cap)."""
+    return sorted(set(levels) | set(caps))
+
+
+def _level_of(base: LevelResult, p: WhatIfPoint) -> LevelResult:
+    """A level carrying a predicted point's figures (the base level's other fields kept)."""
+    from dataclasses import replace
+
+    return replace(
+        base, output_throughput=p.aggregate_tok_s, output_throughput_min=p.aggregate_tok_s,
+        output_throughput_max=p.aggregate_tok_s, output_throughput_stdev=0.0,
+        per_user_tok_s=p.per_user_tok_s, per_user_tok_s_min=p.per_user_tok_s,
+        per_user_tok_s_max=p.per_user_tok_s, mean_ttft_ms=p.ttft_ms,
+        steady_output_throughput=None, engine_output_throughput=None, tail_pct=None,
+        samples=[], runs=[],
+    )  # fmt: skip
+
+
+def predicted_sweep(base: Any, cap: int, base_label: str) -> Any:
+    """A SweepResult for cap `cap` predicted from the sweep `base` (marked in config, warnings)."""
+    from spark_ops.bench import stats
+    from spark_ops.bench.measures import CapReading
+    from spark_ops.bench.sweep import SweepResult
+
+    curve = whatif_of(base, [cap]).caps[0]
+    by_c = {lv.max_concurrency: lv for lv in base.levels}
+    levels = [
+        by_c[p.concurrency] if p.source == "measured" else _level_of(by_c[p.concurrency], p)
+        for p in curve.points
+    ]
+    reading = stats.read_levels(
+        levels, slo_tok_s=base.reading.slo_tok_s, knee_gain=base.reading.knee_gain
+    )
+    queued = [p for p in curve.points if p.queued > 0]
+    reading.cap = CapReading(bool(queued), cap if queued else None, len(queued), len(queued), cap)
+    untrusted = [p.concurrency for p in curve.points if not p.trusted]
+    notes = [f"predicted from the sweep at {base_label} (no restart)"]
+    if untrusted:
+        notes.append(f"not to be trusted at C={','.join(map(str, untrusted))}")
+    return SweepResult(
+        base_url=base.base_url, model=base.model, api=base.api, mode=base.mode,
+        output_tokens=base.output_tokens, levels=levels, reading=reading,
+        config={"predicted_from": base_label, "what_if": curve.to_dict()},
+        knobs={**(base.knobs or {}), "max_num_seqs": cap}, started_at=base.started_at,
+        finished_at=base.finished_at, metrics_available=True, warnings=notes,
+        kv_pool_tokens=base.kv_pool_tokens,
+    )  # fmt: skip

@@ -326,7 +326,7 @@ class EngineCore:
 
 @dataclass(frozen=True)
 class BurstTimes:
-    """One request of a virtual burst: emulated seconds from the send to its first and last token."""
+    """One request of a virtual burst: emulated seconds from the send to its first, last token."""
 
     first_token_s: float
     end_s: float
