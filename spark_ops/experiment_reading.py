@@ -114,10 +114,20 @@ def _level_lines(rows: list[dict[str, Any]], first: str) -> list[str]:
         cell = next(x for x in row["cells"] if x["label"] == row["best"])
         at = f"At {_users(row['concurrency'])}"
         if not row["clear"]:
-            lines.append(
-                f"{at}: no clear difference (all within {CLEAR_MARGIN - 1:.0%} of "
-                f"{cell['aggregate']:.0f} tok/s)."
+            top = cell["aggregate"]
+            near = [x for x in row["cells"] if x["aggregate"] is not None
+                    and x["aggregate"] * CLEAR_MARGIN >= top]  # fmt: skip
+            below = [x for x in row["cells"] if x["aggregate"] is not None and x not in near]
+            text = f"{at}: no clear difference"
+            text += (
+                f" (all within {CLEAR_MARGIN - 1:.0%} of {top:.0f} tok/s)."
+                if not below
+                else f" between {', '.join(x['label'] for x in near)} (within "
+                f"{CLEAR_MARGIN - 1:.0%} of {top:.0f} tok/s); "
+                + ", ".join(f"{x['label']} gives {x['aggregate']:.0f}" for x in below)
+                + "."
             )
+            lines.append(text)
             continue
         ratio = cell["ratio_aggregate"]
         vs = f", {ratio:.2f}x {first}" if row["best"] != first and ratio else ""

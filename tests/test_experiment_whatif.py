@@ -1,10 +1,13 @@
 """The note's question answered with one restart: lower caps read from the sweep at cap 64.
 
-On the embedded cluster (time_scale 10: tok/s are 10x the emulated figures), `experiment
+On the embedded cluster (time_scale 5: tok/s are 5x the emulated figures), `experiment
 --max-num-seqs 6,64 --what-if-cap 16,32` restarts once (6 -> 64) and predicts 6, 16 and 32 from
 that sweep; `--max-num-seqs 6,16,32,64 --measure-all` restarts three times. Both must reach the
 same recommendation and the same per-user SLO load. Behaviour only: no speed is asserted here
 (predicted-vs-measured errors are in benchmarks/whatif_validation.py and docs/experiments.md).
+The SLO (10.5 tok/s) sits between the sim's 12.1 at C=16 and 9.4 at C=32, away from both; the
+watchdog probes every 30 s: its completion probe waits behind a burst queued at a low cap, and
+three timeouts 5 s apart would restart the engine mid-sweep.
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ from typing import Any
 import pytest
 from conftest import start_sim
 
-TIME_SCALE = 10.0
+TIME_SCALE = 5.0
 COMMON = [
     "--concurrency", "1,6,16,32,64", "--output-tokens", "300", "--repeats", "1",
-    "--slo-tok-s", str(10 * TIME_SCALE), "--no-restore", "--yes",
+    "--slo-tok-s", str(10.5 * TIME_SCALE), "--no-restore", "--yes",
 ]  # fmt: skip
 
 
@@ -30,7 +33,7 @@ def run_experiment(tmp_path: Path, name: str, *args: str) -> tuple[str, dict[str
     """Start a fresh cluster (cap 6), run one experiment on it; its stdout and JSON report."""
     from spark_ops.sim.control import down
 
-    s = start_sim(tmp_path / name, time_scale=TIME_SCALE)
+    s = start_sim(tmp_path / name, time_scale=TIME_SCALE, watchdog_interval_s=30.0)
     try:
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
         history = s.history.read_bytes()
@@ -38,7 +41,7 @@ def run_experiment(tmp_path: Path, name: str, *args: str) -> tuple[str, dict[str
         res = subprocess.run(
             [sys.executable, "-m", "spark_ops.cli.main", "experiment", *args, *COMMON,
              "--state", str(tmp_path / f"{name}-state.json"), "--json", str(report)],
-            env=env, capture_output=True, text=True, timeout=400,
+            env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         (tmp_path / f"{name}.out").write_text(res.stdout)
         assert res.returncode == 0, res.stderr[-3000:]
@@ -55,7 +58,7 @@ def _slo_of(data: dict[str, Any], name: str) -> int | None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_one_restart_answers_what_three_do(tmp_path: Path) -> None:
     """6 -> 64 and a what-if for 6, 16, 32: the recommendation of the full experiment, 1 boot."""
     few_out, few = run_experiment(
@@ -74,8 +77,13 @@ def test_one_restart_answers_what_three_do(tmp_path: Path) -> None:
     assert _slo_of(few, "max_num_seqs=64") == _slo_of(full, "max_num_seqs=64") == 16
     for name in ("max_num_seqs=6", "max_num_seqs=16", "max_num_seqs=32"):
         assert any(c["label"] == name for c in few["reading"]["configs"]), name
-    line = next(x for x in few["reading"]["lines"] if x.startswith("Recommendation:"))
-    assert line == next(x for x in full["reading"]["lines"] if x.startswith("Recommendation:"))
+    # the recommendation's words (the knee sentence after it quotes measured growth: not compared)
+    rec = [
+        next(x for x in d["reading"]["lines"] if x.startswith("Recommendation:")).split(" The ")[0]
+        for d in (few, full)
+    ]
+    assert rec[0] == rec[1], rec
+    assert "keep ≤16 concurrent users" in rec[0]
     # the downtime it spent: one boot against three
     assert few["downtime"]["restarts"] == 1 and full["downtime"]["restarts"] == 3
     assert few["downtime"]["predicted"] == ["max_num_seqs=16", "max_num_seqs=32", "max_num_seqs=6"]
