@@ -14,7 +14,7 @@ the rounds.
 --ground sim: the embedded cluster's engine (python -m spark_ops.sim.engine serve, the shipped
 config sped up by --time-scale), 300 output tokens, levels 1,6,16,32,64, caps 6,16,32 from 64.
 --ground vllm: the real vLLM CPU build (/opt/spark-ops-vllm, .ci/install-ground.sh) serving a
-tiny model on 127.0.0.1, 64 output tokens, levels 1,2,4,8,16, caps 2,4,8 from 16.
+tiny model on 127.0.0.1, 128 output tokens, levels 1,4,8,16,32, caps 4,8,16 from 32.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from spark_ops.bench.whatif import whatif_of  # noqa: E402
 
 GROUNDS: dict[str, dict[str, Any]] = {
     "sim": {"levels": [1, 6, 16, 32, 64], "top": 64, "caps": [6, 16, 32], "tokens": 300},
-    "vllm": {"levels": [1, 2, 4, 8, 16], "top": 16, "caps": [2, 4, 8], "tokens": 64},
+    "vllm": {"levels": [1, 4, 8, 16, 32], "top": 32, "caps": [4, 8, 16], "tokens": 128},
 }
 
 
@@ -101,9 +101,7 @@ async def sweep_at(
     """Start an engine at cap, sweep it, stop it; the result and the boot seconds."""
     g = GROUNDS[ground]
     t0 = time.monotonic()
-    engine = (
-        sim_engine(cap, config) if ground == "sim" else vllm_engine(cap, opts.model, workdir)
-    )
+    engine = sim_engine(cap, config) if ground == "sim" else vllm_engine(cap, opts.model, workdir)
     async with engine as url:
         boot = time.monotonic() - t0
         result = await run_sweep(
@@ -194,18 +192,17 @@ async def main() -> None:
             cells = []
             for k in ("aggregate", "per_user", "ttft"):
                 xs = errors.get((cap, c, k), [])
-                cells.append(
-                    f"{_pct(min(xs))} .. {_pct(max(xs))}" if xs else "        -        "
-                )
+                cells.append(f"{_pct(min(xs))} .. {_pct(max(xs))}" if xs else "        -        ")
             print(f"{cap:>4} {c:>5}  " + "  ".join(cells))
-    worst = {
-        k: max(abs(x) for (cap, c, kk), xs in errors.items() if kk == k for x in xs)
-        for k in ("aggregate", "per_user")
-    }
+
+    def errs(kind: str) -> list[float]:
+        """Every |error| of one figure over caps, levels above the cap, rounds."""
+        return [abs(x) for (_, _, k), xs in errors.items() if k == kind for x in xs]
+
+    agg, user = errs("aggregate"), errs("per_user")
     print(
-        f"worst |error|: aggregate {100 * worst['aggregate']:.1f}%, "
-        f"per-user {100 * worst['per_user']:.1f}% "
-        f"(median aggregate {100 * statistics.median(abs(x) for (_, _, k), xs in errors.items() if k == 'aggregate' for x in xs):.1f}%)"
+        f"worst |error|: aggregate {100 * max(agg):.1f}%, per-user {100 * max(user):.1f}% "
+        f"(median: {100 * statistics.median(agg):.1f}%, {100 * statistics.median(user):.1f}%)"
     )
     if opts.json:
         opts.json.write_text(json.dumps(rows, indent=2) + "\n")

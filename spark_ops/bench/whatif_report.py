@@ -20,11 +20,12 @@ def whatif_table(result: WhatIf) -> Table:
     from rich.table import Table
 
     running = f" (running cap {result.running_cap})" if result.running_cap else ""
+    title = f"What-if for lower caps, read from this sweep{running}"
+    legend = "* predicted (requests beyond the cap wait); ! not to be trusted"
     table = Table(
-        title=f"What-if for lower caps, read from this sweep{running}: * predicted "
-        "(requests beyond the cap wait), ! not to be trusted",
-        title_justify="left",
-    )
+        title=title, title_justify="left", caption=legend, caption_justify="left",
+        min_width=max(len(title), len(legend)),
+    )  # fmt: skip
     table.add_column("concurrent\nrequests", justify="right")
     for cap in result.caps:
         table.add_column(f"cap {cap.cap}\naggregate", justify="right")
