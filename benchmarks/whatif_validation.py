@@ -195,15 +195,20 @@ async def main() -> None:
                 cells.append(f"{_pct(min(xs))} .. {_pct(max(xs))}" if xs else "        -        ")
             print(f"{cap:>4} {c:>5}  " + "  ".join(cells))
 
-    def errs(kind: str) -> list[float]:
-        """Every |error| of one figure over caps, levels above the cap, rounds."""
-        return [abs(x) for (_, _, k), xs in errors.items() if k == kind for x in xs]
+    def errs(kind: str, predicted: bool) -> list[float]:
+        """Every |error| of one figure: predicted points (C > cap) or the others (C <= cap)."""
+        return [
+            abs(x) for (cap, c, k), xs in errors.items()
+            if k == kind and (c > cap) == predicted for x in xs
+        ]  # fmt: skip
 
-    agg, user = errs("aggregate"), errs("per_user")
-    print(
-        f"worst |error|: aggregate {100 * max(agg):.1f}%, per-user {100 * max(user):.1f}% "
-        f"(median: {100 * statistics.median(agg):.1f}%, {100 * statistics.median(user):.1f}%)"
-    )
+    for predicted, what in ((True, "predicted (C > cap)"), (False, "C <= cap (run-to-run noise)")):
+        agg, user = errs("aggregate", predicted), errs("per_user", predicted)
+        print(
+            f"worst |error| {what}: aggregate {100 * max(agg):.1f}%, per-user "
+            f"{100 * max(user):.1f}% (median {100 * statistics.median(agg):.1f}%, "
+            f"{100 * statistics.median(user):.1f}%)"
+        )
     if opts.json:
         opts.json.write_text(json.dumps(rows, indent=2) + "\n")
 

@@ -327,3 +327,42 @@ def test_interrupted_experiment_restores_and_resumes(tmp_path: Path) -> None:
         assert "max_num_seqs: 6 " in s.recipe.read_text()
     finally:
         down(s.root)
+
+
+async def test_confirm_measures_a_predicted_winner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--confirm: 32 is predicted to beat the measured 64 at the top level, so it is measured."""
+    import spark_ops.experiment as experiment
+
+    swept: list[int] = []
+    curves = {
+        64: [(1, 69.0, 69.0), (32, 240.0, 9.0), (64, 96.0, 3.0)],  # collapses at 64 (preemption?)
+        32: [(1, 69.0, 69.0), (32, 240.0, 9.0), (64, 245.0, 4.5)],
+    }
+
+    async def run_config(op: Any, state: Any, config: dict[str, Any], *rest: Any) -> Any:
+        """Record the cap swept; return its synthetic sweep."""
+        cap = int(config["max_num_seqs"])
+        swept.append(cap)
+        data = sweep({"levels": curves[cap], "max_num_seqs": cap}, 12).to_dict()
+        return {"sweep": data, "budget_as_before": True, "knobs": config}
+
+    monkeypatch.setattr(experiment, "_run_config", run_config)
+    op = type("Op", (), {"watchdog": FakeWatchdog([])})()
+    spec = ExperimentSpec(
+        "sim", {"max_num_seqs": [32, 64]}, {"slo_tok_s": 12}, restore=False, confirm=True
+    )
+    state = ExperimentState(spec, {"max_num_seqs": 64})
+    notes: list[str] = []
+    outcome = await experiment.run_experiment(
+        op, state, tmp_path / "exp.json", hooks=experiment.Hooks(on_note=notes.append)
+    )
+    assert outcome.ok and swept == [64, 32]
+    assert state.results["max_num_seqs=32"]["confirmed"] is True
+    assert any(
+        "--confirm: restarting with the predicted winner max_num_seqs=32" in n for n in notes
+    )
+    assert outcome.reading.recommended == "max_num_seqs=32"
+    cfg = next(c for c in outcome.reading.configs if c["label"] == "max_num_seqs=32")
+    assert cfg["predicted_from"] is None, "the measurement replaced the prediction"
