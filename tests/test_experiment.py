@@ -233,7 +233,7 @@ def test_bad_values_are_refused_before_connecting(name: str, tmp_path: Path) -> 
 
 ARGS = [
     "experiment", "--max-num-seqs", "6,64", "--concurrency", "1,6,16,64", "--output-tokens", "300",
-    "--slo-tok-s", str(9 * TIME_SCALE), "--yes",
+    "--slo-tok-s", str(9 * TIME_SCALE), "--measure-all", "--yes",
 ]  # fmt: skip
 
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spark_ops.bench.measures import slo_max_concurrency
-from spark_ops.bench.stats import LevelResult
+from spark_ops.bench.measures import CapReading, slo_max_concurrency
+from spark_ops.bench.stats import LevelResult, read_levels
+from spark_ops.bench.sweep import SweepResult
 from spark_ops.errors import BenchError
 
 ASSUMPTIONS = (
@@ -255,7 +256,7 @@ def running_cap_of(knobs: dict[str, Any] | None) -> int | None:
     return int(knob) if isinstance(knob, int | str) and str(knob).isdigit() else None
 
 
-def whatif_of(result: Any, caps: list[int], slo_tok_s: float | None = None) -> WhatIf:
+def whatif_of(result: SweepResult, caps: list[int], slo_tok_s: float | None = None) -> WhatIf:
     """The what-if of a SweepResult (its levels, mode, knobs, KV pool and SLO)."""
     slo = slo_tok_s if slo_tok_s is not None else result.reading.slo_tok_s
     return predict_caps(
@@ -283,19 +284,15 @@ def _level_of(base: LevelResult, p: WhatIfPoint) -> LevelResult:
     )  # fmt: skip
 
 
-def predicted_sweep(base: Any, cap: int, base_label: str) -> Any:
+def predicted_sweep(base: SweepResult, cap: int, base_label: str) -> SweepResult:
     """A SweepResult for cap `cap` predicted from the sweep `base` (marked in config, warnings)."""
-    from spark_ops.bench import stats
-    from spark_ops.bench.measures import CapReading
-    from spark_ops.bench.sweep import SweepResult
-
     curve = whatif_of(base, [cap]).caps[0]
     by_c = {lv.max_concurrency: lv for lv in base.levels}
     levels = [
         by_c[p.concurrency] if p.source == "measured" else _level_of(by_c[p.concurrency], p)
         for p in curve.points
     ]
-    reading = stats.read_levels(
+    reading = read_levels(
         levels, slo_tok_s=base.reading.slo_tok_s, knee_gain=base.reading.knee_gain
     )
     queued = [p for p in curve.points if p.queued > 0]

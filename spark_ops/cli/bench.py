@@ -249,8 +249,8 @@ def cli(
         out.print(line, highlight=False)
     whatif = None
     if caps:
+        from spark_ops.bench.report import whatif_lines, whatif_table
         from spark_ops.bench.whatif import whatif_of
-        from spark_ops.bench.whatif_report import whatif_lines, whatif_table
         from spark_ops.errors import BenchError
 
         try:

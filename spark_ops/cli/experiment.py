@@ -215,8 +215,8 @@ def render_report(outcome: Any, *, width: int = 160) -> str:
 
 def _print_whatif(console: Any, state: Any) -> None:
     """Each measured sweep's what-if table for the lower caps predicted from it."""
+    from spark_ops.bench.report import whatif_lines, whatif_table
     from spark_ops.bench.whatif import whatif_of
-    from spark_ops.bench.whatif_report import whatif_lines, whatif_table
     from spark_ops.errors import BenchError
     from spark_ops.experiment_state import label
 
