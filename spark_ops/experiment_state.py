@@ -109,26 +109,22 @@ class ExperimentSpec:
     def predicted(self) -> dict[str, dict[str, Any]]:
         """Configurations read from a sweep at a higher cap: label -> the measured one's knobs.
 
-        (The predicted configuration itself is the measured one with its max_num_seqs.)
-
         For each combination of the other knobs only the highest max_num_seqs is measured; the
-        lower values (and every --what-if-cap below it) come from its sweep without a restart.
+        lower values (unless --measure-all) and every --what-if-cap below it are read from its
+        sweep without a restart. A predicted configuration is its base with its own cap.
         """
         if "max_num_seqs" not in self.axes:
             return {}
+        asked = {int(v) for v in self.axes["max_num_seqs"]}
+        top = max(asked)
+        lower = sorted(
+            ({c for c in asked if not self.measure_all} | set(self.what_if_caps)) - {top}
+        )
         out: dict[str, dict[str, Any]] = {}
-        for config in self.configurations():
-            caps = sorted({int(v) for v in self.axes["max_num_seqs"]} | set(self.what_if_caps))
-            top = max(int(v) for v in self.axes["max_num_seqs"])
-            if int(config["max_num_seqs"]) != top:
-                continue
-            for cap in caps:
-                if cap >= top:
-                    continue
-                asked = cap in {int(v) for v in self.axes["max_num_seqs"]}
-                if asked and self.measure_all:
-                    continue
-                out[label({**config, "max_num_seqs": cap})] = config
+        for base in self.configurations():
+            if int(base["max_num_seqs"]) == top:
+                for cap in (c for c in lower if c < top):
+                    out[label({**base, "max_num_seqs": cap})] = base
         return out
 
     def every_configuration(self) -> list[dict[str, Any]]:
