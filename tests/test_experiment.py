@@ -231,6 +231,9 @@ def test_bad_values_are_refused_before_connecting(name: str, tmp_path: Path) -> 
     assert case["stderr"] in res.stderr
 
 
+# The watchdog probes with a real completion, which waits behind a burst queued at cap 6 (64 x 300
+# tokens: 16 s here); at its default 5 s interval three timeouts restart the engine mid-sweep. The
+# slow tests below probe every 30 s (docs/experiments.md, "Limits").
 ARGS = [
     "experiment", "--max-num-seqs", "6,64", "--concurrency", "1,6,16,64", "--output-tokens", "300",
     "--slo-tok-s", str(9 * TIME_SCALE), "--measure-all", "--yes",
@@ -251,7 +254,7 @@ def test_experiment_6_vs_64_tells_the_notes_story(tmp_path: Path) -> None:
     """The cap-6 run plateaus, 64 gives ~3x at the top level, budget and recipe as before."""
     from spark_ops.sim.control import down
 
-    s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE)
+    s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE, watchdog_interval_s=30.0)
     try:
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
         history, recipe = s.history.read_bytes(), s.recipe.read_bytes()
@@ -284,7 +287,7 @@ def test_interrupted_experiment_restores_and_resumes(tmp_path: Path) -> None:
     measures only the second configuration."""
     from spark_ops.sim.control import down
 
-    s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE)
+    s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE, watchdog_interval_s=30.0)
     try:
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
         history = s.history.read_bytes()
