@@ -38,6 +38,10 @@ def level(row: list[Any], prompt_tokens: int | None) -> LevelResult:
 def test_whatif(case: dict[str, Any]) -> None:
     """Each case's predicted curve, SLO load and trust, or its error."""
     levels = [level(r, case.get("prompt_tokens")) for r in case["levels"]]
+    for lv in levels:
+        lo, hi, repeats = case.get("spread", {}).get(lv.max_concurrency, [None, None, 1])
+        if repeats > 1:
+            lv.output_throughput_min, lv.output_throughput_max, lv.repeats = lo, hi, repeats
 
     def run() -> Any:
         return predict_caps(

@@ -32,6 +32,7 @@ ASSUMPTIONS = (
     "the lower cap changes nothing else in the engine (memory profile, graphs, scheduling)",
 )
 PREDICTABLE_MODES = ("burst", "sustained")
+NOISY_SPREAD = 0.2  # a base level whose repeats spread more than this cannot anchor a prediction
 
 
 @dataclass
@@ -155,6 +156,13 @@ def _distrust(
     reasons = []
     if used is not None and used.preemptions:
         reasons.append(f"{used.preemptions} preemption(s) at C={used.max_concurrency}")
+    if (
+        used is not None and point.source == "predicted" and used.repeats > 1
+        and used.output_throughput > 0
+        and (spread := (used.output_throughput_max - used.output_throughput_min)
+             / used.output_throughput) > NOISY_SPREAD
+    ):  # fmt: skip
+        reasons.append(f"C={used.max_concurrency} varied {spread:.0%} between its repeats")
     if used is not None and kv_tokens is not None:
         out, prompt = _tokens_per_request(used)
         need = min(cap, point.concurrency) * (out + (prompt or 0.0))
