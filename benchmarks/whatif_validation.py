@@ -106,7 +106,7 @@ async def sweep_at(
         boot = time.monotonic() - t0
         result = await run_sweep(
             SweepConfig(
-                base_url=url, levels=g["levels"], output_tokens=g["tokens"], repeats=1,
+                base_url=url, levels=g["levels"], output_tokens=g["tokens"], repeats=opts.repeats,
                 knobs={"max_num_seqs": cap}, sample_interval_s=0.2, api="completions",
             )
         )  # fmt: skip
@@ -195,6 +195,7 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--time-scale", type=float, default=10.0)
     ap.add_argument("--model", default="tiny-llama-deep")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per level in each sweep")
     ap.add_argument("--json", type=Path, help="write every round's figures here")
     ap.add_argument("--from-json", type=Path, help="print the summary of a saved run and stop")
     opts = ap.parse_args()
