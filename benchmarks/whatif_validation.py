@@ -42,8 +42,20 @@ from spark_ops.bench.sweep import SweepConfig, SweepResult, run_sweep  # noqa: E
 from spark_ops.bench.whatif import whatif_of  # noqa: E402
 
 GROUNDS: dict[str, dict[str, Any]] = {
-    "sim": {"levels": [1, 6, 16, 32, 64], "top": 64, "caps": [6, 16, 32], "tokens": 300},
-    "vllm": {"levels": [1, 4, 8, 16, 32], "top": 32, "caps": [4, 8, 16], "tokens": 128},
+    "sim": {
+        "levels": [1, 6, 16, 32, 64],
+        "top": 64,
+        "caps": [6, 16, 32],
+        "tokens": 300,
+        "api": "chat",
+    },
+    "vllm": {
+        "levels": [1, 4, 8, 16, 32],
+        "top": 32,
+        "caps": [4, 8, 16],
+        "tokens": 128,
+        "api": "completions",
+    },
 }
 
 
@@ -107,7 +119,7 @@ async def sweep_at(
         result = await run_sweep(
             SweepConfig(
                 base_url=url, levels=g["levels"], output_tokens=g["tokens"], repeats=opts.repeats,
-                knobs={"max_num_seqs": cap}, sample_interval_s=0.2, api="completions",
+                knobs={"max_num_seqs": cap}, sample_interval_s=0.2, api=g["api"],
             )
         )  # fmt: skip
     return result, boot

@@ -19,9 +19,10 @@ from spark_ops.sim.engine_config import cfg_float, cfg_get, time_scale
 class StepModel:
     """Decode step time t(B) = t0 + te*(1-(1-q)^B) + c*B, plus a prefill cost when requests join.
 
-    The API server hands requests to the engine core one at a time: each takes
-    frontend_s + frontend_per_running_s x (sequences running) of serial pre-processing first
-    (the staggered start that makes a burst's per-request average exceed aggregate / C).
+    The API server hands requests to the engine core one at a time: each takes frontend_s +
+    frontend_per_prompt_token_s x (its prompt tokens) + frontend_per_running_s x (sequences
+    running) of serial pre-processing first (the staggered start that makes a burst's
+    per-request average exceed aggregate / C; a short prompt passes almost at once).
     """
 
     t0: float
@@ -31,6 +32,7 @@ class StepModel:
     prefill_fixed: float = 0.0
     prefill_per_token: float = 0.0
     frontend_s: float = 0.0
+    frontend_per_prompt_token_s: float = 0.0
     frontend_per_running_s: float = 0.0
 
     @classmethod
@@ -44,12 +46,17 @@ class StepModel:
             prefill_fixed=cfg_float(cfg, "scheduler.prefill_fixed_s"),
             prefill_per_token=cfg_float(cfg, "scheduler.prefill_per_token_s"),
             frontend_s=cfg_float(cfg, "scheduler.frontend_s"),
+            frontend_per_prompt_token_s=cfg_float(cfg, "scheduler.frontend_per_prompt_token_s"),
             frontend_per_running_s=cfg_float(cfg, "scheduler.frontend_per_running_s"),
         )
 
-    def frontend_time(self, running: int) -> float:
+    def frontend_time(self, prompt_tokens: int, running: int) -> float:
         """Return the API server's emulated seconds for one request while `running` decode."""
-        return self.frontend_s + self.frontend_per_running_s * running
+        return (
+            self.frontend_s
+            + self.frontend_per_prompt_token_s * prompt_tokens
+            + self.frontend_per_running_s * running
+        )
 
     def decode_time(self, batch: int) -> float:
         """Return the emulated seconds of one decode step for a batch of `batch` sequences."""
@@ -182,15 +189,17 @@ class EngineCore:
         """
         while self.front:
             if self.front_ready_at is None:
-                cost = self.model.frontend_time(len(self.running)) / self.scale
-                self.front_ready_at = max(now, self.front[0].arrival_loop or now) + cost
+                head = self.front[0]
+                cost = self.model.frontend_time(head.prompt_tokens, len(self.running))
+                self.front_ready_at = max(now, head.arrival_loop or now) + cost / self.scale
             if self.front_ready_at > now:
                 return self.front_ready_at
             self.waiting.append(self.front.popleft())
             done_at, self.front_ready_at = self.front_ready_at, None
             if self.front:  # the next one starts where this one ended (no drift)
-                cost = self.model.frontend_time(len(self.running)) / self.scale
-                self.front_ready_at = max(done_at, self.front[0].arrival_loop or done_at) + cost
+                head = self.front[0]
+                cost = self.model.frontend_time(head.prompt_tokens, len(self.running))
+                self.front_ready_at = max(done_at, head.arrival_loop or done_at) + cost / self.scale
         return None
 
     def abort(self, req: Request) -> None:
