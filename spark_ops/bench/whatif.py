@@ -32,6 +32,7 @@ ASSUMPTIONS = (
     "the lower cap changes nothing else in the engine (memory profile, graphs, scheduling)",
 )
 PREDICTABLE_MODES = ("burst", "sustained")
+QUEUE_LOSS = 0.1  # a sweep that loses this much above its own cap: queues cost throughput
 NOISY_SPREAD = 0.2  # a base level whose repeats spread more than this cannot anchor a prediction
 
 
@@ -148,6 +149,23 @@ def _measured(lv: LevelResult) -> WhatIfPoint:
     )
 
 
+def queue_loss(by_c: dict[int, LevelResult], running_cap: int | None) -> float | None:
+    """How much the aggregate fell when requests waited behind the running cap (None: no fall).
+
+    The prediction assumes a waiting request costs nothing. A sweep that went above its own cap
+    shows whether that holds: if its highest level gives over QUEUE_LOSS less than the level at
+    the cap, queues cost throughput on this engine and every prediction with a queue is optimistic.
+    """
+    if running_cap is None or running_cap not in by_c:
+        return None
+    above = [c for c in by_c if c > running_cap]
+    base = by_c[running_cap].output_throughput
+    if not above or base <= 0:
+        return None
+    loss = by_c[max(above)].output_throughput / base - 1
+    return loss if loss < -QUEUE_LOSS else None
+
+
 def _distrust(
     point: WhatIfPoint, levels: dict[int, LevelResult], cap: int, kv_tokens: int | None
 ) -> None:
@@ -203,8 +221,13 @@ def predict_caps(
             else predict_point(base, cap, lv.max_concurrency, mode)
             for lv in sorted(levels, key=lambda x: x.max_concurrency)
         ]  # fmt: skip
+        loss = queue_loss(by_c, running_cap)
         for p in points:
             _distrust(p, by_c, cap, kv_tokens)
+            if loss is not None and p.source == "predicted":
+                why = f"a queue cost {-loss:.0%} at the running cap {running_cap}"
+                p.trusted = False
+                p.why_not = f"{p.why_not}; {why}" if p.why_not else why
         users = [(p.concurrency, p.per_user_tok_s or 0.0) for p in points]
         slo = slo_max_concurrency(users, slo_tok_s) if slo_tok_s else None
         out.append(WhatIfCap(cap, cap, points, slo))
