@@ -165,6 +165,11 @@ class ExperimentOutcome:
             "budget_after": self.budget_after,
             "state": self.state.to_dict(),
             "reading": self.reading.to_dict(),
+            "downtime": {
+                "restarts": self.state.restarts_done(),
+                "boot_s": self.state.downtime_s(),
+                "predicted": sorted(self.state.spec.predicted()),
+            },
         }
 
 
@@ -187,7 +192,7 @@ async def run_experiment(
     state.save(path)
     failure: SparkOpsError | None = None
     interrupted = False
-    configs = state.spec.configurations()
+    configs = state.spec.measured()
     try:
         for i, config in enumerate(configs, 1):
             name = label(config)
@@ -204,6 +209,8 @@ async def run_experiment(
             state.in_progress = None
             state.save(path)
             log.info("experiment_config_done", config=name)
+        if state.spec.confirm:
+            await _confirm(op, state, path, settings, hooks, secrets or {})
         state.status = "finished"
     except (asyncio.CancelledError, KeyboardInterrupt):
         task = asyncio.current_task()
@@ -269,7 +276,30 @@ async def _restore(
         "knobs": start,
         "restarted": done["restarted"],
         "pruned": done.get("pruned"),
+        "boot_s": done.get("boot_s"),
     }
+
+
+async def _confirm(
+    op: Any, state: ExperimentState, path: Path, settings: ApplySettings, hooks: Hooks,
+    secrets: dict[str, Any],
+) -> None:  # fmt: skip
+    """--confirm: when the recommended configuration was predicted, restart with it and sweep."""
+    winner = state.reading().recommended
+    predicted = state.spec.predicted()
+    if winner is None or winner not in predicted or winner in state.results:
+        hooks.note(f"--confirm: the recommendation ({winner}) was measured; no restart needed")
+        return
+    config = next(c for c in state.spec.every_configuration() if label(c) == winner)
+    hooks.note(f"--confirm: restarting with the predicted winner {winner} to measure it")
+    if hooks.on_config is not None:
+        hooks.on_config(len(state.spec.measured()) + 1, len(state.spec.measured()) + 1, winner)
+    state.in_progress = winner
+    state.save(path)
+    state.results[winner] = await _run_config(op, state, config, settings, hooks, secrets)
+    state.results[winner]["confirmed"] = True
+    state.in_progress = None
+    state.save(path)
 
 
 __all__ = [

@@ -48,6 +48,7 @@ def _config_reading(name: str, r: SweepResult) -> dict[str, Any]:
         "cap_is_knob": bool(cap.detected and cap.matches_knob),
         "aggregate": {lv.max_concurrency: lv.output_throughput for lv in r.levels},
         "per_user": {lv.max_concurrency: lv.per_user_tok_s for lv in r.levels},
+        "predicted_from": (r.config or {}).get("predicted_from"),
     }
 
 
@@ -113,10 +114,20 @@ def _level_lines(rows: list[dict[str, Any]], first: str) -> list[str]:
         cell = next(x for x in row["cells"] if x["label"] == row["best"])
         at = f"At {_users(row['concurrency'])}"
         if not row["clear"]:
-            lines.append(
-                f"{at}: no clear difference (all within {CLEAR_MARGIN - 1:.0%} of "
-                f"{cell['aggregate']:.0f} tok/s)."
+            top = cell["aggregate"]
+            near = [x for x in row["cells"] if x["aggregate"] is not None
+                    and x["aggregate"] * CLEAR_MARGIN >= top]  # fmt: skip
+            below = [x for x in row["cells"] if x["aggregate"] is not None and x not in near]
+            text = f"{at}: no clear difference"
+            text += (
+                f" (all within {CLEAR_MARGIN - 1:.0%} of {top:.0f} tok/s)."
+                if not below
+                else f" between {', '.join(x['label'] for x in near)} (within "
+                f"{CLEAR_MARGIN - 1:.0%} of {top:.0f} tok/s); "
+                + ", ".join(f"{x['label']} gives {x['aggregate']:.0f}" for x in below)
+                + "."
             )
+            lines.append(text)
             continue
         ratio = cell["ratio_aggregate"]
         vs = f", {ratio:.2f}x {first}" if row["best"] != first and ratio else ""
@@ -127,6 +138,8 @@ def _level_lines(rows: list[dict[str, Any]], first: str) -> list[str]:
 def _cap_line(cfg: dict[str, Any]) -> str:
     """Whether max_num_seqs capped one configuration, in words."""
     cap, name = cfg["cap"], cfg["label"]
+    if cfg.get("predicted_from"):
+        return f"{name}: predicted from the sweep at {cfg['predicted_from']} (no restart)."
     if not cfg["metrics"]:
         return f"{name}: cap unknown (the engine's /metrics was not readable)."
     if cfg["cap_is_knob"]:
@@ -184,6 +197,17 @@ def _recommendation(rec: dict[str, Any], top: int, n: int, slo: float | None) ->
     return text
 
 
+def _recommended(configs: list[dict[str, Any]], top: int) -> dict[str, Any]:
+    """Highest aggregate at the top level; within CLEAR_MARGIN of it, the highest cap wins.
+
+    Configurations that close are not told apart by a sweep (noise), and the higher cap admits
+    more requests at once: so a noisy tie is decided the same way in every run.
+    """
+    best = max(c["aggregate"].get(top) or 0.0 for c in configs)
+    close = [c for c in configs if (c["aggregate"].get(top) or 0.0) * CLEAR_MARGIN >= best]
+    return max(close, key=lambda c: (c["max_num_seqs"] or 0, c["aggregate"].get(top) or 0.0))
+
+
 def read_experiment(
     results: list[tuple[str, SweepResult]], *, slo_tok_s: float | None = None
 ) -> ExperimentReading:
@@ -194,7 +218,7 @@ def read_experiment(
     rows = _level_rows(configs)
     top = rows[-1]["concurrency"]
     measured = [c for c in configs if c["aggregate"].get(top) is not None] or configs
-    rec = max(measured, key=lambda c: c["aggregate"].get(top) or 0.0)
+    rec = _recommended(measured, top)
     neck = _bottleneck(configs)
     lines = [_bottleneck_line(neck)] if neck is not None else []
     lines.append(_recommendation(rec, top, len(configs), slo_tok_s))

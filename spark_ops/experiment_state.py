@@ -76,6 +76,9 @@ class ExperimentSpec:
     axes: dict[str, list[Any]]
     sweep: dict[str, Any]
     restore: bool = True
+    what_if_caps: list[int] = field(default_factory=list)  # lower caps predicted, never measured
+    measure_all: bool = False  # restart for every max_num_seqs value (no prediction)
+    confirm: bool = False  # restart to measure a predicted winner
 
     def validate(self) -> None:
         """Raise ExperimentError naming the first bad axis or value."""
@@ -103,6 +106,42 @@ class ExperimentSpec:
             dict(zip(names, combo, strict=True)) for combo in itertools.product(*self.axes.values())
         ]
 
+    def predicted(self) -> dict[str, dict[str, Any]]:
+        """Configurations read from a sweep at a higher cap: label -> the measured one's knobs.
+
+        For each combination of the other knobs only the highest max_num_seqs is measured; the
+        lower values (unless --measure-all) and every --what-if-cap below it are read from its
+        sweep without a restart. A predicted configuration is its base with its own cap.
+        """
+        if "max_num_seqs" not in self.axes:
+            return {}
+        asked = {int(v) for v in self.axes["max_num_seqs"]}
+        top = max(asked)
+        lower = sorted(
+            ({c for c in asked if not self.measure_all} | set(self.what_if_caps)) - {top}
+        )
+        out: dict[str, dict[str, Any]] = {}
+        for base in self.configurations():
+            if int(base["max_num_seqs"]) == top:
+                for cap in (c for c in lower if c < top):
+                    out[label({**base, "max_num_seqs": cap})] = base
+        return out
+
+    def every_configuration(self) -> list[dict[str, Any]]:
+        """Measured and predicted configurations: grouped by the other knobs, caps ascending."""
+        groups: dict[str, list[dict[str, Any]]] = {}
+        extra = [{**base, "max_num_seqs": _cap_of(name)} for name, base in self.predicted().items()]
+        for config in [*self.configurations(), *extra]:
+            row = groups.setdefault(label({**config, "max_num_seqs": None}), [])
+            if label(config) not in {label(c) for c in row}:
+                row.append(config)
+        return [c for row in groups.values() for c in sorted(row, key=_cap)]
+
+    def measured(self) -> list[dict[str, Any]]:
+        """The configurations that take a restart and a sweep, in the order given."""
+        skip = set(self.predicted())
+        return [c for c in self.configurations() if label(c) not in skip]
+
     def to_dict(self) -> dict[str, Any]:
         """Serialize for the state file."""
         return asdict(self)
@@ -110,7 +149,11 @@ class ExperimentSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExperimentSpec:
         """Rebuild from to_dict() output."""
-        return cls(data["cluster"], dict(data["axes"]), dict(data["sweep"]), bool(data["restore"]))
+        return cls(
+            data["cluster"], dict(data["axes"]), dict(data["sweep"]), bool(data["restore"]),
+            [int(c) for c in data.get("what_if_caps", [])], bool(data.get("measure_all", False)),
+            bool(data.get("confirm", False)),
+        )  # fmt: skip
 
 
 @dataclass
@@ -178,21 +221,59 @@ class ExperimentState:
         return cls.from_dict(data, source=str(path))
 
     def sweep_results(self) -> list[tuple[str, SweepResult]]:
-        """The finished configurations' sweeps, in plan order."""
+        """The finished configurations' sweeps, in plan order (measured ones only)."""
         out = []
-        for config in self.spec.configurations():
-            run = self.results.get(label(config))
+        names = [label(c) for c in self.spec.configurations()]
+        names += [n for n in self.spec.predicted() if n not in names]
+        for name in names:
+            run = self.results.get(name)
             if run is not None:
-                out.append(
-                    (label(config), SweepResult.from_dict(run["sweep"], source=label(config)))
-                )
+                out.append((name, SweepResult.from_dict(run["sweep"], source=name)))
+        return out
+
+    def all_results(self) -> list[tuple[str, SweepResult]]:
+        """Measured sweeps and the predicted ones (from their measured base), in plan order."""
+        from spark_ops.bench.whatif import predicted_sweep
+
+        measured = dict(self.sweep_results())
+        predicted = self.spec.predicted()
+        out = []
+        for config in self.spec.every_configuration():
+            name = label(config)
+            if name in measured:
+                out.append((name, measured[name]))
+            elif name in predicted and label(predicted[name]) in measured:
+                base_name = label(predicted[name])
+                out.append((name, predicted_sweep(measured[base_name], _cap(config), base_name)))
         return out
 
     def reading(self) -> Any:
-        """The comparison across the finished configurations (an ExperimentReading)."""
+        """The comparison across measured and predicted configurations (an ExperimentReading)."""
         from spark_ops.experiment_reading import read_experiment
 
-        return read_experiment(self.sweep_results(), slo_tok_s=self.spec.sweep.get("slo_tok_s"))
+        return read_experiment(self.all_results(), slo_tok_s=self.spec.sweep.get("slo_tok_s"))
+
+    def downtime_s(self) -> float:
+        """Seconds of boots this experiment spent (every restart, the restore's included)."""
+        boots = [r.get("apply", {}).get("boot_s") for r in self.results.values()]
+        boots.append((self.restore or {}).get("boot_s"))
+        return float(sum(b for b in boots if isinstance(b, int | float)))
+
+    def restarts_done(self) -> int:
+        """Restarts this experiment made (configurations that restarted, and the restore)."""
+        n = sum(1 for r in self.results.values() if r.get("apply", {}).get("restarted"))
+        return n + int(bool((self.restore or {}).get("restarted")))
+
+
+def _cap_of(name: str) -> int:
+    """The max_num_seqs in a configuration's label."""
+    return int(name.split("max_num_seqs=", 1)[1].split(",", 1)[0])
+
+
+def _cap(config: dict[str, Any]) -> int:
+    """A configuration's max_num_seqs (0 when it has none), for ordering."""
+    value = config.get("max_num_seqs")
+    return int(value) if value is not None else 0
 
 
 def knobs_of(knobs: dict[str, Any], axes: list[str]) -> tuple[Any, ...]:
@@ -213,6 +294,9 @@ class ExperimentPlan:
     restarts: int
     resumed: bool
     sweep: dict[str, Any]
+    predicted: list[dict[str, Any]] = field(default_factory=list)  # label, from (no restart)
+    restarts_if_all_measured: int = 0
+    confirm: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
@@ -227,7 +311,7 @@ def plan_experiment(
     position = knobs_of(current_knobs, axes)
     rows: list[dict[str, Any]] = []
     restarts = 0
-    for config in state.spec.configurations():
+    for config in state.spec.measured():
         done = label(config) in state.results
         restart = not done and knobs_of(config, axes) != position
         if not done:
@@ -237,6 +321,15 @@ def plan_experiment(
     start = {a: state.start_knobs.get(a) for a in axes}
     if state.spec.restore and position != knobs_of(state.start_knobs, axes):
         restarts += 1
+    full, pos = 0, knobs_of(current_knobs, axes)
+    for config in state.spec.every_configuration():
+        full += knobs_of(config, axes) != pos
+        pos = knobs_of(config, axes)
+    if state.spec.restore and pos != knobs_of(state.start_knobs, axes):
+        full += 1
+    predicted = [
+        {"label": name, "from": label(base)} for name, base in state.spec.predicted().items()
+    ]
     return ExperimentPlan(
         cluster=state.spec.cluster,
         state_path=str(state_path),
@@ -247,6 +340,9 @@ def plan_experiment(
         restarts=restarts,
         resumed=resumed,
         sweep=state.spec.sweep,
+        predicted=predicted,
+        restarts_if_all_measured=full,
+        confirm=state.spec.confirm,
     )
 
 
@@ -276,7 +372,7 @@ def start_state(
     if old is not None and old.status != "finished":
         raise ExperimentError(
             f"{path}: an unfinished experiment ({old.status}, "
-            f"{len(old.results)}/{len(old.spec.configurations())} configurations done) is recorded",
+            f"{len(old.results)}/{len(old.spec.measured())} configurations done) is recorded",
             hint="continue it with --resume, or choose another file with --state",
         )
     spec.validate()

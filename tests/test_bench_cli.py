@@ -153,3 +153,29 @@ def test_no_url_and_no_inventory(
         main(["bench", "--concurrency", "1", "--repeats", "1"])
     assert exc.value.code == ExitStatus.INVENTORY
     assert "pass --inventory FILE or set SPARK_OPS_INVENTORY" in capsys.readouterr().err
+
+
+def test_what_if_cap_adds_levels_and_reports(live_server: tuple[Any, str], tmp_path: Path) -> None:
+    """--what-if-cap 1: level 1 is swept, the what-if table, assumptions and JSON are written."""
+    _, url = live_server
+    out = tmp_path / "w.json"
+    args = ["--url", url, "--concurrency", "4", "--output-tokens", "10", "--repeats", "1"]
+    res = CliRunner().invoke(
+        cli, [*args, "--knob", "max_num_seqs=2", "--what-if-cap", "1", "--json", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    assert "What-if for lower caps, read from this sweep (running cap 2)" in res.output
+    assert "The prediction assumes: prefill and decode share the batch" in res.output
+    data = json.loads(out.read_text())
+    assert [lv["max_concurrency"] for lv in data["levels"]] == [1, 4]
+    curve = data["what_if"]["caps"][0]
+    assert curve["cap"] == 1
+    assert [(p["concurrency"], p["source"], p["queued"]) for p in curve["points"]] == [
+        (1, "measured", 0), (4, "predicted", 3),
+    ]  # fmt: skip
+    res = CliRunner().invoke(cli, [*args, "--knob", "max_num_seqs=2", "--what-if-cap", "8"])
+    assert (
+        res.exit_code == 0 and "what-if: --what-if-cap 8 is above the running cap 2" in res.output
+    )
+    res = CliRunner().invoke(cli, [*args, "--what-if-cap", "x"])
+    assert res.exit_code == 2 and "--what-if-cap" in res.output

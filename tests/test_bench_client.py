@@ -165,13 +165,21 @@ def test_bad_prompt_file_names_the_file_and_key(tmp_path: Path) -> None:
 
 
 def test_parse_prometheus_real_vllm_metrics() -> None:
-    """The real idle /metrics of vLLM's CPU build: counters and gauges at 0."""
-    values = parse_prometheus((FIXTURES / "metrics-idle.txt").read_text())
+    """The real idle /metrics of vLLM's CPU build: counters and gauges at 0, the KV pool."""
+    from spark_ops.bench.metrics import kv_pool_tokens
+
+    text = (FIXTURES / "metrics-idle.txt").read_text()
+    values = parse_prometheus(text)
     assert values == {
         "vllm:generation_tokens_total": 0.0,
         "vllm:num_requests_running": 0.0,
         "vllm:num_requests_waiting": 0.0,
+        "vllm:num_preemptions_total": 0.0,
     }
+    labels = [ln for ln in text.splitlines() if ln.startswith("vllm:cache_config_info{")]
+    blocks = int(labels[0].split('num_gpu_blocks="')[1].split('"')[0])
+    size = int(labels[0].split(',block_size="')[1].split('"')[0])
+    assert kv_pool_tokens(text) == blocks * size  # num_gpu_blocks x block_size
 
 
 def test_parse_prometheus_sums_engines() -> None:

@@ -94,7 +94,7 @@ async def test_sweep_against_sim_with_cap_of_six() -> None:
             SweepConfig(
                 base_url=url,
                 levels=[1, 6, 16],
-                output_tokens=60,
+                output_tokens=300,
                 repeats=1,
                 sample_interval_s=0.05,
                 knobs={"max_num_seqs": 6},
@@ -106,7 +106,7 @@ async def test_sweep_against_sim_with_cap_of_six() -> None:
     by_c = {lv.max_concurrency: lv for lv in result.levels}
     for lv in result.levels:
         assert lv.failed == 0 and lv.usage_reported
-        assert lv.total_output_tokens == 60 * lv.max_concurrency
+        assert lv.total_output_tokens == 300 * lv.max_concurrency
         # the engine's own counter agrees with the client's count (same tokens, same wall clock)
         assert lv.engine_output_throughput == pytest.approx(lv.output_throughput, rel=0.05)
     cap = result.reading.cap

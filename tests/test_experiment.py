@@ -95,9 +95,18 @@ def test_reading_cases(name: str) -> None:
 
 def test_plan_state_and_refusals(tmp_path: Path) -> None:
     """Cartesian product, restarts counted from the recipe, atomic state, refusals named."""
-    spec = ExperimentSpec(
-        "sim", {"max_num_seqs": [6, 64], "moe_backend": ["marlin", "cutlass"]}, {"levels": [1]}
-    )
+    axes = {"max_num_seqs": [6, 64], "moe_backend": ["marlin", "cutlass"]}
+    fewest = ExperimentSpec("sim", axes, {"levels": [1, 6]}, what_if_caps=[16])
+    assert fewest.predicted() == {
+        "max_num_seqs=6, moe_backend=marlin": {"max_num_seqs": 64, "moe_backend": "marlin"},
+        "max_num_seqs=16, moe_backend=marlin": {"max_num_seqs": 64, "moe_backend": "marlin"},
+        "max_num_seqs=6, moe_backend=cutlass": {"max_num_seqs": 64, "moe_backend": "cutlass"},
+        "max_num_seqs=16, moe_backend=cutlass": {"max_num_seqs": 64, "moe_backend": "cutlass"},
+    }
+    assert [label(c) for c in fewest.measured()] == [
+        "max_num_seqs=64, moe_backend=marlin", "max_num_seqs=64, moe_backend=cutlass"
+    ]  # fmt: skip
+    spec = ExperimentSpec("sim", axes, {"levels": [1]}, measure_all=True)
     assert [label(c) for c in spec.configurations()] == [
         "max_num_seqs=6, moe_backend=marlin", "max_num_seqs=6, moe_backend=cutlass",
         "max_num_seqs=64, moe_backend=marlin", "max_num_seqs=64, moe_backend=cutlass",
@@ -113,7 +122,12 @@ def test_plan_state_and_refusals(tmp_path: Path) -> None:
     plan = plan_experiment(state, knobs, path, resumed)
     # the first configuration is what runs: 3 restarts, then one to restore 6/marlin
     assert [r["restart"] for r in plan.configurations] == [False, True, True, True]
-    assert plan.restarts == 4
+    assert plan.restarts == 4 and plan.restarts_if_all_measured == 4 and not plan.predicted
+    few = plan_experiment(ExperimentState(fewest, dict(knobs)), knobs, path, False)
+    assert [r["restart"] for r in few.configurations] == [True, True]
+    # measuring all six (6, 16 and 64 with each backend) and the restore: 6 restarts
+    assert few.restarts == 3 and few.restarts_if_all_measured == 6
+    assert len(few.predicted) == 4
     state.results["max_num_seqs=6, moe_backend=marlin"] = {"sweep": {}}
     state.save(path)
     assert not list(tmp_path.glob(".*tmp")), "the temp file was renamed over the state"
@@ -184,7 +198,7 @@ async def test_failure_ends_in_restore_and_leftovers_are_pruned(
     op = type(
         "Op", (), {"watchdog": FakeWatchdog([(100.0, "watchdog: engine down"), (200.0, killed)])}
     )()
-    spec = ExperimentSpec("sim", {"max_num_seqs": [6, 64]}, {"slo_tok_s": 12})
+    spec = ExperimentSpec("sim", {"max_num_seqs": [6, 64]}, {"slo_tok_s": 12}, measure_all=True)
     state = ExperimentState(spec, {"max_num_seqs": 6}, in_progress="max_num_seqs=64")
     path = tmp_path / "exp.json"
     notes: list[str] = []
@@ -217,9 +231,12 @@ def test_bad_values_are_refused_before_connecting(name: str, tmp_path: Path) -> 
     assert case["stderr"] in res.stderr
 
 
+# The watchdog probes with a real completion, which waits behind a burst queued at cap 6 (64 x 300
+# tokens: 16 s here); at its default 5 s interval three timeouts restart the engine mid-sweep. The
+# slow tests below probe every 30 s (docs/experiments.md, "Limits").
 ARGS = [
-    "experiment", "--max-num-seqs", "6,64", "--concurrency", "1,6,16,64", "--output-tokens", "60",
-    "--slo-tok-s", str(9 * TIME_SCALE), "--yes",
+    "experiment", "--max-num-seqs", "6,64", "--concurrency", "1,6,16,64", "--output-tokens", "300",
+    "--slo-tok-s", str(9 * TIME_SCALE), "--measure-all", "--yes",
 ]  # fmt: skip
 
 
@@ -237,7 +254,7 @@ def test_experiment_6_vs_64_tells_the_notes_story(tmp_path: Path) -> None:
     """The cap-6 run plateaus, 64 gives ~3x at the top level, budget and recipe as before."""
     from spark_ops.sim.control import down
 
-    s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE)
+    s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE, watchdog_interval_s=30.0)
     try:
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
         history, recipe = s.history.read_bytes(), s.recipe.read_bytes()
@@ -270,7 +287,7 @@ def test_interrupted_experiment_restores_and_resumes(tmp_path: Path) -> None:
     measures only the second configuration."""
     from spark_ops.sim.control import down
 
-    s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE)
+    s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE, watchdog_interval_s=30.0)
     try:
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
         history = s.history.read_bytes()
@@ -313,3 +330,42 @@ def test_interrupted_experiment_restores_and_resumes(tmp_path: Path) -> None:
         assert "max_num_seqs: 6 " in s.recipe.read_text()
     finally:
         down(s.root)
+
+
+async def test_confirm_measures_a_predicted_winner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--confirm: 32 is predicted to beat the measured 64 at the top level, so it is measured."""
+    import spark_ops.experiment as experiment
+
+    swept: list[int] = []
+    curves = {
+        64: [(1, 69.0, 69.0), (32, 240.0, 9.0), (64, 96.0, 3.0)],  # collapses at 64 (preemption?)
+        32: [(1, 69.0, 69.0), (32, 240.0, 9.0), (64, 245.0, 4.5)],
+    }
+
+    async def run_config(op: Any, state: Any, config: dict[str, Any], *rest: Any) -> Any:
+        """Record the cap swept; return its synthetic sweep."""
+        cap = int(config["max_num_seqs"])
+        swept.append(cap)
+        data = sweep({"levels": curves[cap], "max_num_seqs": cap}, 12).to_dict()
+        return {"sweep": data, "budget_as_before": True, "knobs": config}
+
+    monkeypatch.setattr(experiment, "_run_config", run_config)
+    op = type("Op", (), {"watchdog": FakeWatchdog([])})()
+    spec = ExperimentSpec(
+        "sim", {"max_num_seqs": [32, 64]}, {"slo_tok_s": 12}, restore=False, confirm=True
+    )
+    state = ExperimentState(spec, {"max_num_seqs": 64})
+    notes: list[str] = []
+    outcome = await experiment.run_experiment(
+        op, state, tmp_path / "exp.json", hooks=experiment.Hooks(on_note=notes.append)
+    )
+    assert outcome.ok and swept == [64, 32]
+    assert state.results["max_num_seqs=32"]["confirmed"] is True
+    assert any(
+        "--confirm: restarting with the predicted winner max_num_seqs=32" in n for n in notes
+    )
+    assert outcome.reading.recommended == "max_num_seqs=32"
+    cfg = next(c for c in outcome.reading.configs if c["label"] == "max_num_seqs=32")
+    assert cfg["predicted_from"] is None, "the measurement replaced the prediction"

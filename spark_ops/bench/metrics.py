@@ -16,7 +16,23 @@ if TYPE_CHECKING:
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
-WANTED = (GENERATION_TOKENS, RUNNING, WAITING)
+PREEMPTIONS = "vllm:num_preemptions_total"
+WANTED = (GENERATION_TOKENS, RUNNING, WAITING, PREEMPTIONS)
+
+
+def kv_pool_tokens(metrics_text: str) -> int | None:
+    """The KV pool in tokens from `vllm:cache_config_info` (num_gpu_blocks x block_size)."""
+    from spark_ops.verify.parse import parse_cache_config_info
+
+    labels = parse_cache_config_info(metrics_text)
+    try:
+        return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return int(labels["kv_cache_size_tokens"])
+    except (KeyError, ValueError):
+        return None
 
 
 def parse_prometheus(text: str, names: tuple[str, ...] = WANTED) -> dict[str, float]:
@@ -69,6 +85,12 @@ class MetricsWatch:
             return self.after[GENERATION_TOKENS] - self.before[GENERATION_TOKENS]
         return None
 
+    def preempted(self) -> int | None:
+        """Preemptions the engine counted during the run, or None without the counter."""
+        if PREEMPTIONS in self.before and PREEMPTIONS in self.after:
+            return round(self.after[PREEMPTIONS] - self.before[PREEMPTIONS])
+        return None
+
 
 class MetricsScraper:
     """Scrapes /metrics; turns itself off (with one log line) when the server has none."""
@@ -78,6 +100,7 @@ class MetricsScraper:
         self.client = client
         self.interval_s = interval_s
         self.available = True
+        self.kv_tokens: int | None = None  # the KV pool, from the first scrape that shows it
         self._log = get_logger(op="bench")
 
     async def scrape(self) -> dict[str, float]:
@@ -93,6 +116,8 @@ class MetricsScraper:
             self._disable(f"HTTP {status}")
             return {}
         values = parse_prometheus(text)
+        if self.kv_tokens is None:
+            self.kv_tokens = kv_pool_tokens(text)
         if not values:
             self._disable("no vllm:* metrics in the response")
         return values

@@ -73,6 +73,7 @@ class RunStats:
     usage_reported: bool
     errors: dict[str, int] = field(default_factory=dict)
     client_cpu_s: float = 0.0
+    preemptions: int | None = None
     samples: list[tuple[float, float, float]] = field(default_factory=list)
     ttft_s: list[float] = field(default_factory=list, repr=False)
     itl_s: list[float] = field(default_factory=list, repr=False)
@@ -100,6 +101,7 @@ def summarize_run(
     engine_generated: float | None = None,
     client_cpu_s: float = 0.0,
     samples: Sequence[tuple[float, float, float]] = (),
+    preemptions: int | None = None,
 ) -> RunStats:
     """Figures of one run from its request records and the run's wall clock."""
     ok = [r for r in records if r.ok]
@@ -145,6 +147,7 @@ def summarize_run(
         usage_reported=all(r.usage_reported for r in ok),  # vacuously true if none completed
         errors=errors,
         client_cpu_s=client_cpu_s,
+        preemptions=preemptions,
         samples=list(samples),
         ttft_s=ttft,
         itl_s=itl,
@@ -209,6 +212,7 @@ class LevelResult:
     client_cpu_s: float
     max_running: float | None
     max_waiting: float | None
+    preemptions: int | None = None
     errors: dict[str, int] = field(default_factory=dict)
     samples: list[list[float]] = field(default_factory=list)
     runs: list[RunStats] = field(default_factory=list)
@@ -254,6 +258,7 @@ def summarize_level(runs: Sequence[RunStats]) -> LevelResult:
     per_user = statistics.fmean(users) if users else None
     duration = statistics.fmean(r.wall_s for r in runs)
     inputs = [r.input_tokens for r in runs if r.input_tokens is not None]
+    preempted = [r.preemptions for r in runs if r.preemptions is not None]
     running = [s[1] for r in runs for s in r.samples]
     waiting = [s[2] for r in runs for s in r.samples]
     return LevelResult(
@@ -301,6 +306,7 @@ def summarize_level(runs: Sequence[RunStats]) -> LevelResult:
         client_cpu_s=sum(r.client_cpu_s for r in runs),
         max_running=max(running) if running else None,
         max_waiting=max(waiting) if waiting else None,
+        preemptions=sum(preempted) if preempted else None,
         errors=errors,
         samples=[[round(s[0], 3), s[1], s[2]] for r in runs for s in r.samples],
         runs=list(runs),

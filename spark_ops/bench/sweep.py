@@ -120,6 +120,7 @@ class SweepResult:
     client_cpu_s: float = 0.0
     client_max_cpu_fraction: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    kv_pool_tokens: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize as a JSON-ready dict."""
@@ -138,6 +139,7 @@ class SweepResult:
             "client_cpu_s": self.client_cpu_s,
             "client_max_cpu_fraction": self.client_max_cpu_fraction,
             "warnings": list(self.warnings),
+            "kv_pool_tokens": self.kv_pool_tokens,
             "config": self.config,
             "reading": self.reading.to_dict(),
             "levels": [lv.to_dict() for lv in self.levels],
@@ -165,6 +167,7 @@ class SweepResult:
                 client_cpu_s=data.get("client_cpu_s", 0.0),
                 client_max_cpu_fraction=data.get("client_max_cpu_fraction", 0.0),
                 warnings=list(data.get("warnings", [])),
+                kv_pool_tokens=data.get("kv_pool_tokens"),
             )
         except (KeyError, TypeError) as exc:
             raise BenchError(f"{source}: bench result is missing or has a bad key: {exc}") from exc
@@ -280,6 +283,7 @@ async def _run_once(
         steady_fraction=cfg.steady_fraction,
         engine_generated=watch.generated(),
         client_cpu_s=cpu,
+        preemptions=watch.preempted(),
         samples=[(s.t - t0, s.running, s.waiting) for s in watch.samples],
     )
 
@@ -398,4 +402,5 @@ async def run_sweep(config: SweepConfig, *, on_level: LevelCallback | None = Non
         client_cpu_s=total_cpu,
         client_max_cpu_fraction=max_cpu_fraction,
         warnings=warnings,
+        kv_pool_tokens=scraper.kv_tokens if scraper is not None else None,
     )

@@ -49,6 +49,21 @@ def _parse_pairs(values: tuple[str, ...], option: str, sep: str) -> dict[str, st
     return out
 
 
+def parse_caps(text: str | None) -> list[int]:
+    """Parse --what-if-cap '6,16,32' into [6, 16, 32] (empty when not given)."""
+    if text is None:
+        return []
+    try:
+        caps = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r}: expected comma-separated integers, e.g. 6,16,32", param_hint="--what-if-cap"
+        ) from None
+    if not caps or caps[0] < 1:
+        raise click.BadParameter(f"{text!r}: every cap must be >= 1", param_hint="--what-if-cap")
+    return caps
+
+
 def _knob_value(text: str) -> Any:
     """Knob values as ints where they are integers, else the text."""
     return int(text) if text.lstrip("-").isdigit() else text
@@ -114,6 +129,12 @@ def _knob_value(text: str) -> Any:
 @click.option("--seed", type=int, default=0, show_default=True, help="Poisson arrivals seed.")
 @click.option("--no-metrics", is_flag=True, help="Do not scrape /metrics.")
 @click.option(
+    "--what-if-cap",
+    "what_if_cap",
+    help="Lower max-num-seqs values to predict from this sweep, comma-separated (e.g. 6,16,32); "
+    "each is added to the levels.",
+)
+@click.option(
     "--prompts",
     "prompts_path",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
@@ -158,6 +179,7 @@ def cli(
     knobs: tuple[str, ...],
     seed: int,
     no_metrics: bool,
+    what_if_cap: str | None,
     prompts_path: Path | None,
     json_path: Path | None,
     csv_path: Path | None,
@@ -172,12 +194,14 @@ def cli(
 
     from spark_ops.bench import report
     from spark_ops.bench.sweep import SweepConfig, run_sweep
+    from spark_ops.bench.whatif import levels_with_caps
 
+    caps = parse_caps(what_if_cap)
     config = SweepConfig(
         base_url=resolve_url(url) if url else "http://via-inventory",
         model=model,
         api=api,
-        levels=_parse_levels(concurrency),
+        levels=levels_with_caps(_parse_levels(concurrency), caps),
         output_tokens=output_tokens,
         mode=mode,
         duration_s=duration,
@@ -223,8 +247,25 @@ def cli(
     out.print(report.sweep_table(result))
     for line in report.reading_lines(result):
         out.print(line, highlight=False)
+    whatif = None
+    if caps:
+        from spark_ops.bench.report import whatif_lines, whatif_table
+        from spark_ops.bench.whatif import whatif_of
+        from spark_ops.errors import BenchError
+
+        try:
+            whatif = whatif_of(result, caps)
+        except BenchError as exc:
+            err.print(f"what-if: {exc.message}", highlight=False)
+        else:
+            out.print()
+            out.print(whatif_table(whatif))
+            for line in whatif_lines(whatif):
+                out.print(line, highlight=False)
     if json_path:
-        report.write_json(result, json_path)
+        report.write_json(
+            result, json_path, extra={"what_if": whatif.to_dict()} if whatif else None
+        )
     if csv_path:
         report.write_csv(result, csv_path)
     if plot_path:

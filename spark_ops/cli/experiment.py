@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from spark_ops.cli.bench import DEFAULT_CONCURRENCY, TABLE_WIDTH, _parse_levels
+from spark_ops.cli.bench import DEFAULT_CONCURRENCY, TABLE_WIDTH, _parse_levels, parse_caps
 from spark_ops.cli.common import load_cluster, run_async, step_reporter
 
 AXIS_OPTIONS = ("max_num_seqs", "moe_backend", "kv_cache_memory")
@@ -38,10 +38,16 @@ def _axes(kw: dict[str, Any]) -> dict[str, list[Any]]:
     return axes
 
 
-def _sweep_settings(kw: dict[str, Any]) -> dict[str, Any]:
-    """The bench settings every configuration is swept with (stored in the state file)."""
+def _sweep_settings(kw: dict[str, Any], caps: list[int]) -> dict[str, Any]:
+    """The bench settings every configuration is swept with (stored in the state file).
+
+    Every lower cap asked about is a level too: its prediction reads the sweep's level there.
+    """
+    from spark_ops.bench.whatif import levels_with_caps
+
+    levels = levels_with_caps(_parse_levels(kw["concurrency"]), caps)
     return {
-        "model": kw["model"], "api": kw["api"], "levels": _parse_levels(kw["concurrency"]),
+        "model": kw["model"], "api": kw["api"], "levels": levels,
         "output_tokens": kw["output_tokens"], "mode": kw["mode"], "duration_s": kw["duration"],
         "rate": kw["rate"], "repeats": kw["repeats"], "warmup": kw["warmup"],
         "slo_tok_s": kw["slo_tok_s"], "timeout_s": kw["timeout"], "seed": kw["seed"],
@@ -62,6 +68,10 @@ def echo_plan(plan: Any, n_done: int) -> None:
         what = "measured earlier: skipped" if row["done"] else (
             "restart" if row["restart"] else "no restart (the recipe already has it)")  # fmt: skip
         click.echo(f"  {i}. {row['label']}: {what}" + ("" if row["done"] else ", then a sweep"))
+    for row in plan.predicted:
+        click.echo(f"  -  {row['label']}: predicted from the sweep at {row['from']} (no restart)")
+    if plan.confirm:
+        click.echo("  then, if the recommendation is a predicted one: a restart to measure it")
     s = plan.sweep
     click.echo(
         f"  sweep: concurrency {','.join(map(str, s['levels']))}, {s['mode']}, "
@@ -78,10 +88,21 @@ def echo_plan(plan: Any, n_done: int) -> None:
         f"  restarts: {plan.restarts} planned (each a full boot{took}; each stamp pruned, the "
         "budget unchanged); the cluster lock is held throughout"
     )
+    click.echo("  " + downtime_line(plan.restarts, plan.restarts_if_all_measured, boot))
     click.echo("  Ctrl-C stops the run, restores the starting configuration; --resume continues.")
     click.echo(
         f"  state: {plan.state_path}" + (f" (resuming: {n_done} done)" if plan.resumed else "")
     )
+
+
+def downtime_line(restarts: int, full: int, boot_s: float) -> str:
+    """Expected downtime of the plan beside that of measuring every configuration."""
+    each = f" x ~{boot_s:.0f} s = ~{restarts * boot_s:.0f} s" if boot_s else ""
+    text = f"expected downtime: {restarts} boot(s){each} with nobody served"
+    if full > restarts:
+        also = f", ~{full * boot_s:.0f} s" if boot_s else ""
+        text += f" (measuring every configuration: {full} boots{also}; --measure-all)"
+    return text
 
 
 def _knobs(values: dict[str, Any]) -> str:
@@ -165,6 +186,9 @@ def render_report(outcome: Any, *, width: int = 160) -> str:
     state = outcome.state
     for name, result in state.sweep_results():
         run = state.results[name]
+        if run.get("confirmed"):
+            console.print()
+            console.print(f"{name}: measured to confirm the prediction (--confirm).")
         console.print()
         console.print(report.sweep_table(result))
         for line in report.reading_lines(result):
@@ -175,11 +199,12 @@ def render_report(outcome: Any, *, width: int = 160) -> str:
             + (" — as before." if run["budget_as_before"] else f"; new stamps {b['new_stamps']}."),
             highlight=False,
         )
+    _print_whatif(console, state)
     if len(outcome.reading.configs) > 1:
         console.print()
         console.print(compare_table(outcome.reading))
     console.print()
-    done, total = len(state.results), len(state.spec.configurations())
+    done, total = len(state.results), len(state.spec.measured())
     if done < total:
         console.print(f"Partial reading: {done} of {total} configurations measured.")
     for line in outcome.reading.lines:
@@ -188,10 +213,38 @@ def render_report(outcome: Any, *, width: int = 160) -> str:
     return console.export_text()
 
 
+def _print_whatif(console: Any, state: Any) -> None:
+    """Each measured sweep's what-if table for the lower caps predicted from it."""
+    from spark_ops.bench.report import whatif_lines, whatif_table
+    from spark_ops.bench.whatif import whatif_of
+    from spark_ops.errors import BenchError
+    from spark_ops.experiment_state import label
+
+    predicted = state.spec.predicted()
+    for name, result in state.sweep_results():
+        caps = sorted(
+            int(c["max_num_seqs"])
+            for c in state.spec.every_configuration()
+            if predicted.get(label(c)) == state.results[name]["knobs"]
+            and label(c) not in state.results
+        )
+        if not caps:
+            continue
+        console.print()
+        try:
+            whatif = whatif_of(result, caps)
+        except BenchError as exc:
+            console.print(f"what-if from {name}: {exc.message}", highlight=False)
+            continue
+        console.print(whatif_table(whatif))
+        for line in whatif_lines(whatif):
+            console.print(line, highlight=False)
+
+
 def _ending(outcome: Any) -> str:
     """How the run ended, the restore and the budget, in words."""
     state = outcome.state
-    done, total = len(state.results), len(state.spec.configurations())
+    done, total = len(state.results), len(state.spec.measured())
     if state.status == "finished":
         text = f"Experiment finished: {done}/{total} configurations measured."
     else:
@@ -211,6 +264,10 @@ def _ending(outcome: Any) -> str:
         text += (
             f" RESTORE FAILED ({r['error']}): put {_knobs(r['knobs'])} back with spark-ops apply."
         )
+    text += (
+        f" Downtime spent: {state.restarts_done()} boot(s), {state.downtime_s():.1f} s"
+        f" ({len(state.spec.predicted())} configuration(s) predicted without a restart)."
+    )
     before, after = outcome.budget_before, outcome.budget_after
     if after is not None:
         same = "as before" if before["stamps"] == after["stamps"] else "CHANGED"
@@ -228,6 +285,19 @@ def _ending(outcome: Any) -> str:
 )
 @click.option(
     "--enforce-eager/--no-enforce-eager", default=None, help="Set in every configuration."
+)
+@click.option(
+    "--what-if-cap",
+    "what_if_cap",
+    help="Lower max-num-seqs values to predict from the sweep at the highest (no restart).",
+)
+@click.option(
+    "--measure-all",
+    is_flag=True,
+    help="Restart and sweep every --max-num-seqs value (no prediction of the lower ones).",
+)
+@click.option(
+    "--confirm", is_flag=True, help="Restart to measure the recommendation when it was predicted."
 )
 @click.option("--concurrency", default=DEFAULT_CONCURRENCY, show_default=True, help="Levels.")
 @click.option("--output-tokens", type=click.IntRange(min=1), default=300, show_default=True)
@@ -293,12 +363,28 @@ def cli(ctx: click.Context, **kw: Any) -> int:
     axes = _axes(kw)
     if not axes and not kw["resume"]:
         raise click.UsageError("nothing to compare: give values, e.g. --max-num-seqs 6,64")
-    sweep = _sweep_settings(kw)
+    what_if = parse_caps(kw["what_if_cap"])
+    seqs = [int(v) for v in axes.get("max_num_seqs", []) if isinstance(v, int)]
+    if what_if and not seqs:
+        raise click.BadParameter(
+            "a what-if reads lower caps from a sweep at a higher one: give --max-num-seqs too",
+            param_hint="--what-if-cap",
+        )
+    if what_if and max(what_if) >= max(seqs):
+        raise click.BadParameter(
+            f"{max(what_if)} is not below the highest --max-num-seqs ({max(seqs)}): raising the "
+            "cap takes a restart, give it in --max-num-seqs",
+            param_hint="--what-if-cap",
+        )
+    sweep = _sweep_settings(kw, sorted(set(seqs) | set(what_if)))
     if axes:  # every value checked before connecting: the option and value are named
         ExperimentSpec("", axes, sweep).validate()
     cluster = load_cluster(ctx)
     path = kw["state_path"] or default_state_path(cluster.name)
-    spec = ExperimentSpec(cluster.name, axes, sweep, restore=not kw["no_restore"])
+    spec = ExperimentSpec(
+        cluster.name, axes, sweep, restore=not kw["no_restore"], what_if_caps=what_if,
+        measure_all=kw["measure_all"], confirm=kw["confirm"],
+    )  # fmt: skip
     settings = ApplySettings(drain=not kw["no_drain"], deadline_s=kw["deadline"], force=kw["force"])
     progress = _Progress(cluster.name)
     hooks = Hooks(progress.on_config, progress.on_step, progress.on_event, progress.on_level,

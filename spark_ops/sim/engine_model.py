@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import itertools
 import time
 import zlib
@@ -16,7 +17,13 @@ from spark_ops.sim.engine_config import cfg_float, cfg_get, time_scale
 
 @dataclass(frozen=True)
 class StepModel:
-    """Decode step time t(B) = t0 + te*(1-(1-q)^B) + c*B, plus a prefill cost when requests join."""
+    """Decode step time t(B) = t0 + te*(1-(1-q)^B) + c*B, plus a prefill cost when requests join.
+
+    The API server hands requests to the engine core one at a time: each takes frontend_s +
+    frontend_per_prompt_token_s x (its prompt tokens) + frontend_per_running_s x (sequences
+    running) of serial pre-processing first (the staggered start that makes a burst's
+    per-request average exceed aggregate / C; a short prompt passes almost at once).
+    """
 
     t0: float
     te: float
@@ -24,6 +31,9 @@ class StepModel:
     c: float
     prefill_fixed: float = 0.0
     prefill_per_token: float = 0.0
+    frontend_s: float = 0.0
+    frontend_per_prompt_token_s: float = 0.0
+    frontend_per_running_s: float = 0.0
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> StepModel:
@@ -35,6 +45,17 @@ class StepModel:
             c=cfg_float(cfg, "scheduler.c_s"),
             prefill_fixed=cfg_float(cfg, "scheduler.prefill_fixed_s"),
             prefill_per_token=cfg_float(cfg, "scheduler.prefill_per_token_s"),
+            frontend_s=cfg_float(cfg, "scheduler.frontend_s"),
+            frontend_per_prompt_token_s=cfg_float(cfg, "scheduler.frontend_per_prompt_token_s"),
+            frontend_per_running_s=cfg_float(cfg, "scheduler.frontend_per_running_s"),
+        )
+
+    def frontend_time(self, prompt_tokens: int, running: int) -> float:
+        """Return the API server's emulated seconds for one request while `running` decode."""
+        return (
+            self.frontend_s
+            + self.frontend_per_prompt_token_s * prompt_tokens
+            + self.frontend_per_running_s * running
         )
 
     def decode_time(self, batch: int) -> float:
@@ -104,6 +125,7 @@ class Request:
     seed: int = 0
     rid: int = field(default_factory=lambda: next(_ids))
     arrival: float = field(default_factory=time.monotonic)
+    arrival_loop: float | None = None  # the loop's clock at submission (set by submit callers)
     generated: int = 0
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -140,6 +162,8 @@ class EngineCore:
         self.kv_tokens = max(1, kv_tokens)
         self.block_size = int(cfg_get(cfg, "memory.block_size"))
         self.max_catch_up = cfg_float(cfg, "scheduler.max_catch_up_s")
+        self.front: deque[Request] = deque()  # in the API server, not yet in the engine core
+        self.front_ready_at: float | None = None  # when the head of `front` reaches the core
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = Stats()
@@ -151,9 +175,32 @@ class EngineCore:
 
     # -- API side -------------------------------------------------------------------------
     def submit(self, req: Request) -> None:
-        """Queue a request (FIFO) and wake the loop."""
-        self.waiting.append(req)
+        """Queue a request (FIFO) behind the API server's pre-processing and wake the loop."""
+        if req.arrival_loop is None:
+            with contextlib.suppress(RuntimeError):
+                req.arrival_loop = asyncio.get_running_loop().time()
+        self.front.append(req)
         self._arrived.set()
+
+    def advance_front(self, now: float) -> float | None:
+        """Move requests the API server has finished by `now` to waiting; return the next's time.
+
+        `now` and the returned time are in the loop's clock (real seconds, i.e. emulated / scale).
+        """
+        while self.front:
+            if self.front_ready_at is None:
+                head = self.front[0]
+                cost = self.model.frontend_time(head.prompt_tokens, len(self.running))
+                self.front_ready_at = max(now, head.arrival_loop or now) + cost / self.scale
+            if self.front_ready_at > now:
+                return self.front_ready_at
+            self.waiting.append(self.front.popleft())
+            done_at, self.front_ready_at = self.front_ready_at, None
+            if self.front:  # the next one starts where this one ended (no drift)
+                head = self.front[0]
+                cost = self.model.frontend_time(head.prompt_tokens, len(self.running))
+                self.front_ready_at = max(done_at, head.arrival_loop or done_at) + cost / self.scale
+        return None
 
     def abort(self, req: Request) -> None:
         """Drop a request (client went away or shutdown) and count it as aborted."""
@@ -163,17 +210,21 @@ class EngineCore:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        elif req in self.front:
+            if self.front[0] is req:
+                self.front_ready_at = None
+            self.front.remove(req)
         self._finish(req, "abort")
 
     def abort_all(self) -> None:
         """Abort every running and waiting request."""
-        for req in [*self.running, *self.waiting]:
+        for req in [*self.running, *self.waiting, *self.front]:
             self.abort(req)
 
     @property
     def in_flight(self) -> int:
-        """Return running plus waiting requests."""
-        return len(self.running) + len(self.waiting)
+        """Return running plus waiting requests (those still in the API server included)."""
+        return len(self.running) + len(self.waiting) + len(self.front)
 
     def _blocks(self, tokens: int) -> int:
         """Return the KV blocks that hold this many tokens."""
@@ -254,9 +305,12 @@ class EngineCore:
         loop = asyncio.get_running_loop()
         deadline = loop.time()
         while not self.stopped:
+            next_front = self.advance_front(loop.time())
             if self.wedged or not (self.running or self.waiting):
                 self._arrived.clear()
-                await self._arrived.wait()
+                wait = None if next_front is None else max(0.0, next_front - loop.time())
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), wait)
                 deadline = loop.time()
                 continue
             joining = self._admit()
@@ -277,3 +331,46 @@ class EngineCore:
         """Stop the loop after the current step."""
         self.stopped = True
         self._arrived.set()
+
+
+@dataclass(frozen=True)
+class BurstTimes:
+    """One request of a virtual burst: emulated seconds from the send to its first, last token."""
+
+    first_token_s: float
+    end_s: float
+
+
+def virtual_burst(
+    cfg: dict[str, Any], *, concurrency: int, cap: int, output_tokens: int, prompt_tokens: int,
+    kv_tokens: int = 10**9, max_num_batched_tokens: int = 8192,
+) -> list[BurstTimes]:  # fmt: skip
+    """Run the engine core's own scheduling on a virtual clock: `concurrency` requests sent at once.
+
+    The same front end, admission, preemption and step times as the serving loop, without
+    sleeping: what the sim would measure on an idle machine (emulated seconds).
+    """
+    core = EngineCore(
+        {**cfg, "time_scale": 1.0}, max_num_seqs=cap,
+        max_num_batched_tokens=max_num_batched_tokens, kv_tokens=kv_tokens,
+    )  # fmt: skip
+    reqs = [Request(prompt_tokens, output_tokens, arrival=0.0, arrival_loop=0.0)]
+    reqs += [
+        Request(prompt_tokens, output_tokens, arrival=0.0, arrival_loop=0.0)
+        for _ in range(concurrency - 1)
+    ]
+    for req in reqs:
+        core.front.append(req)
+    now = 0.0
+    while not all(r.done for r in reqs):
+        next_front = core.advance_front(now)
+        if not (core.running or core.waiting):
+            if next_front is None:
+                raise RuntimeError("virtual burst stalled with requests unfinished")
+            now = next_front
+            continue
+        joining = core._admit()
+        core._preempt_if_full()
+        now += core.model.decode_time(len(core.running)) + core.model.prefill_time(joining)
+        core._emit(now, 0.0)
+    return [BurstTimes(r.first_token_at or 0.0, r.last_token_at or 0.0) for r in reqs]
