@@ -107,7 +107,7 @@ class Operation:
 
     def engine(self, timeout: float = 10.0) -> Any:
         """An EngineAPI client bound to the resolved URL (use after api_url())."""
-        from spark_ops.engine_api import EngineAPI
+        from spark_ops.engine import EngineAPI
 
         assert self._api_url is not None
         return EngineAPI(self._api_url, timeout=timeout, model=self.cluster.engine.model)
