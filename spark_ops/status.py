@@ -53,7 +53,7 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
         except SparkOpsError as exc:
             data["budget"] = {"error": exc.message}
         data["engine"]["effective"] = await _effective_args(op)
-    data["last_boot"] = _last_boot(cluster.name)
+    data["last_boot"] = _last_boot(cluster)
     return data
 
 
@@ -69,11 +69,11 @@ async def _effective_args(op: Any) -> dict[str, Any] | None:
         return None
 
 
-def _last_boot(cluster: str) -> dict[str, Any] | None:
+def _last_boot(cluster: Cluster) -> dict[str, Any] | None:
     """How long the last boot spark-ops watched took (from this machine's boot history)."""
-    from spark_ops.readiness import BootHistory
+    from spark_ops.readiness import BootHistory, history_key
 
-    rec = BootHistory().previous(cluster)
+    rec = BootHistory().previous(history_key(cluster))
     if not rec:
         return None
     return {"started_at": rec.get("started_at"), "total_s": rec.get("total_s")}

@@ -271,14 +271,16 @@ def make_reporter(
     estimates: dict[str, float] | None = None,
     history_path: str | os.PathLike[str] | None = None,
     tty: bool | None = None,
+    history: str | None = None,
 ) -> JsonLinesReporter | LiveReporter:
     """A reporter for a boot of `cluster`: live view on a TTY, else JSON lines on stderr.
 
-    ETAs come from `estimates` or, when not given, from the boot history file.
+    ETAs come from `estimates` or, when not given, from the boot history file under the key
+    `history` (the cluster's identity, readiness.history_key; default its name).
     """
     out = stream if stream is not None else sys.stderr
     if estimates is None:
-        estimates = BootHistory(history_path).estimate(cluster)
+        estimates = BootHistory(history_path).estimate(history or cluster)
     if tty is None:
         isatty = getattr(out, "isatty", None)
         tty = bool(isatty and isatty())

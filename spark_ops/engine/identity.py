@@ -208,7 +208,9 @@ async def current_instance(
     head = cluster.head.name
     source = identity_source(cluster)
     if source == "docker":
-        cmd = f"docker inspect -f {quote_path(_DOCKER_FMT)} {quote_path(eng.log_target)} 2>/dev/null"
+        cmd = (
+            f"docker inspect -f {quote_path(_DOCKER_FMT)} {quote_path(eng.log_target)} 2>/dev/null"
+        )
         res = await session.run(head, cmd, check=False, timeout=10)
         return _parse_docker(res.stdout) if res.exit_code == 0 else None
     if source == "systemd":
@@ -238,6 +240,8 @@ def is_new(
     if instance is None:
         return None
     if old is not None:
+        if instance.source == "pid_file" and instance.pid == old.pid and not instance.alive:
+            return False  # the pid file still names the outgoing engine, now gone
         return instance.key != old.key
     if instance.started_at is not None:
         return instance.started_at >= restart_at - START_SLACK_S

@@ -128,9 +128,7 @@ _STOP_RE = re.compile(
     r"received signal=SIG\w+|shutdown triggered|^KeyboardInterrupt(?::|$)|Received signal SIG"
 )
 # The first lines of an engine's start: the banner's version line and the effective args.
-_START_RE = re.compile(
-    r"\u2588\s+version \d|non-default args:|vLLM API server version \d"
-)
+_START_RE = re.compile(r"\u2588\s+version \d|non-default args:|vLLM API server version \d")
 _PROC_PID_RE = re.compile(r"^(?P<name>[\w:.-]+)\s+pid=(?P<pid>\d+)")
 
 # (phase, pattern) for lines that only mark a phase and carry no data of their own.

@@ -292,9 +292,7 @@ class WatchdogContract:
 
     def restart_command(self, reason: str) -> str:
         """The inventory's restart command with {reason} and {by} filled in (one pass, quoted)."""
-        return fill_restart_command(
-            self.wd.restart_command, {"reason": reason, "by": operator()}
-        )
+        return fill_restart_command(self.wd.restart_command, {"reason": reason, "by": operator()})
 
     async def entries(self) -> list[HistEntry]:
         """Every well-formed history entry with its exact line, in file order."""

@@ -722,9 +722,7 @@ def note_planned(
     journal = journal or default_journal(path)
     with locked(lock or default_lock(path), lock_timeout):
         records, _ = read_journal(journal)
-        known = any(
-            _is_planned(rec, planned_by) and rec.get("stamp") == stamp for rec in records
-        )
+        known = any(_is_planned(rec, planned_by) and rec.get("stamp") == stamp for rec in records)
         if not known:
             _append_journal(
                 journal,

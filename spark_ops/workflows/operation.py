@@ -49,6 +49,8 @@ class Outcome:
     budget: dict[str, Any] | None = None
     rolled_back: bool = False
     error: dict[str, Any] | None = None
+    boots: list[dict[str, Any]] = field(default_factory=list)  # every boot followed, rollback's too
+    warnings: list[str] = field(default_factory=list)  # e.g. gave-up appeared during the apply
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
@@ -62,6 +64,8 @@ class Outcome:
             "budget": self.budget,
             "rolled_back": self.rolled_back,
             "error": self.error,
+            "boots": self.boots,
+            "warnings": self.warnings,
         }
 
 
