@@ -89,7 +89,7 @@ if [ -n "$pid" ] && read -r line < "/proc/$pid/stat" 2>/dev/null; then
   set -- ${line##*) }
   [ "$3" = "$pid" ] && lead=$pid
 fi
-ps -e -o pid=,ppid=,pgid=,stat=,etimes=,comm= | awk -v root="${pid:--1}" -v keep="$keep" \
+ps -ww -e -o pid=,ppid=,pgid=,stat=,etimes=,comm=,args= | awk -v root="${pid:--1}" -v keep="$keep" \
   -v grp="$grp" -v lead="$lead" '
   { n++; id[n]=$1; pp[n]=$2; pg[n]=$3; line[n]=$0 }
   END {
@@ -101,6 +101,15 @@ ps -e -o pid=,ppid=,pgid=,stat=,etimes=,comm= | awk -v root="${pid:--1}" -v keep
           || (lead != "" && pg[i] == lead)) print "P " line[i]
   }'
 """
+
+
+def _full_name(comm: str, args: str) -> str:
+    """The process name: comm (cut at 15 characters by the kernel), made whole from its command
+    line when that holds it (vLLM titles its processes `VLLM::EngineCore`, `VLLM::Worker_TP0`)."""
+    for word in args.split():
+        if len(comm) >= 15 and word.startswith(comm):
+            return word[:60]
+    return comm
 
 
 def _parse_pid_probe(text: str, previous: EngineInstance | None) -> EngineInstance | None:
@@ -125,11 +134,12 @@ def _parse_pid_probe(text: str, previous: EngineInstance | None) -> EngineInstan
                 pgid = int(fields[2])
                 start = round(btime + int(fields[19]) / hz, 2)
         elif tag == "P":
-            parts = rest.split(None, 5)
-            if len(parts) == 6 and not parts[3].startswith(("Z", "X")):
+            parts = rest.split(None, 6)
+            if len(parts) >= 6 and not parts[3].startswith(("Z", "X")):
                 n, pp, g = int(parts[0]), int(parts[1]), int(parts[2])
                 started = round(now - float(parts[4]), 0)
-                procs.append(Proc(n, pp, g, parts[3], started, parts[5].strip()))
+                name = _full_name(parts[5], parts[6] if len(parts) > 6 else "")
+                procs.append(Proc(n, pp, g, parts[3], started, name))
     if pid is None:
         return None
     alive = start is not None

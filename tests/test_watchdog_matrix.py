@@ -1,0 +1,257 @@
+"""The watchdog behaviour matrix: an operator's own bash watchdog of the stamp contract, one
+behaviour per cell (tests/fixtures/watchdog_matrix/cells.yaml), on the embedded cluster and on
+OpenSSH. Every cell must end in a true verdict: the new engine serves with the planned args, the
+history is exactly as before (the planned stamp removed), and what the watchdog did meanwhile
+(gave-up) is reported. Also: the engine's API server killed mid-boot, its survivors named.
+
+SPARK_OPS_FAULT_RECORD=FILE appends one JSON line per cell (docs/reliability.md's matrix).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import REPO, start_sim
+from ground.cluster import SparkGround, make_spark_ground, run_cli, write_as
+from ground.sshd import SshdCluster
+from test_faults import record, run_and_act, sim_serving
+
+from spark_ops.errors import ExitStatus
+
+pytestmark = pytest.mark.slow
+
+HERE = REPO / "tests" / "fixtures" / "watchdog_matrix"
+CELLS = yaml.safe_load((HERE / "cells.yaml").read_text(encoding="utf-8"))
+WD = (HERE / "wd.sh").read_text(encoding="utf-8")
+
+RUN_RECIPE_SIM = """#!@PYTHON@
+\"\"\"run-recipe RECIPE: render a recipe and start its command detached (pid file, log).\"\"\"
+import os
+import subprocess
+import sys
+
+from spark_ops.recipe import render_recipe
+
+path = sys.argv[1]
+with open(path, encoding="utf-8") as fh:
+    rendered = render_recipe(fh.read(), source=path)
+with open(os.path.expanduser("~/engine.log"), "ab") as log:
+    proc = subprocess.Popen(
+        rendered.argv, env=dict(os.environ, **rendered.env), stdin=subprocess.DEVNULL,
+        stdout=log, stderr=log, start_new_session=True, cwd=os.path.dirname(path),
+    )
+pid_file = "@PIDFILE@"
+with open(pid_file + ".tmp", "w", encoding="utf-8") as fh:
+    fh.write(f"{proc.pid}\\n")
+os.replace(pid_file + ".tmp", pid_file)
+"""
+
+
+@dataclass
+class Ground:
+    """One ground with the bash watchdog installed: where its files are, how to run the CLI."""
+
+    kind: str
+    env: dict[str, str]
+    home: Path
+    pid_file: Path
+    write: Callable[[Path, str, int], Any]
+
+    @property
+    def history(self) -> Path:
+        """The bash watchdog's history."""
+        return self.home / ".wd" / "restart_history"
+
+    def lines(self) -> list[str]:
+        """The history's lines, verbatim."""
+        return self.history.read_text().splitlines()
+
+    def engine_pid(self) -> int:
+        """The pid the pid file names."""
+        return int(self.pid_file.read_text().split()[0])
+
+
+def _inventory(text: str, reports_stamp: bool) -> str:
+    """The ground's inventory with the bash watchdog as its watchdog (no journal)."""
+    data = yaml.safe_load(text)
+    cluster = next(iter(data["clusters"].values()))
+    cluster["watchdog"] = {
+        "restart_command": "wd --restart-now --force",
+        "reports_stamp": reports_stamp,
+        "history_file": "~/.wd/restart_history",
+        "history_format": "stamps",
+        "pause_file": "~/.wd/pause",
+        "gave_up_file": "~/.wd/gave-up",
+        "python": cluster["watchdog"].get("python", "python3"),
+        "budget": {"max_restarts": 2, "window_s": 21600},
+    }
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def _install(g: Ground, pid_file: str, port: int, recipe: str, behaviour: dict[str, Any]) -> None:
+    """Put wd on the head's PATH, its behaviour and a history with earlier entries."""
+    script = WD.replace("@PIDFILE@", pid_file).replace("@RECIPE@", recipe)
+    g.write(g.home / "bin" / "wd", script.replace("@PORT@", str(port)), 0o755)
+    g.write(
+        g.home / ".wd" / "behaviour", "".join(f"{k}={v}\n" for k, v in behaviour.items()), 0o644
+    )
+    now = int(time.time())
+    g.write(g.history, f"{now - 30000}\n{now - 7200}\n", 0o644)
+
+
+@contextlib.contextmanager
+def sim_ground(tmp: Path, cell: dict[str, Any], **sim: Any) -> Iterator[Ground]:
+    """The embedded cluster with the bash watchdog (the reference daemon paused)."""
+    from spark_ops.sim.control import down
+
+    s = start_sim(tmp / "sim", **sim)
+    try:
+        sim_serving(s)
+        state = s.head / ".local" / "state" / "spark-watchdog"
+        (state / "pause").write_text("matrix: the bash watchdog is in charge\n")
+
+        def write(path: Path, text: str, mode: int) -> None:
+            """Write a file on the head."""
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            path.chmod(mode)
+
+        pid_file = state / "engine.pid"
+        g = Ground("sim", {}, s.head, pid_file, write)
+        run_recipe = RUN_RECIPE_SIM.replace("@PYTHON@", sys.executable)
+        write(s.head / "bin" / "run-recipe", run_recipe.replace("@PIDFILE@", str(pid_file)), 0o755)
+        _install(g, str(pid_file), s.state["engine_port"], str(s.recipe), cell["behaviour"])
+        inv = tmp / "inventory.yaml"
+        inv.write_text(_inventory(s.inventory.read_text(), cell["reports_stamp"]))
+        g.env = dict(os.environ, SPARK_OPS_INVENTORY=str(inv))
+        g.env.pop("SPARK_OPS_CLUSTER", None)
+        yield g
+    finally:
+        down(s.root)
+
+
+@contextlib.contextmanager
+def openssh_ground(cluster: SshdCluster, tmp: Path, cell: dict[str, Any]) -> Iterator[Ground]:
+    """The OpenSSH ground with the bash watchdog (its own run-recipe launcher)."""
+    sg: SparkGround = make_spark_ground(cluster, tmp / "spark")
+    head = sg.head
+
+    def write(path: Path, text: str, mode: int) -> None:
+        """Write a file owned by the head's user."""
+        write_as(head, path, text, mode)
+
+    pid_file = head.home / ".watchdog" / "engine.pid"
+    g = Ground("openssh", {}, head.home, pid_file, write)
+    _install(g, str(pid_file), sg.engine_port, str(sg.recipe), cell["behaviour"])
+    inv = tmp / "inventory-wd.yaml"
+    inv.write_text(_inventory(sg.inventory.read_text(), cell["reports_stamp"]))
+    g.env = dict(sg.env(), SPARK_OPS_INVENTORY=str(inv))
+    yield g
+
+
+def _params() -> list[Any]:
+    """One test per cell and ground."""
+    out = []
+    for cell in CELLS:
+        for ground in cell["grounds"]:
+            marks = [pytest.mark.openssh] if ground == "openssh" else []
+            out.append(pytest.param(cell, ground, id=f"{ground}-{cell['cell']}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize(("cell", "ground"), _params())
+def test_watchdog_cell(
+    cell: dict[str, Any], ground: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """apply through the operator's watchdog: the new engine's verdict, the history as before."""
+    if ground == "sim":
+        cm = sim_ground(tmp_path, cell)
+    else:
+        cm = openssh_ground(request.getfixturevalue("openssh_cluster"), tmp_path, cell)
+    with cm as g:
+        before, old_pid = g.lines(), g.engine_pid()
+        started = time.monotonic()
+        res = run_cli(
+            g.env, "apply", "--max-num-seqs", "64", "--yes", "--json", "--no-drain",
+            "--deadline", "150",
+        )  # fmt: skip
+        took = time.monotonic() - started
+        out: dict[str, Any] = {}
+        with contextlib.suppress(ValueError):
+            out = json.loads(res.stdout)
+        after = g.lines()
+        record(
+            f"matrix-{cell['cell']}", g.kind, cell["cell"], exit=res.returncode,
+            message=(out.get("error") or {}).get("message", "ok") if res.returncode else "ok",
+            seconds=round(took, 1), boot_s=(out.get("boot") or {}).get("total_s"),
+            history_before=len(before), history_after=len(after), lost=0,
+            kept="history as before (planned stamp removed)" if after == before else "CHANGED",
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert out["boot"]["non_default_args"]["max_num_seqs"] == 64, "the NEW engine's args"
+        assert all(c["ok"] for c in out["checks"]), out["checks"]
+        assert g.engine_pid() != old_pid, "a new engine serves"
+        assert len(out["pruned"]) == 1 and after == before, (before, after, out["pruned"])
+        if cell.get("warning"):
+            assert any(cell["warning"] in w for w in out["warnings"]), out["warnings"]
+
+
+@pytest.mark.parametrize("ground", ["sim", pytest.param("openssh", marks=pytest.mark.openssh)])
+def test_api_server_killed_mid_boot_names_survivors(
+    ground: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """SIGKILL of the new engine's API server while weights load: exit 7, its children named."""
+    cell = {"behaviour": {"MODE": "sync"}, "reports_stamp": False}
+    if ground == "sim":
+        cm = sim_ground(tmp_path, cell, boot_scale=4.0)
+    else:
+        cm = openssh_ground(request.getfixturevalue("openssh_cluster"), tmp_path, cell)
+    with cm as g:
+        cfg = g.home / "engine.yaml" if ground == "openssh" else g.home.parents[1] / "engine.yaml"
+        g.write(cfg, cfg.read_text() + "spawn_children: true\n", 0o644)
+        before = g.lines()
+
+        def kill() -> None:
+            """SIGKILL the API server only (not its group)."""
+            os.kill(g.engine_pid(), signal.SIGKILL)
+
+        code, out, err, acted, took = run_and_act(
+            g.env,
+            ["restart", "--yes", "--json", "--no-drain", "--deadline", "120"],
+            lambda d: d.get("event") == "boot-phase" and d.get("phase") == "WEIGHTS_LOADING",
+            kill,
+        )
+        assert acted, err[-2000:]
+        at: dict[str, float] = {}
+        for line in err.splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                d = json.loads(line)
+                if d.get("event") == "boot-fatal" or d.get("phase") == "WEIGHTS_LOADING":
+                    at.setdefault(d.get("event", ""), float(d["elapsed_s"]))
+        named_after = at.get("boot-fatal", 0.0) - at.get("boot-phase", 0.0)
+        message = next(
+            (json.loads(x)["message"] for x in err.splitlines() if '"error"' in x and x[0] == "{"),
+            err[-500:],
+        )
+        pgid = g.engine_pid()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)  # the survivors, once named
+        record(f"api-server-killed-{ground}", g.kind, "the API server SIGKILLed mid-boot",
+               exit=code, message=message[:300], seconds=round(took, 1), lost=0,
+               named_after_kill_s=round(named_after, 1),
+               kept="survivors named; planned stamp pruned")  # fmt: skip
+        assert code == ExitStatus.BOOT_FAILED, err[-3000:]
+        assert "still running:" in message and "VLLM::EngineCore" in message, message
+        assert "kill -TERM --" in err, "the command that stops them is shown"
+        assert g.lines() == before, "the planned stamp pruned"
