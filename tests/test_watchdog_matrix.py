@@ -226,7 +226,7 @@ def test_api_server_killed_mid_boot_names_survivors(
             """SIGKILL the API server only (not its group)."""
             os.kill(g.engine_pid(), signal.SIGKILL)
 
-        code, out, err, acted, took = run_and_act(
+        code, _, err, acted, took = run_and_act(
             g.env,
             ["restart", "--yes", "--json", "--no-drain", "--deadline", "120"],
             lambda d: d.get("event") == "boot-phase" and d.get("phase") == "WEIGHTS_LOADING",
@@ -237,21 +237,31 @@ def test_api_server_killed_mid_boot_names_survivors(
         for line in err.splitlines():
             with contextlib.suppress(ValueError, AttributeError):
                 d = json.loads(line)
-                if d.get("event") == "boot-fatal" or d.get("phase") == "WEIGHTS_LOADING":
-                    at.setdefault(d.get("event", ""), float(d["elapsed_s"]))
+                ev = d.get("event")
+                if ev == "boot-fatal" or (ev == "boot-phase" and d["phase"] == "WEIGHTS_LOADING"):
+                    at.setdefault(ev, float(d["elapsed_s"]))
         named_after = at.get("boot-fatal", 0.0) - at.get("boot-phase", 0.0)
         message = next(
             (json.loads(x)["message"] for x in err.splitlines() if '"error"' in x and x[0] == "{"),
             err[-500:],
         )
+        status = json.loads(run_cli(g.env, "status", "--json").stdout)["engine"]
+        doctor = run_cli(g.env, "doctor", "--json")
         pgid = g.engine_pid()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)  # the survivors, once named
+        assert status["effective"] is None, "a dead engine's args are not effective"
+        assert [p["name"] for p in status["leftovers"]] == ["VLLM::EngineCore", "VLLM::Worker_TP0"]
+        assert status["leftovers_fix"] == f"kill -TERM -- -{pgid}", status
+        left = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "engine-leftovers"]
+        assert left and left[0]["status"] == "fail" and "VLLM::EngineCore" in left[0]["detail"]
         record(f"api-server-killed-{ground}", g.kind, "the API server SIGKILLed mid-boot",
                exit=code, message=message[:300], seconds=round(took, 1), lost=0,
                named_after_kill_s=round(named_after, 1),
                kept="survivors named; planned stamp pruned")  # fmt: skip
         assert code == ExitStatus.BOOT_FAILED, err[-3000:]
         assert "still running:" in message and "VLLM::EngineCore" in message, message
-        assert "kill -TERM --" in err, "the command that stops them is shown"
+        errors = [x for x in err.splitlines() if x.startswith('{"error"')]
+        hint = json.loads(errors[-1]).get("hint", "") if errors else err[-2000:]
+        assert "kill -TERM --" in hint, (hint, json.loads(errors[-1])["message"])
         assert g.lines() == before, "the planned stamp pruned"

@@ -88,6 +88,8 @@ if [ -n "$pid" ] && read -r line < "/proc/$pid/stat" 2>/dev/null; then
   echo "S $line"
   set -- ${line##*) }
   [ "$3" = "$pid" ] && lead=$pid
+elif [ -n "$pid" ]; then
+  lead=$pid  # gone: a leader's group outlives it (started with setsid, as watchdogs do)
 fi
 ps -ww -e -o pid=,ppid=,pgid=,stat=,etimes=,comm=,args= | awk -v root="${pid:--1}" -v keep="$keep" \
   -v grp="$grp" -v lead="$lead" '
@@ -150,6 +152,8 @@ def _parse_pid_probe(text: str, previous: EngineInstance | None) -> EngineInstan
         key = previous.key if same and previous is not None else f"{pid}@gone"
         start = previous.started_at if same and previous is not None else None
         pgid = previous.pgid if same and previous is not None else None
+        if pgid is None and any(p.pgid == pid for p in procs):
+            pgid = pid  # a dead leader's group, still holding its children
     return EngineInstance("pid_file", key, alive, pid, start, pgid, tuple(procs))
 
 
@@ -272,3 +276,49 @@ def survivors(instance: EngineInstance) -> list[Proc]:
     if instance.alive:
         return []
     return [p for p in instance.members if p.pid != instance.pid]
+
+
+# Engine-like processes on the head: vLLM's titled processes and `vllm serve` command lines. A
+# process whose environment is readable and names another HOME belongs to another account (or,
+# on a test ground, another node sharing the kernel): it is not this cluster's.
+_ENGINE_PROCS = r"""
+echo "T $(date +%s.%N) 0 100"
+ps -ww -e -o pid=,ppid=,pgid=,stat=,etimes=,comm=,args= | awk -v me=$$ '
+  $1 != me && $2 != me \
+    && ($6 ~ /^VLLM::/ || $0 ~ /vllm serve|vllm\.entrypoints|sim\.engine serve/) {
+    print "P " $0 }' \
+| while read -r tag pid rest; do
+  if [ -r "/proc/$pid/environ" ]; then
+    tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qxF "HOME=$HOME" || continue
+  fi
+  echo "P $pid $rest"
+done
+"""
+
+
+async def leftovers(
+    session: ClusterSession, cluster: Cluster
+) -> tuple[EngineInstance | None, list[Proc], list[Proc]]:
+    """The engine instance the head runs; the processes a dead instance left (its tree and
+    group: a killed API server's EngineCore and workers); other engine processes outside it (an
+    earlier engine that never stopped, or one this account cannot tell is not the cluster's)."""
+    instance = await current_instance(session, cluster)
+    res = await session.run(cluster.head.name, sh_program(_ENGINE_PROCS), check=False, timeout=15)
+    seen = _parse_pid_probe("F 0\n" + res.stdout, None)
+    procs = list(seen.members) if seen is not None else []
+    own = survivors(instance) if instance is not None else []
+    mine = {p.pid for p in (instance.members if instance is not None else ())} | {
+        p.pid for p in own
+    }
+    if instance is not None and instance.pid:
+        mine.add(instance.pid)
+    others = [p for p in procs if p.pid not in mine]
+    return instance, sorted(own, key=lambda p: p.pid), sorted(others, key=lambda p: p.pid)
+
+
+def stop_hint(procs: list[Proc]) -> str:
+    """The command that stops leftover processes (their groups when they share one)."""
+    groups = sorted({p.pgid for p in procs})
+    if len(groups) <= 2:
+        return "kill -TERM -- " + " ".join(f"-{g}" for g in groups)
+    return "kill -TERM " + " ".join(str(p.pid) for p in procs)

@@ -544,8 +544,11 @@ async def wait_for_boot(
                     boot.fatal_at = None
                 else:
                     error = boot.fatal_error(best)
-                    if boot.exited_at is not None and boot.instance is not None:
-                        error.message += _survivors_text(boot.instance)
+                    view = boot.instance
+                    if boot.exited_at is not None and view is not None:
+                        error.message += _survivors_text(view)
+                        if view.survivors and view.stop_hint:
+                            error.hint = f"{view.stop_hint}; then {error.hint}"
                     raise error
             exited_for = now - boot.exited_at if boot.exited_at is not None else -1.0
             if exited_for >= max(fatal_grace_s, 1.0) and t.best_fatal() is None:

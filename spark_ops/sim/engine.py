@@ -288,7 +288,7 @@ def _spawn_children() -> list[subprocess.Popen[bytes]]:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         for name in ("VLLM::EngineCore", "VLLM::Worker_TP0")
     ]
 
