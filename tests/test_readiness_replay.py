@@ -121,3 +121,14 @@ async def test_wait_for_boot_through_a_real_restart_log() -> None:
     )  # fmt: skip
     assert report.non_default_args["max_num_seqs"] == 64
     assert report.kv_cache_tokens == 524_288 and report.warnings == []
+
+
+def test_real_starting_is_broken_into_steps() -> None:
+    """The real CPU build's long STARTING: api-config, engine-core, workers, in that order."""
+    tracker = BootTracker()
+    steps = [tracker.step]
+    for line in _boot("serve-startup.log"):
+        tracker.feed(line)
+        if tracker.step != steps[-1]:
+            steps.append(tracker.step)
+    assert steps == ["imports", "api-config", "engine-core", "workers"]

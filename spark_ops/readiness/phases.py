@@ -129,6 +129,13 @@ _STOP_RE = re.compile(
 )
 # The first lines of an engine's start: the banner's version line and the effective args.
 _START_RE = re.compile(r"\u2588\s+version \d|non-default args:|vLLM API server version \d")
+# STARTING is long on a real vLLM (imports, the API server's config, the EngineCore and its
+# workers spawned): its steps, in order, each from the first line that shows it.
+STARTING_STEPS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("api-config", re.compile(r"non-default args:|\u2588\s+version \d")),
+    ("engine-core", re.compile(r"Initializing a V1 LLM engine|^EngineCore\b")),
+    ("workers", re.compile(r"^(?:\w*Worker\w*|RayWorker\w*)\b|world_size=\d")),
+)
 _PROC_PID_RE = re.compile(r"^(?P<name>[\w:.-]+)\s+pid=(?P<pid>\d+)")
 
 # (phase, pattern) for lines that only mark a phase and carry no data of their own.
@@ -378,6 +385,7 @@ class BootTracker:
         self.segment_stopped = False  # the current segment's engine was told to stop
         self.awaiting_start = after_restart
         self.outgoing_lines = 0  # lines attributed to an outgoing engine
+        self.step = "imports"  # where STARTING is (see STARTING_STEPS)
 
     @property
     def old_engine(self) -> bool:
@@ -487,6 +495,12 @@ class BootTracker:
         ):
             self.segment_stopped = True  # a teardown that began before this log's first line
 
+        if self.phase is Phase.STARTING:
+            ranks = [name for name, _ in STARTING_STEPS]
+            at = ranks.index(self.step) if self.step in ranks else -1
+            for i, (name, pattern) in enumerate(STARTING_STEPS):
+                if i > at and (pattern.search(info.message) or pattern.search(proc or "")):
+                    self.step, at = name, i
         new_phase: Phase | None = None
         if info.phase is not None and info.phase.rank > self.phase.rank:
             self.phase = info.phase
@@ -520,6 +534,7 @@ class BootTracker:
     def _new_engine(self) -> None:
         """A new engine starts after lines of the one before it (still booting at the restart)."""
         self.phase = Phase.STARTING
+        self.step = "imports"
         self.kv_cache_tokens = None
         self.kv_cache_blocks = None
         self.api_url = None

@@ -56,8 +56,11 @@ InstanceWatch = Callable[[], Awaitable["InstanceView | None"]]
 class BootEvent:
     """One thing that happened during a boot, for progress display.
 
-    kind: "phase" (a phase was reached; READY too), "line" (every log line), "workers" (Ray
-    workers joined or missing changed), "tick" (about once a second), "fatal" / "timeout" (just
+    kind: "start" (a boot begins: the rollback's too), "engine" (a new engine's first line after
+    another engine's: its phases start over), "step" (a step of STARTING: api-config,
+    engine-core, workers), "phase" (a phase was reached; READY too), "line"
+    (every log line), "workers" (Ray workers joined or missing changed), "instance" (the new
+    engine instance seen, or seen dead), "tick" (about once a second), "fatal" / "timeout" (just
     before raising).
     """
 
@@ -205,9 +208,14 @@ class _Boot:
 
     def feed(self, line: str) -> None:
         """Classify a line, update state and emit its events."""
+        segments, step = self.tracker.segments, self.tracker.step
         info, new_phase, fatal = self.tracker.feed(line)
         line = line.rstrip("\r\n")
         now = self.clock()
+        if self.tracker.segments != segments and (segments or self.tracker.outgoing_lines):
+            # a new engine's first line after another engine's: its phases start here
+            self.phase_times = {Phase.STARTING: now - self.start}
+            self.emit("engine", line, outgoing_lines=self.tracker.outgoing_lines)
         if "placement_wait_s" in info.data and self.pg_first_seen is None:
             self.pg_first_seen = now
             self.pg_first_reported = int(info.data["placement_wait_s"])
@@ -215,6 +223,8 @@ class _Boot:
         if fatal is not None:
             data["fatal"] = fatal.kind.value
         self.emit("line", line, **data)
+        if self.tracker.step != step and self.tracker.phase is Phase.STARTING:
+            self.emit("step", line, step=self.tracker.step)
         if new_phase is not None:
             self.phase_times[new_phase] = now - self.start
             self.emit(
@@ -495,6 +505,7 @@ async def wait_for_boot(
         raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
     boot = _Boot(on_event, expect_graph_capture, clock, tracker)
     deadline = boot.start + deadline_s
+    boot.emit("start", None)
     boot.emit("phase", None, expected=[p.value for p in boot.expected()])
     tasks = [
         asyncio.create_task(_read(lines, boot), name="boot-lines"),
