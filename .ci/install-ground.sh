@@ -29,6 +29,9 @@ else
 fi
 mkdir -p /run/sshd && chmod 0755 /run/sshd
 
+# 1b. Docker (docker.io; dockerd without a bridge or iptables): engines in real containers.
+bash "$REPO/.ci/install-docker.sh"
+
 [[ "$WITH_VLLM" == 1 ]] || { log "done (--no-vllm) in $((SECONDS - t_all)) s"; exit 0; }
 
 # 2. venv with vLLM's CPU build and the CPU torch.

@@ -30,13 +30,14 @@ from spark_ops.errors import ExitStatus
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
 
 MODELS = VENV / "models"
-# C=16 on the 8-layer tiny model, best of 5 each: see docs/test-ground.md for the runs. The issue
-# asks for 2x; on 2 cores shared with other engineers' runs single benches swing by +-20%, so the
-# test fails below 1.8x and prints the figures every time.
-MIN_RATIO = 1.8
-# Each bench is ~2 s; one run can land on a burst of other work, so each cap is measured 5 times
-# and its best run kept.
-BENCH_RUNS = 5
+# The cap is asserted as behaviour, from the engine's own scheduler gauges sampled during a C=16
+# sweep: at cap 6 no sample shows more than 6 running requests while others wait; at cap 64 more
+# than 6 run at once. The speed-up itself is a measurement, not a test: benchmarks/realvllm_caps.py.
+CONCURRENCY = 16
+OLD_CAP, NEW_CAP = 6, 64
+# A sample every 0.5 s can miss a short run; a sweep is repeated (at most this often) until the
+# gauges have shown what the cap allows.
+BENCH_RUNS = 4
 
 RECIPE = """# tiny-llama on vLLM's CPU build, for spark-ops' real-engine tests (written by the test)
 recipe_version: "1"
@@ -138,49 +139,56 @@ def _apply(s: Sim, *args: str) -> tuple[int, dict[str, Any], str, float]:
 
 
 def _bench(s: Sim, tmp: Path, cap: int) -> dict[str, Any]:
-    """`spark-ops bench --concurrency 16 --repeats 1 --output-tokens 128`; the level's figures.
+    """`spark-ops bench --concurrency 16 --repeats 1 --output-tokens 192`; the level's figures.
 
-    The engine is reached directly on loopback (`--url`): through the embedded cluster's asyncssh
-    tunnel the streamed chunks top out near 1,700 tok/s on this machine whatever the cap, which
-    would measure the tunnel, not the engine.
+    The engine is reached directly on loopback (`--url`), as the throughput benchmark does: the
+    gauges are the engine's own, whatever carries the requests.
     """
     path = tmp / f"bench-{cap}.json"
     res = run_cli(
         _env(s),
         "bench", "--url", f"http://127.0.0.1:{s.state['engine_port']}",
-        "--concurrency", "16", "--repeats", "1", "--output-tokens", "128",
+        "--concurrency", str(CONCURRENCY), "--repeats", "1", "--output-tokens", "192",
         "--knob", f"max_num_seqs={cap}", "--json", str(path),
         timeout=300,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
-    return dict(json.loads(path.read_text()))
+    result = dict(json.loads(path.read_text()))
+    (level,) = [lv for lv in result["levels"] if int(lv["max_concurrency"]) == CONCURRENCY]
+    assert level["failed"] == 0 and level["completed"] == CONCURRENCY, level.get("errors")
+    return dict(level)
 
 
-def _tok_s(result: dict[str, Any]) -> float:
-    """Aggregate output tok/s of the C=16 level from a bench JSON result."""
-    for level in result["levels"]:
-        if int(level["max_concurrency"]) == 16:
-            return float(level["output_throughput"])
-    raise AssertionError(f"no C=16 throughput in the bench result: {json.dumps(result)[:1500]}")
+def _gauges(s: Sim, tmp: Path, cap: int) -> list[tuple[float, float]]:
+    """(running, waiting) gauge samples of C=16 sweeps, until the cap's behaviour shows."""
+    seen: list[tuple[float, float]] = []
+    for _ in range(BENCH_RUNS):
+        level = _bench(s, tmp, cap)
+        seen += [(float(r), float(w)) for _t, r, w in level["samples"]]
+        if cap <= CONCURRENCY and any(r == cap and w > 0 for r, w in seen):
+            break  # the cap bound: as many running as it allows, the rest waiting
+        if cap > CONCURRENCY and any(r > OLD_CAP for r, _w in seen):
+            break  # more than the old cap at once
+    return seen
 
 
 @pytest.mark.timeout(900)
 def test_real_vllm_apply_bench_and_refused_backend(real_sim: Sim, tmp_path: Path) -> None:
-    """Cap 6 then 64 through spark-ops; C=16 throughput rises; triton on MoE fails, rolls back."""
+    """Cap 6 then 64 through spark-ops; the cap binds, then lifts; triton on MoE rolls back."""
     s = real_sim
     log = s.head / "engine.log"
     timings: dict[str, float] = {}
 
-    figures: dict[str, float] = {}
-    runs: dict[int, list[float]] = {}
-    for cap in (6, 64):
+    samples: dict[int, list[tuple[float, float]]] = {}
+    for cap in (OLD_CAP, NEW_CAP):
         offset = log.stat().st_size
         # the first apply also sets the KV memory: the recipe written above says 2G while the
         # simulated engine serves, so spark-ops' KV-pool check expects (and accepts) a new pool
-        # and the model: the 8-layer tiny model, whose decode step costs enough per step that
-        # batching shows on a CPU (the 2-layer one measured ~1.8x here, this one 2.3-2.5x)
+        # and the model: the 8-layer tiny model, whose decode steps last long enough for the
+        # 0.5 s gauge samples to see the batch (benchmarks/realvllm_caps.py measures its speed-up)
         first = ["--kv-cache-memory", "1G", "--set", f"model_path={MODELS}/tiny-llama-deep"]
-        code, out, err, took = _apply(s, "--max-num-seqs", str(cap), *(first if cap == 6 else []))
+        extra = first if cap == OLD_CAP else []
+        code, out, err, took = _apply(s, "--max-num-seqs", str(cap), *extra)
         failed = [c for c in out.get("checks", []) if not c["ok"]]
         assert code == 0, f"failed checks {failed}; {err[-2000:]}"
         timings[f"apply {cap}"] = took
@@ -197,17 +205,19 @@ def test_real_vllm_apply_bench_and_refused_backend(real_sim: Sim, tmp_path: Path
         assert out["stamp"] is not None and out["pruned"] == [out["stamp"]]
         assert all(c["ok"] for c in out["checks"]), out["checks"]
         started = time.monotonic()
-        runs[cap] = [_tok_s(_bench(s, tmp_path, cap)) for _ in range(BENCH_RUNS)]
-        figures[f"cap{cap}"] = max(runs[cap])
+        samples[cap] = _gauges(s, tmp_path, cap)
         timings[f"bench {cap}"] = time.monotonic() - started
 
-    ratio = figures["cap64"] / figures["cap6"]
     print(
-        f"\nreal vLLM C=16 aggregate (best of {BENCH_RUNS}): cap 6 {figures['cap6']:.0f} tok/s, "
-        f"cap 64 {figures['cap64']:.0f} tok/s, ratio {ratio:.2f}x; runs {runs}; "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"\nreal vLLM C={CONCURRENCY} scheduler gauges (running, waiting): "
+        f"cap {OLD_CAP} {samples[OLD_CAP]}; cap {NEW_CAP} {samples[NEW_CAP]}"
     )
-    assert ratio >= MIN_RATIO, figures
+    old, new = samples[OLD_CAP], samples[NEW_CAP]
+    assert old and new, "the engine's /metrics gave running/waiting samples"
+    assert max(r for r, _w in old) <= OLD_CAP, f"cap {OLD_CAP} let more run at once: {old}"
+    assert any(r == OLD_CAP and w > 0 for r, w in old), f"cap {OLD_CAP} never bound: {old}"
+    assert max(r for r, _w in new) > OLD_CAP, f"cap {NEW_CAP} ran no more than {OLD_CAP}: {new}"
+    assert max(r for r, _w in new) <= CONCURRENCY, new
 
     before = s.recipe.read_bytes()
     code, out, err, took = _apply(

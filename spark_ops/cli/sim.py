@@ -30,24 +30,35 @@ def cli() -> None:
 @click.option("--boot-scale", type=float, default=4.0, show_default=True,
               help="Stretch the boot phases so they can be watched.")  # fmt: skip
 @click.option("--fault", help="Engine fault to inject (exit_during_weights, kv_alloc_fail, …).")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Return once the engine serves, not when the nodes listen.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 def up(root: Path, nodes: int, max_num_seqs: int, time_scale: float, boot_scale: float,
-       fault: str | None, as_json: bool) -> None:  # fmt: skip
+       fault: str | None, wait: bool, as_json: bool) -> None:  # fmt: skip
     """Lay out and start the embedded cluster in the background."""
     from spark_ops.sim.cluster import SimOptions
     from spark_ops.sim.control import up as sim_up
+    from spark_ops.sim.control import wait_serving
 
     opts = SimOptions(
         nodes=nodes, time_scale=time_scale, boot_scale=boot_scale, fault=fault,
         max_num_seqs=max_num_seqs,
     )  # fmt: skip
     state = sim_up(root, opts)
+    if wait and not fault:
+        if not as_json:
+            click.echo("Embedded cluster's nodes listen; waiting for the engine's first boot …")
+        state["engine_ready_after_s"] = round(wait_serving(state), 1)
     if as_json:
         emit_json(state)
         return
     click.echo(
         f"Embedded cluster up: {nodes} nodes on 127.0.0.1 ports {list(state['ports'].values())}"
     )
+    if "engine_ready_after_s" in state:
+        click.echo(f"Engine serving after {state['engine_ready_after_s']} s")
+    else:
+        click.echo("Engine still booting (--no-wait or a fault): requests are refused until then")
     click.echo(f"Inventory: {state['inventory']}")
     click.echo(f"  export SPARK_OPS_INVENTORY={state['inventory']}")
 

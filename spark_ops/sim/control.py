@@ -68,6 +68,31 @@ def up(
     )
 
 
+def wait_serving(state: dict[str, Any], timeout: float = 120.0) -> float:
+    """Wait until the cluster's engine answers GET /v1/models; return the seconds waited.
+
+    `up()` returns once the nodes listen; the engine's first boot goes on behind them, and a
+    request sent before it serves is refused. SimError when it does not serve by the deadline.
+    """
+    import urllib.error
+    import urllib.request
+
+    url = f"http://127.0.0.1:{int(state['engine_port'])}/v1/models"
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return time.monotonic() - started
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise SimError(
+        f"the embedded cluster's engine did not serve within {timeout:.0f} s",
+        hint=f"see {state.get('root', '.sim')}/nodes/node1/engine.log",
+    )
+
+
 def down(root: Path, timeout: float = 20.0) -> bool:
     """Stop the embedded cluster; True when one was running."""
     state = read_state(root.resolve())
