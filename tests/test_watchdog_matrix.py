@@ -25,7 +25,7 @@ import yaml
 from conftest import REPO, start_sim
 from ground.cluster import SparkGround, make_spark_ground, run_cli, write_as
 from ground.sshd import SshdCluster
-from test_faults import record, run_and_act, sim_serving
+from test_faults import record, run_and_act, run_until_step, sim_serving
 
 from spark_ops.errors import ExitStatus
 
@@ -77,8 +77,15 @@ class Ground:
         """The history's lines, verbatim."""
         return self.history.read_text().splitlines()
 
+    container: str = ""
+    port: int = 0
+
     def engine_pid(self) -> int:
-        """The pid the pid file names."""
+        """The pid the pid file names (a container: its id's first 12 hex digits as a number)."""
+        if self.container:
+            from ground.docker import docker
+
+            return int(docker("inspect", "-f", "{{.Id}}", self.container).strip()[:12], 16)
         return int(self.pid_file.read_text().split()[0])
 
 
@@ -160,14 +167,92 @@ def openssh_ground(cluster: SshdCluster, tmp: Path, cell: dict[str, Any]) -> Ite
     yield g
 
 
+RECIPE_ARGV = """#!@PYTHON@
+\"\"\"recipe-argv RECIPE: the recipe's command line, NUL-separated (for `docker run`).\"\"\"
+import sys
+
+from spark_ops.recipe import render_recipe
+
+with open(sys.argv[1], encoding="utf-8") as fh:
+    rendered = render_recipe(fh.read(), source=sys.argv[1])
+sys.stdout.write("".join(a + "\\0" for a in rendered.argv))
+"""
+
+
+@contextlib.contextmanager
+def sim_docker_ground(tmp: Path, cell: dict[str, Any]) -> Iterator[Ground]:
+    """The embedded cluster with its engine in a real Docker container (--network host), run by
+    the operator's bash watchdog; log `{kind: docker}`, no pid file."""
+    import shlex
+
+    from ground.docker import LABEL, docker, ensure_image, host_mounts, sweep_stale
+
+    sweep_stale()
+    image = ensure_image()
+    name = f"spark-ops-h12-engine-{os.getpid()}"
+    with sim_ground(tmp, cell) as g:
+        sim_root = g.home.parents[1]
+        old_pid = g.engine_pid()  # the engine the sim started: its environment, then it goes
+        environ = Path(f"/proc/{old_pid}/environ").read_bytes().split(b"\0")
+        env = dict(x.decode().split("=", 1) for x in environ if b"=" in x)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(old_pid, signal.SIGTERM)
+        g.write(g.home / "bin" / "recipe-argv",
+                RECIPE_ARGV.replace("@PYTHON@", sys.executable), 0o755)  # fmt: skip
+        run = [*host_mounts(REPO, sim_root), "--label", f"{LABEL}={os.getpid()}"]
+        for key in ("SPARK_SIM_CONFIG", "SPARK_SIM_RAY_WORKERS"):
+            run += ["-e", f"{key}={env[key]}"]
+        run += ["-e", f"PATH={g.home / 'bin'}:/usr/bin:/bin", "-e", "HOME=/tmp", image]
+        script = (HERE / "wd-docker.sh").read_text(encoding="utf-8")
+        recipe = sim_root / "nodes" / "node1" / "recipes" / "glm-5.3-flash-sim.yaml"
+        script = script.replace("@NAME@", name).replace("@RECIPE@", str(recipe))
+        g.write(g.home / "bin" / "wd", script.replace("@RUN_ARGS@", shlex.join(run)), 0o755)
+        inv = yaml.safe_load(Path(g.env["SPARK_OPS_INVENTORY"]).read_text())
+        engine = next(iter(inv["clusters"].values()))["engine"]
+        engine["log"] = {"kind": "docker", "container": name}
+        engine.pop("pid_file", None)
+        Path(g.env["SPARK_OPS_INVENTORY"]).write_text(yaml.safe_dump(inv, sort_keys=False))
+        import subprocess
+
+        subprocess.run(["bash", str(g.home / "bin" / "wd"), "--start"], check=True,
+                       env={**env, "HOME": str(g.home)}, cwd=g.home, timeout=120)  # fmt: skip
+        g.container = name
+        g.port = int(json.loads((sim_root / "state.json").read_text())["engine_port"])
+        try:
+            yield g
+        finally:
+            docker("rm", "-f", name, check=False, timeout=60)
+
+
 def _params() -> list[Any]:
     """One test per cell and ground."""
     out = []
     for cell in CELLS:
         for ground in cell["grounds"]:
             marks = [pytest.mark.openssh] if ground == "openssh" else []
+            marks += [pytest.mark.docker] if ground == "sim-docker" else []
             out.append(pytest.param(cell, ground, id=f"{ground}-{cell['cell']}", marks=marks))
     return out
+
+
+def sim_serving_at(g: Ground, timeout: float = 90) -> None:
+    """Wait until the ground's engine answers /v1/models."""
+    import urllib.error
+    import urllib.request
+
+    if not g.port:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        url = f"http://127.0.0.1:{g.port}/v1/models"
+        with (
+            contextlib.suppress(urllib.error.URLError, OSError),
+            urllib.request.urlopen(url, timeout=2) as r,
+        ):
+            if r.status == 200:
+                return
+        time.sleep(0.3)
+    raise AssertionError(f"the engine did not serve on port {g.port} in {timeout} s")
 
 
 @pytest.mark.parametrize(("cell", "ground"), _params())
@@ -177,9 +262,16 @@ def test_watchdog_cell(
     """apply through the operator's watchdog: the new engine's verdict, the history as before."""
     if ground == "sim":
         cm = sim_ground(tmp_path, cell)
+    elif ground == "sim-docker":
+        from ground.docker import docker_unavailable_reason
+
+        if reason := docker_unavailable_reason():
+            pytest.skip(reason)
+        cm = sim_docker_ground(tmp_path, cell)
     else:
         cm = openssh_ground(request.getfixturevalue("openssh_cluster"), tmp_path, cell)
     with cm as g:
+        sim_serving_at(g)
         before, old_pid = g.lines(), g.engine_pid()
         started = time.monotonic()
         res = run_cli(
@@ -265,3 +357,22 @@ def test_api_server_killed_mid_boot_names_survivors(
         hint = json.loads(errors[-1]).get("hint", "") if errors else err[-2000:]
         assert "kill -TERM --" in hint, (hint, json.loads(errors[-1])["message"])
         assert g.lines() == before, "the planned stamp pruned"
+
+
+def test_prune_planned_without_a_journal(tmp_path: Path) -> None:
+    """A watchdog that keeps no journal: spark-ops records the stamp it forced, so after a SIGKILL
+    during the boot `budget prune --planned` removes exactly that stamp."""
+    cell = {"behaviour": {"MODE": "sync"}, "reports_stamp": False}
+    with sim_ground(tmp_path, cell) as g:
+        before = g.lines()
+        args = ["apply", "--max-num-seqs", "64", "--yes", "--json", "--no-drain"]
+        code, err, killed = run_until_step(g.env, args, "boot")
+        assert killed and code == -signal.SIGKILL, err[-2000:]
+        assert len(g.lines()) == len(before) + 1, "the planned stamp is left by the kill"
+        res = run_cli(g.env, "budget", "prune", "--planned", "--yes", "--json")
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert g.lines() == before, "exactly the planned stamp removed"
+        removed = json.loads(res.stdout).get("removed_stamps")
+        record("prune-planned-no-journal", "sim", "spark-ops SIGKILLed in the boot, no journal",
+               exit=0, message=f"prune --planned removed {removed}", lost=0,
+               kept="earlier stamps")  # fmt: skip

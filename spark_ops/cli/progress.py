@@ -121,7 +121,7 @@ class BootProgress:
             "phase": self.phase.value,
             "elapsed_s": round(self.elapsed_s, 1),
             "in_phase_s": round(self.in_phase_s(), 1),
-            **({"step": self.step} if self.phase is Phase.STARTING else {}),
+            **({"starting_step": self.step} if self.phase is Phase.STARTING else {}),
             "eta_s": round(eta, 1) if eta is not None else None,
             "lines": self.lines,
         }

@@ -489,6 +489,7 @@ async def wait_for_boot(
     instance: InstanceWatch | None = None,
     instance_poll_s: float = 0.5,
     tracker: BootTracker | None = None,
+    args_grace_s: float = 0.0,
 ) -> BootReport:
     """Follow a boot until the engine answers a completion; raise BootError / BootTimeout early.
 
@@ -500,6 +501,8 @@ async def wait_for_boot(
     is seen, its pid's log lines are its own (`tracker.claim`), and its death ends the wait
     with the processes it left named. A fatal line waits for the instance to be known (up to
     10 s), so that the outgoing engine's last words are never taken for the new boot's.
+    An answer before the new engine's `non-default args:` line was read waits up to
+    `args_grace_s` for it (the log may lag the API), so READY carries the new engine's args.
     """
     if deadline_s <= 0:
         raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
@@ -535,7 +538,13 @@ async def wait_for_boot(
                     raise task.exception()  # type: ignore[misc]
             now = boot.clock()
             t = boot.tracker
-            if boot.ready_at is not None:
+            waiting_args = (
+                boot.ready_at is not None
+                and not t.non_default_args
+                and not boot.source_ended
+                and now - boot.ready_at < args_grace_s
+            )
+            if boot.ready_at is not None and not waiting_args:
                 report = boot.report()
                 boot.emit("phase", None, total_s=report.total_s)
                 return report
