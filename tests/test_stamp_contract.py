@@ -80,3 +80,17 @@ def test_identify(case: dict[str, Any]) -> None:
         assert got.how == case["how"]
     if "note" in case:
         assert any(case["note"] in n for n in got.notes), got.notes
+
+
+def test_budget_flags_stamps_a_bash_watchdog_may_not_count(tmp_path: Path) -> None:
+    """A stamp with spaces or a CR is counted here and flagged (a bash `read` keeps the CR)."""
+    from spark_ops.watchdog.history import budget
+
+    path = tmp_path / "h"
+    path.write_bytes(b"1000\n  2000\n3000\r\n4000\n")
+    out = budget(str(path), allowed=2, window=10_000, now=5000)
+    assert out["used"] == 4
+    assert [(f["line"], f["why"]) for f in out["flagged"]] == [
+        (2, "spaces around the number"),
+        (3, "a carriage return"),
+    ]

@@ -52,6 +52,12 @@ def echo_budget(view: Any) -> None:
         click.secho(f"Watchdog GAVE UP: {view.gave_up_reason}", fg="red")
     for m in view.malformed:
         click.secho(f"  malformed line kept as is: {m}", fg="yellow")
+    for f in view.flagged:
+        click.secho(
+            f"  line {f['line']} {f['raw']!r} is counted here, but holds {f['why']}: a bash "
+            "watchdog may not count it (rewrite it as digits alone)",
+            fg="yellow",
+        )
 
 
 @click.group(invoke_without_command=True)

@@ -57,6 +57,7 @@ class BudgetView:
     gave_up_reason: str = ""
     malformed: list[dict[str, Any]] = field(default_factory=list)
     history_file: str = ""
+    flagged: list[dict[str, Any]] = field(default_factory=list)  # counted here, maybe not there
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
@@ -73,6 +74,7 @@ class BudgetView:
             "gave_up_reason": self.gave_up_reason,
             "malformed": self.malformed,
             "history_file": self.history_file,
+            "flagged": self.flagged,
         }
 
 
@@ -262,6 +264,7 @@ class WatchdogContract:
             gave_up_reason=why,
             malformed=list(data.get("malformed", [])),
             history_file=self.wd.history_file,
+            flagged=list(data.get("flagged", [])),
         )
 
     async def _journal_by_stamp(self) -> dict[float, dict[str, Any]]:

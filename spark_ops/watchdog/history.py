@@ -618,7 +618,29 @@ def budget(
         "format": hist.format,
         **result,
         "malformed": hist.malformed,
+        "flagged": flagged_lines(hist),
     }
+
+
+_PLAIN_STAMP_RE = re.compile(rb"^\d{1,15}(\.\d{1,9})?$")
+
+
+def flagged_lines(hist: History) -> list[dict[str, Any]]:
+    """Stamps counted here that a watchdog may not count: spaces around the number or a CR.
+
+    A bash watchdog reading the file with `read` drops spaces and tabs but keeps a CR, which
+    `[ "$ts" -gt … ]` rejects and awk compares as text: such a line is flagged, not trusted to be
+    counted alike by both.
+    """
+    if hist.format != "stamps":
+        return []
+    out = []
+    for e in hist.entries:
+        raw = hist.lines[e.line - 1]
+        if not _PLAIN_STAMP_RE.match(raw):
+            why = "a carriage return" if b"\r" in raw else "spaces around the number"
+            out.append({"line": e.line, "raw": raw.decode("utf-8", "replace"), "why": why})
+    return out
 
 
 def append(
