@@ -376,3 +376,48 @@ def test_prune_planned_without_a_journal(tmp_path: Path) -> None:
         record("prune-planned-no-journal", "sim", "spark-ops SIGKILLed in the boot, no journal",
                exit=0, message=f"prune --planned removed {removed}", lost=0,
                kept="earlier stamps")  # fmt: skip
+
+
+def _recipe_dir(g: Ground) -> dict[str, str]:
+    """Every file beside the recipe (backups, staged files) with its content."""
+    recipe = next(g.home.glob("recipes/*.yaml"))
+    return {p.name: p.read_text() for p in sorted(recipe.parent.iterdir())}
+
+
+FAILED_TRIGGERS = [
+    ("typo", "wdd --restart-now --force", {"MODE": "sync"}, "no restart began",
+     "the recipe write was undone"),
+    ("fails-after-the-stop", "wd --restart-now --force", {"MODE": "fail-after-stop"},
+     "a restart may have begun", "spark-ops rollback"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "command", "behaviour", "said", "told"), FAILED_TRIGGERS,
+    ids=[c[0] for c in FAILED_TRIGGERS],
+)  # fmt: skip
+def test_failed_trigger(
+    case: str, command: str, behaviour: dict[str, Any], said: str, told: str, tmp_path: Path
+) -> None:
+    """The restart command fails: with no restart begun, nothing is left changed (exit 12);
+    when one may have begun, the operator is told the recipe and the engine may differ."""
+    cell = {"behaviour": behaviour, "reports_stamp": False}
+    with sim_ground(tmp_path, cell) as g:
+        inv = Path(g.env["SPARK_OPS_INVENTORY"])
+        inv.write_text(inv.read_text().replace("wd --restart-now --force", command))
+        before, files, pid = g.lines(), _recipe_dir(g), g.engine_pid()
+        res = run_cli(g.env, "apply", "--max-num-seqs", "64", "--yes", "--json", "--no-drain")
+        errors = [json.loads(x) for x in res.stderr.splitlines() if x.startswith('{"error"')]
+        record(f"failed-trigger-{case}", "sim", f"restart command {case}", exit=res.returncode,
+               message=errors[-1]["message"] if errors else res.stderr[-300:], lost=0,
+               kept="recipe, its directory, history, engine" if case == "typo"
+               else "history; the operator told what differs")  # fmt: skip
+        assert res.returncode == ExitStatus.REMOTE, res.stderr[-3000:]
+        assert errors and said in errors[-1]["message"], errors
+        assert told in errors[-1]["message"] + errors[-1].get("hint", ""), errors
+        steps = [json.loads(x)["step"] for x in res.stderr.splitlines() if x.startswith('{"step"')]
+        assert [s["status"] for s in steps if s["name"] == "restart"][-1] == "failed"
+        assert g.lines() == before
+        if case == "typo":
+            assert _recipe_dir(g) == files, "the recipe and its directory exactly as before"
+            assert g.engine_pid() == pid

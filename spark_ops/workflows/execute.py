@@ -81,6 +81,7 @@ async def _execute(
             for ch in plan.changes
         ]
         done = await op.session.write_atomic(writes)
+        plan.facts["write_backups"] = [d.to_dict() for d in done]
         run.finish("write", "; ".join(f"{d.host}: backup {d.backup}" for d in done))
     try:
         try:
@@ -257,19 +258,34 @@ async def _trigger_failed(
             FileWrite(ch.host, ch.path, ch.old_text, sha256(ch.new_text), keep)
             for ch in plan.changes
         ]
-        await op.session.write_atomic(writes)
-        run.fail(name, f"{error.message}; no restart began: the recipe write was undone")
+        undone = await op.session.write_atomic(writes)
+        await _drop_backups(
+            op, [*plan.facts.get("write_backups", []), *(u.to_dict() for u in undone)]
+        )
+        error.message += "; no restart began: the recipe write was undone"
+        run.fail(name, error.message)
         error.hint = "nothing changed on the cluster; fix the watchdog command, then run again"
     elif began:
-        run.fail(name, f"{error.message}; a restart may have begun: {'; '.join(began)}")
+        error.message += f"; a restart may have begun: {'; '.join(began)}"
+        run.fail(name, error.message)
         error.hint = (
             "the recipe now holds the new values and the engine may not: check `spark-ops "
             "status`; `spark-ops restart` boots the recipe as it is, `spark-ops rollback` puts "
             "the old one back"
         )
     else:
-        run.fail(name, f"{error.message}; no restart began")
+        error.message += "; no restart began"
+        run.fail(name, error.message)
     raise error
+
+
+async def _drop_backups(op: Operation, backups: list[dict[str, Any]]) -> None:
+    """Remove the backups an undone write made (spark-ops' own files, nothing else)."""
+    for b in backups:
+        if b.get("backup"):
+            await op.session.run(
+                b["host"], f"rm -f -- {quote_path(b['backup'])}", check=False, sudo=True
+            )
 
 
 async def _identify(
