@@ -421,3 +421,97 @@ def test_failed_trigger(
         if case == "typo":
             assert _recipe_dir(g) == files, "the recipe and its directory exactly as before"
             assert g.engine_pid() == pid
+
+
+REAL_RECIPE = """# tiny-llama on vLLM's CPU build (written by the watchdog matrix test)
+recipe_version: "1"
+name: tiny-llama-cpu
+description: a tiny local Llama on the CPU build of vLLM 0.32
+model: {models}/tiny-llama
+container: none
+cluster_only: false
+
+defaults:
+  port: {port}
+  host: 127.0.0.1
+  model_path: {models}/tiny-llama
+  max_num_seqs: 6
+  served_model_name: tiny
+
+env:
+  {owner_env}: "{owner}"
+
+command: |
+  vllm serve {{model_path}} \\\\
+      --host {{host}} \\\\
+      --port {{port}} \\\\
+      --served-model-name {{served_model_name}} \\\\
+      --max-num-seqs {{max_num_seqs}} \\\\
+      --kv-cache-memory-bytes 1G \\\\
+      --enforce-eager
+"""
+
+
+@pytest.mark.realvllm
+def test_real_vllm_slow_stop_and_killed_api_server(tmp_path: Path) -> None:
+    """The real CPU build behind the operator's slow-stop watchdog: the verdict is the new
+    engine's (args 64) though the old one answers for 6 s; then its API server SIGKILLed while
+    the model loads: the real EngineCore and worker it leaves are named."""
+    from ground.vllm import OWNER_ENV, VENV, vllm_unavailable_reason
+
+    if reason := vllm_unavailable_reason():
+        pytest.skip(reason)
+    cell = {"behaviour": {"MODE": "slow-stop", "SLOW_S": 6}, "reports_stamp": False}
+    with sim_ground(tmp_path, cell) as g:
+        shim = g.home / "bin" / "vllm"
+        shim.write_text(
+            "#!/bin/sh\\nunset VLLM_CPU_KVCACHE_SPACE SPARK_SIM_CONFIG SPARK_SIM_RAY_WORKERS\\n"
+            f'exec {VENV}/shim/vllm "$@"\\n'
+        )
+        recipe = next(g.home.glob("recipes/*.yaml"))
+        port = int(json.loads((g.home.parents[1] / "state.json").read_text())["engine_port"])
+        recipe.write_text(
+            REAL_RECIPE.format(
+                models=VENV / "models", port=port, owner_env=OWNER_ENV, owner=os.getpid()
+            )
+        )
+        g.port = port
+        import subprocess
+
+        env = {**os.environ, "HOME": str(g.home), "PATH": f"{g.home / 'bin'}:{os.environ['PATH']}"}
+        g.write(g.home / ".wd" / "behaviour", "MODE=sync\n", 0o644)
+        subprocess.run(["bash", str(g.home / "bin" / "wd"), "--restart-now", "--force"],
+                       env=env, check=True, timeout=120)  # fmt: skip
+        sim_serving_at(g, timeout=400)  # the outgoing engine: a real vLLM, serving
+        g.write(g.home / ".wd" / "behaviour", "MODE=slow-stop\nSLOW_S=6\n", 0o644)
+        before, old_pid = g.lines(), g.engine_pid()
+        started = time.monotonic()
+        res = run_cli(g.env, "apply", "--max-num-seqs", "64", "--yes", "--json", "--no-drain",
+                      "--deadline", "400", timeout=600)  # fmt: skip
+        out = json.loads(res.stdout) if res.stdout.startswith("{") else {}
+        record("matrix-real-vllm-slow-stop", "sim+real vLLM", "slow stop, real vLLM 0.32",
+               exit=res.returncode, seconds=round(time.monotonic() - started, 1),
+               boot_s=(out.get("boot") or {}).get("total_s"), lost=0,
+               message="ok" if res.returncode == 0 else res.stderr[-300:],
+               kept="history as before" if g.lines() == before else "CHANGED")  # fmt: skip
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert out["boot"]["non_default_args"]["max_num_seqs"] == 64
+        assert g.engine_pid() != old_pid and g.lines() == before
+
+        g.write(g.home / ".wd" / "behaviour", "MODE=sync\n", 0o644)
+        code, _, err, acted, took = run_and_act(
+            g.env,
+            ["restart", "--yes", "--json", "--no-drain", "--deadline", "400"],
+            lambda d: d.get("event") == "boot-phase" and d.get("phase") == "WEIGHTS_LOADING",
+            lambda: os.kill(g.engine_pid(), signal.SIGKILL),
+        )
+        pgid = g.engine_pid()
+        errors = [json.loads(x) for x in err.splitlines() if x.startswith('{"error"')]
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        message = errors[-1]["message"] if errors else err[-500:]
+        record("api-server-killed-real-vllm", "sim+real vLLM", "real API server SIGKILLed",
+               exit=code, message=message[:300], seconds=round(took, 1), lost=0,
+               kept="survivors named")  # fmt: skip
+        assert acted and code == ExitStatus.BOOT_FAILED, err[-3000:]
+        assert "still running:" in message and "VLLM::EngineCore" in message, message
