@@ -442,12 +442,12 @@ env:
   {owner_env}: "{owner}"
 
 command: |
-  vllm serve {{model_path}} \\\\
-      --host {{host}} \\\\
-      --port {{port}} \\\\
-      --served-model-name {{served_model_name}} \\\\
-      --max-num-seqs {{max_num_seqs}} \\\\
-      --kv-cache-memory-bytes 1G \\\\
+  vllm serve {{model_path}} \\
+      --host {{host}} \\
+      --port {{port}} \\
+      --served-model-name {{served_model_name}} \\
+      --max-num-seqs {{max_num_seqs}} \\
+      --kv-cache-memory-bytes 1G \\
       --enforce-eager
 """
 
@@ -480,8 +480,9 @@ def test_real_vllm_slow_stop_and_killed_api_server(tmp_path: Path) -> None:
 
         env = {**os.environ, "HOME": str(g.home), "PATH": f"{g.home / 'bin'}:{os.environ['PATH']}"}
         g.write(g.home / ".wd" / "behaviour", "MODE=sync\n", 0o644)
-        subprocess.run(["bash", str(g.home / "bin" / "wd"), "--restart-now", "--force"],
-                       env=env, check=True, timeout=120)  # fmt: skip
+        first = subprocess.run(["bash", str(g.home / "bin" / "wd"), "--restart-now", "--force"],
+                               env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert first.returncode == 0, first.stderr
         sim_serving_at(g, timeout=400)  # the outgoing engine: a real vLLM, serving
         g.write(g.home / ".wd" / "behaviour", "MODE=slow-stop\nSLOW_S=6\n", 0o644)
         before, old_pid = g.lines(), g.engine_pid()
