@@ -465,8 +465,8 @@ def test_real_vllm_slow_stop_and_killed_api_server(tmp_path: Path) -> None:
     with sim_ground(tmp_path, cell) as g:
         shim = g.home / "bin" / "vllm"
         shim.write_text(
-            "#!/bin/sh\\nunset VLLM_CPU_KVCACHE_SPACE SPARK_SIM_CONFIG SPARK_SIM_RAY_WORKERS\\n"
-            f'exec {VENV}/shim/vllm "$@"\\n'
+            "#!/bin/sh\nunset VLLM_CPU_KVCACHE_SPACE SPARK_SIM_CONFIG SPARK_SIM_RAY_WORKERS\n"
+            f'exec {VENV}/shim/vllm "$@"\n'
         )
         recipe = next(g.home.glob("recipes/*.yaml"))
         port = int(json.loads((g.home.parents[1] / "state.json").read_text())["engine_port"])

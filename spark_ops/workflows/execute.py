@@ -495,6 +495,9 @@ async def _follow_log(op: Operation, offset: int | None, watch: EngineWatch) -> 
                 inst = await watch.current()
         since = inst.key.split("@", 1)[1]
         cmd = f"docker logs -f --since {shlex.quote(since)} {quote_path(eng.log_target)} 2>&1"
+    elif eng.log_kind == "journalctl":  # from the restart on: the new unit's first lines too
+        from_s = int(watch.restart_at) - 1
+        cmd = f"journalctl -f -o cat --no-pager --since @{from_s} -u {quote_path(eng.log_target)}"
     elif offset is None:
         cmd = eng.follow_command()
     else:
