@@ -453,6 +453,7 @@ command: |
 
 
 @pytest.mark.realvllm
+@pytest.mark.timeout(1200)
 def test_real_vllm_slow_stop_and_killed_api_server(tmp_path: Path) -> None:
     """The real CPU build behind the operator's slow-stop watchdog: the verdict is the new
     engine's (args 64) though the old one answers for 6 s; then its API server SIGKILLed while
