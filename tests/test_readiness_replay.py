@@ -132,3 +132,38 @@ def test_real_starting_is_broken_into_steps() -> None:
         if tracker.step != steps[-1]:
             steps.append(tracker.step)
     assert steps == ["imports", "api-config", "engine-core", "workers"]
+
+
+async def test_new_instance_death_ends_the_wait_naming_survivors() -> None:
+    """The head shows the new instance alive, then dead with processes left: BootError naming
+    them (and the command that stops them), without waiting for the log to end."""
+    from spark_ops.errors import BootError
+    from spark_ops.readiness import InstanceView
+
+    views = iter(
+        [InstanceView(True, True, "pid 9", 9)]
+        + [InstanceView(True, False, "pid 9", 9, ("10 (VLLM::EngineCore)",), "kill -TERM -- -9")]
+        * 100
+    )
+
+    async def watch() -> InstanceView:
+        """One look at the head."""
+        return next(views)
+
+    async def source() -> AsyncIterator[str]:
+        """The new boot's first lines, then a log that never ends (tail -F)."""
+        for line in _boot("serve-startup.log")[:20]:
+            yield line
+        await asyncio.sleep(3600)
+
+    async def never() -> bool:
+        """No completion ever answers."""
+        return False
+
+    with pytest.raises(BootError) as info:
+        await wait_for_boot(
+            source(), probe=never, deadline_s=60, instance=watch, instance_poll_s=0.05,
+            source_end_fatal=False, tracker=BootTracker(after_restart=True),
+        )  # fmt: skip
+    assert "exited" in info.value.message and "10 (VLLM::EngineCore)" in info.value.message
+    assert info.value.hint and info.value.hint.startswith("kill -TERM -- -9")
