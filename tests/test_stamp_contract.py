@@ -94,3 +94,21 @@ def test_budget_flags_stamps_a_bash_watchdog_may_not_count(tmp_path: Path) -> No
         (2, "spaces around the number"),
         (3, "a carriage return"),
     ]
+
+
+@pytest.mark.slow
+def test_hostile_reason_and_user_run_nothing_on_the_head(sim: Any, cli_env: dict[str, str]) -> None:
+    """issue 13.1, end to end: LOGNAME `o'$(touch PWNED)'` and --reason `maint {by}` through the
+    reference watchdog's `--reason {reason} --by {by}`: nothing runs, both arrive as written."""
+    import json
+
+    from ground.cluster import run_cli
+
+    env = dict(cli_env, LOGNAME="o'$(touch PWNED)'", USER="o'$(touch PWNED)'")
+    res = run_cli(env, "restart", "--reason", "maint {by} `touch PWNED`", "--yes", "--no-drain")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not list(sim.root.rglob("PWNED")), "a value ran as a command on the head"
+    journal = sim.history.parent / "restarts.journal.jsonl"
+    forced = [json.loads(x) for x in journal.read_text().splitlines() if '"forced": true' in x]
+    assert forced[-1]["reason"] == "maint {by} `touch PWNED`"
+    assert forced[-1]["by"] == "spark-ops:o'$(touch PWNED)'"
