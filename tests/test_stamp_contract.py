@@ -112,3 +112,20 @@ def test_hostile_reason_and_user_run_nothing_on_the_head(sim: Any, cli_env: dict
     forced = [json.loads(x) for x in journal.read_text().splitlines() if '"forced": true' in x]
     assert forced[-1]["reason"] == "maint {by} `touch PWNED`"
     assert forced[-1]["by"] == "spark-ops:o'$(touch PWNED)'"
+
+
+@pytest.mark.slow
+def test_budget_prune_by_exact_line(sim: Any, cli_env: dict[str, str]) -> None:
+    """`budget prune --raw LINE` (the command shown for a record told apart by its fields)
+    removes that one line and nothing else."""
+    import json
+
+    from ground.cluster import run_cli
+
+    before = sim.history.read_text().splitlines()
+    with sim.history.open("a") as fh:
+        fh.write("1700000000\n")
+    res = run_cli(cli_env, "budget", "prune", "--raw", "1700000000", "--yes", "--json")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout)["removed_stamps"] == [1700000000.0]
+    assert sim.history.read_text().splitlines() == before
