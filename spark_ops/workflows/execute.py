@@ -245,9 +245,12 @@ async def _trigger_failed(
     except SparkOpsError:
         now = None
     if watch.old is not None and (now is None or now.key != watch.old.key or not now.alive):
-        state = now.label() if now else "none"
-        state += "" if now and now.alive else ", not running"
-        began.append(f"the engine instance changed ({watch.old.label()} -> {state})")
+        if now is not None and now.pid == watch.old.pid and not now.alive:
+            began.append(f"the engine ({watch.old.label()}) stopped")
+        else:
+            state = now.label() if now else "none"
+            state += "" if now and now.alive else ", not running"
+            began.append(f"the engine instance changed ({watch.old.label()} -> {state})")
     if paused and not began:
         async with op.engine() as api:
             await api.resume()
