@@ -129,6 +129,10 @@ class HistoryError(WatchdogError):
     """The restart history cannot be read or changed safely."""
 
 
+class TriggerFailed(RemoteError):
+    """The watchdog's restart command exited non-zero (docs/exit-codes.md: 12)."""
+
+
 class AmbiguousStamp(WatchdogError):
     """More than one new stamp appeared around a planned restart: none is pruned."""
 

@@ -52,8 +52,14 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
             data["last_restart"] = await op.watchdog.last_restart()
         except SparkOpsError as exc:
             data["budget"] = {"error": exc.message}
-        data["engine"]["effective"] = await _effective_args(op)
-    data["last_boot"] = _last_boot(cluster.name)
+        args = await _effective_args(op)
+        if data["engine"].get("up"):
+            data["engine"]["effective"] = args
+        else:  # the args of an engine that does not serve are not effective
+            data["engine"]["effective"] = None
+            data["engine"]["last_started_with"] = args
+        data["engine"].update(await _instance(session, cluster))
+    data["last_boot"] = _last_boot(cluster)
     return data
 
 
@@ -69,11 +75,37 @@ async def _effective_args(op: Any) -> dict[str, Any] | None:
         return None
 
 
-def _last_boot(cluster: str) -> dict[str, Any] | None:
-    """How long the last boot spark-ops watched took (from this machine's boot history)."""
-    from spark_ops.readiness import BootHistory
+async def _instance(session: ClusterSession, cluster: Cluster) -> dict[str, Any]:
+    """The engine instance the head runs and engine processes left outside it."""
+    from spark_ops.engine.identity import leftovers, stop_hint
 
-    rec = BootHistory().previous(cluster)
+    try:
+        instance, own, others = await leftovers(session, cluster)
+    except SparkOpsError as exc:
+        return {"instance": None, "leftovers_error": exc.message}
+
+    def rows(procs: list[Any]) -> list[dict[str, Any]]:
+        """JSON rows of processes."""
+        return [
+            {"pid": p.pid, "name": p.name, "pgid": p.pgid, "started_at": p.started_at}
+            for p in procs
+        ]
+
+    out: dict[str, Any] = {
+        "instance": instance.to_dict() if instance is not None else None,
+        "leftovers": rows(own),
+        "other_engine_processes": rows(others),
+    }
+    if own:
+        out["leftovers_fix"] = stop_hint(own)
+    return out
+
+
+def _last_boot(cluster: Cluster) -> dict[str, Any] | None:
+    """How long the last boot spark-ops watched took (from this machine's boot history)."""
+    from spark_ops.readiness import BootHistory, history_key
+
+    rec = BootHistory().previous(history_key(cluster))
     if not rec:
         return None
     return {"started_at": rec.get("started_at"), "total_s": rec.get("total_s")}

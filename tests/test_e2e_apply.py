@@ -90,7 +90,7 @@ async def _peak_running(sim: Sim, concurrency: int) -> float:
     """Send a burst and sample vllm:num_requests_running from /metrics."""
     import aiohttp
 
-    from spark_ops.engine_api import EngineSnapshot
+    from spark_ops.engine import EngineSnapshot
 
     base = f"http://127.0.0.1:{sim.state['engine_port']}"
     peak = 0.0

@@ -605,7 +605,7 @@ async def test_sigterm_without_timeout_stops_now(tmp_path: Path) -> None:
 
 async def test_pause_holds_new_work_and_drain_reports_it(tmp_path: Path) -> None:
     """In dev mode /pause stops new work; EngineAPI.drain uses it and waits for in-flight ones."""
-    from spark_ops.engine_api import EngineAPI
+    from spark_ops.engine import EngineAPI
 
     async with engine(tmp_path, "--max-num-seqs", "4", env={"VLLM_SERVER_DEV_MODE": "1"}) as p:
         url = await p.url()
@@ -632,7 +632,7 @@ async def test_pause_holds_new_work_and_drain_reports_it(tmp_path: Path) -> None
 
 async def test_no_pause_outside_dev_mode(tmp_path: Path) -> None:
     """Without VLLM_SERVER_DEV_MODE there is no /pause: drain says so and only waits."""
-    from spark_ops.engine_api import EngineAPI
+    from spark_ops.engine import EngineAPI
 
     async with engine(tmp_path) as p, EngineAPI(await p.url()) as api:
         report = await api.drain(timeout=5, poll=0.1)

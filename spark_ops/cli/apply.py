@@ -90,6 +90,7 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
     """connect → lock → plan → show → confirm → execute → report."""
     from spark_ops.cli.progress import make_reporter
     from spark_ops.errors import Aborted, ExitStatus, SparkOpsError
+    from spark_ops.readiness import history_key
     from spark_ops.workflows import (
         ApplyOptions,
         Operation,
@@ -142,7 +143,7 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
                 return 0
             if not kw["yes"] and not click.confirm("\nProceed?", default=False, err=True):
                 raise Aborted("not confirmed; nothing was changed")
-            reporter = make_reporter(cluster.name, json_lines=as_json)
+            reporter = make_reporter(cluster.name, json_lines=as_json, history=history_key(cluster))
             try:
                 outcome = await execute(
                     op, plan, opts, on_step=step_reporter(as_json), on_event=reporter
@@ -170,9 +171,13 @@ def _echo_outcome(outcome: Any) -> None:
         click.secho(
             "The new recipe failed to boot; the previous recipe is serving again.", fg="yellow"
         )
-    elif outcome.ok:
+    elif outcome.ok and all(c["ok"] for c in outcome.checks):
         total = (outcome.boot or {}).get("total_s")
         click.secho(f"Done: engine serving (boot {total:.1f} s).", fg="green", bold=True)
+    elif outcome.ok:
+        click.secho("The new engine serves, but checks failed:", fg="red", bold=True)
+    for warning in getattr(outcome, "warnings", []):
+        click.secho(f"  ! {warning}", fg="yellow")
     for c in outcome.checks:
         mark = "✓" if c["ok"] else "✗"
         click.secho(

@@ -80,6 +80,12 @@ def echo_budget(view: Any) -> None:
         click.secho(f"Watchdog GAVE UP: {view.gave_up_reason}", fg="red")
     for m in view.malformed:
         click.secho(f"  malformed line kept as is: {m}", fg="yellow")
+    for f in view.flagged:
+        click.secho(
+            f"  line {f['line']} {f['raw']!r} is counted here, but holds {f['why']}: a bash "
+            "watchdog may not count it (rewrite it as digits alone)",
+            fg="yellow",
+        )
 
 
 @click.group(invoke_without_command=True)
@@ -109,6 +115,9 @@ def cli(ctx: click.Context, as_json: bool) -> None:
 @click.option(
     "--stamp", "stamps", multiple=True, type=StampType(), help="Exact stamp (repeatable)."
 )
+@click.option(
+    "--raw", "raws", multiple=True, help="An exact history line (a JSON-lines record; repeatable)."
+)
 @click.option("--since", help="Stamps at or after: Unix time or duration ago (90m, 6h).")
 @click.option("--until", help="With --since: stamps at or before this time.")
 @click.option("--planned", is_flag=True, help="Stamps the journal marks as planned restarts.")
@@ -126,8 +135,8 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
 
     since, since_ago = parse_time(kw["since"])
     until, until_ago = parse_time(kw["until"])
-    if not (kw["stamps"] or kw["since"] or kw["planned"] or kw["clear_gave_up"]):
-        raise click.UsageError("choose --stamp, --since, --planned or --clear-gave-up")
+    if not (kw["stamps"] or kw["raws"] or kw["since"] or kw["planned"] or kw["clear_gave_up"]):
+        raise click.UsageError("choose --stamp, --raw, --since, --planned or --clear-gave-up")
     cluster = load_cluster(ctx)
 
     async def flow() -> dict[str, Any]:
@@ -139,8 +148,9 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
             lo = now - since_ago if since_ago is not None else since
             hi = now - until_ago if until_ago is not None else until
             result: dict[str, Any] = {}
-            if kw["stamps"] or lo is not None or kw["planned"]:
-                sel = {"stamps": kw["stamps"], "since": lo, "until": hi, "planned": kw["planned"]}
+            if kw["stamps"] or kw["raws"] or lo is not None or kw["planned"]:
+                sel = {"stamps": kw["stamps"], "raws": kw["raws"], "since": lo, "until": hi,
+                       "planned": kw["planned"]}  # fmt: skip
                 preview = await budget_prune(op, dry_run=True, **sel)
                 result = preview
                 chosen = preview.get("removed_stamps", [])

@@ -48,9 +48,31 @@ class BootProgress:
         self.lines = 0
         self.workers: str | None = None
         self.outcome: str | None = None  # "ready", "fatal: ...", "timeout: ..."
+        self.boots = 0  # boots followed so far (a rollback's boot is the second)
+        self.step = "imports"  # the step of STARTING (api-config, engine-core, workers)
+
+    def reset(self) -> None:
+        """A new boot (or a new engine's first line): phases and times start over."""
+        self.phase = Phase.STARTING
+        self.reached = {Phase.STARTING: 0.0}
+        self.elapsed_s = 0.0
+        self.outcome = None
+        self.workers = None
+        self.boots += 1
 
     def update(self, event: BootEvent) -> bool:
         """Take an event; return True when it reached a new phase."""
+        if event.kind == "start":
+            self.reset()
+            return False
+        if event.kind == "engine":
+            self.phase = Phase.STARTING
+            self.reached = {Phase.STARTING: event.elapsed_s}
+            self.step = "imports"
+            return False
+        if event.kind == "step":
+            self.step = str(event.data.get("step", self.step))
+            return False
         self.elapsed_s = max(self.elapsed_s, event.elapsed_s)
         if event.kind == "line":
             self.lines += 1
@@ -99,6 +121,7 @@ class BootProgress:
             "phase": self.phase.value,
             "elapsed_s": round(self.elapsed_s, 1),
             "in_phase_s": round(self.in_phase_s(), 1),
+            **({"starting_step": self.step} if self.phase is Phase.STARTING else {}),
             "eta_s": round(eta, 1) if eta is not None else None,
             "lines": self.lines,
         }
@@ -133,7 +156,13 @@ class JsonLinesReporter:
     def __call__(self, event: BootEvent) -> None:
         """Handle one boot event."""
         new_phase = self.state.update(event)
-        if new_phase:
+        if event.kind in ("start", "engine"):
+            data = self.state.snapshot("boot-start" if event.kind == "start" else "boot-engine")
+            data["boot"] = self.state.boots
+            if event.line:
+                data["line"] = event.line[:300]
+            self._write(data)
+        elif new_phase:
             data = self.state.snapshot("boot-phase")
             if event.line:
                 data["line"] = event.line[:500]
@@ -271,14 +300,16 @@ def make_reporter(
     estimates: dict[str, float] | None = None,
     history_path: str | os.PathLike[str] | None = None,
     tty: bool | None = None,
+    history: str | None = None,
 ) -> JsonLinesReporter | LiveReporter:
     """A reporter for a boot of `cluster`: live view on a TTY, else JSON lines on stderr.
 
-    ETAs come from `estimates` or, when not given, from the boot history file.
+    ETAs come from `estimates` or, when not given, from the boot history file under the key
+    `history` (the cluster's identity, readiness.history_key; default its name).
     """
     out = stream if stream is not None else sys.stderr
     if estimates is None:
-        estimates = BootHistory(history_path).estimate(cluster)
+        estimates = BootHistory(history_path).estimate(history or cluster)
     if tty is None:
         isatty = getattr(out, "isatty", None)
         tty = bool(isatty and isatty())

@@ -39,9 +39,26 @@ def echo_status(data: dict[str, Any]) -> None:
     elif r:
         click.secho(f"Recipe: {r.get('error')}", fg="red")
     eff = e.get("effective")
+    keys = ("max_num_seqs", "kv_cache_memory_bytes", "moe_backend", "enforce_eager")
     if eff:
-        keys = ("max_num_seqs", "kv_cache_memory_bytes", "moe_backend", "enforce_eager")
         click.echo("Effective (engine log): " + ", ".join(f"{k}={eff.get(k)}" for k in keys))
+    elif e.get("last_started_with"):
+        last_args = e["last_started_with"]
+        click.echo(
+            "Last started with (never served, not effective): "
+            + ", ".join(f"{k}={last_args.get(k)}" for k in keys)
+        )
+    inst = e.get("instance")
+    if inst:
+        state = "running" if inst.get("alive") else "NOT running"
+        click.echo(f"Engine instance: {inst.get('source')} pid {inst.get('pid')} ({state})")
+    if e.get("leftovers"):
+        names = ", ".join(f"{p['pid']} ({p['name']})" for p in e["leftovers"])
+        click.secho(f"Left by the dead engine, still running: {names}", fg="red")
+        click.echo(f"  fix: {e.get('leftovers_fix')}")
+    if e.get("other_engine_processes"):
+        names = ", ".join(f"{p['pid']} ({p['name']})" for p in e["other_engine_processes"])
+        click.secho(f"Other engine processes on the head: {names}", fg="yellow")
     last = data.get("last_restart")
     if last:
         when_ = when(float(last.get("stamp") or last.get("time") or 0))

@@ -429,7 +429,7 @@ class Discovery:
         """Models served at a URL as seen from the head (through a tunnel); [] when no answer."""
         from urllib.parse import urlsplit
 
-        from spark_ops.engine_api import EngineAPI
+        from spark_ops.engine import EngineAPI
 
         parts = urlsplit(url)
         try:

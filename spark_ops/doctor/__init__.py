@@ -53,6 +53,7 @@ async def run_doctor(cluster: Cluster, *, session: ClusterSession | None = None)
         await doc.check_budget()
         await doc.check_engine_log()
         await doc.check_engine()
+        await doc.check_engine_leftovers()
     finally:
         if own:
             await sess.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from typing import Any
 
 from spark_ops.doctor.report import Checker
 from spark_ops.errors import RecipeError, SparkOpsError
@@ -196,3 +197,39 @@ class EngineChecks(Checker):
                 f"{what} not readable: {res.stderr.strip()[-200:] or 'absent'}",
                 fix,
             )
+
+    async def check_engine_leftovers(self) -> None:
+        """No process left by a dead engine (a killed boot's EngineCore, workers); other engine
+        processes on the head are named as a warning."""
+        from spark_ops.engine.identity import leftovers, stop_hint
+
+        if not self.up(self.head):
+            return
+        try:
+            instance, own, others = await leftovers(self.session, self.cluster)
+        except SparkOpsError as exc:
+            self.report.add("engine-leftovers", self.head, "warn", f"not checked: {exc.message}")
+            return
+
+        def names(procs: list[Any]) -> str:
+            """`12 (VLLM::EngineCore) since 09:01:02, …`."""
+            return ", ".join(
+                f"{p.label()} since {time.strftime('%H:%M:%S', time.localtime(p.started_at))}"
+                for p in procs
+            )
+
+        if own and instance is not None:
+            self.report.add(
+                "engine-leftovers", self.head, "fail",
+                f"the engine ({instance.label()}) is dead, its processes still run: {names(own)}",
+                f"they hold memory (GPU memory on a real node) into the next boot: "
+                f"{stop_hint(own)}",
+            )  # fmt: skip
+        elif others:
+            self.report.add(
+                "engine-leftovers", self.head, "warn",
+                f"engine processes outside the running engine: {names(others)}",
+                "if they are not this cluster's engine, stop them before the next boot",
+            )  # fmt: skip
+        else:
+            self.report.add("engine-leftovers", self.head, "ok", "no engine process left over")

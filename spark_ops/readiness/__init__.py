@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from spark_ops.readiness.eta import DEFAULT_STATE_PATH, BootHistory, estimate, eta_seconds, record
+from spark_ops.readiness.eta import (
+    DEFAULT_STATE_PATH,
+    BootHistory,
+    estimate,
+    eta_seconds,
+    history_key,
+    record,
+)
 from spark_ops.readiness.phases import (
     PHASE_ORDER,
     BootTracker,
@@ -18,6 +25,7 @@ from spark_ops.readiness.phases import (
 from spark_ops.readiness.wait import (
     BootEvent,
     BootReport,
+    InstanceView,
     exit_line,
     expected_phases,
     wait_for_boot,
@@ -32,6 +40,7 @@ __all__ = [
     "BootTracker",
     "Fatal",
     "FatalKind",
+    "InstanceView",
     "LineInfo",
     "Phase",
     "classify_line",
@@ -39,6 +48,7 @@ __all__ = [
     "eta_seconds",
     "exit_line",
     "expected_phases",
+    "history_key",
     "parse_args_literal",
     "record",
     "split_prefix",

@@ -144,3 +144,11 @@ def eta_seconds(
     after = [p for p in candidates if p.rank > current.rank and p is not Phase.READY]
     left = max(0.0, estimates.get(current.value, 0.0) - in_phase_s)
     return left + sum(estimates.get(p.value, 0.0) for p in after)
+
+
+def history_key(cluster: Any) -> str:
+    """The boot history's key for a cluster: its identity (head host and recipe path), not its
+    inventory name (the same cluster under two names shares its history; two clusters named
+    alike do not)."""
+    head = cluster.head
+    return f"{head.user or ''}@{head.host}:{head.port}:{cluster.recipe.path}"

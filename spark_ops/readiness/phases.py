@@ -123,6 +123,23 @@ _SHUTDOWN_RE = re.compile(
     r"\[shutdown\]|shutdown triggered|Shutting down|Waiting for application shutdown"
 )
 _SERVER_RE = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on (?P<url>https?://\S+)")
+# An engine told to stop (by a watchdog, docker stop, Ctrl-C): what it prints after this line is
+# its teardown, never a boot failure. vLLM 0.32: the EngineCore's "trigger received signal=SIGTERM",
+# the API server's "shutdown triggered", and the `KeyboardInterrupt: terminated` of a SIGTERM
+# during start-up. (A failing boot prints its cause first and "[shutdown] Executor: …" after.)
+_STOP_RE = re.compile(
+    r"received signal=SIG\w+|shutdown triggered|^KeyboardInterrupt(?::|$)|Received signal SIG"
+)
+# The first lines of an engine's start: the banner's version line and the effective args.
+_START_RE = re.compile(r"\u2588\s+version \d|non-default args:|vLLM API server version \d")
+# STARTING is long on a real vLLM (imports, the API server's config, the EngineCore and its
+# workers spawned): its steps, in order, each from the first line that shows it.
+STARTING_STEPS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("api-config", re.compile(r"non-default args:|\u2588\s+version \d")),
+    ("engine-core", re.compile(r"Initializing a V1 LLM engine|^EngineCore\b")),
+    ("workers", re.compile(r"^(?:\w*Worker\w*|RayWorker\w*)\b|world_size=\d")),
+)
+_PROC_PID_RE = re.compile(r"^(?P<name>[\w:.-]+)\s+pid=(?P<pid>\d+)")
 
 # (phase, pattern) for lines that only mark a phase and carry no data of their own.
 _PHASE_MARKERS: tuple[tuple[Phase, re.Pattern[str]], ...] = (
@@ -336,8 +353,20 @@ class Fatal:
 class BootTracker:
     """Stateful reading of a boot log: phase progression, tracebacks, fatal evidence."""
 
-    def __init__(self, *, context_lines: int = 12, keep_lines: int = 400) -> None:
-        """Start in STARTING with no lines seen."""
+    def __init__(
+        self,
+        *,
+        context_lines: int = 12,
+        keep_lines: int = 400,
+        after_restart: bool = False,
+        old_pids: set[int] | None = None,
+    ) -> None:
+        """Start in STARTING with no lines seen.
+
+        after_restart: the lines follow a restart (read from the restart's log offset): until an
+        engine's first start-up line, they are the outgoing engine's. old_pids: process ids of
+        the outgoing engine; its lines never count, wherever they fall.
+        """
         self.phase: Phase = Phase.STARTING
         self.lines_seen = 0
         self.context_lines = context_lines
@@ -355,9 +384,68 @@ class BootTracker:
         self._traceback_level: str | bool | None = False  # False: not inside a traceback
         self._traceback_benign = False
         self._last_message = ""
-        # True while reading the previous engine's shutdown output, before this boot starts.
-        self.old_engine = False
-        self.ignored: list[str] = []  # fatal-looking lines of the previous engine's shutdown
+        self.ignored: list[str] = []  # fatal-looking lines of an outgoing or stopping engine
+        # Segments: the lines of one engine instance, from its first start-up line on.
+        self.old_pids: set[int] = set(old_pids or ())
+        self.new_pid: int | None = None  # the new engine's API server pid, once known
+        self.segments = 0
+        self.segment_pid: int | None = None  # the API server pid of the current segment
+        self.segment_stopped = False  # the current segment's engine was told to stop
+        self.awaiting_start = after_restart
+        self.outgoing_lines = 0  # lines attributed to an outgoing engine
+        self.step = "imports"  # where STARTING is (see STARTING_STEPS)
+
+    @property
+    def old_engine(self) -> bool:
+        """True while the lines read are an outgoing engine's (before this boot's first line)."""
+        return self.awaiting_start or self.segment_stopped
+
+    def claim(self, pid: int) -> None:
+        """The new engine's API server is `pid`: a segment of another API server is outgoing."""
+        self.new_pid = pid
+        self.old_pids.discard(pid)
+        if self.segment_pid is not None and self.segment_pid != pid:
+            self.old_pids.add(self.segment_pid)
+            self._outgoing_segment()
+
+    def _outgoing_segment(self) -> None:
+        """The current segment turned out to be an outgoing engine's: forget what it said."""
+        self.ignored.extend(f.line for f in self.fatals)
+        self.fatals = []
+        self._new_engine()
+        self.non_default_args = {}
+        self.vllm_version = None
+        self.segment_pid = None
+        self.awaiting_start = True
+
+    def _segment(self, info: LineInfo, pid: int | None, api: bool) -> bool:
+        """Track engine instances; True when the line is an outgoing engine's."""
+        if pid is not None and pid in self.old_pids:
+            return True
+        if _START_RE.search(info.message) and (
+            self.awaiting_start
+            or self.segment_stopped
+            or self.phase.rank > Phase.STARTING.rank
+            or (api and self.segment_pid is not None and pid != self.segment_pid)
+        ):
+            if self.segments and self.segment_pid is not None and pid != self.segment_pid:
+                self.old_pids.add(self.segment_pid)
+            self.ignored.extend(f.line for f in self.fatals)
+            self.fatals = []
+            self._new_engine()
+            self.segments += 1
+            self.awaiting_start = False
+            self.segment_stopped = False
+            self.segment_pid = pid if api else None
+        elif api and self.segment_pid is None and not self.awaiting_start:
+            self.segment_pid = pid
+        if self.awaiting_start:
+            return True
+        return (
+            self.new_pid is not None
+            and self.segment_pid is not None
+            and self.segment_pid != self.new_pid
+        )
 
     def feed(self, line: str) -> tuple[LineInfo, Phase | None, Fatal | None]:
         """Take one line; return its classification, the phase newly reached and a new fatal."""
@@ -366,10 +454,16 @@ class BootTracker:
         self.lines_seen += 1
         self.recent.append(line)
         info = classify_line(line)
+        _, _, proc = split_prefix(line)
+        m = _PROC_PID_RE.match(proc or "")
+        pid = int(m.group("pid")) if m else None
+        if self._segment(info, pid, bool(m and m.group("name").startswith("APIServer"))):
+            self.outgoing_lines += 1
+            if info.fatal is not None or info.exception:
+                self.ignored.append(line)
+            return LineInfo(info.message, info.level), None, None
         data = info.data
 
-        if "non_default_args" in data and self.phase.rank > Phase.STARTING.rank:
-            self._new_engine()
         if "non_default_args" in data:
             self.non_default_args = data["non_default_args"]
         if "kv_cache_tokens" in data:
@@ -400,12 +494,21 @@ class BootTracker:
         if "init_engine_s" in data:
             self.metrics["init_engine_s"] = data["init_engine_s"]
 
-        if _SHUTDOWN_RE.search(info.message):
-            if self.phase is Phase.STARTING and not self.non_default_args:
-                self.old_engine = True
-        elif info.phase is Phase.STARTING or "vllm_version" in data:
-            self.old_engine = False
+        if _STOP_RE.search(info.message):
+            self.segment_stopped = True
+        elif (
+            _SHUTDOWN_RE.search(info.message)
+            and self.phase is Phase.STARTING
+            and not self.non_default_args
+        ):
+            self.segment_stopped = True  # a teardown that began before this log's first line
 
+        if self.phase is Phase.STARTING:
+            ranks = [name for name, _ in STARTING_STEPS]
+            at = ranks.index(self.step) if self.step in ranks else -1
+            for i, (name, pattern) in enumerate(STARTING_STEPS):
+                if i > at and (pattern.search(info.message) or pattern.search(proc or "")):
+                    self.step, at = name, i
         new_phase: Phase | None = None
         if info.phase is not None and info.phase.rank > self.phase.rank:
             self.phase = info.phase
@@ -425,7 +528,7 @@ class BootTracker:
             self._traceback_level = False
         self._last_message = info.message
 
-        if fatal_kind is not None and self.old_engine:
+        if fatal_kind is not None and self.segment_stopped:
             self.ignored.append(line)
             fatal_kind = None
 
@@ -439,6 +542,7 @@ class BootTracker:
     def _new_engine(self) -> None:
         """A new engine starts after lines of the one before it (still booting at the restart)."""
         self.phase = Phase.STARTING
+        self.step = "imports"
         self.kv_cache_tokens = None
         self.kv_cache_blocks = None
         self.api_url = None

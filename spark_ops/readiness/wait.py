@@ -33,11 +33,34 @@ Probe = Callable[[], Awaitable[bool]]
 
 
 @dataclass(frozen=True)
+class InstanceView:
+    """What the head says of the engine instance running now, next to the outgoing one.
+
+    new: it is not the outgoing instance (None: cannot tell yet); alive: it runs; log_pid: the
+    pid its log lines carry (`(APIServer pid=N)`), when the head's pid is that pid; survivors:
+    processes of a dead instance still running (named to the operator).
+    """
+
+    new: bool | None
+    alive: bool
+    label: str = ""
+    log_pid: int | None = None
+    survivors: tuple[str, ...] = ()
+    stop_hint: str = ""
+
+
+InstanceWatch = Callable[[], Awaitable["InstanceView | None"]]
+
+
+@dataclass(frozen=True)
 class BootEvent:
     """One thing that happened during a boot, for progress display.
 
-    kind: "phase" (a phase was reached; READY too), "line" (every log line), "workers" (Ray
-    workers joined or missing changed), "tick" (about once a second), "fatal" / "timeout" (just
+    kind: "start" (a boot begins: the rollback's too), "engine" (a new engine's first line after
+    another engine's: its phases start over), "step" (a step of STARTING: api-config,
+    engine-core, workers), "phase" (a phase was reached; READY too), "line"
+    (every log line), "workers" (Ray workers joined or missing changed), "instance" (the new
+    engine instance seen, or seen dead), "tick" (about once a second), "fatal" / "timeout" (just
     before raising).
     """
 
@@ -140,12 +163,13 @@ class _Boot:
         on_event: Callable[[BootEvent], None] | None,
         expect_graph_capture: bool | None,
         clock: Callable[[], float],
+        tracker: BootTracker | None = None,
     ) -> None:
         """Start the clock."""
         self.clock = clock
         self.start = clock()
         self.started_at = time.time()
-        self.tracker = BootTracker()
+        self.tracker = tracker or BootTracker()
         self.on_event = on_event
         self.expect_graph_capture = expect_graph_capture
         self.phase_times: dict[Phase, float] = {Phase.STARTING: 0.0}
@@ -160,6 +184,9 @@ class _Boot:
         self.last_probe_error: str | None = None
         self.probes = 0
         self.workers_joined = 0
+        self.instance: InstanceView | None = None
+        self.new_seen_at: float | None = None  # when the new engine instance was first seen
+        self.exited_at: float | None = None  # when the new instance was seen dead
 
     def elapsed(self) -> float:
         """Seconds since waiting began."""
@@ -181,9 +208,14 @@ class _Boot:
 
     def feed(self, line: str) -> None:
         """Classify a line, update state and emit its events."""
+        segments, step = self.tracker.segments, self.tracker.step
         info, new_phase, fatal = self.tracker.feed(line)
         line = line.rstrip("\r\n")
         now = self.clock()
+        if self.tracker.segments != segments and (segments or self.tracker.outgoing_lines):
+            # a new engine's first line after another engine's: its phases start here
+            self.phase_times = {Phase.STARTING: now - self.start}
+            self.emit("engine", line, outgoing_lines=self.tracker.outgoing_lines)
         if "placement_wait_s" in info.data and self.pg_first_seen is None:
             self.pg_first_seen = now
             self.pg_first_reported = int(info.data["placement_wait_s"])
@@ -191,6 +223,8 @@ class _Boot:
         if fatal is not None:
             data["fatal"] = fatal.kind.value
         self.emit("line", line, **data)
+        if self.tracker.step != step and self.tracker.phase is Phase.STARTING:
+            self.emit("step", line, step=self.tracker.step)
         if new_phase is not None:
             self.phase_times[new_phase] = now - self.start
             self.emit(
@@ -381,16 +415,58 @@ def _stall_error(boot: _Boot, worker_stall_s: float) -> BootError | None:
     return error
 
 
+def _survivors_text(view: InstanceView | None) -> str:
+    """`; still running: 12 (VLLM::EngineCore), 13 (VLLM::Worker)` or nothing."""
+    if view is None or not view.survivors:
+        return ""
+    return f"; still running: {', '.join(view.survivors)}"
+
+
 def _exit_error(boot: _Boot) -> BootError:
-    """The BootError for a log source that ended before the engine answered."""
+    """The BootError for an engine that exited (or whose log ended) before it answered."""
     t = boot.tracker
     last = t.last_lines(12)
-    message = (
-        f"engine log ended during {t.phase.value} before the engine answered a completion "
-        f"(the engine process exited?) after {t.lines_seen} lines"
-    )
+    view = boot.instance
+    if boot.exited_at is not None and view is not None:
+        message = (
+            f"the new engine ({view.label}) exited during {t.phase.value} before it answered a "
+            f"completion{_survivors_text(view)}"
+        )
+    else:
+        message = (
+            f"engine log ended during {t.phase.value} before the engine answered a completion "
+            f"(the engine process exited?) after {t.lines_seen} lines"
+        )
+    hint = FATAL_HINTS[FatalKind.EXIT]
+    if view is not None and view.survivors and view.stop_hint:
+        hint = f"{view.stop_hint}; then {hint}"
     boot.emit("fatal", last[-1] if last else None, reason=FatalKind.EXIT.value, message=message)
-    return BootError(message, phase=t.phase.value, lines=last, hint=FATAL_HINTS[FatalKind.EXIT])
+    return BootError(message, phase=t.phase.value, lines=last, hint=hint)
+
+
+async def _watch_instance(boot: _Boot, watch: InstanceWatch, interval: float) -> None:
+    """Poll which engine instance runs: the new one seen (its pid claimed), then its death."""
+    while True:
+        try:
+            view = await _bounded(watch(), max(interval * 4, 10.0))
+        except Exception as exc:  # the head did not answer: unknown this round
+            view = None
+            _log().debug("instance_watch_failed", error=f"{type(exc).__name__}: {exc}")
+        if view is not None:
+            boot.instance = view
+            if view.new and boot.new_seen_at is None and (view.alive or view.survivors):
+                boot.new_seen_at = boot.clock()
+                if view.log_pid is not None:
+                    boot.tracker.claim(view.log_pid)
+                boot.emit("instance", None, instance=view.label, new=True)
+            if view.new and not view.alive and boot.exited_at is None:
+                if boot.new_seen_at is None:
+                    boot.new_seen_at = boot.clock()
+                boot.exited_at = boot.clock()
+                boot.emit("instance", None, instance=view.label, exited=True,
+                          survivors=list(view.survivors))  # fmt: skip
+            boot.wake.set()
+        await asyncio.sleep(interval)
 
 
 async def wait_for_boot(
@@ -410,17 +486,29 @@ async def wait_for_boot(
     worker_poll_s: float = 5.0,
     tick_s: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
+    instance: InstanceWatch | None = None,
+    instance_poll_s: float = 0.5,
+    tracker: BootTracker | None = None,
+    args_grace_s: float = 0.0,
 ) -> BootReport:
     """Follow a boot until the engine answers a completion; raise BootError / BootTimeout early.
 
     Lines are read concurrently with probing. A fatal line waits `fatal_grace_s` (or the end of
     the source) for the root cause to be printed, then raises BootError with the evidence. The
     source ending before READY means the engine exited (unless `source_end_fatal` is False).
+
+    `instance` (polled every `instance_poll_s`) says which engine instance runs: once the new one
+    is seen, its pid's log lines are its own (`tracker.claim`), and its death ends the wait
+    with the processes it left named. A fatal line waits for the instance to be known (up to
+    10 s), so that the outgoing engine's last words are never taken for the new boot's.
+    An answer before the new engine's `non-default args:` line was read waits up to
+    `args_grace_s` for it (the log may lag the API), so READY carries the new engine's args.
     """
     if deadline_s <= 0:
         raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
-    boot = _Boot(on_event, expect_graph_capture, clock)
+    boot = _Boot(on_event, expect_graph_capture, clock, tracker)
     deadline = boot.start + deadline_s
+    boot.emit("start", None)
     boot.emit("phase", None, expected=[p.value for p in boot.expected()])
     tasks = [
         asyncio.create_task(_read(lines, boot), name="boot-lines"),
@@ -435,6 +523,12 @@ async def wait_for_boot(
                 _watch_workers(boot, missing_workers, worker_poll_s), name="boot-workers"
             )
         )
+    if instance is not None:
+        tasks.append(
+            asyncio.create_task(
+                _watch_instance(boot, instance, instance_poll_s), name="boot-instance"
+            )
+        )
     last_tick = boot.clock()
     try:
         while True:
@@ -444,16 +538,41 @@ async def wait_for_boot(
                     raise task.exception()  # type: ignore[misc]
             now = boot.clock()
             t = boot.tracker
-            if boot.ready_at is not None:
+            waiting_args = (
+                boot.ready_at is not None
+                and not t.non_default_args
+                and not boot.source_ended
+                and now - boot.ready_at < args_grace_s
+            )
+            if boot.ready_at is not None and not waiting_args:
                 report = boot.report()
                 boot.emit("phase", None, total_s=report.total_s)
                 return report
-            if boot.fatal_at is not None and (
-                boot.source_ended or now - boot.fatal_at >= fatal_grace_s
+            pending_identity = (
+                instance is not None
+                and boot.new_seen_at is None
+                and boot.fatal_at is not None
+                and now - boot.fatal_at < 10.0
+            )
+            if (
+                boot.fatal_at is not None
+                and not pending_identity
+                and (boot.source_ended or now - boot.fatal_at >= fatal_grace_s)
             ):
                 best = t.best_fatal()
-                assert best is not None
-                raise boot.fatal_error(best)
+                if best is None:  # its segment turned out to be the outgoing engine's
+                    boot.fatal_at = None
+                else:
+                    error = boot.fatal_error(best)
+                    view = boot.instance
+                    if boot.exited_at is not None and view is not None:
+                        error.message += _survivors_text(view)
+                        if view.survivors and view.stop_hint:
+                            error.hint = f"{view.stop_hint}; then {error.hint}"
+                    raise error
+            exited_for = now - boot.exited_at if boot.exited_at is not None else -1.0
+            if exited_for >= max(fatal_grace_s, 1.0) and t.best_fatal() is None:
+                raise _exit_error(boot)
             if boot.source_ended and source_end_fatal:
                 raise _exit_error(boot)
             stall = _stall_error(boot, worker_stall_s)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 from typing import Any
 
@@ -48,6 +49,17 @@ class SimEngine:
         self.stop_requested.set()
 
     async def run(self) -> int:
+        """Boot, serve until a signal or a fatal fault, then shut down; return the exit code."""
+        children = _spawn_children() if self.cfg.get("spawn_children") else []
+        try:
+            return await self._run()
+        finally:
+            for child in children:  # a graceful end takes them along; a SIGKILL does not
+                with contextlib.suppress(ProcessLookupError):
+                    child.kill()
+                child.wait()
+
+    async def _run(self) -> int:
         """Boot, serve until a signal or a fatal fault, then shut down; return the exit code."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -255,6 +267,30 @@ class SimEngine:
         st.core.abort_all()
         await asyncio.sleep(scaled(self.cfg, "faults.dead_while_serving.exit_after_s"))
         fatal.set()
+
+
+_CHILD = (
+    "import ctypes, sys, time\n"
+    "ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)\n"
+    "while True: time.sleep(3600)\n"
+)
+
+
+def _spawn_children() -> list[subprocess.Popen[bytes]]:
+    """Real child processes named like vLLM's (`spawn_children: true` in the sim config).
+
+    They hold nothing but their names, and stay in the engine's process group: killing the API
+    server alone (SIGKILL) leaves them running, as a real vLLM leaves its EngineCore and workers.
+    """
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, name],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name in ("VLLM::EngineCore", "VLLM::Worker_TP0")
+    ]
 
 
 def _make_access_log() -> type:

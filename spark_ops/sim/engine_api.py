@@ -356,11 +356,34 @@ def _labels(**labels: str) -> str:
     return ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
 
 
+def process_start_time() -> float:
+    """This process's start time in Unix seconds, as prometheus_client computes it (whole-second
+    boot time from /proc/stat plus the start ticks of /proc/self/stat)."""
+    try:
+        stat = open("/proc/self/stat").read()  # noqa: SIM115
+        ticks = int(stat[stat.rfind(")") + 2 :].split()[19])
+        btime = next(
+            float(line.split()[1])
+            for line in open("/proc/stat")  # noqa: SIM115
+            if line.startswith("btime ")
+        )
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+_START_TIME = process_start_time()
+
+
 def render_metrics(st: ServerState) -> str:
     """Return /metrics text: vLLM's names, `engine` and `model_name` labels."""
     core, name = st.core, st.args.served_name
     base = _labels(engine="0", model_name=name)
-    out: list[str] = []
+    out: list[str] = [
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
+        "# TYPE process_start_time_seconds gauge",
+        f"process_start_time_seconds {_START_TIME!r}",
+    ]
 
     def metric(
         metric_name: str, kind: str, help_text: str, samples: list[tuple[str, float]]

@@ -130,7 +130,7 @@ def _stop_group(
         time.sleep(0.05)
     if alive():
         send(signal.SIGKILL)
-        end = time.monotonic() + 10
+        end = time.monotonic() + 30  # a big engine's memory takes the kernel a while to free
         while alive() and time.monotonic() < end:
             time.sleep(0.05)
         step["result"] = "killed" if not alive() else "still running after SIGKILL"

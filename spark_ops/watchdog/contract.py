@@ -16,8 +16,12 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from spark_ops.errors import AmbiguousStamp, HistoryError, WatchdogError
+from spark_ops.errors import HistoryError, TriggerFailed, WatchdogError
 from spark_ops.remote import ClusterSession, quote_path
+from spark_ops.watchdog.identify import HistEntry, Identification, fmt_stamp
+from spark_ops.watchdog.identify import identify as identify_entry
+
+PLANNED_BY = "spark-ops"
 
 _EXIT_MEANING = {
     3: "the history lock is held too long",
@@ -35,7 +39,7 @@ def operator() -> str:
     """Who is acting, for journal entries ('spark-ops:<user>')."""
     from spark_ops.lock import local_user
 
-    return f"spark-ops:{local_user()}"
+    return f"{PLANNED_BY}:{local_user()}"
 
 
 @dataclass
@@ -53,6 +57,7 @@ class BudgetView:
     gave_up_reason: str = ""
     malformed: list[dict[str, Any]] = field(default_factory=list)
     history_file: str = ""
+    flagged: list[dict[str, Any]] = field(default_factory=list)  # counted here, maybe not there
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
@@ -69,21 +74,91 @@ class BudgetView:
             "gave_up_reason": self.gave_up_reason,
             "malformed": self.malformed,
             "history_file": self.history_file,
+            "flagged": self.flagged,
         }
 
 
 @dataclass
 class Trigger:
-    """What a forced restart did: the stamp it reported (if any) and the head's clock around it."""
+    """What a forced restart did: the head's clock around it, its output and its exit."""
 
     before: float
     after: float
-    stamp: float | None
+    stamp: float | None  # the stamp it printed; None unless the inventory says reports_stamp
     output: str
+    exit_code: int | None = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for reports."""
-        return {"before": self.before, "after": self.after, "stamp": self.stamp}
+        return {
+            "before": self.before,
+            "after": self.after,
+            "stamp": self.stamp,
+            "exit_code": self.exit_code,
+        }
+
+
+PLACEHOLDERS = ("reason", "by")
+_PLACEHOLDER_RE = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+
+
+def _quoted_spans(template: str) -> list[tuple[int, int]]:
+    """The (start, end) spans of the template that a POSIX shell reads inside quotes."""
+    spans: list[tuple[int, int]] = []
+    i, n = 0, len(template)
+    while i < n:
+        ch = template[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch in ("'", '"'):
+            j = i + 1
+            while j < n and template[j] != ch:
+                j += 2 if (ch == '"' and template[j] == "\\") else 1
+            spans.append((i, j))
+            i = j + 1
+            continue
+        i += 1
+    return spans
+
+
+def check_restart_template(template: str, key: str = "watchdog.restart_command") -> None:
+    """Refuse a restart command whose {reason} / {by} sits inside quotes (its value would not be
+    one quoted word there)."""
+    spans = _quoted_spans(template)
+    for m in _PLACEHOLDER_RE.finditer(template):
+        if any(a < m.start() < b for a, b in spans):
+            raise WatchdogError(
+                f"{key}: {m.group(0)} is inside quotes in {template!r}; spark-ops puts each value "
+                "in as one shell-quoted word, so write the placeholder unquoted "
+                f"(e.g. --reason {{reason}})"
+            )
+
+
+def check_value(name: str, value: str) -> str:
+    """A value for a placeholder: text that encodes as UTF-8 and holds no NUL."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise WatchdogError(
+            f"--{name} {value.encode('utf-8', 'surrogateescape')!r}: not valid UTF-8; "
+            "allowed: any UTF-8 text without NUL"
+        ) from None
+    if "\0" in value:
+        raise WatchdogError(f"--{name}: holds a NUL byte; allowed: any UTF-8 text without NUL")
+    return value
+
+
+def fill_restart_command(template: str, values: dict[str, str]) -> str:
+    """Substitute every placeholder in ONE pass, each value one shell-quoted word.
+
+    A value that itself holds `{by}` or `$(...)` stays inert text: replacements are never scanned
+    again. Other braces (`${HOME}`, `{a,b}`) are left to the shell as written.
+    """
+    check_restart_template(template)
+    for name, value in values.items():
+        check_value(name, value)
+    return _PLACEHOLDER_RE.sub(lambda m: shlex.quote(values[m.group(1)]), template)
 
 
 class WatchdogContract:
@@ -101,12 +176,14 @@ class WatchdogContract:
         fmt = self.wd.history_format
         return ["--history", self.wd.history_file, "--format", fmt]
 
+    @property
+    def journal(self) -> str:
+        """The journal on the head: the watchdog's, else spark-ops' own beside the history."""
+        return self.wd.journal_file or f"{self.wd.history_file}.journal.jsonl"
+
     def _locking(self) -> list[str]:
         """Lock and journal arguments for changes."""
-        args = ["--lock", self.wd.lock_path]
-        if self.wd.journal_file:
-            args += ["--journal", self.wd.journal_file]
-        return args
+        return ["--lock", self.wd.lock_path, "--journal", self.journal]
 
     async def history(
         self, command: str, *args: str, timeout: float | None = None
@@ -187,12 +264,12 @@ class WatchdogContract:
             gave_up_reason=why,
             malformed=list(data.get("malformed", [])),
             history_file=self.wd.history_file,
+            flagged=list(data.get("flagged", [])),
         )
 
     async def _journal_by_stamp(self) -> dict[float, dict[str, Any]]:
         """The latest journal record per stamp (reasons for budget displays)."""
-        journal = self.wd.journal_file or f"{self.wd.history_file}.journal.jsonl"
-        text = await self.session.read_file(self.head, journal)
+        text = await self.session.read_file(self.head, self.journal)
         out: dict[float, dict[str, Any]] = {}
         for line in (text or "").splitlines():
             try:
@@ -205,8 +282,7 @@ class WatchdogContract:
 
     async def last_restart(self) -> dict[str, Any] | None:
         """The newest restart in the journal (pruned or not): time, reason, by, forced."""
-        journal = self.wd.journal_file or f"{self.wd.history_file}.journal.jsonl"
-        text = await self.session.read_file(self.head, journal)
+        text = await self.session.read_file(self.head, self.journal)
         last = None
         for line in (text or "").splitlines():
             try:
@@ -218,56 +294,69 @@ class WatchdogContract:
         return last
 
     def restart_command(self, reason: str) -> str:
-        """The inventory's restart command with {reason} and {by} filled in, quoted."""
-        cmd = self.wd.restart_command
-        return cmd.replace("{reason}", shlex.quote(reason)).replace("{by}", shlex.quote(operator()))
+        """The inventory's restart command with {reason} and {by} filled in (one pass, quoted)."""
+        return fill_restart_command(self.wd.restart_command, {"reason": reason, "by": operator()})
+
+    async def entries(self) -> list[HistEntry]:
+        """Every well-formed history entry with its exact line, in file order."""
+        data = await self.history("read", *self._common())
+        return [HistEntry.from_read(e) for e in data.get("entries", [])]
 
     async def trigger(self, reason: str, *, timeout: float = 600.0) -> Trigger:
-        """Force a restart through the watchdog, taking the head's clock before and after."""
-        before = await self.clock()
-        res = await self.session.run(
-            self.head, self.restart_command(reason), timeout=timeout, check=False
-        )
-        after = await self.clock()
-        if res.exit_code != 0:
-            raise WatchdogError(
-                f"{self.head}: the watchdog's restart command failed (exit {res.exit_code}): "
-                f"{res.stderr.strip()[-300:] or res.stdout.strip()[-300:]}"
-            )
-        return Trigger(before, after, _reported_stamp(res.stdout), res.stdout)
+        """Force a restart through the watchdog, taking the head's clock before and after.
 
-    async def identify(self, trigger: Trigger, before: list[float]) -> float | None:
-        """The stamp this restart wrote: reported, else the one new stamp in the clock window."""
-        now = await self.stamps()
-        old = list(before)
-        new = []
-        for s in now:
-            if s in old:
-                old.remove(s)
-            else:
-                new.append(s)
-        if trigger.stamp is not None:
-            if any(abs(s - trigger.stamp) < 1e-6 for s in now):
-                return trigger.stamp
-            raise HistoryError(
-                f"the watchdog reported stamp {trigger.stamp} but the history does not hold it"
-            )
-        window = [s for s in new if trigger.before - 1 <= s <= trigger.after + 1]
-        if len(window) == 1:
-            return window[0]
-        if not window:
-            return None
-        raise AmbiguousStamp(
-            f"{len(window)} new stamps appeared around the planned restart "
-            f"({', '.join(_fmt(s) for s in window)}): an automatic restart raced it; none pruned",
-            hint="see `spark-ops budget`, then prune the planned one by value: "
-            f"spark-ops budget prune --stamp {_fmt(window[0])}",
+        Never raises for the command's own failure: the Trigger carries its exit code, so that the
+        caller can tell whether a restart began before it reports (and undoes) anything.
+        """
+        command = self.restart_command(reason)
+        before = await self.clock()
+        res = await self.session.run(self.head, command, timeout=timeout, check=False)
+        after = await self.clock()
+        printed = _reported_stamp(res.stdout) if self.wd.reports_stamp else None
+        output = res.stdout if res.exit_code == 0 else (res.stderr.strip() or res.stdout.strip())
+        return Trigger(before, after, printed, output[-2000:], res.exit_code)
+
+    def failure(self, trigger: Trigger) -> TriggerFailed:
+        """The error of a restart command that exited non-zero."""
+        return TriggerFailed(
+            self.head,
+            f"the watchdog's restart command failed (exit {trigger.exit_code}): "
+            f"{trigger.output.strip()[-300:] or 'no output'}",
         )
+
+    async def identify(
+        self, trigger: Trigger, before: list[HistEntry], *, until: float | None = None
+    ) -> Identification:
+        """The entry this restart wrote (watchdog/identify.py's rules); AmbiguousStamp in a race.
+
+        The window runs from the head's clock before the command to `until` (default: now), so a
+        stamp an asynchronous watchdog appends after its command returned is still found.
+        """
+        now = await self.entries()
+        end = until if until is not None else await self.clock()
+        return identify_entry(
+            before,
+            now,
+            window=(trigger.before, max(trigger.after, end)),
+            reported=trigger.stamp,
+            reports_stamp=self.wd.reports_stamp,
+            by_prefix=PLANNED_BY,
+        )
+
+    async def note_planned(self, entry: HistEntry, reason: str) -> None:
+        """Record on the head that this stamp is a planned restart (for `prune --planned`).
+
+        A watchdog that keeps no journal gets spark-ops' own record beside its history; one whose
+        journal already marks the stamp planned is left as it is.
+        """
+        args = [*self._common(), *self._locking(), "--by", operator(), "--reason", reason]
+        await self.history("note", *args, "--stamp", _fmt(entry.stamp))
 
     async def prune(
         self,
         *,
         stamps: list[float] | None = None,
+        raws: list[str] | None = None,
         since: float | None = None,
         until: float | None = None,
         planned: bool = False,
@@ -278,6 +367,8 @@ class WatchdogContract:
         args = [*self._common(), *self._locking(), "--by", operator(), "--reason", reason]
         for s in stamps or []:
             args += ["--stamp", _fmt(s)]
+        for raw in raws or []:
+            args += ["--raw", raw]
         if since is not None:
             args += ["--since", _fmt(since)]
         if until is not None:
@@ -309,9 +400,7 @@ class WatchdogContract:
         return res.ok
 
 
-def _fmt(stamp: float) -> str:
-    """Print a stamp as the history holds it (integers without a decimal point)."""
-    return str(int(stamp)) if float(stamp).is_integer() else repr(float(stamp))
+_fmt = fmt_stamp
 
 
 def _reported_stamp(output: str) -> float | None:

@@ -121,7 +121,10 @@ class History:
             "exists": self.exists,
             "format": self.format,
             "count": len(self.entries),
-            "entries": [e.to_dict() for e in self.entries],
+            "entries": [
+                {**e.to_dict(), "raw": self.lines[e.line - 1].decode("utf-8", "replace")}
+                for e in self.entries
+            ],
             "malformed": self.malformed,
         }
 
@@ -646,7 +649,29 @@ def budget(
         "format": hist.format,
         **result,
         "malformed": hist.malformed,
+        "flagged": flagged_lines(hist),
     }
+
+
+_PLAIN_STAMP_RE = re.compile(rb"^\d{1,15}(\.\d{1,9})?$")
+
+
+def flagged_lines(hist: History) -> list[dict[str, Any]]:
+    """Stamps counted here that a watchdog may not count: spaces around the number or a CR.
+
+    A bash watchdog reading the file with `read` drops spaces and tabs but keeps a CR, which
+    `[ "$ts" -gt … ]` rejects and awk compares as text: such a line is flagged, not trusted to be
+    counted alike by both.
+    """
+    if hist.format != "stamps":
+        return []
+    out = []
+    for e in hist.entries:
+        raw = hist.lines[e.line - 1]
+        if not _PLAIN_STAMP_RE.match(raw):
+            why = "a carriage return" if b"\r" in raw else "spaces around the number"
+            out.append({"line": e.line, "raw": raw.decode("utf-8", "replace"), "why": why})
+    return out
 
 
 def append(
@@ -720,32 +745,83 @@ def journal_event(
         )
 
 
+def _marked(entry: Entry, planned_by: str) -> bool:
+    """Tell whether a jsonl record says it is a planned (forced) restart."""
+    rec = entry.record or {}
+    by = rec.get("by")
+    return (
+        rec.get("planned") is True
+        or rec.get("forced") is True
+        or (isinstance(by, str) and bool(planned_by) and by.startswith(planned_by))
+    )
+
+
+def note_planned(
+    path: str,
+    *,
+    stamp: Stamp,
+    reason: str = "",
+    by: str = "",
+    lock: str | None = None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    journal: str | None = None,
+    planned_by: str = DEFAULT_PLANNED_BY,
+) -> dict[str, Any]:
+    """Record in the journal that ``stamp`` is a planned restart, unless a record already says so.
+
+    For a watchdog that keeps no journal, this is how ``prune --planned`` later finds the stamp of
+    a planned restart whose prune did not happen (the tool killed, the boot interrupted).
+    """
+    journal = journal or default_journal(path)
+    with locked(lock or default_lock(path), lock_timeout):
+        records, _ = read_journal(journal)
+        known = any(_is_planned(rec, planned_by) and rec.get("stamp") == stamp for rec in records)
+        if not known:
+            _append_journal(
+                journal,
+                [_journal_line(stamp=stamp, action="restart", reason=reason, forced=True, by=by)],
+            )
+    return {"ok": True, "journal": journal, "stamp": stamp, "written": not known}
+
+
 def _select(
     hist: History,
     stamps: Sequence[Stamp],
     since: float | None,
     until: float | None,
     planned: dict[Stamp, int],
-) -> tuple[set[int], list[Stamp], list[Stamp]]:
-    """Choose entry indexes to remove; returns (indexes, stamps not found, planned absent)."""
+    raws: Sequence[str] = (),
+    planned_by: str = DEFAULT_PLANNED_BY,
+) -> tuple[set[int], list[Any], list[Stamp]]:
+    """Choose entry indexes to remove; returns (indexes, stamps/raws not found, planned absent).
+
+    A raw line selects the latest entry with exactly that text (the planned record, told apart
+    from an automatic one of the same ``ts`` by its other fields); a planned stamp prefers a
+    record marked forced / planned over an unmarked one of the same value.
+    """
     chosen: set[int] = set()
     by_value: dict[Stamp, list[int]] = {}
+    by_raw: dict[str, list[int]] = {}
     for idx, entry in enumerate(hist.entries):
         by_value.setdefault(entry.stamp, []).append(idx)
+        by_raw.setdefault(hist.lines[entry.line - 1].decode("utf-8", "replace"), []).append(idx)
 
-    def take(value: Stamp) -> bool:
-        """Select the latest not-yet-chosen entry with this value."""
-        for idx in reversed(by_value.get(value, [])):
-            if idx not in chosen:
-                chosen.add(idx)
-                return True
+    def take(candidates: Sequence[int], prefer_marked: bool = False) -> bool:
+        """Select the latest not-yet-chosen entry (a marked one first when asked)."""
+        free = [idx for idx in reversed(candidates) if idx not in chosen]
+        if prefer_marked:
+            free.sort(key=lambda idx: not _marked(hist.entries[idx], planned_by))
+        if free:
+            chosen.add(free[0])
+            return True
         return False
 
-    not_found = [s for s in stamps if not take(s)]
+    not_found: list[Any] = [r for r in raws if not take(by_raw.get(r, []))]
+    not_found += [s for s in stamps if not take(by_value.get(s, []))]
     planned_absent: list[Stamp] = []
     for value, count in planned.items():
         for _ in range(count):
-            if not take(value):
+            if not take(by_value.get(value, []), prefer_marked=True):
                 planned_absent.append(value)
     if since is not None or until is not None:
         lo = -math.inf if since is None else since
@@ -764,6 +840,7 @@ def prune(
     until: float | None = None,
     planned: bool = False,
     planned_by: str = DEFAULT_PLANNED_BY,
+    raws: Sequence[str] = (),
     dry_run: bool = False,
     strict: bool = False,
     reason: str = "",
@@ -777,8 +854,8 @@ def prune(
 ) -> dict[str, Any]:
     """Remove chosen stamps under the lock; back up the old content; rewrite atomically."""
     _check_format(fmt)
-    if not stamps and since is None and until is None and not planned:
-        raise UsageFailure("prune needs --stamp, --since/--until or --planned")
+    if not stamps and not raws and since is None and until is None and not planned:
+        raise UsageFailure("prune needs --stamp, --raw, --since/--until or --planned")
     if keep_backups < 1:
         raise UsageFailure(f"--keep-backups {keep_backups} is not allowed: must be >= 1")
     lock = lock or default_lock(path)
@@ -788,7 +865,9 @@ def prune(
         data, exists = _read_bytes(path)
         hist = parse_history(data, path=path, fmt=fmt, exists=exists)
         plan = planned_stamps(journal, planned_by) if planned else {}
-        chosen, not_found, planned_absent = _select(hist, stamps, since, until, plan)
+        chosen, not_found, planned_absent = _select(
+            hist, stamps, since, until, plan, raws, planned_by
+        )
         if strict and not_found:
             raise StampNotFound(
                 f"stamps {not_found} are not in history {path}; nothing was changed (--strict)",
@@ -885,8 +964,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stamp", type=_stamp_arg, help="default: now")
     p.add_argument("--forced", action="store_true")
     p.add_argument("--action", default="restart", help="journal action (default restart)")
+    p = sub.add_parser("note", parents=[common, locking], help="journal a planned restart")
+    p.add_argument("--stamp", type=_stamp_arg, required=True)
     p = sub.add_parser("prune", parents=[common, locking], help="remove chosen stamps")
     p.add_argument("--stamp", type=_stamp_arg, action="append", default=[], dest="stamps")
+    p.add_argument("--raw", action="append", default=[], dest="raws", help="an exact line")
     p.add_argument("--since", type=_nonneg_float)
     p.add_argument("--until", type=_nonneg_float)
     p.add_argument("--planned", action="store_true", help="stamps the journal marks planned")
@@ -918,6 +1000,11 @@ def run(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
         "reason": args.reason,
         "by": args.by,
     }
+    if cmd == "note":
+        return EXIT_OK, note_planned(
+            args.history, stamp=args.stamp, reason=args.reason, by=args.by, lock=args.lock,
+            lock_timeout=args.lock_timeout, journal=args.journal,
+        )  # fmt: skip
     if cmd == "append":
         return EXIT_OK, append(
             args.history, stamp=args.stamp, forced=args.forced, action=args.action, **locking
@@ -929,6 +1016,7 @@ def run(argv: Sequence[str]) -> tuple[int, dict[str, Any]]:
         until=args.until,
         planned=args.planned,
         planned_by=args.planned_by,
+        raws=args.raws,
         dry_run=args.dry_run,
         strict=args.strict,
         keep_backups=args.keep_backups,

@@ -22,22 +22,26 @@ async def budget_prune(
     op: Operation,
     *,
     stamps: Sequence[float] = (),
+    raws: Sequence[str] = (),
     since: float | None = None,
     until: float | None = None,
     planned: bool = False,
     dry_run: bool = False,
 ) -> dict[str, Any]:
     """Remove chosen stamps (by value, time range, or the journal's planned entries)."""
-    if not stamps and since is None and not planned:
-        raise SparkOpsError("choose what to prune: --stamp S, --since T or --planned")
+    if not stamps and not raws and since is None and not planned:
+        raise SparkOpsError("choose what to prune: --stamp S, --raw LINE, --since T or --planned")
     result = await op.watchdog.prune(
-        stamps=list(stamps), since=since, until=until, planned=planned, dry_run=dry_run,
-        reason="operator prune",
+        stamps=list(stamps), raws=list(raws), since=since, until=until, planned=planned,
+        dry_run=dry_run, reason="operator prune",
     )  # fmt: skip
     if not dry_run and result.get("removed_stamps"):
         from spark_ops import audit
 
-        args = {"stamps": list(stamps), "since": since, "until": until, "planned": planned}
+        args = {
+            "stamps": list(stamps), "raws": list(raws), "since": since, "until": until,
+            "planned": planned,
+        }  # fmt: skip
         detail = {"removed": result["removed_stamps"], "backup": result.get("backup")}
         entry = audit.make_entry("budget prune", args=args, outcome="ok", detail=detail)
         await _audit(op, entry)

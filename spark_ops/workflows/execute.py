@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import shlex
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from spark_ops.engine.watch import EngineWatch
 from spark_ops.errors import (
     AmbiguousStamp,
     BootError,
@@ -15,6 +19,7 @@ from spark_ops.postboot import kv_pool, verify_boot
 from spark_ops.remote import FileWrite, quote_path, sha256
 from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.history import ROLLED_BACK
+from spark_ops.watchdog.identify import HistEntry, Identification, new_entries, prune_command
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
 
 StepReporter = Callable[[Any], None]
@@ -98,6 +103,7 @@ async def _execute(
         ]  # fmt: skip
         done = await op.session.write_atomic(writes)
         plan.facts["written"] = [f"{d.host}:{d.path}" for d in done]  # named by the audit entry
+        plan.facts["write_backups"] = [d.to_dict() for d in done]
         run.finish("write", "; ".join(f"{d.host}: backup {d.backup}" for d in done))
     try:
         try:
@@ -124,7 +130,8 @@ async def _restart_and_wait(
     *,
     suffix: str = "",
 ) -> None:
-    """Drain, trigger, follow the boot, and prune this restart's stamp whatever the boot did."""
+    """Drain, trigger, follow the new engine's boot, prune this restart's stamp in any case."""
+    from spark_ops.readiness import history_key
     from spark_ops.readiness import record as record_boot
 
     c = op.cluster
@@ -136,78 +143,227 @@ async def _restart_and_wait(
             drained = await api.drain(opts.drain_timeout_s)
         paused = bool(drained["paused"])
         run.finish("drain", _drain_text(drained), "done" if drained["drained"] else "skipped")
-    before = await op.watchdog.stamps()
+    before = await op.watchdog.entries()
+    flags_before = await _flags(op)
     start_at = await _log_offset(op)
     if not suffix:
         plan.facts["kv_pool_before"] = await kv_pool(op)
     clock_before = await op.watchdog.clock()
-    run.start("restart" + suffix)
+    async with op.engine(timeout=5) as api:
+        watch = await EngineWatch.before_restart(op.session, c, api, clock_before)
+    name = "restart" + suffix
+    run.start(name)
     trigger: Trigger | None = None
-    stamp: float | None = None
+    found: Identification | None = None
     stamp_error: SparkOpsError | None = None
     boot_error: BaseException | None = None
     try:
-        try:
-            trigger = await op.watchdog.trigger(opts.reason)
-        except SparkOpsError:
-            if paused:  # the engine keeps serving: let it take new work again
-                async with op.engine() as api:
-                    await api.resume()
-            raise
+        trigger = await op.watchdog.trigger(opts.reason)
         plan.facts["restart_at"] = trigger.before
-        stamp, stamp_error = await _identify(op, trigger, before)
-        note = f"stamp {stamp}" if stamp is not None else "no stamp identified"
-        run.finish("restart" + suffix, note)
-        out.stamp = stamp
+        if trigger.exit_code != 0:
+            await _trigger_failed(op, plan, run, name, trigger, before, watch, paused, suffix)
+        found, stamp_error = await _identify(op, trigger, before, opts.reason)
+        out.stamp = found.stamp if found else None
+        run.finish(name, _stamp_note(found, stamp_error))
         run.start("boot" + suffix)
         try:
-            report = await _wait(op, opts, start_at, on_event)
+            report = await _wait(op, opts, start_at, on_event, watch)
             out.boot = report.to_dict()
-            record_boot(c.name, report)
-            run.finish("boot" + suffix, f"ready in {report.total_s:.1f} s")
+            out.boots.append({"step": "boot" + suffix, **out.boot})
+            record_boot(history_key(c), report)
+            run.finish("boot" + suffix, f"ready in {report.total_s:.1f} s ({watch_label(watch)})")
         except BaseException as exc:
             boot_error = exc
             run.fail("boot" + suffix, getattr(exc, "message", str(exc)))
+        await _report_flags(op, out, flags_before)
+    except BaseException as exc:
+        if plan.step(name).status == "running":  # the restart step is always closed
+            run.fail(name, getattr(exc, "message", None) or f"interrupted ({type(exc).__name__})")
+        raise
     finally:
-        if trigger is None:  # interrupted or failed while triggering: a stamp may exist anyway
+        if trigger is None:  # interrupted while triggering: a stamp may exist anyway
             after = await op.watchdog.clock()
             trigger = Trigger(clock_before, after, None, "")
-        if stamp is None and stamp_error is None:
-            stamp, stamp_error = await _identify(op, trigger, before)
-            out.stamp = stamp
-        await _prune_step(op, run, out, stamp, stamp_error, suffix)
+        if (found is None or found.entry is None) and stamp_error is None:
+            found, stamp_error = await _identify(op, trigger, before, opts.reason)
+            out.stamp = found.stamp if found else None
+        await _prune_step(op, run, out, found, stamp_error, suffix)
     if boot_error is not None:
         raise boot_error
 
 
-async def _identify(
-    op: Operation, trigger: Trigger, before: list[float]
-) -> tuple[float | None, SparkOpsError | None]:
-    """Our stamp, or the ambiguity that keeps us from pruning any."""
+def watch_label(watch: EngineWatch) -> str:
+    """How the boot step names the engine instance it followed."""
+    view = watch.latest
+    return f"new engine: {view.label}" if view and view.new else "new engine: by its API start"
+
+
+def _stamp_note(found: Identification | None, error: SparkOpsError | None) -> str:
+    """The restart step's detail: the stamp identified and how, or why none is."""
+    if error is not None:
+        return error.message
+    if found is None or found.entry is None:
+        extra = f"; {'; '.join(found.notes)}" if found and found.notes else ""
+        return "no stamp identified yet (looked again after the boot)" + extra
+    how = {
+        "reported": "printed by the watchdog and in the history",
+        "window": "the one new entry in the head-clock window",
+        "identical": "identical entries: one removed",
+        "record": "the record marked forced / planned",
+    }.get(found.how, found.how)
+    notes = f"; {'; '.join(found.notes)}" if found.notes else ""
+    return f"stamp {found.entry.raw.strip()} ({how}){notes}"
+
+
+async def _flags(op: Operation) -> dict[str, bool]:
+    """Whether the watchdog's pause and gave-up files exist on the head."""
+    wd = op.cluster.watchdog
+    out = {}
+    for key, path in (("pause", wd.pause_file), ("gave-up", wd.gave_up_file)):
+        if path:
+            out[key] = (await op.session.read_file(op.cluster.head.name, path)) is not None
+    return out
+
+
+async def _report_flags(op: Operation, out: Outcome, before: dict[str, bool]) -> None:
+    """Warn when `pause` or `gave-up` appeared during the apply (the watchdog acted meanwhile)."""
     try:
-        return await op.watchdog.identify(trigger, before), None
+        now = await _flags(op)
+    except SparkOpsError:
+        return
+    for key, present in now.items():
+        if present and not before.get(key):
+            wd = op.cluster.watchdog
+            path = wd.pause_file if key == "pause" else wd.gave_up_file
+            message = f"the watchdog's {key} file ({path}) appeared during this apply: " + (
+                "it stood down (a watchdog without start-up grace counts a planned boot as "
+                "a failure); read it, then `spark-ops budget prune --clear-gave-up`"
+                if key == "gave-up"
+                else "someone paused the watchdog meanwhile"
+            )
+            out.warnings.append(message)
+            op.log.warning("watchdog flag appeared", flag=key, path=path)
+
+
+async def _trigger_failed(
+    op: Operation,
+    plan: Plan,
+    run: StepRunner,
+    name: str,
+    trigger: Trigger,
+    before: list[HistEntry],
+    watch: EngineWatch,
+    paused: bool,
+    suffix: str,
+) -> None:
+    """The restart command exited non-zero: undo the recipe write if no restart began; raise."""
+    error = op.watchdog.failure(trigger)
+    began: list[str] = []
+    new = new_entries(before, await op.watchdog.entries())
+    if new:
+        began.append(f"new history entries {[e.raw for e in new]}")
+    try:
+        now = await watch.current()
+    except SparkOpsError:
+        now = None
+    if watch.old is not None and (now is None or now.key != watch.old.key or not now.alive):
+        if now is not None and now.pid == watch.old.pid and not now.alive:
+            began.append(f"the engine ({watch.old.label()}) stopped")
+        else:
+            state = now.label() if now else "none"
+            state += "" if now and now.alive else ", not running"
+            began.append(f"the engine instance changed ({watch.old.label()} -> {state})")
+    if paused and not began:
+        async with op.engine() as api:
+            await api.resume()
+    written = "write" in {s.name for s in plan.steps} and plan.changes and not suffix
+    if not began and written:
+        keep = op.cluster.recipe.keep_backups
+        writes = [
+            FileWrite(ch.host, ch.path, ch.old_text, sha256(ch.new_text), keep)
+            for ch in plan.changes
+        ]
+        undone = await op.session.write_atomic(writes)
+        await _drop_backups(
+            op, [*plan.facts.get("write_backups", []), *(u.to_dict() for u in undone)]
+        )
+        error.message += "; no restart began: the recipe write was undone"
+        run.fail(name, error.message)
+        error.hint = "nothing changed on the cluster; fix the watchdog command, then run again"
+    elif began:
+        error.message += f"; a restart may have begun: {'; '.join(began)}"
+        run.fail(name, error.message)
+        error.hint = (
+            "the recipe now holds the new values and the engine may not: check `spark-ops "
+            "status`; `spark-ops restart` boots the recipe as it is, `spark-ops rollback` puts "
+            "the old one back"
+        )
+    else:
+        error.message += "; no restart began"
+        run.fail(name, error.message)
+    raise error
+
+
+async def _drop_backups(op: Operation, backups: list[dict[str, Any]]) -> None:
+    """Remove the backups an undone write made (spark-ops' own files, nothing else)."""
+    for b in backups:
+        if b.get("backup"):
+            await op.session.run(
+                b["host"], f"rm -f -- {quote_path(b['backup'])}", check=False, sudo=True
+            )
+
+
+async def _identify(
+    op: Operation, trigger: Trigger, before: list[HistEntry], reason: str
+) -> tuple[Identification | None, SparkOpsError | None]:
+    """Our history entry (recorded on the head as planned), or the ambiguity that stops pruning."""
+    try:
+        found = await op.watchdog.identify(trigger, before)
     except AmbiguousStamp as exc:
         return None, exc
+    if found.entry is not None:
+        try:
+            await op.watchdog.note_planned(found.entry, reason)
+        except SparkOpsError as exc:
+            op.log.warning("planned stamp not recorded on the head", error=exc.message)
+    return found, None
 
 
 async def _wait(
-    op: Operation, opts: ApplyOptions, start_at: int | None, on_event: EventReporter | None
+    op: Operation,
+    opts: ApplyOptions,
+    start_at: int | None,
+    on_event: EventReporter | None,
+    watch: EngineWatch,
 ) -> Any:
-    """Follow the boot from the log and probes until a real completion answers."""
-    from spark_ops.readiness import wait_for_boot
+    """Follow the new engine's boot from the log, the head and probes until it answers."""
+    from spark_ops.readiness import BootTracker, wait_for_boot
 
     c = op.cluster
+    old_pids = {p.pid for p in watch.old.members} if watch.old else set()
+    if watch.old is not None and watch.old.pid and watch.source == "pid_file":
+        old_pids.add(watch.old.pid)
+    tracker = BootTracker(after_restart=start_at is not None, old_pids=old_pids)
     async with op.engine(timeout=c.engine.probe_timeout_s) as api:
+
+        async def probe() -> bool:
+            """A real completion, from the new engine only."""
+            await watch.check_answer(api)
+            return bool(await api.complete(c.engine.probe_timeout_s))
+
         return await wait_for_boot(
-            _follow_log(op, start_at),
-            probe=lambda: api.complete(c.engine.probe_timeout_s),
+            _follow_log(op, start_at, watch),
+            probe=probe,
             health=api.health,
             deadline_s=opts.deadline_s or c.engine.boot_deadline_s,
             on_event=on_event,
             worker_stall_s=c.engine.worker_stall_s,
             probe_timeout_s=c.engine.probe_timeout_s,
-            source_end_fatal=start_at is not None,
+            source_end_fatal=c.engine.log_kind == "docker",
             missing_workers=lambda: missing_workers(op),
+            instance=watch.poll if watch.source else None,
+            tracker=tracker,
+            args_grace_s=30.0 if c.engine.log_kind in ("file", "docker") else 0.0,
         )
 
 
@@ -235,11 +391,11 @@ async def _prune_step(
     op: Operation,
     run: StepRunner,
     out: Outcome,
-    stamp: float | None,
+    found: Identification | None,
     stamp_error: SparkOpsError | None,
     suffix: str,
 ) -> None:
-    """Remove exactly our stamp; say why when none can be removed."""
+    """Remove exactly our entry; say why (and what to run) when none can be removed."""
     name = "prune"
     if suffix and f"prune{suffix}" in {s.name for s in run.plan.steps}:
         name += suffix
@@ -247,12 +403,28 @@ async def _prune_step(
     if stamp_error is not None:
         run.fail(name, stamp_error.message + (f" ({stamp_error.hint})" if stamp_error.hint else ""))
         raise stamp_error
-    if stamp is None:
+    if found is None or found.entry is None:
+        if found is not None and found.outside:
+            error = AmbiguousStamp(
+                "the planned restart's stamp cannot be identified: " + "; ".join(found.notes),
+                hint="if one of them is the planned restart's, run the command shown for it",
+            )
+            run.fail(name, error.message)
+            raise error
         run.skip(name, "the watchdog left no new stamp: nothing to prune")
         return
-    result = await op.watchdog.prune(stamps=[stamp], reason=f"planned restart ({op.name})")
+    entry = found.entry
+    result = await op.watchdog.prune(raws=[entry.raw], reason=f"planned restart ({op.name})")
     removed = result["removed_stamps"]
     out.pruned.extend(removed)
+    if not removed:
+        error = AmbiguousStamp(
+            f"the planned stamp {entry.raw.strip()!r} was not found when pruning "
+            "(the history changed meanwhile)",
+            hint=f"see `spark-ops budget`; remove it with: {prune_command(entry)}",
+        )
+        run.fail(name, error.message)
+        raise error
     run.finish(name, f"removed {removed}; backup {result.get('backup')}")
 
 
@@ -330,17 +502,28 @@ async def _log_offset(op: Operation) -> int | None:
         return 0
 
 
-async def _follow_log(op: Operation, offset: int | None) -> AsyncIterator[str]:
-    """Follow the engine log from the restart on (from a byte offset for plain files)."""
+async def _follow_log(op: Operation, offset: int | None, watch: EngineWatch) -> AsyncIterator[str]:
+    """Follow the engine log from the restart on.
+
+    A plain file is read from the byte offset taken before the restart (the outgoing engine's
+    last lines included: readiness tells them apart); the engine's exit is seen by the watch,
+    never by the end of a `tail --pid` of a pid the outgoing engine may still hold. A container
+    log is followed once the new container runs, from its start time.
+    """
     eng = op.cluster.engine
-    if offset is None:
+    if eng.log_kind == "docker":
+        inst = None
+        while inst is None or not inst.alive or inst.key == (watch.old.key if watch.old else None):
+            await asyncio.sleep(0.5)
+            with contextlib.suppress(SparkOpsError):
+                inst = await watch.current()
+        since = inst.key.split("@", 1)[1]
+        cmd = f"docker logs -f --since {shlex.quote(since)} {quote_path(eng.log_target)} 2>&1"
+    elif eng.log_kind == "journalctl":  # from the restart on: the new unit's first lines too
+        from_s = int(watch.restart_at) - 1
+        cmd = f"journalctl -f -o cat --no-pager --since @{from_s} -u {quote_path(eng.log_target)}"
+    elif offset is None:
         cmd = eng.follow_command()
-    elif eng.pid_file:  # tail ends when the engine process does: an exit is seen at once
-        cmd = (
-            f"pid=$(cat {quote_path(eng.pid_file)} 2>/dev/null | head -n 1); "
-            f'exec tail -s 0.2 -c +{offset + 1} -F ${{pid:+--pid="$pid"}} '
-            f"-- {quote_path(eng.log_target)} 2>/dev/null"
-        )
     else:
         cmd = f"tail -c +{offset + 1} -F -- {quote_path(eng.log_target)} 2>/dev/null"
     async for line in op.session.stream_lines(op.cluster.head.name, cmd):

@@ -89,6 +89,8 @@ class Outcome:
     budget: dict[str, Any] | None = None
     rolled_back: bool = False
     error: dict[str, Any] | None = None
+    boots: list[dict[str, Any]] = field(default_factory=list)  # every boot followed, rollback's too
+    warnings: list[str] = field(default_factory=list)  # e.g. gave-up appeared during the apply
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
@@ -102,6 +104,8 @@ class Outcome:
             "budget": self.budget,
             "rolled_back": self.rolled_back,
             "error": self.error,
+            "boots": self.boots,
+            "warnings": self.warnings,
         }
 
 
@@ -147,7 +151,7 @@ class Operation:
 
     def engine(self, timeout: float = 10.0) -> Any:
         """An EngineAPI client bound to the resolved URL (use after api_url())."""
-        from spark_ops.engine_api import EngineAPI
+        from spark_ops.engine import EngineAPI
 
         assert self._api_url is not None
         return EngineAPI(self._api_url, timeout=timeout, model=self.cluster.engine.model)

@@ -166,6 +166,19 @@ class EngineAPI:
             return None
         return EngineSnapshot.from_metrics(body) if status == 200 else None
 
+    async def start_time(self) -> float | None:
+        """The API server's `process_start_time_seconds` from /metrics (None: not exported)."""
+        try:
+            status, body = await self._get("/metrics")
+        except Exception:
+            return None
+        if status != 200:
+            return None
+        for s in parse_metrics(body):
+            if s.name == "process_start_time_seconds" and not s.labels:
+                return s.value
+        return None
+
     async def complete(self, timeout: float = 30.0) -> bool:
         """Ask for a tiny real completion (5 tokens); True when text came back."""
         import aiohttp

@@ -1,0 +1,8 @@
+"""Talking to a running engine: its HTTP API and /metrics, and the identity of an engine instance
+(pid and start time, container, unit invocation) so that a boot is the new engine's."""
+
+from __future__ import annotations
+
+from spark_ops.engine.api import EngineAPI, EngineSnapshot, MetricSample, parse_metrics
+
+__all__ = ["EngineAPI", "EngineSnapshot", "MetricSample", "parse_metrics"]

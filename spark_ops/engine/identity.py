@@ -1,0 +1,324 @@
+"""Which engine instance is running: the identity that makes a boot the new engine's.
+
+An instance is told apart by what the head knows of it, per how the inventory runs the engine:
+
+- `engine.pid_file`: the pid it names and that process's start time (/proc/PID/stat field 22,
+  in clock ticks since the kernel booted: a reused pid has another start time), and the
+  processes of its tree and group (children keep the group after the API server dies, and are
+  remembered while it lives: the leftovers);
+- `log: {kind: docker}`: the container's Id and State.StartedAt (`docker restart` keeps the Id
+  and changes StartedAt; `docker rm` + `run` changes both), its State.Pid;
+- `log: {kind: journalctl}` (a systemd unit): the unit's InvocationID, new for every start;
+- always, when the API answers: `process_start_time_seconds` on /metrics (the API server's start
+  time, Unix seconds; prometheus_client computes it from the kernel's boot time, which it reads
+  in whole seconds, so it may read up to one second early, never late).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_ops.inventory import Cluster
+from spark_ops.remote import ClusterSession, quote_path, sh_program
+
+START_SLACK_S = 1.5  # process_start_time_seconds reads up to 1 s early (whole-second btime)
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process on the head: pid, parent, group, state, start (Unix s), name."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    state: str
+    started_at: float
+    name: str
+
+    def label(self) -> str:
+        """`1234 (VLLM::EngineCore)`."""
+        return f"{self.pid} ({self.name})"
+
+
+@dataclass(frozen=True)
+class EngineInstance:
+    """One engine instance: what identifies it, whether it runs, and the processes it holds."""
+
+    source: str  # pid_file | docker | systemd
+    key: str  # equal keys: the same instance
+    alive: bool
+    pid: int | None = None
+    started_at: float | None = None  # Unix seconds, head clock
+    pgid: int | None = None
+    members: tuple[Proc, ...] = field(default_factory=tuple)  # live processes of its tree / group
+
+    def label(self) -> str:
+        """How the operator sees this instance named."""
+        if self.source == "docker":
+            return f"container {self.key.split('@')[0][:12]}"
+        if self.source == "systemd":
+            return f"unit invocation {self.key[:12]}"
+        return f"pid {self.pid}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for reports."""
+        return {
+            "source": self.source,
+            "key": self.key,
+            "alive": self.alive,
+            "pid": self.pid,
+            "started_at": self.started_at,
+            "members": [p.label() for p in self.members],
+        }
+
+
+# Prints "T <now> <btime> <clk_tck>", "F <pid in the pid file>", "S <its /proc stat line>", then
+# "P <pid> <ppid> <pgid> <state> <elapsed s> <name>" for the pid file's process, its descendants,
+# the processes of its group when it leads one, and the pids / group given as $2 / $3 (what an
+# instance seen earlier held: its leader may be gone, its children reparented).
+_PID_PROBE = r"""
+f=$1; keep=",${2:-},"; grp=${3:-}
+echo "T $(date +%s.%N) $(awk '/^btime /{print $2}' /proc/stat) $(getconf CLK_TCK)"
+pid=$(head -n 1 -- "$f" 2>/dev/null | tr -cd '0-9')
+echo "F ${pid:-none}"
+lead=
+if [ -n "$pid" ] && read -r line < "/proc/$pid/stat" 2>/dev/null; then
+  echo "S $line"
+  set -- ${line##*) }
+  [ "$3" = "$pid" ] && lead=$pid
+elif [ -n "$pid" ]; then
+  lead=$pid  # gone: a leader's group outlives it (started with setsid, as watchdogs do)
+fi
+ps -ww -e -o pid=,ppid=,pgid=,stat=,etimes=,comm=,args= | awk -v root="${pid:--1}" -v keep="$keep" \
+  -v grp="$grp" -v lead="$lead" '
+  { n++; id[n]=$1; pp[n]=$2; pg[n]=$3; line[n]=$0 }
+  END {
+    want[root]=1; more=1
+    while (more) { more=0
+      for (i=1; i<=n; i++) if (!(id[i] in want) && (pp[i] in want)) { want[id[i]]=1; more=1 } }
+    for (i=1; i<=n; i++)
+      if ((id[i] in want) || index(keep, "," id[i] ",") || (grp != "" && pg[i] == grp) \
+          || (lead != "" && pg[i] == lead)) print "P " line[i]
+  }'
+"""
+
+
+def _full_name(comm: str, args: str) -> str:
+    """The process name: comm (cut at 15 characters by the kernel), made whole from its command
+    line when that holds it (vLLM titles its processes `VLLM::EngineCore`, `VLLM::Worker_TP0`)."""
+    for word in args.split():
+        if len(comm) >= 15 and word.startswith(comm):
+            return word[:60]
+    return comm
+
+
+def _parse_pid_probe(text: str, previous: EngineInstance | None) -> EngineInstance | None:
+    """Build the instance the pid file names from _PID_PROBE's output (None: no pid in it)."""
+    now = btime = 0.0
+    hz = 100.0
+    pid: int | None = None
+    start: float | None = None
+    pgid: int | None = None
+    procs: list[Proc] = []
+    for line in text.splitlines():
+        tag, _, rest = line.partition(" ")
+        if tag == "T":
+            parts = rest.split()
+            if len(parts) >= 3:
+                now, btime, hz = float(parts[0]), float(parts[1]), float(parts[2]) or 100.0
+        elif tag == "F":
+            pid = int(rest) if rest.strip().isdigit() else None
+        elif tag == "S":
+            fields = rest[rest.rfind(")") + 2 :].split()
+            if len(fields) > 19 and fields[0] not in ("Z", "X"):
+                pgid = int(fields[2])
+                start = round(btime + int(fields[19]) / hz, 2)
+        elif tag == "P":
+            parts = rest.split(None, 6)
+            if len(parts) >= 6 and not parts[3].startswith(("Z", "X")):
+                n, pp, g = int(parts[0]), int(parts[1]), int(parts[2])
+                started = round(now - float(parts[4]), 0)
+                name = _full_name(parts[5], parts[6] if len(parts) > 6 else "")
+                procs.append(Proc(n, pp, g, parts[3], started, name))
+    if pid is None:
+        return None
+    alive = start is not None
+    same = previous is not None and previous.pid == pid
+    if alive:
+        key = f"{pid}@{start}"
+    else:
+        key = previous.key if same and previous is not None else f"{pid}@gone"
+        start = previous.started_at if same and previous is not None else None
+        pgid = previous.pgid if same and previous is not None else None
+        if pgid is None and any(p.pgid == pid for p in procs):
+            pgid = pid  # a dead leader's group, still holding its children
+    return EngineInstance("pid_file", key, alive, pid, start, pgid, tuple(procs))
+
+
+_DOCKER_FMT = "{{json .Id}} {{json .State.StartedAt}} {{json .State.Running}} {{json .State.Pid}}"
+
+
+def _parse_docker(text: str) -> EngineInstance | None:
+    """Build the container's instance from `docker inspect -f _DOCKER_FMT` output."""
+    parts = text.strip().split(" ")
+    if len(parts) != 4:
+        return None
+    try:
+        cid, started, running, pid = (json.loads(p) for p in parts)
+    except ValueError:
+        return None
+    return EngineInstance(
+        "docker", f"{cid}@{started}", bool(running), int(pid) or None, _iso_time(str(started))
+    )
+
+
+def _iso_time(text: str) -> float | None:
+    """Docker's RFC 3339 time with nanoseconds as Unix seconds."""
+    import datetime as dt
+
+    if not text or text.startswith("0001-"):
+        return None
+    head, _, frac = text.rstrip("Z").partition(".")
+    try:
+        base = dt.datetime.fromisoformat(head).replace(tzinfo=dt.timezone.utc)
+    except ValueError:
+        return None
+    return base.timestamp() + (float("0." + frac[:9]) if frac.isdigit() else 0.0)
+
+
+def _parse_systemd(text: str) -> EngineInstance | None:
+    """Build the unit's instance from `systemctl show -p MainPID,InvocationID,ActiveState`."""
+    values = dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
+    inv = values.get("InvocationID", "")
+    if not inv:
+        return None
+    pid = int(values.get("MainPID", "0") or 0) or None
+    return EngineInstance("systemd", inv, values.get("ActiveState") == "active" and bool(pid), pid)
+
+
+def identity_source(cluster: Cluster) -> str | None:
+    """Which identity the inventory allows: pid_file, docker, systemd, or None."""
+    eng = cluster.engine
+    if eng.log_kind == "docker":
+        return "docker"
+    if eng.pid_file:
+        return "pid_file"
+    if eng.log_kind == "journalctl":
+        return "systemd"
+    return None
+
+
+async def current_instance(
+    session: ClusterSession, cluster: Cluster, previous: EngineInstance | None = None
+) -> EngineInstance | None:
+    """The engine instance the head runs now (None: nothing names one, or no identity source).
+
+    `previous` (an instance seen earlier) lets a dead leader's processes and group still be
+    searched, so that its survivors are found.
+    """
+    eng = cluster.engine
+    head = cluster.head.name
+    source = identity_source(cluster)
+    if source == "docker":
+        cmd = (
+            f"docker inspect -f {quote_path(_DOCKER_FMT)} {quote_path(eng.log_target)} 2>/dev/null"
+        )
+        res = await session.run(head, cmd, check=False, timeout=10)
+        return _parse_docker(res.stdout) if res.exit_code == 0 else None
+    if source == "systemd":
+        cmd = (
+            "systemctl show -p MainPID -p InvocationID -p ActiveState -- "
+            f"{quote_path(eng.log_target)} 2>/dev/null"
+        )
+        res = await session.run(head, cmd, check=False, timeout=10)
+        return _parse_systemd(res.stdout)
+    if source == "pid_file":
+        assert eng.pid_file is not None
+        extra = []
+        if previous is not None:
+            keep = ",".join(str(p.pid) for p in previous.members)
+            lead = str(previous.pgid) if previous.pgid == previous.pid else ""
+            extra = [keep, lead]
+        cmd = sh_program(_PID_PROBE, eng.pid_file, *extra)
+        res = await session.run(head, cmd, check=False, timeout=10)
+        return _parse_pid_probe(res.stdout, previous)
+    return None
+
+
+def is_new(
+    instance: EngineInstance | None, old: EngineInstance | None, restart_at: float
+) -> bool | None:
+    """True when the instance is not the outgoing one; None when it cannot be told."""
+    if instance is None:
+        return None
+    if old is not None:
+        if instance.source == "pid_file" and instance.pid == old.pid and not instance.alive:
+            return False  # the pid file still names the outgoing engine, now gone
+        return instance.key != old.key
+    if instance.started_at is not None:
+        return instance.started_at >= restart_at - START_SLACK_S
+    return None
+
+
+def started_after(start_time: float | None, restart_at: float, old_start: float | None) -> bool:
+    """Whether an API server with this process_start_time_seconds is the new engine."""
+    if start_time is None:
+        return False
+    if old_start is not None and abs(start_time - old_start) < 0.05:
+        return False
+    return start_time >= restart_at - START_SLACK_S
+
+
+def survivors(instance: EngineInstance) -> list[Proc]:
+    """Processes of a dead engine instance still running (its tree and group)."""
+    if instance.alive:
+        return []
+    return [p for p in instance.members if p.pid != instance.pid]
+
+
+# Engine-like processes on the head: vLLM's titled processes and `vllm serve` command lines. A
+# process whose environment is readable and names another HOME belongs to another account (or,
+# on a test ground, another node sharing the kernel): it is not this cluster's.
+_ENGINE_PROCS = r"""
+echo "T $(date +%s.%N) 0 100"
+ps -ww -e -o pid=,ppid=,pgid=,stat=,etimes=,comm=,args= | awk -v me=$$ '
+  $1 != me && $2 != me \
+    && ($6 ~ /^VLLM::/ || $0 ~ /vllm serve|vllm\.entrypoints|sim\.engine serve/) {
+    print "P " $0 }' \
+| while read -r tag pid rest; do
+  if [ -r "/proc/$pid/environ" ]; then
+    tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qxF "HOME=$HOME" || continue
+  fi
+  echo "P $pid $rest"
+done
+"""
+
+
+async def leftovers(
+    session: ClusterSession, cluster: Cluster
+) -> tuple[EngineInstance | None, list[Proc], list[Proc]]:
+    """The engine instance the head runs; the processes a dead instance left (its tree and
+    group: a killed API server's EngineCore and workers); other engine processes outside it (an
+    earlier engine that never stopped, or one this account cannot tell is not the cluster's)."""
+    instance = await current_instance(session, cluster)
+    res = await session.run(cluster.head.name, sh_program(_ENGINE_PROCS), check=False, timeout=15)
+    seen = _parse_pid_probe("F 0\n" + res.stdout, None)
+    procs = list(seen.members) if seen is not None else []
+    own = survivors(instance) if instance is not None else []
+    mine = {p.pid for p in (instance.members if instance is not None else ())} | {
+        p.pid for p in own
+    }
+    if instance is not None and instance.pid:
+        mine.add(instance.pid)
+    others = [p for p in procs if p.pid not in mine]
+    return instance, sorted(own, key=lambda p: p.pid), sorted(others, key=lambda p: p.pid)
+
+
+def stop_hint(procs: list[Proc]) -> str:
+    """The command that stops leftover processes (their groups when they share one)."""
+    groups = sorted({p.pgid for p in procs})
+    if len(groups) <= 2:
+        return "kill -TERM -- " + " ".join(f"-{g}" for g in groups)
+    return "kill -TERM " + " ".join(str(p.pid) for p in procs)
