@@ -81,13 +81,11 @@ def real_sim(tmp_path: Path) -> Iterator[Sim]:
         _wait_serving(s.state["engine_port"])  # the simulated engine's first boot is over
         state = s.head / ".local" / "state" / "spark-watchdog"
         (state / "pause").write_text("paused by the real-vLLM test: forced restarts only\n")
+        # the head's `vllm` is the ground's, linked as a venv's console script is found on PATH:
+        # preflight then finds vLLM's own Python beside it and checks each recipe with its parser
         shim = s.head / "bin" / "vllm"
-        shim.write_text(
-            "#!/bin/sh\n# the real CPU build of vLLM (test ground)\n"
-            "unset VLLM_CPU_KVCACHE_SPACE SPARK_SIM_CONFIG SPARK_SIM_RAY_WORKERS\n"
-            f'exec {VENV}/shim/vllm "$@"\n'
-        )
-        shim.chmod(0o755)
+        shim.unlink()
+        shim.symlink_to(VENV / "shim" / "vllm")
         s.recipe.write_text(
             RECIPE.format(
                 models=MODELS,
@@ -203,6 +201,9 @@ def test_real_vllm_apply_bench_and_refused_backend(real_sim: Sim, tmp_path: Path
         assert not {"tensor_parallel_size", "distributed_executor_backend"} & set(logged)
         assert "CPU KV cache size" in new_log, "the real CPU build served this boot"
         assert out["stamp"] is not None and out["pruned"] == [out["stamp"]]
+        pre = out["plan"]["facts"]["preflight"]  # vLLM's own parser judged the new recipe
+        assert pre["ok"] is True and pre["method"] == "vllm", pre
+        assert str(pre["vllm_version"]).startswith("0.32") and pre["python"].startswith(str(VENV))
         assert all(c["ok"] for c in out["checks"]), out["checks"]
         started = time.monotonic()
         samples[cap] = _gauges(s, tmp_path, cap)
