@@ -23,7 +23,7 @@ def test_sim_up_waits_for_the_engine(tmp_path: Path) -> None:
         )
         assert res.returncode == 0, res.stderr[-2000:]
         state = json.loads(res.stdout)
-        assert state["engine_ready_after_s"] >= 0
+        assert "engine_ready_after_s" in state, "sim up said when the engine served"
         url = f"http://127.0.0.1:{state['engine_port']}/v1/models"
         with urllib.request.urlopen(url, timeout=5) as r:
             assert r.status == 200 and json.loads(r.read())["data"]
