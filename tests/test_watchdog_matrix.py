@@ -252,7 +252,12 @@ def sim_serving_at(g: Ground, timeout: float = 90) -> None:
             if r.status == 200:
                 return
         time.sleep(0.3)
-    raise AssertionError(f"the engine did not serve on port {g.port} in {timeout} s")
+    logs = ""
+    if g.container:
+        from ground.docker import Container
+
+        logs = Container(name=g.container, id=g.container).logs()[-4000:]
+    raise AssertionError(f"the engine did not serve on port {g.port} in {timeout} s\n{logs}")
 
 
 @pytest.mark.parametrize(("cell", "ground"), _params())

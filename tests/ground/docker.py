@@ -99,8 +99,11 @@ def ensure_image(tag: str = IMAGE) -> str:
 
 
 def host_mounts(*extra: Path) -> list[str]:
-    """`-v` arguments: /usr, the Python installation, and extra paths, all read-only."""
-    paths = [Path("/usr"), python_home(), *extra]
+    """`-v` arguments: /usr, the Python installation, the running venv and extra paths, read-only.
+
+    The venv matters: a script the tests write names `sys.executable` (CI's venv lives in /tmp).
+    """
+    paths = [Path("/usr"), python_home(), Path(sys.prefix), *extra]
     seen: list[str] = []
     for p in paths:
         real = str(p.resolve())
