@@ -24,7 +24,7 @@ from embedded import start_nodes
 from ground.vllm import VENV, model_path, shim_path, vllm_unavailable_reason
 
 from spark_ops.inventory import Cluster, load_inventory
-from spark_ops.preflight import (
+from spark_ops.workflows.preflight import (
     MARK,
     PreflightError,
     build_program,

@@ -218,7 +218,7 @@ def _print_whatif(console: Any, state: Any) -> None:
     from spark_ops.bench.report import whatif_lines, whatif_table
     from spark_ops.bench.whatif import whatif_of
     from spark_ops.errors import BenchError
-    from spark_ops.experiment_state import label
+    from spark_ops.workflows.experiment.state import label
 
     predicted = state.spec.predicted()
     for name, result in state.sweep_results():
@@ -348,7 +348,7 @@ def _ending(outcome: Any) -> str:
 def cli(ctx: click.Context, **kw: Any) -> int:
     """Apply each configuration, sweep it, compare them, then restore the starting one."""
     from spark_ops.errors import Aborted, ExitStatus
-    from spark_ops.experiment import (
+    from spark_ops.workflows.experiment import (
         ApplySettings,
         ExperimentSpec,
         Hooks,

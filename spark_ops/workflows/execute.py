@@ -14,8 +14,8 @@ from spark_ops.errors import (
     BootError,
     SparkOpsError,
 )
-from spark_ops.plan import Plan, StepRunner
-from spark_ops.postboot import kv_pool, verify_boot
+from spark_ops.workflows.plan import Plan, StepRunner
+from spark_ops.workflows.postboot import kv_pool, verify_boot
 from spark_ops.remote import FileWrite, quote_path, sha256
 from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.history import ROLLED_BACK

@@ -7,8 +7,8 @@ from spark_ops.errors import (
     SparkOpsError,
     VerifyError,
 )
-from spark_ops.plan import FileChange, Plan
-from spark_ops.postboot import kv_pool
+from spark_ops.workflows.plan import FileChange, Plan
+from spark_ops.workflows.postboot import kv_pool
 from spark_ops.remote import sha256
 from spark_ops.watchdog.history import ROLLED_BACK
 from spark_ops.workflows.operation import ApplyOptions, Operation, _jsonable
@@ -74,7 +74,7 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
 async def _preflight(op: Operation, opts: ApplyOptions, plan: Plan, new_text: str) -> None:
     """Have the head's own vLLM parse the edited command line; a refusal stops the plan."""
     from spark_ops.errors import KnobError
-    from spark_ops.preflight import preflight
+    from spark_ops.workflows.preflight import preflight
     from spark_ops.recipe import render_recipe
 
     head = op.cluster.head.name

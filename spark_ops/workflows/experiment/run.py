@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import SparkOpsError, VerifyError
-from spark_ops.experiment_reading import ExperimentReading, read_experiment
-from spark_ops.experiment_state import (
+from spark_ops.workflows.experiment.reading import ExperimentReading, read_experiment
+from spark_ops.workflows.experiment.state import (
     REASON,
     ExperimentError,
     ExperimentSpec,
@@ -304,17 +304,8 @@ async def _confirm(
 
 __all__ = [
     "ApplySettings",
-    "ExperimentError",
     "ExperimentOutcome",
-    "ExperimentReading",
-    "ExperimentSpec",
-    "ExperimentState",
     "Hooks",
     "current_knobs",
-    "default_state_path",
-    "label",
-    "plan_experiment",
-    "read_experiment",
     "run_experiment",
-    "start_state",
 ]

@@ -10,7 +10,7 @@ from contextlib import suppress
 from typing import Any
 
 from spark_ops.errors import SparkOpsError, VerifyError
-from spark_ops.plan import Plan, StepRunner
+from spark_ops.workflows.plan import Plan, StepRunner
 from spark_ops.remote import sh_program
 
 

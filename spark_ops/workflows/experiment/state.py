@@ -249,7 +249,7 @@ class ExperimentState:
 
     def reading(self) -> Any:
         """The comparison across measured and predicted configurations (an ExperimentReading)."""
-        from spark_ops.experiment_reading import read_experiment
+        from spark_ops.workflows.experiment.reading import read_experiment
 
         return read_experiment(self.all_results(), slo_tok_s=self.spec.sweep.get("slo_tok_s"))
 

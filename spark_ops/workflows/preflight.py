@@ -25,7 +25,7 @@ from typing import Any
 
 from spark_ops.errors import CommandTimeout, SparkOpsError
 from spark_ops.log import get_logger
-from spark_ops.preflight_programs import PICK_SH, PRELUDE, PROBE_SH, SIM_BODY, VLLM_BODY
+from spark_ops.workflows.preflight_programs import PICK_SH, PRELUDE, PROBE_SH, SIM_BODY, VLLM_BODY
 from spark_ops.remote import ClusterSession, Result, quote_args
 
 HOWS = ("auto", "vllm", "sim", "docker", "off")
