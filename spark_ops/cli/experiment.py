@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from spark_ops.cli.bench import DEFAULT_CONCURRENCY, TABLE_WIDTH, _parse_levels, parse_caps
+from spark_ops.cli.bench import DEFAULT_CONCURRENCY, TABLE_WIDTH, parse_levels, parse_caps
 from spark_ops.cli.common import load_cluster, run_async, step_reporter
 
 AXIS_OPTIONS = ("max_num_seqs", "moe_backend", "kv_cache_memory")
@@ -45,7 +45,7 @@ def _sweep_settings(kw: dict[str, Any], caps: list[int]) -> dict[str, Any]:
     """
     from spark_ops.bench.whatif import levels_with_caps
 
-    levels = levels_with_caps(_parse_levels(kw["concurrency"]), caps)
+    levels = levels_with_caps(parse_levels(kw["concurrency"]), caps)
     return {
         "model": kw["model"], "api": kw["api"], "levels": levels,
         "output_tokens": kw["output_tokens"], "mode": kw["mode"], "duration_s": kw["duration"],

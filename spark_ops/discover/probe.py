@@ -28,7 +28,7 @@ from spark_ops.inventory import (
 from spark_ops.remote import ClusterSession, quote_path
 
 
-def _bare_cluster(nodes: list[NodeSpec], opts: InitOptions) -> Cluster:
+def bare_cluster(nodes: list[NodeSpec], opts: InitOptions) -> Cluster:
     """An in-memory cluster to connect with (placeholders where init has not looked yet)."""
     ssh = _ssh_settings(opts)
     built = tuple(

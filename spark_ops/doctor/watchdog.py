@@ -30,7 +30,7 @@ else echo "lock=absent-not-creatable"; fi
 """
 
 
-def _program(command: str) -> tuple[str | None, str | None]:
+def command_program(command: str) -> tuple[str | None, str | None]:
     """(directory, program) a shell command runs: skips `cd DIR &&`, VAR=value, sudo, env."""
     try:
         words = shlex.split(command)
@@ -55,8 +55,8 @@ def _program(command: str) -> tuple[str | None, str | None]:
 
 
 def _first_word(command: str) -> str | None:
-    """The program a shell command runs (see _program)."""
-    return _program(command)[1]
+    """The program a shell command runs (see command_program)."""
+    return command_program(command)[1]
 
 
 def _parse_kv(text: str) -> dict[str, str]:
@@ -77,7 +77,7 @@ class WatchdogChecks(Checker):
         if not self.up(self.head):
             return
         wd = self.cluster.watchdog
-        directory, prog = _program(wd.restart_command)
+        directory, prog = command_program(wd.restart_command)
         if prog is None:
             self.report.add(
                 "watchdog-command",

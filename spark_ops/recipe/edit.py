@@ -55,7 +55,7 @@ class RecipeEdit:
         return {"changed": self.changed, "warnings": self.warnings, "vllm": self.vllm_version}
 
 
-class _Editor:
+class Editor:
     """Applies changes one at a time to the current text, collecting warnings."""
 
     def __init__(self, text: str, source: str, version: str) -> None:
@@ -275,7 +275,7 @@ def edit_recipe(
 
         return edit_sparkrun(text, changes, source=source, vllm_version=vllm_version).edit
     version, version_warnings = resolve_version(text, source, vllm_version)
-    editor = _Editor(text, source, version)
+    editor = Editor(text, source, version)
     if any(c.kind == "knob" and c.name == "moe_backend" for c in changes):
         editor.warnings += version_warnings
     for change in changes:

@@ -17,7 +17,7 @@ from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe
 from spark_ops.recipe.changes import Change
 from spark_ops.recipe.command import Edit, apply_edits, entry_edit, yaml_scalar
 from spark_ops.recipe.diff import check_others, took_effect_in
-from spark_ops.recipe.edit import RecipeEdit, _Editor
+from spark_ops.recipe.edit import RecipeEdit, Editor
 from spark_ops.recipe.knobs import (
     KNOBS,
     NEWEST_KNOWN,
@@ -221,7 +221,7 @@ def _check_structured(change: Change, key: str | None, source: str) -> None:
         raise KnobError(f"{source}: {change.name} needs a value (defaults.{key})")
 
 
-class _SparkrunEditor(_Editor):
+class _SparkrunEditor(Editor):
     """The run-recipe editor, with sparkrun's rules: no literal braces; command-less recipes."""
 
     def __init__(

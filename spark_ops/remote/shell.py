@@ -91,7 +91,7 @@ resolve() {  # t= the file a write to $1 replaces: $1, or the end of its symlink
 dir_of() { case $1 in */*) d=${1%/*}; [ -n "$d" ] || d=/ ;; *) d=. ;; esac; }  # d= its directory
 """
 
-_STAGE = (
+STAGE_SH = (
     _COMMON
     + r"""
 set -eu
@@ -129,7 +129,7 @@ printf '%s\0%s' "$tmp" "$t"
 """
 )
 
-_COMMIT = (
+COMMIT_SH = (
     _COMMON
     + r"""
 set -eu
@@ -165,7 +165,7 @@ while [ "$#" -gt "$keep" ]; do rm -f -- "$1"; shift; done
 """
 )
 
-_UNDO = (
+UNDO_SH = (
     _COMMON
     + r"""
 set -eu
@@ -183,7 +183,7 @@ sync -- "$d" 2>/dev/null || sync
 """
 )
 
-_READ = r"""
+READ_SH = r"""
 p=$1; max=$2
 [ -e "$p" ] || exit 44
 [ -r "$p" ] || { echo "$p: permission denied" >&2; exit 13; }
@@ -192,7 +192,7 @@ n=$(wc -c < "$p") || exit 13
 cat -- "$p"
 """
 
-_LIST_BACKUPS = (
+LIST_BACKUPS_SH = (
     _COMMON
     + r"""
 p=$1

@@ -12,7 +12,7 @@ from spark_ops.workflows.operation import (
     ApplyOptions,
     Operation,
     Outcome,
-    _jsonable,
+    jsonable,
     engine_endpoint,
 )
 from spark_ops.workflows.plans import list_backups, plan_apply, plan_restart, plan_rollback
@@ -21,7 +21,7 @@ __all__ = [
     "ApplyOptions",
     "Operation",
     "Outcome",
-    "_jsonable",
+    "jsonable",
     "audit_entry",
     "budget_prune",
     "budget_view",

@@ -9,7 +9,6 @@ from spark_ops.errors import (
     SparkOpsError,
 )
 from spark_ops.watchdog.contract import BudgetView
-from spark_ops.workflows.execute import _audit
 from spark_ops.workflows.operation import Operation
 
 
@@ -44,5 +43,5 @@ async def budget_prune(
         }  # fmt: skip
         detail = {"removed": result["removed_stamps"], "backup": result.get("backup")}
         entry = audit.make_entry("budget prune", args=args, outcome="ok", detail=detail)
-        await _audit(op, entry)
+        await op.record_audit(entry)
     return result

@@ -47,7 +47,7 @@ async def execute(
             entry = audit_entry(plan, opts, out, failure)
         except Exception as exc:  # an entry is written whatever went wrong: a minimal one
             entry = audit_minimal(plan, failure, exc)
-        await _audit(op, entry)
+        await op.record_audit(entry)
     return out
 
 
@@ -68,18 +68,6 @@ def audit_entry(plan: Plan, opts: Any, out: Any, failure: BaseException | None) 
     from spark_ops import audit
 
     return audit.entry_for(plan, opts, out, error=failure)
-
-
-async def _audit(op: Operation, entry: dict[str, Any]) -> None:
-    """Append to the head's audit log; a failure to do so is logged, never raised."""
-    from spark_ops import audit
-
-    try:
-        await audit.record(op.session, entry)
-    except SparkOpsError as exc:
-        op.log.warning("audit log not written", error=exc.message)
-    except Exception as exc:  # never hide the failure being audited behind the audit's own
-        op.log.error("audit log not written", error=repr(exc)[:300])
 
 
 async def _execute(

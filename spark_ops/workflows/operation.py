@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from spark_ops import audit
 from spark_ops.errors import (
     InputError,
     RecipeError,
@@ -156,6 +157,15 @@ class Operation:
         assert self._api_url is not None
         return EngineAPI(self._api_url, timeout=timeout, model=self.cluster.engine.model)
 
+    async def record_audit(self, entry: dict[str, Any]) -> None:
+        """Append to the head's audit log; a failure to do so is logged, never raised."""
+        try:
+            await audit.record(self.session, entry)
+        except SparkOpsError as exc:
+            self.log.warning("audit log not written", error=exc.message)
+        except Exception as exc:  # never hide the failure being audited behind the audit's own
+            self.log.error("audit log not written", error=repr(exc)[:300])
+
     async def read_recipes(self) -> dict[str, str]:
         """The recipe text on every node that holds it; a missing copy is an error naming it."""
         rs = self.cluster.recipe
@@ -175,7 +185,7 @@ class Operation:
         return out
 
 
-def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+def jsonable(values: dict[str, Any]) -> dict[str, Any]:
     """Make knob values JSON-friendly."""
     return {
         k: (v if isinstance(v, str | int | float | bool) or v is None else str(v))
@@ -194,5 +204,5 @@ async def engine_endpoint(cluster: Cluster) -> AsyncIterator[tuple[str, dict[str
         if cluster.head.name in cluster.recipe.nodes:
             text = await op.session.read_file(cluster.head.name, cluster.recipe.path, sudo=True)
             if text is not None:
-                knobs = _jsonable(knob_values(text, source=f"{cluster.head.name}:recipe"))
+                knobs = jsonable(knob_values(text, source=f"{cluster.head.name}:recipe"))
         yield url, knobs

@@ -11,7 +11,7 @@ from spark_ops.workflows.plan import FileChange, Plan
 from spark_ops.workflows.postboot import kv_pool
 from spark_ops.remote import sha256
 from spark_ops.watchdog.history import ROLLED_BACK
-from spark_ops.workflows.operation import ApplyOptions, Operation, _jsonable
+from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 
 
 def _drift(texts: dict[str, str], path: str) -> list[str]:
@@ -58,9 +58,9 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
                 )
             )  # fmt: skip
     head_text = texts.get(cluster.head.name, next(iter(texts.values())))
-    plan.facts["knobs_before"] = _jsonable(knob_values(head_text, source="recipe"))
+    plan.facts["knobs_before"] = jsonable(knob_values(head_text, source="recipe"))
     new_text = next((c.new_text for c in plan.changes), head_text)
-    plan.facts["knobs_after"] = _jsonable(knob_values(new_text, source="recipe"))
+    plan.facts["knobs_after"] = jsonable(knob_values(new_text, source="recipe"))
     if not plan.changes:
         return plan
     await _preflight(op, opts, plan, new_text)
@@ -127,7 +127,7 @@ async def plan_restart(op: Operation, opts: ApplyOptions) -> Plan:
     plan = Plan("restart", op.cluster.name)
     texts = await op.read_recipes()
     head_text = texts.get(op.cluster.head.name, next(iter(texts.values())))
-    plan.facts["knobs_before"] = plan.facts["knobs_after"] = _jsonable(
+    plan.facts["knobs_before"] = plan.facts["knobs_after"] = jsonable(
         knob_values(head_text, source="recipe")
     )
     _restart_steps(plan, op, opts, write=False)
@@ -191,9 +191,9 @@ async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None
                 )
             )
     head_text = texts.get(op.cluster.head.name, next(iter(texts.values())))
-    plan.facts["knobs_before"] = _jsonable(knob_values(head_text, source="recipe"))
+    plan.facts["knobs_before"] = jsonable(knob_values(head_text, source="recipe"))
     new_text = next((c.new_text for c in plan.changes), head_text)
-    plan.facts["knobs_after"] = _jsonable(knob_values(new_text, source="recipe"))
+    plan.facts["knobs_after"] = jsonable(knob_values(new_text, source="recipe"))
     if plan.changes:
         _restart_steps(plan, op, opts, write=True)
     return plan

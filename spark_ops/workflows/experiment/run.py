@@ -21,7 +21,7 @@ from spark_ops.workflows.experiment.state import (
     ExperimentSpec,
     ExperimentState,
     Hook,
-    _now,
+    now_iso,
     changes_for,
     default_state_path,
     label,
@@ -60,11 +60,11 @@ class ApplySettings:
 async def current_knobs(op: Any) -> dict[str, Any]:
     """The recipe's knob values on the head; kv_cache_memory as written (e.g. '60G')."""
     from spark_ops.recipe import knob_values, render_recipe
-    from spark_ops.workflows import _jsonable
+    from spark_ops.workflows import jsonable
 
     texts = await op.read_recipes()
     text = texts.get(op.cluster.head.name, next(iter(texts.values())))
-    knobs = _jsonable(knob_values(text, source=op.cluster.recipe.path))
+    knobs = jsonable(knob_values(text, source=op.cluster.recipe.path))
     kv = render_recipe(text, source=op.cluster.recipe.path).args().get("--kv-cache-memory-bytes")
     return {**knobs, "kv_cache_memory": kv if isinstance(kv, str) else None}
 
@@ -133,7 +133,7 @@ async def _run_config(
         "budget": {"used_before": used_before, "used_after": used_after, "new_stamps": new},
         "budget_as_before": not new,
         "sweep": result.to_dict(),
-        "finished_at": _now(),
+        "finished_at": now_iso(),
     }
 
 

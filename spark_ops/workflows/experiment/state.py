@@ -36,7 +36,7 @@ def default_state_path(cluster: str) -> Path:
     return Path.home() / ".local" / "state" / "spark-ops" / f"experiment-{cluster}.json"
 
 
-def _now() -> str:
+def now_iso() -> str:
     """UTC time as ISO 8601."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -167,7 +167,7 @@ class ExperimentState:
     in_progress: str | None = None
     restore: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
-    started_at: str = field(default_factory=_now)
+    started_at: str = field(default_factory=now_iso)
     updated_at: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,7 +191,7 @@ class ExperimentState:
 
     def save(self, path: Path) -> None:
         """Write atomically: a temp file beside it, fsynced, renamed over it."""
-        self.updated_at = _now()
+        self.updated_at = now_iso()
         path = Path(path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
