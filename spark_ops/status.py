@@ -7,7 +7,7 @@ from typing import Any
 
 from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
-from spark_ops.remote import ClusterSession
+from spark_ops.remote import ClusterSession, engine_log_recent
 
 
 async def collect_status(cluster: Cluster) -> dict[str, Any]:
@@ -67,7 +67,7 @@ async def _effective_args(op: Any) -> dict[str, Any] | None:
     """The engine's effective flags: the last `non-default args` line of its log."""
     from spark_ops.verify import parse_non_default_args
 
-    cmd = op.cluster.engine.recent_command() + " | grep -a 'non-default args' | tail -n 1"
+    cmd = engine_log_recent(op.cluster.engine) + " | grep -a 'non-default args' | tail -n 1"
     try:
         res = await op.session.run(op.cluster.head.name, cmd, check=False, timeout=20)
         return parse_non_default_args(res.stdout) if res.stdout.strip() else None

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from spark_ops.cli.bench import DEFAULT_CONCURRENCY, TABLE_WIDTH, parse_levels, parse_caps
+from spark_ops.cli.bench import DEFAULT_CONCURRENCY, TABLE_WIDTH, parse_caps, parse_levels
 from spark_ops.cli.common import load_cluster, run_async, step_reporter
 
 AXIS_OPTIONS = ("max_num_seqs", "moe_backend", "kv_cache_memory")
@@ -348,6 +348,7 @@ def _ending(outcome: Any) -> str:
 def cli(ctx: click.Context, **kw: Any) -> int:
     """Apply each configuration, sweep it, compare them, then restore the starting one."""
     from spark_ops.errors import Aborted, ExitStatus
+    from spark_ops.workflows import Operation
     from spark_ops.workflows.experiment import (
         ApplySettings,
         ExperimentSpec,
@@ -358,7 +359,6 @@ def cli(ctx: click.Context, **kw: Any) -> int:
         run_experiment,
         start_state,
     )
-    from spark_ops.workflows import Operation
 
     axes = _axes(kw)
     if not axes and not kw["resume"]:

@@ -17,7 +17,7 @@ from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe
 from spark_ops.recipe.changes import Change
 from spark_ops.recipe.command import Edit, apply_edits, entry_edit, yaml_scalar
 from spark_ops.recipe.diff import check_others, took_effect_in
-from spark_ops.recipe.edit import RecipeEdit, Editor
+from spark_ops.recipe.edit import Editor, RecipeEdit
 from spark_ops.recipe.knobs import (
     KNOBS,
     NEWEST_KNOWN,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shlex
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -14,13 +13,13 @@ from spark_ops.errors import (
     BootError,
     SparkOpsError,
 )
-from spark_ops.workflows.plan import Plan, StepRunner
-from spark_ops.workflows.postboot import kv_pool, verify_boot
-from spark_ops.remote import FileWrite, quote_path, sha256
+from spark_ops.remote import FileWrite, engine_log_follow, quote_path, sha256
 from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.history import ROLLED_BACK
 from spark_ops.watchdog.identify import HistEntry, Identification, new_entries, prune_command
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
+from spark_ops.workflows.plan import Plan, StepRunner
+from spark_ops.workflows.postboot import kv_pool, verify_boot
 
 StepReporter = Callable[[Any], None]
 EventReporter = Callable[[Any], None]
@@ -505,14 +504,10 @@ async def _follow_log(op: Operation, offset: int | None, watch: EngineWatch) -> 
             await asyncio.sleep(0.5)
             with contextlib.suppress(SparkOpsError):
                 inst = await watch.current()
-        since = inst.key.split("@", 1)[1]
-        cmd = f"docker logs -f --since {shlex.quote(since)} {quote_path(eng.log_target)} 2>&1"
+        cmd = engine_log_follow(eng, from_time=inst.key.split("@", 1)[1])
     elif eng.log_kind == "journalctl":  # from the restart on: the new unit's first lines too
-        from_s = int(watch.restart_at) - 1
-        cmd = f"journalctl -f -o cat --no-pager --since @{from_s} -u {quote_path(eng.log_target)}"
-    elif offset is None:
-        cmd = eng.follow_command()
+        cmd = engine_log_follow(eng, from_time=f"@{int(watch.restart_at) - 1}")
     else:
-        cmd = f"tail -c +{offset + 1} -F -- {quote_path(eng.log_target)} 2>/dev/null"
+        cmd = engine_log_follow(eng, from_offset=offset)
     async for line in op.session.stream_lines(op.cluster.head.name, cmd):
         yield line

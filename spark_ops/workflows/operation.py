@@ -19,9 +19,9 @@ from spark_ops.errors import (
 from spark_ops.inventory import Cluster
 from spark_ops.lock import cluster_lock
 from spark_ops.log import get_logger
-from spark_ops.workflows.plan import Plan
 from spark_ops.remote import ClusterSession, check_text
 from spark_ops.watchdog.contract import WatchdogContract
+from spark_ops.workflows.plan import Plan
 
 MAX_REASON_BYTES = 1000
 

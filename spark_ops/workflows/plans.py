@@ -7,11 +7,11 @@ from spark_ops.errors import (
     SparkOpsError,
     VerifyError,
 )
-from spark_ops.workflows.plan import FileChange, Plan
-from spark_ops.workflows.postboot import kv_pool
 from spark_ops.remote import sha256
 from spark_ops.watchdog.history import ROLLED_BACK
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
+from spark_ops.workflows.plan import FileChange, Plan
+from spark_ops.workflows.postboot import kv_pool
 
 
 def _drift(texts: dict[str, str], path: str) -> list[str]:
@@ -74,8 +74,8 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
 async def _preflight(op: Operation, opts: ApplyOptions, plan: Plan, new_text: str) -> None:
     """Have the head's own vLLM parse the edited command line; a refusal stops the plan."""
     from spark_ops.errors import KnobError
-    from spark_ops.workflows.preflight import preflight
     from spark_ops.recipe import render_recipe
+    from spark_ops.workflows.preflight import preflight
 
     head = op.cluster.head.name
     source = f"{head}:{op.cluster.recipe.path}"

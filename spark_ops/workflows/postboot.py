@@ -10,8 +10,8 @@ from contextlib import suppress
 from typing import Any
 
 from spark_ops.errors import SparkOpsError, VerifyError
-from spark_ops.workflows.plan import Plan, StepRunner
 from spark_ops.remote import sh_program
+from spark_ops.workflows.plan import Plan, StepRunner
 
 
 async def verify_boot(op: Any, plan: Plan, run: StepRunner, out: Any) -> list[dict[str, Any]]:

@@ -25,8 +25,8 @@ from typing import Any
 
 from spark_ops.errors import CommandTimeout, SparkOpsError
 from spark_ops.log import get_logger
-from spark_ops.workflows.preflight_programs import PICK_SH, PRELUDE, PROBE_SH, SIM_BODY, VLLM_BODY
 from spark_ops.remote import ClusterSession, Result, quote_args
+from spark_ops.workflows.preflight_programs import PICK_SH, PRELUDE, PROBE_SH, SIM_BODY, VLLM_BODY
 
 HOWS = ("auto", "vllm", "sim", "docker", "off")
 MARK = "SPARK-OPS-PREFLIGHT "

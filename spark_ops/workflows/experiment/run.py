@@ -14,21 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import SparkOpsError, VerifyError
-from spark_ops.workflows.experiment.reading import ExperimentReading, read_experiment
+from spark_ops.log import get_logger
+from spark_ops.workflows.experiment.reading import ExperimentReading
 from spark_ops.workflows.experiment.state import (
     REASON,
-    ExperimentError,
-    ExperimentSpec,
     ExperimentState,
     Hook,
-    now_iso,
     changes_for,
-    default_state_path,
     label,
-    plan_experiment,
-    start_state,
+    now_iso,
 )
-from spark_ops.log import get_logger
 
 
 @dataclass
