@@ -7,6 +7,7 @@ import shlex
 from spark_ops.doctor.report import Checker
 from spark_ops.errors import SparkOpsError
 from spark_ops.remote import quote_path, sh_program
+from spark_ops.watchdog.contract import WatchdogContract
 
 # $1 history file, $2 lock file. Prints key=value lines; changes nothing (the lock is opened read-
 # only,
@@ -113,7 +114,6 @@ class WatchdogChecks(Checker):
                     "install the watchdog on the head, or use an absolute path in "
                     "watchdog.restart_command",
                 )
-        from spark_ops.watchdog.contract import WatchdogContract
 
         contract = WatchdogContract(self.session)
         try:
@@ -234,7 +234,6 @@ class WatchdogChecks(Checker):
         """The restart budget left: none left fails (a failed boot could not be recovered)."""
         if not self.up(self.head):
             return
-        from spark_ops.watchdog.contract import WatchdogContract
 
         try:
             view = await WatchdogContract(self.session).budget()

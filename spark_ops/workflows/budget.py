@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from spark_ops import audit
 from spark_ops.errors import (
     SparkOpsError,
 )
@@ -35,8 +36,6 @@ async def budget_prune(
         dry_run=dry_run, reason="operator prune",
     )  # fmt: skip
     if not dry_run and result.get("removed_stamps"):
-        from spark_ops import audit
-
         args = {
             "stamps": list(stamps), "raws": list(raws), "since": since, "until": until,
             "planned": planned,

@@ -7,12 +7,15 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from spark_ops import audit
 from spark_ops.engine.watch import EngineWatch
 from spark_ops.errors import (
     AmbiguousStamp,
     BootError,
     SparkOpsError,
 )
+from spark_ops.readiness import BootTracker, history_key, wait_for_boot
+from spark_ops.readiness import record as record_boot
 from spark_ops.remote import FileWrite, engine_log_follow, quote_path, sha256
 from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.history import ROLLED_BACK
@@ -52,8 +55,6 @@ async def execute(
 
 def audit_minimal(plan: Plan, failure: BaseException | None, exc: Exception) -> dict[str, Any]:
     """The audit entry when building the full one failed: operation, what was written, why."""
-    from spark_ops import audit
-
     return audit.make_entry(
         plan.operation,
         nodes=[c.host for c in plan.changes],
@@ -64,8 +65,6 @@ def audit_minimal(plan: Plan, failure: BaseException | None, exc: Exception) -> 
 
 def audit_entry(plan: Plan, opts: Any, out: Any, failure: BaseException | None) -> dict[str, Any]:
     """The audit entry of an executed plan."""
-    from spark_ops import audit
-
     return audit.entry_for(plan, opts, out, error=failure)
 
 
@@ -118,9 +117,6 @@ async def _restart_and_wait(
     suffix: str = "",
 ) -> None:
     """Drain, trigger, follow the new engine's boot, prune this restart's stamp in any case."""
-    from spark_ops.readiness import history_key
-    from spark_ops.readiness import record as record_boot
-
     c = op.cluster
     steps = {s.name for s in plan.steps}
     paused = False
@@ -324,8 +320,6 @@ async def _wait(
     watch: EngineWatch,
 ) -> Any:
     """Follow the new engine's boot from the log, the head and probes until it answers."""
-    from spark_ops.readiness import BootTracker, wait_for_boot
-
     c = op.cluster
     old_pids = {p.pid for p in watch.old.members} if watch.old else set()
     if watch.old is not None and watch.old.pid and watch.source == "pid_file":

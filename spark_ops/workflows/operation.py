@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from spark_ops import audit
+from spark_ops.engine import EngineAPI
 from spark_ops.errors import (
     InputError,
     RecipeError,
@@ -19,6 +20,7 @@ from spark_ops.errors import (
 from spark_ops.inventory import Cluster
 from spark_ops.lock import cluster_lock
 from spark_ops.log import get_logger
+from spark_ops.recipe import knob_values
 from spark_ops.remote import ClusterSession, check_text
 from spark_ops.watchdog.contract import WatchdogContract
 from spark_ops.workflows.plan import Plan
@@ -152,8 +154,6 @@ class Operation:
 
     def engine(self, timeout: float = 10.0) -> Any:
         """An EngineAPI client bound to the resolved URL (use after api_url())."""
-        from spark_ops.engine import EngineAPI
-
         assert self._api_url is not None
         return EngineAPI(self._api_url, timeout=timeout, model=self.cluster.engine.model)
 
@@ -196,8 +196,6 @@ def jsonable(values: dict[str, Any]) -> dict[str, Any]:
 @asynccontextmanager
 async def engine_endpoint(cluster: Cluster) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """The engine's URL from here (tunnelled through the head if needed) and the recipe's knobs."""
-    from spark_ops.recipe import knob_values
-
     async with Operation.open(cluster, "bench", lock=False, nodes=[cluster.head.name]) as op:
         url = await op.api_url()
         knobs: dict[str, Any] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from contextlib import suppress
 from typing import Any
 
+from spark_ops import verify
 from spark_ops.errors import SparkOpsError, VerifyError
 from spark_ops.remote import sh_program
 from spark_ops.workflows.plan import Plan, StepRunner
@@ -16,8 +17,6 @@ from spark_ops.workflows.plan import Plan, StepRunner
 
 async def verify_boot(op: Any, plan: Plan, run: StepRunner, out: Any) -> list[dict[str, Any]]:
     """After a good boot: effective args, KV pool, workers' free memory, no new Xid."""
-    from spark_ops import verify
-
     if "verify" not in {s.name for s in plan.steps}:
         return []
     run.start("verify")
@@ -65,8 +64,6 @@ async def verify_boot(op: Any, plan: Plan, run: StepRunner, out: Any) -> list[di
 
 async def _still_serving(op: Any, head: str) -> Any:
     """A second real completion after the checks: a wedged multi-node engine fails it."""
-    from spark_ops import verify
-
     timeout = op.cluster.engine.probe_timeout_s
     async with op.engine(timeout=timeout) as api:
         ok = await api.complete(timeout)
@@ -102,8 +99,6 @@ fi
 async def _xid_checks(op: Any, since: float) -> list[Any]:
     """No Xid kernel line since the restart on any node (journalctl -k, else dmesg)."""
     import datetime as dt
-
-    from spark_ops import verify
 
     when = dt.datetime.fromtimestamp(since, dt.timezone.utc)
     cmd = sh_program(_KERNEL_LOG, str(int(since)))
@@ -146,8 +141,6 @@ done
 
 async def _gpu_process_checks(op: Any, since: float) -> list[Any]:
     """No GPU compute process older than the restart on any node (skipped without nvidia-smi)."""
-    from spark_ops import verify
-
     results = await op.session.run_all(
         sh_program(_GPU_APPS), [n.name for n in op.cluster.nodes], check=False
     )

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spark_ops.bench.sweep import SweepConfig, run_sweep
 from spark_ops.errors import SparkOpsError, VerifyError
 from spark_ops.log import get_logger
+from spark_ops.recipe import knob_values, render_recipe
+from spark_ops.workflows import ApplyOptions, execute, jsonable, plan_apply
 from spark_ops.workflows.experiment.reading import ExperimentReading
 from spark_ops.workflows.experiment.state import (
     REASON,
@@ -54,9 +57,6 @@ class ApplySettings:
 
 async def current_knobs(op: Any) -> dict[str, Any]:
     """The recipe's knob values on the head; kv_cache_memory as written (e.g. '60G')."""
-    from spark_ops.recipe import knob_values, render_recipe
-    from spark_ops.workflows import jsonable
-
     texts = await op.read_recipes()
     text = texts.get(op.cluster.head.name, next(iter(texts.values())))
     knobs = jsonable(knob_values(text, source=op.cluster.recipe.path))
@@ -74,8 +74,6 @@ async def _apply(
     op: Any, changes: list[Any], settings: ApplySettings, hooks: Hooks, reason: str
 ) -> dict[str, Any]:
     """Plan and execute one apply; a failed boot or check raises; returns what it did."""
-    from spark_ops.workflows import ApplyOptions, execute, plan_apply
-
     opts = ApplyOptions(
         changes=changes, force=settings.force, drain=settings.drain,
         drain_timeout_s=settings.drain_timeout_s, deadline_s=settings.deadline_s, reason=reason,
@@ -105,8 +103,6 @@ async def _run_config(
     hooks: Hooks, secrets: dict[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
     """Apply one configuration, sweep it, check the budget is as before."""
-    from spark_ops.bench.sweep import SweepConfig, run_sweep
-
     used_before, before = await _stamps(op)
     reason = f"{REASON}: {label(config)})"
     applied = await _apply(op, changes_for(config), settings, hooks, reason)

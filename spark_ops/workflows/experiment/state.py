@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.bench.sweep import SweepResult
+from spark_ops.bench.whatif import predicted_sweep
 from spark_ops.errors import ExitStatus, SparkOpsError
+from spark_ops.recipe import changes_from_options, parse_kv_cache_memory
+from spark_ops.workflows.experiment.reading import read_experiment
 
 SCHEMA = "spark-ops.experiment/1"
 REASON = "planned restart (spark-ops experiment"  # every restart of ours is journalled with this
@@ -43,8 +46,6 @@ def now_iso() -> str:
 
 def normalize(axis: str, value: Any) -> Any:
     """A knob value in the form knob_values() reports it (bytes for kv, bool for eager)."""
-    from spark_ops.recipe import parse_kv_cache_memory
-
     if value is None:
         return None
     if axis == "max_num_seqs":
@@ -63,8 +64,6 @@ def label(config: dict[str, Any]) -> str:
 
 def changes_for(config: dict[str, Any]) -> list[Any]:
     """Validated recipe changes that set a configuration's knobs."""
-    from spark_ops.recipe import changes_from_options
-
     return changes_from_options(**{k: v for k, v in config.items()})
 
 
@@ -233,8 +232,6 @@ class ExperimentState:
 
     def all_results(self) -> list[tuple[str, SweepResult]]:
         """Measured sweeps and the predicted ones (from their measured base), in plan order."""
-        from spark_ops.bench.whatif import predicted_sweep
-
         measured = dict(self.sweep_results())
         predicted = self.spec.predicted()
         out = []
@@ -249,8 +246,6 @@ class ExperimentState:
 
     def reading(self) -> Any:
         """The comparison across measured and predicted configurations (an ExperimentReading)."""
-        from spark_ops.workflows.experiment.reading import read_experiment
-
         return read_experiment(self.all_results(), slo_tok_s=self.spec.sweep.get("slo_tok_s"))
 
     def downtime_s(self) -> float:
