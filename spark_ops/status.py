@@ -64,7 +64,7 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
     return data
 
 
-async def _effective_args(op: Any) -> dict[str, Any] | None:
+async def _effective_args(op: Operation) -> dict[str, Any] | None:
     """The engine's effective flags: the last `non-default args` line of its log."""
     cmd = engine_log_recent(op.cluster.engine) + " | grep -a 'non-default args' | tail -n 1"
     try:
@@ -106,7 +106,7 @@ def _last_boot(cluster: Cluster) -> dict[str, Any] | None:
     return {"started_at": rec.get("started_at"), "total_s": rec.get("total_s")}
 
 
-async def _engine(op: Any) -> dict[str, Any]:
+async def _engine(op: Operation) -> dict[str, Any]:
     """Engine health, version, model and load from /metrics."""
     try:
         await op.api_url()

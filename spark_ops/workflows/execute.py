@@ -14,7 +14,7 @@ from spark_ops.errors import (
     BootError,
     SparkOpsError,
 )
-from spark_ops.readiness import BootTracker, history_key, wait_for_boot
+from spark_ops.readiness import BootReport, BootTracker, history_key, wait_for_boot
 from spark_ops.readiness import record as record_boot
 from spark_ops.remote import FileWrite, engine_log_follow, quote_path, sha256
 from spark_ops.watchdog.contract import Trigger
@@ -63,7 +63,9 @@ def audit_minimal(plan: Plan, failure: BaseException | None, exc: Exception) -> 
     )
 
 
-def audit_entry(plan: Plan, opts: Any, out: Any, failure: BaseException | None) -> dict[str, Any]:
+def audit_entry(
+    plan: Plan, opts: ApplyOptions, out: Outcome, failure: BaseException | None
+) -> dict[str, Any]:
     """The audit entry of an executed plan."""
     return audit.entry_for(plan, opts, out, error=failure)
 
@@ -318,7 +320,7 @@ async def _wait(
     start_at: int | None,
     on_event: EventReporter | None,
     watch: EngineWatch,
-) -> Any:
+) -> BootReport:
     """Follow the new engine's boot from the log, the head and probes until it answers."""
     c = op.cluster
     old_pids = {p.pid for p in watch.old.members} if watch.old else set()

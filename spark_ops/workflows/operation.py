@@ -152,7 +152,7 @@ class Operation:
                 self._api_url = f"{parts.scheme}://127.0.0.1:{local}"
         return self._api_url
 
-    def engine(self, timeout: float = 10.0) -> Any:
+    def engine(self, timeout: float = 10.0) -> EngineAPI:
         """An EngineAPI client bound to the resolved URL (use after api_url())."""
         assert self._api_url is not None
         return EngineAPI(self._api_url, timeout=timeout, model=self.cluster.engine.model)

@@ -12,10 +12,13 @@ from typing import Any
 from spark_ops import verify
 from spark_ops.errors import SparkOpsError, VerifyError
 from spark_ops.remote import sh_program
+from spark_ops.workflows.operation import Operation, Outcome
 from spark_ops.workflows.plan import Plan, StepRunner
 
 
-async def verify_boot(op: Any, plan: Plan, run: StepRunner, out: Any) -> list[dict[str, Any]]:
+async def verify_boot(
+    op: Operation, plan: Plan, run: StepRunner, out: Outcome
+) -> list[dict[str, Any]]:
     """After a good boot: effective args, KV pool, workers' free memory, no new Xid."""
     if "verify" not in {s.name for s in plan.steps}:
         return []
@@ -62,7 +65,7 @@ async def verify_boot(op: Any, plan: Plan, run: StepRunner, out: Any) -> list[di
     return dicts
 
 
-async def _still_serving(op: Any, head: str) -> Any:
+async def _still_serving(op: Operation, head: str) -> verify.Check:
     """A second real completion after the checks: a wedged multi-node engine fails it."""
     timeout = op.cluster.engine.probe_timeout_s
     async with op.engine(timeout=timeout) as api:
@@ -76,7 +79,7 @@ async def _still_serving(op: Any, head: str) -> Any:
     )  # fmt: skip
 
 
-async def kv_pool(op: Any) -> int | None:
+async def kv_pool(op: Operation) -> int | None:
     """The engine's KV pool in tokens from /metrics (cache_config_info blocks × block size)."""
     async with op.engine() as api:
         snap = await api.metrics()
@@ -96,7 +99,7 @@ fi
 """
 
 
-async def _xid_checks(op: Any, since: float) -> list[Any]:
+async def _xid_checks(op: Operation, since: float) -> list[verify.Check]:
     """No Xid kernel line since the restart on any node (journalctl -k, else dmesg)."""
     import datetime as dt
 
@@ -139,7 +142,7 @@ done
 """
 
 
-async def _gpu_process_checks(op: Any, since: float) -> list[Any]:
+async def _gpu_process_checks(op: Operation, since: float) -> list[verify.Check]:
     """No GPU compute process older than the restart on any node (skipped without nvidia-smi)."""
     results = await op.session.run_all(
         sh_program(_GPU_APPS), [n.name for n in op.cluster.nodes], check=False

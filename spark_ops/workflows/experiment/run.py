@@ -16,8 +16,8 @@ from typing import Any
 from spark_ops.bench.sweep import SweepConfig, run_sweep
 from spark_ops.errors import SparkOpsError, VerifyError
 from spark_ops.log import get_logger
-from spark_ops.recipe import knob_values, render_recipe
-from spark_ops.workflows import ApplyOptions, execute, jsonable, plan_apply
+from spark_ops.recipe import Change, knob_values, render_recipe
+from spark_ops.workflows.execute import execute
 from spark_ops.workflows.experiment.reading import ExperimentReading
 from spark_ops.workflows.experiment.state import (
     REASON,
@@ -27,6 +27,8 @@ from spark_ops.workflows.experiment.state import (
     label,
     now_iso,
 )
+from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
+from spark_ops.workflows.plans import plan_apply
 
 
 @dataclass
@@ -55,7 +57,7 @@ class ApplySettings:
     force: bool = False
 
 
-async def current_knobs(op: Any) -> dict[str, Any]:
+async def current_knobs(op: Operation) -> dict[str, Any]:
     """The recipe's knob values on the head; kv_cache_memory as written (e.g. '60G')."""
     texts = await op.read_recipes()
     text = texts.get(op.cluster.head.name, next(iter(texts.values())))
@@ -64,14 +66,14 @@ async def current_knobs(op: Any) -> dict[str, Any]:
     return {**knobs, "kv_cache_memory": kv if isinstance(kv, str) else None}
 
 
-async def _stamps(op: Any) -> tuple[int, list[float]]:
+async def _stamps(op: Operation) -> tuple[int, list[float]]:
     """Used restarts and the stamps in the window, as the head sees them."""
     view = await op.watchdog.budget()
     return view.used, sorted(float(s["stamp"]) for s in view.stamps)
 
 
 async def _apply(
-    op: Any, changes: list[Any], settings: ApplySettings, hooks: Hooks, reason: str
+    op: Operation, changes: list[Change], settings: ApplySettings, hooks: Hooks, reason: str
 ) -> dict[str, Any]:
     """Plan and execute one apply; a failed boot or check raises; returns what it did."""
     opts = ApplyOptions(
@@ -99,7 +101,7 @@ async def _apply(
 
 
 async def _run_config(
-    op: Any, state: ExperimentState, config: dict[str, Any], settings: ApplySettings,
+    op: Operation, state: ExperimentState, config: dict[str, Any], settings: ApplySettings,
     hooks: Hooks, secrets: dict[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
     """Apply one configuration, sweep it, check the budget is as before."""
@@ -165,7 +167,7 @@ class ExperimentOutcome:
 
 
 async def run_experiment(
-    op: Any, state: ExperimentState, path: Path, *, settings: ApplySettings | None = None,
+    op: Operation, state: ExperimentState, path: Path, *, settings: ApplySettings | None = None,
     hooks: Hooks | None = None, secrets: dict[str, Any] | None = None,
 ) -> ExperimentOutcome:  # fmt: skip
     """Run every unfinished configuration, then restore (also after a failure or Ctrl-C)."""
@@ -234,7 +236,7 @@ async def run_experiment(
     )
 
 
-async def _prune_leftovers(op: Any, keep: list[float], hooks: Hooks) -> list[float]:
+async def _prune_leftovers(op: Operation, keep: list[float], hooks: Hooks) -> list[float]:
     """Prune stamps of our own restarts that an interruption left (before their own prune)."""
     view = await op.watchdog.budget()
     ours = [
@@ -251,7 +253,7 @@ async def _prune_leftovers(op: Any, keep: list[float], hooks: Hooks) -> list[flo
 
 
 async def _restore(
-    op: Any, state: ExperimentState, settings: ApplySettings, hooks: Hooks
+    op: Operation, state: ExperimentState, settings: ApplySettings, hooks: Hooks
 ) -> dict[str, Any]:
     """Put the starting knob values back (one more planned restart when they differ)."""
     start = {a: state.start_knobs.get(a) for a in state.spec.axes}
@@ -272,7 +274,7 @@ async def _restore(
 
 
 async def _confirm(
-    op: Any, state: ExperimentState, path: Path, settings: ApplySettings, hooks: Hooks,
+    op: Operation, state: ExperimentState, path: Path, settings: ApplySettings, hooks: Hooks,
     secrets: dict[str, Any],
 ) -> None:  # fmt: skip
     """--confirm: when the recommended configuration was predicted, restart with it and sweep."""

@@ -14,8 +14,8 @@ from typing import Any
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.bench.whatif import predicted_sweep
 from spark_ops.errors import ExitStatus, SparkOpsError
-from spark_ops.recipe import changes_from_options, parse_kv_cache_memory
-from spark_ops.workflows.experiment.reading import read_experiment
+from spark_ops.recipe import Change, changes_from_options, parse_kv_cache_memory
+from spark_ops.workflows.experiment.reading import ExperimentReading, read_experiment
 
 SCHEMA = "spark-ops.experiment/1"
 REASON = "planned restart (spark-ops experiment"  # every restart of ours is journalled with this
@@ -62,7 +62,7 @@ def label(config: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in config.items())
 
 
-def changes_for(config: dict[str, Any]) -> list[Any]:
+def changes_for(config: dict[str, Any]) -> list[Change]:
     """Validated recipe changes that set a configuration's knobs."""
     return changes_from_options(**{k: v for k, v in config.items()})
 
@@ -244,8 +244,8 @@ class ExperimentState:
                 out.append((name, predicted_sweep(measured[base_name], _cap(config), base_name)))
         return out
 
-    def reading(self) -> Any:
-        """The comparison across measured and predicted configurations (an ExperimentReading)."""
+    def reading(self) -> ExperimentReading:
+        """The comparison across measured and predicted configurations."""
         return read_experiment(self.all_results(), slo_tok_s=self.spec.sweep.get("slo_tok_s"))
 
     def downtime_s(self) -> float:
