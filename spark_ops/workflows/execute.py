@@ -14,18 +14,18 @@ from spark_ops.errors import (
     BootError,
     SparkOpsError,
 )
-from spark_ops.readiness import BootReport, BootTracker, history_key, wait_for_boot
+from spark_ops.readiness import BootEvent, BootReport, BootTracker, history_key, wait_for_boot
 from spark_ops.readiness import record as record_boot
 from spark_ops.remote import FileWrite, engine_log_follow, quote_path, sha256
 from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.history import ROLLED_BACK
 from spark_ops.watchdog.identify import HistEntry, Identification, new_entries, prune_command
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
-from spark_ops.workflows.plan import Plan, StepRunner
+from spark_ops.workflows.plan import Plan, Step, StepRunner
 from spark_ops.workflows.postboot import kv_pool, verify_boot
 
-StepReporter = Callable[[Any], None]
-EventReporter = Callable[[Any], None]
+StepReporter = Callable[[Step], None]
+EventReporter = Callable[[BootEvent], None]
 
 
 async def execute(

@@ -20,7 +20,7 @@ from spark_ops.errors import (
 from spark_ops.inventory import Cluster
 from spark_ops.lock import cluster_lock
 from spark_ops.log import get_logger
-from spark_ops.recipe import knob_values
+from spark_ops.recipe import Change, knob_values
 from spark_ops.remote import ClusterSession, check_text
 from spark_ops.watchdog.contract import WatchdogContract
 from spark_ops.workflows.plan import Plan
@@ -32,7 +32,7 @@ MAX_REASON_BYTES = 1000
 class ApplyOptions:
     """What the operator asked apply (or restart) to do."""
 
-    changes: Sequence[Any] = ()
+    changes: Sequence[Change] = ()
     vllm_version: str | None = None
     force: bool = False
     drain: bool = True
