@@ -25,6 +25,7 @@ from spark_ops.errors import (
     SparkOpsError,
     excerpt,
 )
+from spark_ops.remote import ClusterSession, FileWrite, quote_args, sha256
 
 if TYPE_CHECKING:
     from spark_ops.inventory import Cluster
@@ -155,8 +156,6 @@ def select_nodes(cluster: Cluster, names: Sequence[str] | None) -> list[str]:
 
 def build_command(argv: Sequence[str], *, shell: bool = False) -> str:
     """The remote command line: each argument quoted, or one shell string as is (shell=True)."""
-    from spark_ops.remote import quote_args
-
     if not argv:
         raise InventoryError("no command given: put it after --, e.g. spark-ops exec -- uptime")
     if shell:
@@ -233,8 +232,6 @@ async def run_command(
     input: str | None = None,
 ) -> FanoutReport:
     """Run one command (argv, each argument quoted) on the chosen nodes and report per host."""
-    from spark_ops.remote import ClusterSession
-
     hosts = select_nodes(cluster, nodes)
     command = build_command(argv, shell=shell)
     start = time.monotonic()
@@ -303,8 +300,6 @@ async def edit_on(
     keep_backups: int = 5,
 ) -> list[HostResult]:
     """Edit one line on hosts all-or-nothing: read and edit on each, then one atomic write."""
-    from spark_ops.remote import FileWrite, sha256
-
     hosts = list(hosts)
     edit.compiled()
     start = time.monotonic()
@@ -379,8 +374,6 @@ async def edit_line(
     nodes: Sequence[str] | None = None,
 ) -> FanoutReport:
     """Apply a one-line edit of edit.path on the chosen nodes, atomically and all-or-nothing."""
-    from spark_ops.remote import ClusterSession
-
     hosts = select_nodes(cluster, nodes)
     start = time.monotonic()
     async with ClusterSession(cluster) as session:

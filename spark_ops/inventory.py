@@ -123,30 +123,6 @@ class EngineSettings:
         """
         return {0: False, 1: True}.get(exit_code) if exit_code is not None else None
 
-    def recent_command(self, lines: int = 5000) -> str:
-        """The shell command that prints the engine log's recent lines."""
-        from spark_ops.remote import quote_path
-
-        if self.log_kind == "file":
-            return f"tail -n {lines} {quote_path(self.log_target)} 2>/dev/null"
-        if self.log_kind == "journalctl":
-            return f"journalctl -n {lines} -o cat --no-pager -u {quote_path(self.log_target)}"
-        if self.log_kind == "docker":
-            return f"docker logs --tail {lines} {quote_path(self.log_target)} 2>&1"
-        return f"timeout 5 {self.log_target} | tail -n {lines}"
-
-    def follow_command(self) -> str:
-        """The shell command that prints new engine log lines as they come."""
-        from spark_ops.remote import quote_path
-
-        if self.log_kind == "file":
-            return f"tail -n 0 -F {quote_path(self.log_target)} 2>/dev/null"
-        if self.log_kind == "journalctl":
-            return f"journalctl -f -n 0 -o cat -u {quote_path(self.log_target)}"
-        if self.log_kind == "docker":
-            return f"docker logs -f --since 0s {quote_path(self.log_target)} 2>&1"
-        return self.log_target
-
 
 @dataclass(frozen=True)
 class Cluster:

@@ -5,15 +5,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from spark_ops.engine.identity import leftovers, stop_hint
 from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
-from spark_ops.remote import ClusterSession
+from spark_ops.readiness import BootHistory, history_key
+from spark_ops.recipe import knob_values
+from spark_ops.remote import ClusterSession, engine_log_recent
+from spark_ops.verify import parse_non_default_args
+from spark_ops.workflows import Operation
 
 
 async def collect_status(cluster: Cluster) -> dict[str, Any]:
     """Gather everything `spark-ops status` shows; unreachable parts are reported, not raised."""
-    from spark_ops.workflows import Operation
-
     data: dict[str, Any] = {"cluster": cluster.name, "time": time.time(), "nodes": [], "engine": {}}
     async with ClusterSession(cluster) as session:
         await session.connect(required=False)
@@ -36,8 +39,6 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
         op = Operation(session, "status")
         data["engine"] = await _engine(op)
         try:
-            from spark_ops.recipe import knob_values
-
             texts = await op.read_recipes()
             head_text = texts.get(cluster.head.name, next(iter(texts.values())))
             data["recipe"] = {
@@ -63,11 +64,9 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
     return data
 
 
-async def _effective_args(op: Any) -> dict[str, Any] | None:
+async def _effective_args(op: Operation) -> dict[str, Any] | None:
     """The engine's effective flags: the last `non-default args` line of its log."""
-    from spark_ops.verify import parse_non_default_args
-
-    cmd = op.cluster.engine.recent_command() + " | grep -a 'non-default args' | tail -n 1"
+    cmd = engine_log_recent(op.cluster.engine) + " | grep -a 'non-default args' | tail -n 1"
     try:
         res = await op.session.run(op.cluster.head.name, cmd, check=False, timeout=20)
         return parse_non_default_args(res.stdout) if res.stdout.strip() else None
@@ -77,8 +76,6 @@ async def _effective_args(op: Any) -> dict[str, Any] | None:
 
 async def _instance(session: ClusterSession, cluster: Cluster) -> dict[str, Any]:
     """The engine instance the head runs and engine processes left outside it."""
-    from spark_ops.engine.identity import leftovers, stop_hint
-
     try:
         instance, own, others = await leftovers(session, cluster)
     except SparkOpsError as exc:
@@ -103,15 +100,13 @@ async def _instance(session: ClusterSession, cluster: Cluster) -> dict[str, Any]
 
 def _last_boot(cluster: Cluster) -> dict[str, Any] | None:
     """How long the last boot spark-ops watched took (from this machine's boot history)."""
-    from spark_ops.readiness import BootHistory, history_key
-
     rec = BootHistory().previous(history_key(cluster))
     if not rec:
         return None
     return {"started_at": rec.get("started_at"), "total_s": rec.get("total_s")}
 
 
-async def _engine(op: Any) -> dict[str, Any]:
+async def _engine(op: Operation) -> dict[str, Any]:
     """Engine health, version, model and load from /metrics."""
     try:
         await op.api_url()

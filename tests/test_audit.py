@@ -165,9 +165,9 @@ def test_log_cli(mini: MiniCluster, tmp_path: Path) -> None:
 async def test_entry_for_an_executed_plan(mini: MiniCluster) -> None:
     """entry_for turns a plan, its options and outcome (or error) into one entry, recorded whole."""
     from spark_ops.errors import BootError
-    from spark_ops.plan import FileChange, Plan
     from spark_ops.recipe import Change
     from spark_ops.workflows import ApplyOptions, Outcome
+    from spark_ops.workflows.plan import FileChange, Plan
 
     plan = Plan("apply", "sim")
     plan.changes.append(FileChange("node1", "~/r.yaml", "0" * 64, "-a\n+b\n", "b\n", "a\n"))

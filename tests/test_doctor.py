@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from spark_ops.doctor import Check, DoctorReport, _program, run_doctor
+from spark_ops.doctor import Check, DoctorReport, command_program, run_doctor
 from spark_ops.errors import ExitStatus
 from spark_ops.inventory import Cluster, load_inventory
 
@@ -273,7 +273,7 @@ def test_unreachable_node_fails_ssh_only_for_it(mini: MiniCluster, tmp_path: Pat
 )
 def test_program(command: str, expected: tuple[str | None, str | None]) -> None:
     """The program checked with command -v skips cd DIR &&, sudo, env and VAR=value words."""
-    assert _program(command) == expected
+    assert command_program(command) == expected
 
 
 def test_check_status_is_validated() -> None:

@@ -23,7 +23,7 @@ from conftest import start_sim
 from spark_ops.bench import stats
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.errors import ExitStatus
-from spark_ops.experiment import (
+from spark_ops.workflows.experiment import (
     ExperimentError,
     ExperimentSpec,
     ExperimentState,
@@ -175,7 +175,7 @@ async def test_failure_ends_in_restore_and_leftovers_are_pruned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A boot failing at 64: state 'failed', 6 kept, start restored, a killed run's stamp pruned."""
-    import spark_ops.experiment as experiment
+    import spark_ops.workflows.experiment.run as experiment
     from spark_ops.errors import BootError
 
     applied: list[dict[str, Any]] = []
@@ -336,7 +336,7 @@ async def test_confirm_measures_a_predicted_winner(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--confirm: 32 is predicted to beat the measured 64 at the top level, so it is measured."""
-    import spark_ops.experiment as experiment
+    import spark_ops.workflows.experiment.run as experiment
 
     swept: list[int] = []
     curves = {

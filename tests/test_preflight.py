@@ -24,7 +24,9 @@ from embedded import start_nodes
 from ground.vllm import VENV, model_path, shim_path, vllm_unavailable_reason
 
 from spark_ops.inventory import Cluster, load_inventory
-from spark_ops.preflight import (
+from spark_ops.remote import ClusterSession, Result
+from spark_ops.sim.node import SimNode
+from spark_ops.workflows.preflight import (
     MARK,
     PreflightError,
     build_program,
@@ -35,8 +37,6 @@ from spark_ops.preflight import (
     serve_args,
     split_command,
 )
-from spark_ops.remote import ClusterSession, Result
-from spark_ops.sim.node import SimNode
 
 FIXTURES = Path(__file__).parent / "fixtures" / "preflight"
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from spark_ops.log import get_logger
+from spark_ops.verify.parse import parse_cache_config_info
 
 if TYPE_CHECKING:
     from spark_ops.bench.client import StreamClient
@@ -22,8 +23,6 @@ WANTED = (GENERATION_TOKENS, RUNNING, WAITING, PREEMPTIONS)
 
 def kv_pool_tokens(metrics_text: str) -> int | None:
     """The KV pool in tokens from `vllm:cache_config_info` (num_gpu_blocks x block_size)."""
-    from spark_ops.verify.parse import parse_cache_config_info
-
     labels = parse_cache_config_info(metrics_text)
     try:
         return int(labels["num_gpu_blocks"]) * int(labels["block_size"])

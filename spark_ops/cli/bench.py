@@ -24,7 +24,7 @@ def resolve_url(url: str) -> str:
     return url
 
 
-def _parse_levels(text: str) -> list[int]:
+def parse_levels(text: str) -> list[int]:
     """Parse '1,6,16' into [1, 6, 16] or fail with a usage error naming the value."""
     try:
         levels = [int(x) for x in text.split(",") if x.strip()]
@@ -201,7 +201,7 @@ def cli(
         base_url=resolve_url(url) if url else "http://via-inventory",
         model=model,
         api=api,
-        levels=levels_with_caps(_parse_levels(concurrency), caps),
+        levels=levels_with_caps(parse_levels(concurrency), caps),
         output_tokens=output_tokens,
         mode=mode,
         duration_s=duration,

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from spark_ops.cli.bench import DEFAULT_CONCURRENCY, TABLE_WIDTH, _parse_levels, parse_caps
+from spark_ops.cli.bench import DEFAULT_CONCURRENCY, TABLE_WIDTH, parse_caps, parse_levels
 from spark_ops.cli.common import load_cluster, run_async, step_reporter
 
 AXIS_OPTIONS = ("max_num_seqs", "moe_backend", "kv_cache_memory")
@@ -45,7 +45,7 @@ def _sweep_settings(kw: dict[str, Any], caps: list[int]) -> dict[str, Any]:
     """
     from spark_ops.bench.whatif import levels_with_caps
 
-    levels = levels_with_caps(_parse_levels(kw["concurrency"]), caps)
+    levels = levels_with_caps(parse_levels(kw["concurrency"]), caps)
     return {
         "model": kw["model"], "api": kw["api"], "levels": levels,
         "output_tokens": kw["output_tokens"], "mode": kw["mode"], "duration_s": kw["duration"],
@@ -218,7 +218,7 @@ def _print_whatif(console: Any, state: Any) -> None:
     from spark_ops.bench.report import whatif_lines, whatif_table
     from spark_ops.bench.whatif import whatif_of
     from spark_ops.errors import BenchError
-    from spark_ops.experiment_state import label
+    from spark_ops.workflows.experiment.state import label
 
     predicted = state.spec.predicted()
     for name, result in state.sweep_results():
@@ -348,7 +348,8 @@ def _ending(outcome: Any) -> str:
 def cli(ctx: click.Context, **kw: Any) -> int:
     """Apply each configuration, sweep it, compare them, then restore the starting one."""
     from spark_ops.errors import Aborted, ExitStatus
-    from spark_ops.experiment import (
+    from spark_ops.workflows import Operation
+    from spark_ops.workflows.experiment import (
         ApplySettings,
         ExperimentSpec,
         Hooks,
@@ -358,7 +359,6 @@ def cli(ctx: click.Context, **kw: Any) -> int:
         run_experiment,
         start_state,
     )
-    from spark_ops.workflows import Operation
 
     axes = _axes(kw)
     if not axes and not kw["resume"]:

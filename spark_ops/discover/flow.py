@@ -12,11 +12,11 @@ from spark_ops.discover.options import (
     InitOptions,
     InitResult,
     NodeSpec,
-    _name_nodes,
+    name_nodes,
     parse_env_file,
     parse_hosts,
 )
-from spark_ops.discover.probe import Discovery, _bare_cluster
+from spark_ops.discover.probe import Discovery, bare_cluster
 from spark_ops.discover.render import render_inventory
 from spark_ops.discover.sparkrun import SparkrunSetup, adopt_sparkrun, read_sparkrun
 from spark_ops.errors import InventoryError
@@ -36,7 +36,7 @@ async def _nodes_from_env(opts: InitOptions) -> tuple[list[NodeSpec], list[Findi
     path = m.group(3)
     spec = host if not m.group(2) else (f"[{host}]" if ":" in host else host) + f":{m.group(2)}"
     head = parse_hosts(spec, source="--from-env")[0]
-    cluster = _bare_cluster([head], opts)
+    cluster = bare_cluster([head], opts)
     async with ClusterSession(cluster) as session:
         await session.connect()
         text = await session.read_file(cluster.head.name, path)
@@ -69,7 +69,7 @@ async def _nodes_from_env(opts: InitOptions) -> tuple[list[NodeSpec], list[Findi
         )
     for n in nodes:
         n.name = ""
-    _name_nodes(nodes)
+    name_nodes(nodes)
     notes = [f"{k}={env[k]}" for k in ("ETH_IF", "IB_IF") if k in env]
     if notes:
         findings.append(
@@ -107,7 +107,7 @@ async def discover(opts: InitOptions) -> InitResult:
         raise InventoryError(
             "spark-ops init needs --hosts H1,H2,… (first = head) or --from-env HOST:PATH"
         )
-    cluster = _bare_cluster(nodes, opts)
+    cluster = bare_cluster(nodes, opts)
     values: dict[str, Any] = {}
     async with ClusterSession(cluster) as session:
         await session.connect(required=False)

@@ -123,7 +123,7 @@ def parse_hosts(spec: str, *, source: str = "--hosts") -> list[NodeSpec]:
         if not host:
             raise InventoryError(f"{source}: empty host in {spec!r}")
         out.append(NodeSpec(name or "", host, port))
-    _name_nodes(out)
+    name_nodes(out)
     return out
 
 
@@ -136,7 +136,7 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-def _name_nodes(nodes: list[NodeSpec]) -> None:
+def name_nodes(nodes: list[NodeSpec]) -> None:
     """Name unnamed nodes by their short host name, or node1..N when that is not unique or an IP."""
     shorts = [n.host.split(".")[0] for n in nodes]
     usable = all(

@@ -16,8 +16,10 @@ from spark_ops.discover.options import (
     InitOptions,
     NodeSpec,
 )
+from spark_ops.engine import EngineAPI
 from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import (
+    DEFAULT_WORKER_CHECK,
     Cluster,
     EngineSettings,
     Node,
@@ -25,10 +27,13 @@ from spark_ops.inventory import (
     SSHSettings,
     WatchdogSettings,
 )
+from spark_ops.recipe import render_recipe
 from spark_ops.remote import ClusterSession, quote_path
+from spark_ops.sim import RAYLET_CHECK, RAYLET_PORT_ENV
+from spark_ops.watchdog.config import parse_config
 
 
-def _bare_cluster(nodes: list[NodeSpec], opts: InitOptions) -> Cluster:
+def bare_cluster(nodes: list[NodeSpec], opts: InitOptions) -> Cluster:
     """An in-memory cluster to connect with (placeholders where init has not looked yet)."""
     ssh = _ssh_settings(opts)
     built = tuple(
@@ -122,9 +127,6 @@ class Discovery:
 
     async def find_worker_check(self) -> None:
         """How to tell a worker's Ray worker is up: a `raylet` process, or the sim's raylet port."""
-        from spark_ops.inventory import DEFAULT_WORKER_CHECK
-        from spark_ops.sim import RAYLET_CHECK, RAYLET_PORT_ENV
-
         workers = [n.name for n in self.cluster.workers if n.name in self.session.connectors]
         if not workers:
             return
@@ -150,8 +152,6 @@ class Discovery:
 
     async def find_recipe(self) -> None:
         """--recipe or the watchdog's, else the one `vllm serve` recipe in the usual places."""
-        from spark_ops.recipe import render_recipe
-
         named = self.values.pop("config:recipe.path", None)
         if self.opts.recipe or named:
             path = self.opts.recipe or named
@@ -216,8 +216,6 @@ class Discovery:
 
     async def _recipe_found(self, path: str, how: str) -> None:
         """Record the recipe, the nodes that hold a copy and its API settings."""
-        from spark_ops.recipe import render_recipe
-
         holders = []
         for node in self.cluster.nodes:
             if node.name in self.session.connectors and await self.exists(path, node.name):
@@ -254,10 +252,6 @@ class Discovery:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             self.warn("watchdog", f"{where} is not valid YAML ({exc}); its values were not read")
-            return {}
-        try:
-            from spark_ops.watchdog.config import parse_config
-        except ImportError:  # the reference watchdog is not installed here
             return {}
         source = f"{self.home}/{WATCHDOG_CONFIG[2:]}" if self.home else WATCHDOG_CONFIG
         try:
@@ -428,8 +422,6 @@ class Discovery:
     async def _models_at(self, url: str) -> list[str]:
         """Models served at a URL as seen from the head (through a tunnel); [] when no answer."""
         from urllib.parse import urlsplit
-
-        from spark_ops.engine import EngineAPI
 
         parts = urlsplit(url)
         try:

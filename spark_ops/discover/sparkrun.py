@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark_ops.discover.options import Finding, InitOptions, NodeSpec, _name_nodes
+from spark_ops.discover.options import Finding, InitOptions, NodeSpec, name_nodes
 from spark_ops.errors import InventoryError
 
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -104,7 +104,7 @@ def read_sparkrun(name: str | None, home: Path) -> SparkrunSetup:
     if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) for h in hosts):
         raise InventoryError(f"{path}: key 'hosts' must be a non-empty list of host names")
     nodes = [NodeSpec("", h.strip()) for h in hosts]
-    _name_nodes(nodes)
+    name_nodes(nodes)
     findings.append(Finding("nodes", "found", list(hosts), f"hosts of {path} (first = head)"))
     setup = SparkrunSetup(name, nodes, findings=findings)
     config = _yaml(config_dir / "config.yaml") or {}

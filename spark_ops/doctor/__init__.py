@@ -14,7 +14,7 @@ from __future__ import annotations
 from spark_ops.doctor.engine import EngineChecks
 from spark_ops.doctor.nodes import NodeChecks
 from spark_ops.doctor.report import STATUSES, Check, Checker, DoctorReport
-from spark_ops.doctor.watchdog import WatchdogChecks, _program
+from spark_ops.doctor.watchdog import WatchdogChecks, command_program
 from spark_ops.inventory import Cluster
 from spark_ops.remote import ClusterSession
 
@@ -24,7 +24,7 @@ __all__ = [
     "Checker",
     "Doctor",
     "DoctorReport",
-    "_program",
+    "command_program",
     "run_doctor",
 ]
 

@@ -7,8 +7,11 @@ import time
 from typing import Any
 
 from spark_ops.doctor.report import Checker
+from spark_ops.engine.identity import leftovers, stop_hint
 from spark_ops.errors import RecipeError, SparkOpsError
+from spark_ops.recipe import load_recipe_text, render_recipe, unified_diff
 from spark_ops.remote import quote_path
+from spark_ops.workflows import Operation
 
 
 class EngineChecks(Checker):
@@ -16,8 +19,6 @@ class EngineChecks(Checker):
 
     async def check_recipe(self) -> str | None:
         """The recipe on every node that holds it: present, parseable, renderable, identical."""
-        from spark_ops.recipe import load_recipe_text, render_recipe
-
         rs = self.cluster.recipe
         texts: dict[str, str] = {}
         for host in rs.nodes:
@@ -70,8 +71,6 @@ class EngineChecks(Checker):
             first = next(iter(texts))
             differ = [h for h, t in texts.items() if t != texts[first]]
             if differ:
-                from spark_ops.recipe import unified_diff
-
                 diff = unified_diff(texts[first], texts[differ[0]], f"{differ[0]}:{rs.path}")
                 lines = [
                     ln
@@ -95,8 +94,6 @@ class EngineChecks(Checker):
 
     async def check_engine(self) -> None:
         """The engine's API: reachable (directly or by tunnel), version, model, a completion."""
-        from spark_ops.workflows import Operation
-
         if not self.up(self.head) and self.cluster.engine.tunnel:
             return
         eng = self.cluster.engine
@@ -201,8 +198,6 @@ class EngineChecks(Checker):
     async def check_engine_leftovers(self) -> None:
         """No process left by a dead engine (a killed boot's EngineCore, workers); other engine
         processes on the head are named as a warning."""
-        from spark_ops.engine.identity import leftovers, stop_hint
-
         if not self.up(self.head):
             return
         try:

@@ -7,6 +7,7 @@ import shlex
 from spark_ops.doctor.report import Checker
 from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
 from spark_ops.inventory import Node
+from spark_ops.lock import PROBE, describe_holder
 from spark_ops.remote import sh_program
 
 # $1 a directory that must exist or be creatable and writable (the state dir: cluster lock, audit
@@ -73,8 +74,6 @@ class NodeChecks(Checker):
     async def check_cluster_lock(self) -> None:
         """Nobody holds the cluster lock now (apply would stop with exit 6); names the holder."""
         import json
-
-        from spark_ops.lock import PROBE, describe_holder
 
         if not self.up(self.head):
             return

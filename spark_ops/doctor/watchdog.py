@@ -7,6 +7,7 @@ import shlex
 from spark_ops.doctor.report import Checker
 from spark_ops.errors import SparkOpsError
 from spark_ops.remote import quote_path, sh_program
+from spark_ops.watchdog.contract import WatchdogContract
 
 # $1 history file, $2 lock file. Prints key=value lines; changes nothing (the lock is opened read-
 # only,
@@ -30,7 +31,7 @@ else echo "lock=absent-not-creatable"; fi
 """
 
 
-def _program(command: str) -> tuple[str | None, str | None]:
+def command_program(command: str) -> tuple[str | None, str | None]:
     """(directory, program) a shell command runs: skips `cd DIR &&`, VAR=value, sudo, env."""
     try:
         words = shlex.split(command)
@@ -55,8 +56,8 @@ def _program(command: str) -> tuple[str | None, str | None]:
 
 
 def _first_word(command: str) -> str | None:
-    """The program a shell command runs (see _program)."""
-    return _program(command)[1]
+    """The program a shell command runs (see command_program)."""
+    return command_program(command)[1]
 
 
 def _parse_kv(text: str) -> dict[str, str]:
@@ -77,7 +78,7 @@ class WatchdogChecks(Checker):
         if not self.up(self.head):
             return
         wd = self.cluster.watchdog
-        directory, prog = _program(wd.restart_command)
+        directory, prog = command_program(wd.restart_command)
         if prog is None:
             self.report.add(
                 "watchdog-command",
@@ -113,7 +114,6 @@ class WatchdogChecks(Checker):
                     "install the watchdog on the head, or use an absolute path in "
                     "watchdog.restart_command",
                 )
-        from spark_ops.watchdog.contract import WatchdogContract
 
         contract = WatchdogContract(self.session)
         try:
@@ -234,7 +234,6 @@ class WatchdogChecks(Checker):
         """The restart budget left: none left fails (a failed boot could not be recovered)."""
         if not self.up(self.head):
             return
-        from spark_ops.watchdog.contract import WatchdogContract
 
         try:
             view = await WatchdogContract(self.session).budget()

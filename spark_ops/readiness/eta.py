@@ -11,13 +11,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from spark_ops.log import get_logger
 from spark_ops.readiness.phases import PHASE_ORDER, Phase
 
 
 def _log() -> Any:
     """The module logger (structlog is imported only when something is logged)."""
-    from spark_ops.log import get_logger
-
     return get_logger(op="boot-eta")
 
 

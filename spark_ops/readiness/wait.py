@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops.errors import BootError, BootTimeout
+from spark_ops.log import get_logger
 from spark_ops.readiness.phases import (
     FATAL_HINTS,
     PHASE_ORDER,
@@ -24,8 +25,6 @@ from spark_ops.readiness.phases import (
 
 def _log() -> Any:
     """The module logger (structlog is imported only when something is logged)."""
-    from spark_ops.log import get_logger
-
     return get_logger(op="readiness")
 
 

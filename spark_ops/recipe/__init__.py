@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from spark_ops.recipe.changes import Change, changes_from_options
 from spark_ops.recipe.diff import changed_line_pairs, unified_diff
-from spark_ops.recipe.edit import RecipeEdit, edit_recipe
+from spark_ops.recipe.edit import edit_recipe
+from spark_ops.recipe.editor import RecipeEdit
 from spark_ops.recipe.knobs import (
     moe_backends,
     parse_kv_cache_memory,

@@ -15,6 +15,7 @@ from spark_ops.recipe.knobs import (
     parse_kv_cache_memory,
     parse_max_num_seqs,
 )
+from spark_ops.recipe.source import normalize_flag
 
 _KEY = re.compile(r"^[A-Za-z_]\w*$")
 _FLAG = re.compile(r"^--?[A-Za-z0-9][\w.-]*$")
@@ -65,7 +66,6 @@ class Change:
         """A flag set with a value, added bare (value None), or removed (remove=True)."""
         if not _FLAG.match(flag):
             raise KnobError(f"flag {flag!r} is not a command-line option (e.g. --max-model-len)")
-        from spark_ops.recipe.source import normalize_flag
 
         canon = normalize_flag(flag)
         for knob in KNOBS.values():

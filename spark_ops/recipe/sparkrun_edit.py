@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe
 from spark_ops.recipe.changes import Change
-from spark_ops.recipe.command import Edit, apply_edits, entry_edit, yaml_scalar
+from spark_ops.recipe.command import CommandView, Edit, apply_edits, entry_edit, yaml_scalar
 from spark_ops.recipe.diff import check_others, took_effect_in
-from spark_ops.recipe.edit import RecipeEdit, _Editor
+from spark_ops.recipe.editor import Editor, RecipeEdit
 from spark_ops.recipe.knobs import (
     KNOBS,
     NEWEST_KNOWN,
@@ -174,8 +174,6 @@ def _flag_of(change: Change) -> str:
 
 def _placeholder_key(layer: Layer, change: Change) -> str | None:
     """The `{key}` a flag's value reads in the command (only when every use is that key)."""
-    from spark_ops.recipe.command import CommandView
-
     view = CommandView(RecipeText(layer.text, source=layer.source))
     names = (
         set(KNOBS[change.name].aliases) | {KNOBS[change.name].flag}
@@ -221,7 +219,7 @@ def _check_structured(change: Change, key: str | None, source: str) -> None:
         raise KnobError(f"{source}: {change.name} needs a value (defaults.{key})")
 
 
-class _SparkrunEditor(_Editor):
+class _SparkrunEditor(Editor):
     """The run-recipe editor, with sparkrun's rules: no literal braces; command-less recipes."""
 
     def __init__(

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from spark_ops.remote.connector import Connector, Result, SSHConnector, transient
 from spark_ops.remote.session import ClusterSession, FileWrite, WriteOutcome
-from spark_ops.remote.shell import check_text, quote_args, quote_path, sh_program, sha256
+from spark_ops.remote.shell import (
+    check_text,
+    engine_log_follow,
+    engine_log_recent,
+    quote_args,
+    quote_path,
+    sh_program,
+    sha256,
+)
 
 __all__ = [
     "ClusterSession",
@@ -19,6 +27,8 @@ __all__ = [
     "SSHConnector",
     "WriteOutcome",
     "check_text",
+    "engine_log_follow",
+    "engine_log_recent",
     "quote_args",
     "quote_path",
     "sh_program",

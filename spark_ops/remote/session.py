@@ -27,15 +27,15 @@ from spark_ops.remote.connector import (
     transient,
 )
 from spark_ops.remote.shell import (
-    _COMMIT,
-    _LIST_BACKUPS,
-    _READ,
-    _STAGE,
-    _UNDO,
+    COMMIT_SH,
+    LIST_BACKUPS_SH,
     MAX_READ_BYTES,
     MISMATCH_EXIT,
     MISSING_EXIT,
+    READ_SH,
+    STAGE_SH,
     TOO_BIG_EXIT,
+    UNDO_SH,
     check_text,
     replace_undecodable,
     sh_program,
@@ -239,7 +239,7 @@ class ClusterSession:
         """
         res = await self.run(
             host,
-            sh_program(_READ, path, str(max_bytes)),
+            sh_program(READ_SH, path, str(max_bytes)),
             check=False,
             sudo=sudo,
             label=f"read {path}",
@@ -270,7 +270,7 @@ class ClusterSession:
     async def backups(self, host: str, path: str, *, sudo: bool = False) -> list[str]:
         """The backups spark-ops made of path on host, oldest first (its naming rule only)."""
         res = await self.run(
-            host, sh_program(_LIST_BACKUPS, path), sudo=sudo, label=f"list backups of {path}"
+            host, sh_program(LIST_BACKUPS_SH, path), sudo=sudo, label=f"list backups of {path}"
         )
         return [name for name in res.stdout.split("\0") if name]
 
@@ -278,7 +278,7 @@ class ClusterSession:
         """Write content to a synced temp file beside the target, if the target is unchanged."""
         check_text(f"{w.host}:{w.path}: new content", w.content, max_bytes=MAX_READ_BYTES)
         expected = "-" if w.expected_sha is None else w.expected_sha
-        cmd = sh_program(_STAGE, w.path, expected, sha256(w.content))
+        cmd = sh_program(STAGE_SH, w.path, expected, sha256(w.content))
         res = await self.run(
             w.host, cmd, input=w.content, check=False, sudo=True, label=f"stage {w.path}"
         )
@@ -296,7 +296,7 @@ class ClusterSession:
         """Back up the target and rename the staged file over it, then sync the directory."""
         assert staged.staged and staged.target
         keep = str(max(w.keep_backups, 1))
-        cmd = sh_program(_COMMIT, w.path, staged.staged, staged.target, keep, w.label)
+        cmd = sh_program(COMMIT_SH, w.path, staged.staged, staged.target, keep, w.label)
         res = await self.run(w.host, cmd, check=False, sudo=True, label=f"rename over {w.path}")
         if res.exit_code == MISMATCH_EXIT:
             raise RemoteError(w.host, f"{res.stderr.strip()}; nothing written")
@@ -347,7 +347,7 @@ class ClusterSession:
             if isinstance(out, WriteOutcome) and out.staged:
                 await self.discard(writes[n].host, out.staged)
         for out in done:
-            cmd = sh_program(_UNDO, out.path, out.target or out.path, out.backup or "")
+            cmd = sh_program(UNDO_SH, out.path, out.target or out.path, out.backup or "")
             with suppress(SparkOpsError):
                 await self.run(out.host, cmd, sudo=True, label=f"restore {out.path}")
 

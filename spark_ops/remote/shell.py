@@ -7,6 +7,7 @@ import shlex
 from collections.abc import Iterable
 
 from spark_ops.errors import InputError, excerpt
+from spark_ops.inventory import EngineSettings
 
 MISSING_EXIT = 44  # our own exit code for "file does not exist"
 MISMATCH_EXIT = 45  # the file changed under us (compare-and-swap failed)
@@ -91,7 +92,7 @@ resolve() {  # t= the file a write to $1 replaces: $1, or the end of its symlink
 dir_of() { case $1 in */*) d=${1%/*}; [ -n "$d" ] || d=/ ;; *) d=. ;; esac; }  # d= its directory
 """
 
-_STAGE = (
+STAGE_SH = (
     _COMMON
     + r"""
 set -eu
@@ -129,7 +130,7 @@ printf '%s\0%s' "$tmp" "$t"
 """
 )
 
-_COMMIT = (
+COMMIT_SH = (
     _COMMON
     + r"""
 set -eu
@@ -165,7 +166,7 @@ while [ "$#" -gt "$keep" ]; do rm -f -- "$1"; shift; done
 """
 )
 
-_UNDO = (
+UNDO_SH = (
     _COMMON
     + r"""
 set -eu
@@ -183,7 +184,7 @@ sync -- "$d" 2>/dev/null || sync
 """
 )
 
-_READ = r"""
+READ_SH = r"""
 p=$1; max=$2
 [ -e "$p" ] || exit 44
 [ -r "$p" ] || { echo "$p: permission denied" >&2; exit 13; }
@@ -192,7 +193,7 @@ n=$(wc -c < "$p") || exit 13
 cat -- "$p"
 """
 
-_LIST_BACKUPS = (
+LIST_BACKUPS_SH = (
     _COMMON
     + r"""
 p=$1
@@ -207,3 +208,38 @@ def sh_program(program: str, *args: str) -> str:
     """Build `sh -c PROGRAM sh ARGS…` with every argument quoted; `~/` paths expand on the node."""
     quoted = [quote_path(a) if a.startswith("~") else shlex.quote(a) for a in args]
     return f"sh -c {shlex.quote(program)} sh " + " ".join(quoted)
+
+
+def engine_log_recent(engine: EngineSettings, lines: int = 5000) -> str:
+    """The shell command that prints the engine log's recent lines."""
+    target = quote_path(engine.log_target)
+    if engine.log_kind == "file":
+        return f"tail -n {lines} {target} 2>/dev/null"
+    if engine.log_kind == "journalctl":
+        return f"journalctl -n {lines} -o cat --no-pager -u {target}"
+    if engine.log_kind == "docker":
+        return f"docker logs --tail {lines} {target} 2>&1"
+    return f"timeout 5 {engine.log_target} | tail -n {lines}"
+
+
+def engine_log_follow(
+    engine: EngineSettings, *, from_offset: int | None = None, from_time: str | None = None
+) -> str:
+    """The shell command that prints engine log lines as they come.
+
+    From now on by default; a plain file from a byte offset (`from_offset`), a journal or a
+    container log from a time (`from_time`: the `--since` value, e.g. `@1700000000`).
+    """
+    target = quote_path(engine.log_target)
+    if engine.log_kind == "file":
+        if from_offset is not None:
+            return f"tail -c +{from_offset + 1} -F -- {target} 2>/dev/null"
+        return f"tail -n 0 -F {target} 2>/dev/null"
+    if engine.log_kind == "journalctl":
+        if from_time is not None:
+            return f"journalctl -f -o cat --no-pager --since {shlex.quote(from_time)} -u {target}"
+        return f"journalctl -f -n 0 -o cat -u {target}"
+    if engine.log_kind == "docker":
+        since = shlex.quote(from_time) if from_time is not None else "0s"
+        return f"docker logs -f --since {since} {target} 2>&1"
+    return engine.log_target

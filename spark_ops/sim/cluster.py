@@ -23,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import SparkOpsError
+from spark_ops.log import configure
 from spark_ops.sim import RAYLET_CHECK
+from spark_ops.sim.node import NodeSpec, SimNode
+from spark_ops.watchdog import history
 
 STATE = "state.json"
 CONTROL = "control.sock"
@@ -82,8 +85,6 @@ def node_names(n: int) -> list[str]:
 def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
     """Lay out keys, node trees, recipe, watchdog config and history; returns the layout facts."""
     import asyncssh
-
-    from spark_ops.watchdog import history
 
     root = root.resolve()
     keys = root / "keys"
@@ -183,8 +184,6 @@ class SimCluster:
 
     def __init__(self, root: Path) -> None:
         """Read the layout written by prepare()."""
-        from spark_ops.sim.node import NodeSpec, SimNode
-
         self.root = root.resolve()
         layout = json.loads((self.root / "layout.json").read_text())
         self.engine_port = int(layout["engine_port"])
@@ -341,8 +340,6 @@ async def serve(root: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m spark_ops.sim.cluster serve ROOT`."""
-    from spark_ops.log import configure
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] != "serve":
         sys.stderr.write("usage: python -m spark_ops.sim.cluster serve ROOT\n")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import WatchdogError
+from spark_ops.recipe.files import render_file
 from spark_ops.watchdog import history
 from spark_ops.watchdog.config import ActionConfig, PathsConfig
 
@@ -213,8 +214,6 @@ def _first_pid(argv: list[str], timeout: float) -> int | None:
 
 def _recipe(action: ActionConfig, paths: PathsConfig, result: ActionResult) -> None:
     """Stop the engine by its pid file, render the recipe and start it detached."""
-    from spark_ops.recipe.files import render_file  # another part; imported only when used
-
     assert action.recipe is not None
     result.steps.append(stop_engine(paths.pid, action.stop_timeout))
     if not Path(action.recipe).is_file():

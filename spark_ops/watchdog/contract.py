@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any
 
 from spark_ops.errors import HistoryError, TriggerFailed, WatchdogError
+from spark_ops.lock import local_user
 from spark_ops.remote import ClusterSession, quote_path
 from spark_ops.watchdog.identify import HistEntry, Identification, fmt_stamp
 from spark_ops.watchdog.identify import identify as identify_entry
@@ -37,8 +38,6 @@ def history_source() -> str:
 
 def operator() -> str:
     """Who is acting, for journal entries ('spark-ops:<user>')."""
-    from spark_ops.lock import local_user
-
     return f"{PLANNED_BY}:{local_user()}"
 
 

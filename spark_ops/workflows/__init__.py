@@ -12,8 +12,8 @@ from spark_ops.workflows.operation import (
     ApplyOptions,
     Operation,
     Outcome,
-    _jsonable,
     engine_endpoint,
+    jsonable,
 )
 from spark_ops.workflows.plans import list_backups, plan_apply, plan_restart, plan_rollback
 
@@ -21,12 +21,12 @@ __all__ = [
     "ApplyOptions",
     "Operation",
     "Outcome",
-    "_jsonable",
     "audit_entry",
     "budget_prune",
     "budget_view",
     "engine_endpoint",
     "execute",
+    "jsonable",
     "list_backups",
     "plan_apply",
     "plan_restart",

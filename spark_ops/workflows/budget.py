@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from spark_ops import audit
 from spark_ops.errors import (
     SparkOpsError,
 )
 from spark_ops.watchdog.contract import BudgetView
-from spark_ops.workflows.execute import _audit
 from spark_ops.workflows.operation import Operation
 
 
@@ -36,13 +36,11 @@ async def budget_prune(
         dry_run=dry_run, reason="operator prune",
     )  # fmt: skip
     if not dry_run and result.get("removed_stamps"):
-        from spark_ops import audit
-
         args = {
             "stamps": list(stamps), "raws": list(raws), "since": since, "until": until,
             "planned": planned,
         }  # fmt: skip
         detail = {"removed": result["removed_stamps"], "backup": result.get("backup")}
         entry = audit.make_entry("budget prune", args=args, outcome="ok", detail=detail)
-        await _audit(op, entry)
+        await op.record_audit(entry)
     return result

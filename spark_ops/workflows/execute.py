@@ -4,26 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shlex
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from spark_ops import audit
 from spark_ops.engine.watch import EngineWatch
 from spark_ops.errors import (
     AmbiguousStamp,
     BootError,
     SparkOpsError,
 )
-from spark_ops.plan import Plan, StepRunner
-from spark_ops.postboot import kv_pool, verify_boot
-from spark_ops.remote import FileWrite, quote_path, sha256
+from spark_ops.readiness import BootEvent, BootReport, BootTracker, history_key, wait_for_boot
+from spark_ops.readiness import record as record_boot
+from spark_ops.remote import FileWrite, engine_log_follow, quote_path, sha256
 from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.history import ROLLED_BACK
 from spark_ops.watchdog.identify import HistEntry, Identification, new_entries, prune_command
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
+from spark_ops.workflows.plan import Plan, Step, StepRunner
+from spark_ops.workflows.postboot import kv_pool, verify_boot
 
-StepReporter = Callable[[Any], None]
-EventReporter = Callable[[Any], None]
+StepReporter = Callable[[Step], None]
+EventReporter = Callable[[BootEvent], None]
 
 
 async def execute(
@@ -47,14 +49,12 @@ async def execute(
             entry = audit_entry(plan, opts, out, failure)
         except Exception as exc:  # an entry is written whatever went wrong: a minimal one
             entry = audit_minimal(plan, failure, exc)
-        await _audit(op, entry)
+        await op.record_audit(entry)
     return out
 
 
 def audit_minimal(plan: Plan, failure: BaseException | None, exc: Exception) -> dict[str, Any]:
     """The audit entry when building the full one failed: operation, what was written, why."""
-    from spark_ops import audit
-
     return audit.make_entry(
         plan.operation,
         nodes=[c.host for c in plan.changes],
@@ -63,23 +63,11 @@ def audit_minimal(plan: Plan, failure: BaseException | None, exc: Exception) -> 
     )
 
 
-def audit_entry(plan: Plan, opts: Any, out: Any, failure: BaseException | None) -> dict[str, Any]:
+def audit_entry(
+    plan: Plan, opts: ApplyOptions, out: Outcome, failure: BaseException | None
+) -> dict[str, Any]:
     """The audit entry of an executed plan."""
-    from spark_ops import audit
-
     return audit.entry_for(plan, opts, out, error=failure)
-
-
-async def _audit(op: Operation, entry: dict[str, Any]) -> None:
-    """Append to the head's audit log; a failure to do so is logged, never raised."""
-    from spark_ops import audit
-
-    try:
-        await audit.record(op.session, entry)
-    except SparkOpsError as exc:
-        op.log.warning("audit log not written", error=exc.message)
-    except Exception as exc:  # never hide the failure being audited behind the audit's own
-        op.log.error("audit log not written", error=repr(exc)[:300])
 
 
 async def _execute(
@@ -131,9 +119,6 @@ async def _restart_and_wait(
     suffix: str = "",
 ) -> None:
     """Drain, trigger, follow the new engine's boot, prune this restart's stamp in any case."""
-    from spark_ops.readiness import history_key
-    from spark_ops.readiness import record as record_boot
-
     c = op.cluster
     steps = {s.name for s in plan.steps}
     paused = False
@@ -335,10 +320,8 @@ async def _wait(
     start_at: int | None,
     on_event: EventReporter | None,
     watch: EngineWatch,
-) -> Any:
+) -> BootReport:
     """Follow the new engine's boot from the log, the head and probes until it answers."""
-    from spark_ops.readiness import BootTracker, wait_for_boot
-
     c = op.cluster
     old_pids = {p.pid for p in watch.old.members} if watch.old else set()
     if watch.old is not None and watch.old.pid and watch.source == "pid_file":
@@ -517,14 +500,10 @@ async def _follow_log(op: Operation, offset: int | None, watch: EngineWatch) -> 
             await asyncio.sleep(0.5)
             with contextlib.suppress(SparkOpsError):
                 inst = await watch.current()
-        since = inst.key.split("@", 1)[1]
-        cmd = f"docker logs -f --since {shlex.quote(since)} {quote_path(eng.log_target)} 2>&1"
+        cmd = engine_log_follow(eng, from_time=inst.key.split("@", 1)[1])
     elif eng.log_kind == "journalctl":  # from the restart on: the new unit's first lines too
-        from_s = int(watch.restart_at) - 1
-        cmd = f"journalctl -f -o cat --no-pager --since @{from_s} -u {quote_path(eng.log_target)}"
-    elif offset is None:
-        cmd = eng.follow_command()
+        cmd = engine_log_follow(eng, from_time=f"@{int(watch.restart_at) - 1}")
     else:
-        cmd = f"tail -c +{offset + 1} -F -- {quote_path(eng.log_target)} 2>/dev/null"
+        cmd = engine_log_follow(eng, from_offset=offset)
     async for line in op.session.stream_lines(op.cluster.head.name, cmd):
         yield line

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from spark_ops import audit
+from spark_ops.engine import EngineAPI
 from spark_ops.errors import (
     InputError,
     RecipeError,
@@ -18,9 +20,10 @@ from spark_ops.errors import (
 from spark_ops.inventory import Cluster
 from spark_ops.lock import cluster_lock
 from spark_ops.log import get_logger
-from spark_ops.plan import Plan
+from spark_ops.recipe import Change, knob_values
 from spark_ops.remote import ClusterSession, check_text
 from spark_ops.watchdog.contract import WatchdogContract
+from spark_ops.workflows.plan import Plan
 
 MAX_REASON_BYTES = 1000
 
@@ -29,7 +32,7 @@ MAX_REASON_BYTES = 1000
 class ApplyOptions:
     """What the operator asked apply (or restart) to do."""
 
-    changes: Sequence[Any] = ()
+    changes: Sequence[Change] = ()
     vllm_version: str | None = None
     force: bool = False
     drain: bool = True
@@ -149,12 +152,19 @@ class Operation:
                 self._api_url = f"{parts.scheme}://127.0.0.1:{local}"
         return self._api_url
 
-    def engine(self, timeout: float = 10.0) -> Any:
+    def engine(self, timeout: float = 10.0) -> EngineAPI:
         """An EngineAPI client bound to the resolved URL (use after api_url())."""
-        from spark_ops.engine import EngineAPI
-
         assert self._api_url is not None
         return EngineAPI(self._api_url, timeout=timeout, model=self.cluster.engine.model)
+
+    async def record_audit(self, entry: dict[str, Any]) -> None:
+        """Append to the head's audit log; a failure to do so is logged, never raised."""
+        try:
+            await audit.record(self.session, entry)
+        except SparkOpsError as exc:
+            self.log.warning("audit log not written", error=exc.message)
+        except Exception as exc:  # never hide the failure being audited behind the audit's own
+            self.log.error("audit log not written", error=repr(exc)[:300])
 
     async def read_recipes(self) -> dict[str, str]:
         """The recipe text on every node that holds it; a missing copy is an error naming it."""
@@ -175,7 +185,7 @@ class Operation:
         return out
 
 
-def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+def jsonable(values: dict[str, Any]) -> dict[str, Any]:
     """Make knob values JSON-friendly."""
     return {
         k: (v if isinstance(v, str | int | float | bool) or v is None else str(v))
@@ -186,13 +196,11 @@ def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
 @asynccontextmanager
 async def engine_endpoint(cluster: Cluster) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """The engine's URL from here (tunnelled through the head if needed) and the recipe's knobs."""
-    from spark_ops.recipe import knob_values
-
     async with Operation.open(cluster, "bench", lock=False, nodes=[cluster.head.name]) as op:
         url = await op.api_url()
         knobs: dict[str, Any] = {}
         if cluster.head.name in cluster.recipe.nodes:
             text = await op.session.read_file(cluster.head.name, cluster.recipe.path, sudo=True)
             if text is not None:
-                knobs = _jsonable(knob_values(text, source=f"{cluster.head.name}:recipe"))
+                knobs = jsonable(knob_values(text, source=f"{cluster.head.name}:recipe"))
         yield url, knobs

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 from spark_ops.errors import (
+    KnobError,
     RecipeError,
     SparkOpsError,
     VerifyError,
 )
-from spark_ops.plan import FileChange, Plan
-from spark_ops.postboot import kv_pool
+from spark_ops.recipe import edit_recipe, knob_values, render_recipe, unified_diff
 from spark_ops.remote import sha256
 from spark_ops.watchdog.history import ROLLED_BACK
-from spark_ops.workflows.operation import ApplyOptions, Operation, _jsonable
+from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
+from spark_ops.workflows.plan import FileChange, Plan
+from spark_ops.workflows.postboot import kv_pool
+from spark_ops.workflows.preflight import preflight
 
 
 def _drift(texts: dict[str, str], path: str) -> list[str]:
     """Diffs between the first node's recipe and every other copy that differs."""
-    from spark_ops.recipe import unified_diff
-
     hosts = list(texts)
     first = hosts[0]
     return [
@@ -29,8 +30,6 @@ def _drift(texts: dict[str, str], path: str) -> list[str]:
 
 async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
     """Read the recipe everywhere, check drift, edit it, and lay out the steps of apply."""
-    from spark_ops.recipe import edit_recipe, knob_values, unified_diff
-
     cluster = op.cluster
     plan = Plan("apply", cluster.name)
     texts = await op.read_recipes()
@@ -58,9 +57,9 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
                 )
             )  # fmt: skip
     head_text = texts.get(cluster.head.name, next(iter(texts.values())))
-    plan.facts["knobs_before"] = _jsonable(knob_values(head_text, source="recipe"))
+    plan.facts["knobs_before"] = jsonable(knob_values(head_text, source="recipe"))
     new_text = next((c.new_text for c in plan.changes), head_text)
-    plan.facts["knobs_after"] = _jsonable(knob_values(new_text, source="recipe"))
+    plan.facts["knobs_after"] = jsonable(knob_values(new_text, source="recipe"))
     if not plan.changes:
         return plan
     await _preflight(op, opts, plan, new_text)
@@ -73,10 +72,6 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
 
 async def _preflight(op: Operation, opts: ApplyOptions, plan: Plan, new_text: str) -> None:
     """Have the head's own vLLM parse the edited command line; a refusal stops the plan."""
-    from spark_ops.errors import KnobError
-    from spark_ops.preflight import preflight
-    from spark_ops.recipe import render_recipe
-
     head = op.cluster.head.name
     source = f"{head}:{op.cluster.recipe.path}"
     rendered = render_recipe(new_text, source=source)
@@ -100,8 +95,6 @@ async def _preflight(op: Operation, opts: ApplyOptions, plan: Plan, new_text: st
 
 async def _kv_capacity(op: Operation, recipe_text: str) -> str | None:
     """Warn when max_num_seqs full-length sequences cannot fit the running engine's KV pool."""
-    from spark_ops.recipe import render_recipe
-
     try:
         args = render_recipe(recipe_text, source="recipe").args()
         seqs, length = int(str(args["max_num_seqs"])), int(str(args["max_model_len"]))
@@ -122,12 +115,10 @@ async def _kv_capacity(op: Operation, recipe_text: str) -> str | None:
 
 async def plan_restart(op: Operation, opts: ApplyOptions) -> Plan:
     """Lay out a planned maintenance restart: no recipe change, same wait and prune."""
-    from spark_ops.recipe import knob_values
-
     plan = Plan("restart", op.cluster.name)
     texts = await op.read_recipes()
     head_text = texts.get(op.cluster.head.name, next(iter(texts.values())))
-    plan.facts["knobs_before"] = plan.facts["knobs_after"] = _jsonable(
+    plan.facts["knobs_before"] = plan.facts["knobs_after"] = jsonable(
         knob_values(head_text, source="recipe")
     )
     _restart_steps(plan, op, opts, write=False)
@@ -164,8 +155,6 @@ def rollback_source(names: list[str], to: str | None) -> str | None:
 
 async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None) -> Plan:
     """Plan restoring the newest backup an apply made (or the one whose name holds `to`)."""
-    from spark_ops.recipe import knob_values, unified_diff
-
     plan = Plan("rollback", op.cluster.name)
     texts = await op.read_recipes()
     backups = await list_backups(op)
@@ -191,9 +180,9 @@ async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None
                 )
             )
     head_text = texts.get(op.cluster.head.name, next(iter(texts.values())))
-    plan.facts["knobs_before"] = _jsonable(knob_values(head_text, source="recipe"))
+    plan.facts["knobs_before"] = jsonable(knob_values(head_text, source="recipe"))
     new_text = next((c.new_text for c in plan.changes), head_text)
-    plan.facts["knobs_after"] = _jsonable(knob_values(new_text, source="recipe"))
+    plan.facts["knobs_after"] = jsonable(knob_values(new_text, source="recipe"))
     if plan.changes:
         _restart_steps(plan, op, opts, write=True)
     return plan

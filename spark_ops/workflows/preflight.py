@@ -25,8 +25,8 @@ from typing import Any
 
 from spark_ops.errors import CommandTimeout, SparkOpsError
 from spark_ops.log import get_logger
-from spark_ops.preflight_programs import PICK_SH, PRELUDE, PROBE_SH, SIM_BODY, VLLM_BODY
 from spark_ops.remote import ClusterSession, Result, quote_args
+from spark_ops.workflows.preflight_programs import PICK_SH, PRELUDE, PROBE_SH, SIM_BODY, VLLM_BODY
 
 HOWS = ("auto", "vllm", "sim", "docker", "off")
 MARK = "SPARK-OPS-PREFLIGHT "
@@ -267,7 +267,9 @@ class _Asker:
             raise _Unreachable(f"probing {self.vllm}{where} printed nothing usable")
         return lines[0], lines[1], lines[2] if len(lines) > 2 else ""
 
-    async def ask(self, kind: str, args: list[str], timeout: float, probe: Any) -> dict[str, Any]:
+    async def ask(
+        self, kind: str, args: list[str], timeout: float, probe: tuple[str, str, str]
+    ) -> dict[str, Any]:
         """Send the program to the first interpreter that imports vLLM (or the sim engine)."""
         path, real, text = probe
         module = "vllm" if kind == "vllm" else "spark_ops.sim.engine_args"

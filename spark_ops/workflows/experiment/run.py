@@ -13,22 +13,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spark_ops.bench.sweep import SweepConfig, run_sweep
 from spark_ops.errors import SparkOpsError, VerifyError
-from spark_ops.experiment_reading import ExperimentReading, read_experiment
-from spark_ops.experiment_state import (
+from spark_ops.log import get_logger
+from spark_ops.recipe import Change, knob_values, render_recipe
+from spark_ops.workflows.execute import execute
+from spark_ops.workflows.experiment.reading import ExperimentReading
+from spark_ops.workflows.experiment.state import (
     REASON,
-    ExperimentError,
-    ExperimentSpec,
     ExperimentState,
     Hook,
-    _now,
     changes_for,
-    default_state_path,
     label,
-    plan_experiment,
-    start_state,
+    now_iso,
 )
-from spark_ops.log import get_logger
+from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
+from spark_ops.workflows.plans import plan_apply
 
 
 @dataclass
@@ -57,30 +57,25 @@ class ApplySettings:
     force: bool = False
 
 
-async def current_knobs(op: Any) -> dict[str, Any]:
+async def current_knobs(op: Operation) -> dict[str, Any]:
     """The recipe's knob values on the head; kv_cache_memory as written (e.g. '60G')."""
-    from spark_ops.recipe import knob_values, render_recipe
-    from spark_ops.workflows import _jsonable
-
     texts = await op.read_recipes()
     text = texts.get(op.cluster.head.name, next(iter(texts.values())))
-    knobs = _jsonable(knob_values(text, source=op.cluster.recipe.path))
+    knobs = jsonable(knob_values(text, source=op.cluster.recipe.path))
     kv = render_recipe(text, source=op.cluster.recipe.path).args().get("--kv-cache-memory-bytes")
     return {**knobs, "kv_cache_memory": kv if isinstance(kv, str) else None}
 
 
-async def _stamps(op: Any) -> tuple[int, list[float]]:
+async def _stamps(op: Operation) -> tuple[int, list[float]]:
     """Used restarts and the stamps in the window, as the head sees them."""
     view = await op.watchdog.budget()
     return view.used, sorted(float(s["stamp"]) for s in view.stamps)
 
 
 async def _apply(
-    op: Any, changes: list[Any], settings: ApplySettings, hooks: Hooks, reason: str
+    op: Operation, changes: list[Change], settings: ApplySettings, hooks: Hooks, reason: str
 ) -> dict[str, Any]:
     """Plan and execute one apply; a failed boot or check raises; returns what it did."""
-    from spark_ops.workflows import ApplyOptions, execute, plan_apply
-
     opts = ApplyOptions(
         changes=changes, force=settings.force, drain=settings.drain,
         drain_timeout_s=settings.drain_timeout_s, deadline_s=settings.deadline_s, reason=reason,
@@ -106,12 +101,10 @@ async def _apply(
 
 
 async def _run_config(
-    op: Any, state: ExperimentState, config: dict[str, Any], settings: ApplySettings,
+    op: Operation, state: ExperimentState, config: dict[str, Any], settings: ApplySettings,
     hooks: Hooks, secrets: dict[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
     """Apply one configuration, sweep it, check the budget is as before."""
-    from spark_ops.bench.sweep import SweepConfig, run_sweep
-
     used_before, before = await _stamps(op)
     reason = f"{REASON}: {label(config)})"
     applied = await _apply(op, changes_for(config), settings, hooks, reason)
@@ -133,7 +126,7 @@ async def _run_config(
         "budget": {"used_before": used_before, "used_after": used_after, "new_stamps": new},
         "budget_as_before": not new,
         "sweep": result.to_dict(),
-        "finished_at": _now(),
+        "finished_at": now_iso(),
     }
 
 
@@ -174,7 +167,7 @@ class ExperimentOutcome:
 
 
 async def run_experiment(
-    op: Any, state: ExperimentState, path: Path, *, settings: ApplySettings | None = None,
+    op: Operation, state: ExperimentState, path: Path, *, settings: ApplySettings | None = None,
     hooks: Hooks | None = None, secrets: dict[str, Any] | None = None,
 ) -> ExperimentOutcome:  # fmt: skip
     """Run every unfinished configuration, then restore (also after a failure or Ctrl-C)."""
@@ -243,7 +236,7 @@ async def run_experiment(
     )
 
 
-async def _prune_leftovers(op: Any, keep: list[float], hooks: Hooks) -> list[float]:
+async def _prune_leftovers(op: Operation, keep: list[float], hooks: Hooks) -> list[float]:
     """Prune stamps of our own restarts that an interruption left (before their own prune)."""
     view = await op.watchdog.budget()
     ours = [
@@ -260,7 +253,7 @@ async def _prune_leftovers(op: Any, keep: list[float], hooks: Hooks) -> list[flo
 
 
 async def _restore(
-    op: Any, state: ExperimentState, settings: ApplySettings, hooks: Hooks
+    op: Operation, state: ExperimentState, settings: ApplySettings, hooks: Hooks
 ) -> dict[str, Any]:
     """Put the starting knob values back (one more planned restart when they differ)."""
     start = {a: state.start_knobs.get(a) for a in state.spec.axes}
@@ -281,7 +274,7 @@ async def _restore(
 
 
 async def _confirm(
-    op: Any, state: ExperimentState, path: Path, settings: ApplySettings, hooks: Hooks,
+    op: Operation, state: ExperimentState, path: Path, settings: ApplySettings, hooks: Hooks,
     secrets: dict[str, Any],
 ) -> None:  # fmt: skip
     """--confirm: when the recommended configuration was predicted, restart with it and sweep."""
@@ -304,17 +297,8 @@ async def _confirm(
 
 __all__ = [
     "ApplySettings",
-    "ExperimentError",
     "ExperimentOutcome",
-    "ExperimentReading",
-    "ExperimentSpec",
-    "ExperimentState",
     "Hooks",
     "current_knobs",
-    "default_state_path",
-    "label",
-    "plan_experiment",
-    "read_experiment",
     "run_experiment",
-    "start_state",
 ]

@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.bench.sweep import SweepResult
+from spark_ops.bench.whatif import predicted_sweep
 from spark_ops.errors import ExitStatus, SparkOpsError
+from spark_ops.recipe import Change, changes_from_options, parse_kv_cache_memory
+from spark_ops.workflows.experiment.reading import ExperimentReading, read_experiment
 
 SCHEMA = "spark-ops.experiment/1"
 REASON = "planned restart (spark-ops experiment"  # every restart of ours is journalled with this
@@ -36,15 +39,13 @@ def default_state_path(cluster: str) -> Path:
     return Path.home() / ".local" / "state" / "spark-ops" / f"experiment-{cluster}.json"
 
 
-def _now() -> str:
+def now_iso() -> str:
     """UTC time as ISO 8601."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def normalize(axis: str, value: Any) -> Any:
     """A knob value in the form knob_values() reports it (bytes for kv, bool for eager)."""
-    from spark_ops.recipe import parse_kv_cache_memory
-
     if value is None:
         return None
     if axis == "max_num_seqs":
@@ -61,10 +62,8 @@ def label(config: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in config.items())
 
 
-def changes_for(config: dict[str, Any]) -> list[Any]:
+def changes_for(config: dict[str, Any]) -> list[Change]:
     """Validated recipe changes that set a configuration's knobs."""
-    from spark_ops.recipe import changes_from_options
-
     return changes_from_options(**{k: v for k, v in config.items()})
 
 
@@ -167,7 +166,7 @@ class ExperimentState:
     in_progress: str | None = None
     restore: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
-    started_at: str = field(default_factory=_now)
+    started_at: str = field(default_factory=now_iso)
     updated_at: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,7 +190,7 @@ class ExperimentState:
 
     def save(self, path: Path) -> None:
         """Write atomically: a temp file beside it, fsynced, renamed over it."""
-        self.updated_at = _now()
+        self.updated_at = now_iso()
         path = Path(path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
@@ -233,8 +232,6 @@ class ExperimentState:
 
     def all_results(self) -> list[tuple[str, SweepResult]]:
         """Measured sweeps and the predicted ones (from their measured base), in plan order."""
-        from spark_ops.bench.whatif import predicted_sweep
-
         measured = dict(self.sweep_results())
         predicted = self.spec.predicted()
         out = []
@@ -247,10 +244,8 @@ class ExperimentState:
                 out.append((name, predicted_sweep(measured[base_name], _cap(config), base_name)))
         return out
 
-    def reading(self) -> Any:
-        """The comparison across measured and predicted configurations (an ExperimentReading)."""
-        from spark_ops.experiment_reading import read_experiment
-
+    def reading(self) -> ExperimentReading:
+        """The comparison across measured and predicted configurations."""
         return read_experiment(self.all_results(), slo_tok_s=self.spec.sweep.get("slo_tok_s"))
 
     def downtime_s(self) -> float:

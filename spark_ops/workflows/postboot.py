@@ -9,15 +9,17 @@ from __future__ import annotations
 from contextlib import suppress
 from typing import Any
 
+from spark_ops import verify
 from spark_ops.errors import SparkOpsError, VerifyError
-from spark_ops.plan import Plan, StepRunner
 from spark_ops.remote import sh_program
+from spark_ops.workflows.operation import Operation, Outcome
+from spark_ops.workflows.plan import Plan, StepRunner
 
 
-async def verify_boot(op: Any, plan: Plan, run: StepRunner, out: Any) -> list[dict[str, Any]]:
+async def verify_boot(
+    op: Operation, plan: Plan, run: StepRunner, out: Outcome
+) -> list[dict[str, Any]]:
     """After a good boot: effective args, KV pool, workers' free memory, no new Xid."""
-    from spark_ops import verify
-
     if "verify" not in {s.name for s in plan.steps}:
         return []
     run.start("verify")
@@ -63,10 +65,8 @@ async def verify_boot(op: Any, plan: Plan, run: StepRunner, out: Any) -> list[di
     return dicts
 
 
-async def _still_serving(op: Any, head: str) -> Any:
+async def _still_serving(op: Operation, head: str) -> verify.Check:
     """A second real completion after the checks: a wedged multi-node engine fails it."""
-    from spark_ops import verify
-
     timeout = op.cluster.engine.probe_timeout_s
     async with op.engine(timeout=timeout) as api:
         ok = await api.complete(timeout)
@@ -79,7 +79,7 @@ async def _still_serving(op: Any, head: str) -> Any:
     )  # fmt: skip
 
 
-async def kv_pool(op: Any) -> int | None:
+async def kv_pool(op: Operation) -> int | None:
     """The engine's KV pool in tokens from /metrics (cache_config_info blocks × block size)."""
     async with op.engine() as api:
         snap = await api.metrics()
@@ -99,11 +99,9 @@ fi
 """
 
 
-async def _xid_checks(op: Any, since: float) -> list[Any]:
+async def _xid_checks(op: Operation, since: float) -> list[verify.Check]:
     """No Xid kernel line since the restart on any node (journalctl -k, else dmesg)."""
     import datetime as dt
-
-    from spark_ops import verify
 
     when = dt.datetime.fromtimestamp(since, dt.timezone.utc)
     cmd = sh_program(_KERNEL_LOG, str(int(since)))
@@ -144,10 +142,8 @@ done
 """
 
 
-async def _gpu_process_checks(op: Any, since: float) -> list[Any]:
+async def _gpu_process_checks(op: Operation, since: float) -> list[verify.Check]:
     """No GPU compute process older than the restart on any node (skipped without nvidia-smi)."""
-    from spark_ops import verify
-
     results = await op.session.run_all(
         sh_program(_GPU_APPS), [n.name for n in op.cluster.nodes], check=False
     )

@@ -7,6 +7,7 @@ reporting each step's outcome into the same structure.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +99,7 @@ class Plan:
 class StepRunner:
     """Marks steps running / done / failed with timings, calling a reporter on each change."""
 
-    def __init__(self, plan: Plan, report: Any = None) -> None:
+    def __init__(self, plan: Plan, report: Callable[[Step], None] | None = None) -> None:
         """Bind to a plan and an optional callable(step)."""
         self.plan = plan
         self.report = report

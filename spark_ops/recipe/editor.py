@@ -1,0 +1,269 @@
+"""The minimal-diff editor of an eugr recipe (the sparkrun editor builds on it): change only the
+lines a knob, setting or flag lives on."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+
+from spark_ops.errors import KnobError, RecipeError, excerpt
+from spark_ops.recipe.changes import Change, refuse_option_like
+from spark_ops.recipe.command import (
+    CommandView,
+    Edit,
+    apply_edits,
+    entry_edit,
+    env_insert,
+    yaml_scalar,
+)
+from spark_ops.recipe.diff import unified_diff
+from spark_ops.recipe.knobs import (
+    KNOBS,
+    LEGACY_MOE_SETTINGS,
+    NEWEST_KNOWN,
+    has_moe_flag,
+    legacy_env_warnings,
+    validate_moe_backend,
+    version_from_container,
+)
+from spark_ops.recipe.render import Option
+from spark_ops.recipe.source import RecipeText, load_recipe_text
+
+
+@dataclass
+class RecipeEdit:
+    """The result of an edit: new text, warnings, whether anything changed."""
+
+    text: str
+    original: str
+    warnings: list[str] = field(default_factory=list)
+    vllm_version: str = NEWEST_KNOWN
+
+    @property
+    def changed(self) -> bool:
+        """Whether the text differs from the original."""
+        return self.text != self.original
+
+    def diff(self, path: str) -> str:
+        """Unified diff of the edit."""
+        return unified_diff(self.original, self.text, path)
+
+    def to_dict(self) -> dict[str, object]:
+        """Serialize for --json output."""
+        return {"changed": self.changed, "warnings": self.warnings, "vllm": self.vllm_version}
+
+
+class Editor:
+    """Applies changes one at a time to the current text, collecting warnings."""
+
+    def __init__(self, text: str, source: str, version: str) -> None:
+        """Start from the original text."""
+        self.text = text
+        self.source = source
+        self.version = version
+        self.warnings: list[str] = []
+
+    def warn(self, message: str) -> None:
+        """Record a warning once."""
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    def apply(self, change: Change) -> None:
+        """Apply one change to the current text."""
+        rt = RecipeText(self.text, source=self.source)
+        if change.kind == "setting":
+            edits = self._setting(rt, change)
+        elif change.kind == "flag":
+            edits = self._flag(rt, change.name, change.value, change.remove, set())
+        elif change.name == "moe_backend" and not has_moe_flag(self.version):
+            edits = self._legacy_moe(rt, str(change.value))
+        else:
+            edits = self._knob(rt, change)
+        self.text = apply_edits(self.text, edits)
+
+    def _knob(self, rt: RecipeText, change: Change) -> list[Edit]:
+        """Edits for one of the four knobs."""
+        spec = KNOBS[change.name]
+        if spec.boolean:
+            return self._flag(rt, spec.flag, None, not change.value, set(spec.aliases))
+        value = str(change.value)
+        if change.name == "kv_cache_memory" and rt.entry("env", "VLLM_CPU_KVCACHE_SPACE"):
+            self.warn(
+                f"{self.source}: env VLLM_CPU_KVCACHE_SPACE overrides --kv-cache-memory-bytes "
+                "on vLLM's CPU build; remove it for the flag to count"
+            )
+        if change.name == "moe_backend":
+            validate_moe_backend(value, self.version)
+            env = rt.blocks.get("env")
+            keys = [e.key for e in env.entries] if env else []
+            for message in legacy_env_warnings(keys, self.version):
+                self.warn(f"{self.source}: {message}")
+        return self._flag(rt, spec.flag, value, False, set(spec.aliases))
+
+    def _flag(
+        self, rt: RecipeText, flag: str, value: object, remove: bool, aliases: set[str]
+    ) -> list[Edit]:
+        """Set, add bare, or remove a flag in the command; placeholders edited in defaults."""
+        cmd = CommandView(rt)
+        names = aliases | {flag}
+        found = cmd.find(sorted(names))
+        negated = cmd.find(["--no-" + flag[2:]]) if value is None else []
+        if remove:
+            edits: list[Edit] = []
+            for opt in found:
+                edits += cmd.remove(opt)
+            return edits
+        if len(found) > 1:
+            self.warn(
+                f"{self.source}: {flag} appears {len(found)} times in command; vLLM takes the "
+                "last: all were set"
+            )
+        if value is None:
+            edits = [(opt.flag.start, opt.flag.end, flag) for opt in negated]
+            if negated:
+                self.warn(f"{self.source}: replaced --no-{flag[2:]} with {flag}")
+            if not found and not negated:
+                edits += cmd.insert_line(flag)
+            return edits
+        text = str(value)
+        if not found:
+            return cmd.insert_line(f"{flag} {_quote(text)}")
+        return self._set_values(rt, cmd, found, flag, text)
+
+    def _set_values(
+        self, rt: RecipeText, cmd: CommandView, found: list[Option], flag: str, text: str
+    ) -> list[Edit]:
+        """Set each occurrence: its defaults placeholder when unshared, else the literal."""
+        edits: list[Edit] = []
+        keys: dict[str, int] = {}
+        for opt in found:
+            key = _placeholder(opt)
+            if key is not None:
+                keys[key] = keys.get(key, 0) + 1
+        edited_defaults: set[str] = set()
+        for opt in found:
+            if _dashed(opt.spelled) != flag:
+                self.warn(f"{self.source}: {opt.spelled} written as its full name {flag}")
+                edits.append((opt.flag.start, opt.flag.start + len(opt.spelled), flag))
+            key = _placeholder(opt)
+            entry = rt.entry("defaults", key) if key else None
+            if key and entry is None:
+                raise RecipeError(
+                    f"{self.source}: {flag} uses placeholder {{{key}}} but 'defaults' has no "
+                    f"key {key!r}"
+                )
+            if key and entry and cmd.placeholder_uses(key) == keys[key]:
+                _plain_word(self.source, key, text)
+                if key not in edited_defaults:
+                    edits.append(entry_edit(rt, entry, yaml_scalar(text, entry.raw)))
+                    edited_defaults.add(key)
+                continue
+            if key:
+                self.warn(
+                    f"{self.source}: placeholder {{{key}}} also feeds other flags; set {flag} "
+                    f"literally and left defaults.{key} unchanged"
+                )
+            edits.append(_value_edit(opt, text))
+        return edits
+
+    def _setting(self, rt: RecipeText, change: Change) -> list[Edit]:
+        """A defaults key, or the literal flag when the recipe has no such key."""
+        key, value = change.name, str(change.value)
+        entry = rt.entry("defaults", key)
+        if entry is not None:
+            if CommandView(rt).placeholder_uses(key) == 0:
+                self.warn(f"{self.source}: defaults.{key} is not used by command")
+            else:
+                _plain_word(self.source, key, value)
+            return [entry_edit(rt, entry, yaml_scalar(value, entry.raw))]
+        flag = "--" + key.replace("_", "-")
+        if not CommandView(rt).find([flag]):
+            self.warn(f"{self.source}: no defaults.{key} and no {flag} in command: added {flag}")
+        return self._flag(rt, flag, value, False, set())
+
+    def _legacy_moe(self, rt: RecipeText, backend: str) -> list[Edit]:
+        """Before vLLM 0.18: select the MoE backend through the recipe's env mapping."""
+        validate_moe_backend(backend, self.version)
+        edits: list[Edit] = []
+        cmd = CommandView(rt)
+        for opt in cmd.find(["--moe-backend"]):
+            self.warn(f"{self.source}: vLLM {self.version} has no --moe-backend flag: removed it")
+            edits += cmd.remove(opt)
+        adds: list[str] = []
+        for key, val in LEGACY_MOE_SETTINGS[backend].items():
+            entry = rt.entry("env", key)
+            if val is None:
+                if entry is not None:
+                    edits.append((rt.offsets[entry.line], rt.offsets[entry.line + 1], ""))
+            elif entry is not None:
+                edits.append(entry_edit(rt, entry, yaml_scalar(val, entry.raw)))
+            else:
+                adds.append(f"{key}: {json.dumps(val)}")
+        if adds:
+            edits.append(env_insert(rt, adds))
+        self.warn(f"{self.source}: vLLM {self.version} < 0.18: MoE backend set through env vars")
+        return edits
+
+
+def _plain_word(source: str, key: str, value: str) -> None:
+    """Refuse a value that reaches bash through `{key}` unquoted unless it is one plain word.
+
+    str.format pastes defaults into the command text that bash then reads: `x; touch f`, `$(…)`
+    or a space would change the command itself. A literal flag value is quoted instead.
+    """
+    if value and shlex.quote(value) == value:
+        refuse_option_like(f"{source}: defaults.{key} (through {{{key}}})", value)
+        return
+    raise KnobError(
+        f"{source}: value {excerpt(value)} for defaults.{key} would reach bash unquoted through "
+        f"{{{key}}} in command, and is not one plain word; allowed: letters, digits and @%+=:,./-",
+        hint=f"nothing was written; to pass such a value, write the flag literally (--flag "
+        f"--{key.replace('_', '-')}=VALUE), which spark-ops quotes",
+    )
+
+
+def _placeholder(opt: Option) -> str | None:
+    """The defaults key when the option's value is exactly one `{key}` placeholder."""
+    raw = opt.flag.raw.split("=", 1)[1] if opt.inline else (opt.value_token or opt.flag).raw
+    if opt.value is None:
+        return None
+    raw = raw.strip("'\"")
+    if raw.startswith("{") and raw.endswith("}") and raw[1:-1].isidentifier():
+        return raw[1:-1]
+    return None
+
+
+def _value_edit(opt: Option, text: str) -> Edit:
+    """Replace an option's value word (or the part after `=`), or add a missing value."""
+    if opt.inline:
+        at = opt.flag.start + opt.flag.raw.index("=") + 1
+        return (at, opt.flag.end, _quote(text))
+    if opt.value_token is None:
+        return (opt.flag.end, opt.flag.end, " " + _quote(text))
+    return (opt.value_token.start, opt.value_token.end, _quote(text))
+
+
+def _quote(text: str) -> str:
+    """Quote a value for the shell when it needs it (and keep str.format braces literal)."""
+    escaped = text.replace("{", "{{").replace("}", "}}")
+    return escaped if escaped == shlex.quote(escaped) else shlex.quote(escaped)
+
+
+def resolve_version(text: str, source: str, vllm_version: str | None) -> tuple[str, list[str]]:
+    """The vLLM version to edit for: explicit, else the container tag's, else newest (warned)."""
+    if vllm_version:
+        return vllm_version, []
+    data = load_recipe_text(text, source=source)
+    found = version_from_container(str(data.get("container") or ""))
+    if found:
+        return found, []
+    return NEWEST_KNOWN, [
+        f"{source}: vLLM version unknown (no --vllm-version and container "
+        f"{data.get('container')!r} names none): assuming {NEWEST_KNOWN}"
+    ]
+
+
+def _dashed(flag: str) -> str:
+    """A long flag with underscores written as dashes (vLLM accepts both)."""
+    return "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
