@@ -368,7 +368,7 @@ class WatchdogContract:
         for s in stamps or []:
             args += ["--stamp", _fmt(s)]
         for raw in raws or []:
-            args += ["--raw", raw]
+            args.append(f"--raw={raw}")  # one word even when the line starts with '-'
         if since is not None:
             args += ["--since", _fmt(since)]
         if until is not None:
