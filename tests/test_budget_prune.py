@@ -155,6 +155,6 @@ def test_cli_not_confirmed_removes_nothing(served_head: tuple[SimNode, Path]) ->
     hist = node.spec.home / "h"
     _write(hist, ["1764400000"])
     proc = _prune_cli(inventory, "--stamp", "1764400000")
-    out, err = proc.communicate(b"n\n", timeout=120)
+    _, err = proc.communicate(b"n\n", timeout=120)
     assert proc.returncode != 0 and b"nothing was removed" in err
     assert hist.read_text().splitlines() == ["1764400000"]
