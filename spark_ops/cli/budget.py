@@ -177,6 +177,7 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
             emit_json({"dry_run": True, "plan": plan.to_dict(), "budget": budget_now})
         else:
             click.echo("Dry run: nothing was removed.")
+            click.echo(f"Budget now: {budget_now['used']}/{budget_now['allowed']} used.")
         return
     if kw["as_json"]:
         emit_json({"dry_run": False, **report.to_dict()})
