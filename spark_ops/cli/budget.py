@@ -12,6 +12,7 @@ from spark_ops.cli.common import emit_json, load_cluster, run_async, when
 from spark_ops.errors import excerpt
 
 if TYPE_CHECKING:
+    from spark_ops.watchdog.contract import BudgetView
     from spark_ops.workflows.budget import PrunePlan, PruneReport
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -59,7 +60,7 @@ def parse_time(value: str | None) -> tuple[float | None, float | None]:
     return _unix_time(value, "a Unix time (1764470000) or a duration ago (90m, 6h, 2d)"), None
 
 
-def echo_budget(view: Any) -> None:
+def echo_budget(view: BudgetView) -> None:
     """Print the budget for a person."""
     color = "red" if view.used >= view.allowed else "green"
     click.secho(
@@ -154,7 +155,7 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
         raise click.UsageError("--until needs --since")
     cluster = load_cluster(ctx)
 
-    async def flow() -> tuple[PrunePlan, dict[str, Any] | None, Any]:
+    async def flow() -> tuple[PrunePlan, BudgetView, PruneReport | None]:
         """Plan, show, confirm, execute exactly the plan."""
         async with Operation.open(
             cluster, "budget prune", lock=not kw["dry_run"], nodes=[cluster.head.name]
@@ -165,19 +166,20 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
             if not kw["as_json"]:
                 echo_prune_plan(plan)
             if kw["dry_run"]:
-                return plan, (await op.watchdog.budget()).to_dict(), None
+                return plan, await op.watchdog.budget(), None
             asked = plan.chosen and not kw["yes"]
             if asked and not click.confirm(f"Remove these {len(plan.chosen)}?", err=True):
                 raise Aborted("not confirmed; nothing was removed")
-            return plan, None, await execute_prune(op, plan)
+            report = await execute_prune(op, plan)
+            return plan, report.budget or await op.watchdog.budget(), report
 
     plan, budget_now, report = run_async(flow())
     if report is None:
         if kw["as_json"]:
-            emit_json({"dry_run": True, "plan": plan.to_dict(), "budget": budget_now})
+            emit_json({"dry_run": True, "plan": plan.to_dict(), "budget": budget_now.to_dict()})
         else:
             click.echo("Dry run: nothing was removed.")
-            click.echo(f"Budget now: {budget_now['used']}/{budget_now['allowed']} used.")
+            click.echo(f"Budget now: {budget_now.used}/{budget_now.allowed} used.")
         return
     if kw["as_json"]:
         emit_json({"dry_run": False, **report.to_dict()})
