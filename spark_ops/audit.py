@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spark_ops.errors import RemoteError
+from spark_ops.inventory import Cluster
 from spark_ops.lock import KEY_SH, local_user
 from spark_ops.remote import ClusterSession, sh_program
 
@@ -179,3 +180,10 @@ async def read(session: ClusterSession, limit: int = 20) -> list[dict[str, Any]]
             continue
         out.append(value if isinstance(value, dict) else {"malformed": raw})
     return out
+
+
+async def read_log(cluster: Cluster, limit: int = 20) -> list[dict[str, Any]]:
+    """Connect to the head only and read the last `limit` entries (`spark-ops log`)."""
+    async with ClusterSession(cluster) as session:
+        await session.connect([cluster.head.name])
+        return await read(session, limit)

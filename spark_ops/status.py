@@ -53,6 +53,8 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
             data["last_restart"] = await op.watchdog.last_restart()
         except SparkOpsError as exc:
             data["budget"] = {"error": exc.message}
+        own = await op.watchdog.own_status()
+        data["watchdog_status"] = own.to_dict() if own is not None else None
         args = await _effective_args(op)
         if data["engine"].get("up"):
             data["engine"]["effective"] = args

@@ -55,4 +55,5 @@ async def start_nodes(
     if engine:
         cluster["engine"] = engine
     text = yaml.safe_dump({"clusters": {"t": cluster}})
+    (root / "inventory.yaml").write_text(text)  # for a CLI run in a subprocess
     return nodes, parse_inventory(text, "test").cluster()

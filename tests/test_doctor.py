@@ -176,6 +176,7 @@ async def test_healthy_cluster_is_all_green(mini: MiniCluster) -> None:
         "engine-api",
         "engine-completion",
         "ray-worker",
+        "watchdog-status",
     } <= names
     assert [c.host for c in report.checks if c.name == "ssh"] == [
         "node1",
@@ -324,3 +325,19 @@ def test_dead_ray_worker_fails_doctor(tmp_path: Path) -> None:
     assert [h for h, c in rays.items() if c["status"] != "ok"] == ["node3"]
     assert "exited 1: no Ray worker running" in rays["node3"]["detail"]
     assert "start Ray on node3" in rays["node3"]["fix"]
+
+
+def test_status_shows_the_watchdogs_own_status(mini: MiniCluster, tmp_path: Path) -> None:
+    """`status` runs watchdog.status_command: the watchdog's own state shown; one that prints
+    nothing is named as not answering, and the rest of status is still there."""
+    res = spark_ops(mini.inventory, "status", "--json")
+    assert res.returncode == 0, res.stderr
+    own = json.loads(res.stdout)["watchdog_status"]
+    assert own["answered"] is True and own["exit_code"] == 0, own
+    res = spark_ops(mini.inventory, "status")
+    assert "Watchdog says: " in res.stdout, res.stdout
+    silent = inventory_with(mini, tmp_path, {"watchdog.status_command": "true"})
+    res = spark_ops(silent, "status")
+    assert res.returncode == 0, res.stderr
+    assert "Watchdog status command did not answer: printed nothing" in res.stdout
+    assert "Watchdog budget:" in res.stdout

@@ -139,6 +139,29 @@ async def test_dropped_connects_are_retried_refused_are_not() -> None:
     assert not transient(HostKeyError("n", "Connection lost"))
 
 
+async def test_retries_are_logged_per_host() -> None:
+    """Each retry (tenacity's) is logged once with the host bound and the error that caused it;
+    a refused connect is not retried, so it logs no retry."""
+    import structlog
+
+    from spark_ops.remote import ClusterSession
+
+    text = (
+        "clusters:\n  t:\n    nodes:\n      node1: {host: h, role: head}\n      node2: {host: h}\n"
+        "      node3: {host: h}\n    recipe: {path: r}\n"
+        "    watchdog: {restart_command: x, history_file: y}\n"
+    )
+    cluster = parse_inventory(text, "t.yaml").cluster()
+    FlakyConnector.attempts.clear()
+    session = ClusterSession(cluster, connector_factory=FlakyConnector)  # type: ignore[arg-type]
+    with structlog.testing.capture_logs() as logs:
+        await session.connect(required=False)
+    retries = [e for e in logs if e["event"] == "connection dropped: retrying"]
+    assert [(e["host"], e["attempt"]) for e in retries] == [("node2", 1), ("node2", 2)]
+    assert all("Connection reset by peer" in e["error"] for e in retries)
+    assert set(session.connectors) == {"node1", "node2"} and set(session.errors) == {"node3"}
+
+
 # ----------------------------------------------------------------------------- OpenSSH nodes
 
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from spark_ops.cli.common import emit_json, load_cluster, run_async, when
 from spark_ops.errors import excerpt
+
+if TYPE_CHECKING:
+    from spark_ops.watchdog.contract import BudgetView
+    from spark_ops.workflows.budget import PrunePlan, PruneReport
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -56,7 +60,7 @@ def parse_time(value: str | None) -> tuple[float | None, float | None]:
     return _unix_time(value, "a Unix time (1764470000) or a duration ago (90m, 6h, 2d)"), None
 
 
-def echo_budget(view: Any) -> None:
+def echo_budget(view: BudgetView) -> None:
     """Print the budget for a person."""
     color = "red" if view.used >= view.allowed else "green"
     click.secho(
@@ -124,56 +128,87 @@ def cli(ctx: click.Context, as_json: bool) -> None:
 @click.option(
     "--clear-gave-up", is_flag=True, help="Then remove the gave-up file if there is room."
 )
-@click.option("--dry-run", is_flag=True, help="Say what would be removed; change nothing.")
+@click.option("--dry-run", is_flag=True, help="Show the plan (the exact lines); change nothing.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
 @click.pass_context
 def prune_cmd(ctx: click.Context, **kw: Any) -> None:
-    """Remove chosen stamps from the restart history (under its lock, with a backup)."""
+    """Remove chosen stamps from the restart history (under its lock, with a backup).
+
+    The selection is resolved into the exact lines first; those are shown, confirmed, and then
+    exactly those are removed: a stamp the watchdog appends meanwhile is kept (and reported).
+    """
     from spark_ops.errors import Aborted
-    from spark_ops.workflows import Operation, budget_prune
+    from spark_ops.workflows.budget import (
+        PruneSelection,
+        execute_prune,
+        plan_prune,
+        resolve_times,
+    )
+    from spark_ops.workflows.operation import Operation
 
     since, since_ago = parse_time(kw["since"])
     until, until_ago = parse_time(kw["until"])
     if not (kw["stamps"] or kw["raws"] or kw["since"] or kw["planned"] or kw["clear_gave_up"]):
         raise click.UsageError("choose --stamp, --raw, --since, --planned or --clear-gave-up")
+    if kw["until"] and not kw["since"]:
+        raise click.UsageError("--until needs --since")
     cluster = load_cluster(ctx)
 
-    async def flow() -> dict[str, Any]:
-        """Preview, confirm, prune, report."""
+    async def flow() -> tuple[PrunePlan, BudgetView, PruneReport | None]:
+        """Plan, show, confirm, execute exactly the plan."""
         async with Operation.open(
             cluster, "budget prune", lock=not kw["dry_run"], nodes=[cluster.head.name]
         ) as op:
-            now = await op.watchdog.clock() if since_ago or until_ago else 0.0
-            lo = now - since_ago if since_ago is not None else since
-            hi = now - until_ago if until_ago is not None else until
-            result: dict[str, Any] = {}
-            if kw["stamps"] or kw["raws"] or lo is not None or kw["planned"]:
-                sel = {"stamps": kw["stamps"], "raws": kw["raws"], "since": lo, "until": hi,
-                       "planned": kw["planned"]}  # fmt: skip
-                preview = await budget_prune(op, dry_run=True, **sel)
-                result = preview
-                chosen = preview.get("removed_stamps", [])
-                if not kw["as_json"]:
-                    click.echo(f"Would remove {len(chosen)} stamp(s): {chosen}")
-                    for nf in preview.get("not_found", []):
-                        click.secho(f"  {nf} is not in the history", fg="yellow")
-                if chosen and not kw["dry_run"]:
-                    if not kw["yes"] and not click.confirm("Remove them?", default=False, err=True):
-                        raise Aborted("not confirmed; nothing was removed")
-                    result = await budget_prune(op, **sel)
-            if kw["clear_gave_up"] and not kw["dry_run"]:
-                result["gave_up_cleared"] = await op.watchdog.clear_gave_up()
-            result["budget"] = (await op.watchdog.budget()).to_dict()
-            return result
+            lo, hi = await resolve_times(op, since, since_ago, until, until_ago)
+            selection = PruneSelection(kw["stamps"], kw["raws"], lo, hi, kw["planned"])
+            plan = await plan_prune(op, selection, clear_gave_up=kw["clear_gave_up"])
+            if not kw["as_json"]:
+                echo_prune_plan(plan)
+            if kw["dry_run"]:
+                return plan, await op.watchdog.budget(), None
+            asked = plan.chosen and not kw["yes"]
+            if asked and not click.confirm(f"Remove these {len(plan.chosen)}?", err=True):
+                raise Aborted("not confirmed; nothing was removed")
+            report = await execute_prune(op, plan)
+            return plan, report.budget or await op.watchdog.budget(), report
 
-    result = run_async(flow())
-    if kw["as_json"]:
-        emit_json(result)
+    plan, budget_now, report = run_async(flow())
+    if report is None:
+        if kw["as_json"]:
+            emit_json({"dry_run": True, "plan": plan.to_dict(), "budget": budget_now.to_dict()})
+        else:
+            click.echo("Dry run: nothing was removed.")
+            click.echo(f"Budget now: {budget_now.used}/{budget_now.allowed} used.")
         return
-    if kw["dry_run"]:
-        click.echo("Dry run: nothing was removed.")
-    elif result.get("removed_stamps") is not None:
-        click.echo(f"Removed {result['removed_stamps']}; backup at {result.get('backup')}")
-    b = result["budget"]
-    click.echo(f"Budget now: {b['used']}/{b['allowed']} used.")
+    if kw["as_json"]:
+        emit_json({"dry_run": False, **report.to_dict()})
+        return
+    echo_prune_report(report)
+
+
+def echo_prune_plan(plan: PrunePlan) -> None:
+    """Print the exact lines a prune will remove."""
+    if not plan.selection.empty:
+        click.echo(f"Would remove {len(plan.chosen)} line(s) from {plan.history_file}:")
+        for e in plan.chosen:
+            click.echo(f"  {e.raw}  ({when(e.stamp)})")
+    for nf in plan.not_found:
+        click.secho(f"  {nf} is not in the history", fg="yellow")
+    if plan.clear_gave_up:
+        click.echo("Then remove the gave-up file, if the budget has room.")
+
+
+def echo_prune_report(report: PruneReport) -> None:
+    """Print what the prune removed, and what changed since the preview."""
+    if report.plan.chosen:
+        click.echo(f"Removed {report.removed_stamps}; backup at {report.backup}")
+    for raw in report.vanished:
+        click.secho(f"  {raw} was already gone when the prune ran", fg="yellow")
+    for raw in report.appended_kept:
+        click.secho(f"  {raw} appeared after the preview and was kept (not confirmed)", fg="yellow")
+    if report.gave_up_cleared is not None:
+        click.echo(f"Gave-up file removed: {'yes' if report.gave_up_cleared else 'no'}")
+    b = report.budget
+    if b is not None:
+        click.echo(f"Budget now: {b.used}/{b.allowed} used.")

@@ -75,20 +75,13 @@ def cli(
     as_json: bool,
 ) -> None:
     """Connect to the nodes, find recipe, watchdog, engine log and API, and write the inventory."""
-    from pathlib import Path
-
-    from spark_ops.discover import InitOptions, discover, write_inventory
-    from spark_ops.errors import InventoryError
+    from spark_ops.discover import InitOptions, check_output, discover, write_inventory
 
     if sum((bool(hosts), bool(from_env), from_sparkrun is not None)) != 1:
         raise click.UsageError(
             "give exactly one of --hosts H1,H2,…, --from-env HOST:PATH or --from-sparkrun [NAME]"
         )
-    if Path(output).expanduser().exists() and not force:
-        raise InventoryError(
-            f"{output} already exists; not overwritten",
-            hint="pass --force to replace it, or -o OTHER_FILE",
-        )
+    check_output(output, force=force)  # before connecting to any node
     opts = InitOptions(
         hosts=hosts,
         from_env=from_env,

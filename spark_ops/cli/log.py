@@ -9,16 +9,6 @@ import click
 from spark_ops.cli.common import emit_json, load_cluster, run_async, when
 
 
-async def _read(cluster: Any, limit: int) -> list[dict[str, Any]]:
-    """Connect to the head only and read the last entries."""
-    from spark_ops import audit
-    from spark_ops.remote import ClusterSession
-
-    async with ClusterSession(cluster) as session:
-        await session.connect([cluster.head.name])
-        return await audit.read(session, limit)
-
-
 def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
     """Print entries for a person, one block per entry."""
     if not entries:
@@ -60,7 +50,9 @@ def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
 def cli(ctx: click.Context, limit: int, diffs: bool, as_json: bool) -> None:
     """Show the audit log kept on the head: when, who, what, on which nodes, the outcome."""
     cluster = load_cluster(ctx)
-    entries = run_async(_read(cluster, limit))
+    from spark_ops.audit import read_log
+
+    entries = run_async(read_log(cluster, limit))
     if as_json:
         emit_json(entries)
     else:

@@ -75,6 +75,12 @@ def echo_status(data: dict[str, Any]) -> None:
         click.echo(f"Watchdog budget: {b['used']}/{b['allowed']} used{flags}")
     elif b:
         click.secho(f"Watchdog: {b.get('error')}", fg="red")
+    own = data.get("watchdog_status")
+    if own and own["answered"]:
+        state = f"state {own['state']}" if own["state"] else own["text"].splitlines()[0][:120]
+        click.echo(f"Watchdog says: {state}")
+    elif own:
+        click.secho(f"Watchdog status command did not answer: {own['text'][:200]}", fg="yellow")
 
 
 @click.command()

@@ -28,7 +28,7 @@ from spark_ops.discover.options import (
     parse_hosts,
 )
 from spark_ops.discover.probe import Discovery
-from spark_ops.discover.render import render_inventory, write_inventory
+from spark_ops.discover.render import check_output, render_inventory, write_inventory
 
 __all__ = [
     "BASH_WATCHDOGS",
@@ -45,6 +45,7 @@ __all__ = [
     "InitOptions",
     "InitResult",
     "NodeSpec",
+    "check_output",
     "discover",
     "parse_env_file",
     "parse_hosts",

@@ -113,14 +113,23 @@ def render_inventory(
     return "\n".join(out) + "\n"
 
 
-def write_inventory(path: str | Path, text: str, *, force: bool = False) -> Path:
-    """Write the inventory file; refuse to replace an existing one unless force."""
+def check_output(path: str | Path, *, force: bool = False) -> Path:
+    """The inventory file to write; InventoryError if it exists and force is not given.
+
+    `init` asks this before connecting to any node, and write_inventory again before writing.
+    """
     p = Path(path).expanduser()
     if p.exists() and not force:
         raise InventoryError(
             f"{p} already exists; not overwritten",
             hint="pass --force to replace it, or -o OTHER_FILE",
         )
+    return p
+
+
+def write_inventory(path: str | Path, text: str, *, force: bool = False) -> Path:
+    """Write the inventory file; refuse to replace an existing one unless force."""
+    p = check_output(path, force=force)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.tmp")
     tmp.write_text(text, encoding="utf-8")

@@ -114,7 +114,6 @@ class WatchdogChecks(Checker):
                     "install the watchdog on the head, or use an absolute path in "
                     "watchdog.restart_command",
                 )
-
         contract = WatchdogContract(self.session)
         try:
             data = await contract.history("read", *contract._common())
@@ -150,6 +149,26 @@ class WatchdogChecks(Checker):
             self.report.add("history", self.head, "ok", detail)
         await self._check_writable()
         await self._check_flags()
+        await self._check_status(contract)
+
+    async def _check_status(self, contract: WatchdogContract) -> None:
+        """The watchdog's own status command (watchdog.status_command) answers in time."""
+        own = await contract.own_status()
+        if own is None:
+            return
+        if own.answered:
+            said = f"state {own.state}" if own.state else repr(own.text.splitlines()[0][:80])
+            self.report.add("watchdog-status", self.head, "ok", f"answers: {said}")
+            return
+        code = f" (exit {own.exit_code})" if own.exit_code not in (None, 0) else ""
+        self.report.add(
+            "watchdog-status",
+            self.head,
+            "warn",
+            f"watchdog.status_command{code}: {own.text[:200]}",
+            f"run it on the head by hand: {own.command[:200]}; or remove watchdog.status_command "
+            "(only status and doctor use it)",
+        )
 
     async def _check_writable(self) -> None:
         """The history (or its directory) writable, the lock file lockable now, as the SSH user."""
@@ -234,7 +253,6 @@ class WatchdogChecks(Checker):
         """The restart budget left: none left fails (a failed boot could not be recovered)."""
         if not self.up(self.head):
             return
-
         try:
             view = await WatchdogContract(self.session).budget()
         except SparkOpsError as exc:

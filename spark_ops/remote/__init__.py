@@ -7,7 +7,13 @@ results and errors are kept per host.
 
 from __future__ import annotations
 
-from spark_ops.remote.connector import Connector, Result, SSHConnector, transient
+from spark_ops.remote.connector import (
+    Connector,
+    HeldProcess,
+    Result,
+    SSHConnector,
+    transient,
+)
 from spark_ops.remote.session import ClusterSession, FileWrite, WriteOutcome
 from spark_ops.remote.shell import (
     check_text,
@@ -23,6 +29,7 @@ __all__ = [
     "ClusterSession",
     "Connector",
     "FileWrite",
+    "HeldProcess",
     "Result",
     "SSHConnector",
     "WriteOutcome",

@@ -13,7 +13,7 @@ import random
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +25,6 @@ from spark_ops.errors import (
     ConnectError,
     HostKeyError,
     RemoteError,
-    SparkOpsError,
     excerpt,
 )
 from spark_ops.inventory import Node, SSHSettings
@@ -38,7 +37,45 @@ CHANNEL_RETRIES = 2  # for a session refused by sshd (its slots free a little af
 _TRANSIENT = ("Connection reset by peer", "Connection lost", "Connection closed by peer")
 
 
-def transient(exc: SparkOpsError | None) -> bool:
+def retrying(
+    attempts: int,
+    spacing: tuple[float, float],
+    retry_on: Callable[[BaseException], bool],
+    log: Any,
+    what: str,
+) -> Any:
+    """The one retry policy of the remote layer (tenacity): `attempts` tries in all, the n-th
+    pause a random `spacing` span times n (jitter: N clients do not come back in step), only for
+    errors `retry_on` accepts, the last error re-raised as it was; each pause logged on `log`.
+
+    Every try has its own deadline (the connect timeout, the command's timeout), so the whole is
+    bounded too: attempts x deadline + the pauses. tenacity is imported here, on first use, to
+    keep it off the CLI's start-up path (like asyncssh).
+    """
+    import tenacity
+
+    low, high = spacing
+
+    def pause(state: tenacity.RetryCallState) -> float:
+        """Seconds before the next try."""
+        return random.uniform(low, high) * state.attempt_number
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        """Log the retry with its cause."""
+        exc = state.outcome.exception() if state.outcome else None
+        message = getattr(exc, "message", None) or str(exc)
+        log.info(f"{what}: retrying", attempt=state.attempt_number, error=excerpt(message, 300))
+
+    return tenacity.AsyncRetrying(
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=pause,
+        retry=tenacity.retry_if_exception(retry_on),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+
+
+def transient(exc: BaseException | None) -> bool:
     """True for a connection dropped before login (an sshd over MaxStartups): worth a retry."""
     if not isinstance(exc, ConnectError) or isinstance(exc, HostKeyError | AuthError):
         return False
@@ -68,6 +105,26 @@ class Result:
         return self
 
 
+class HeldProcess(ABC):
+    """A command started with its stdin open: what the cluster lock needs of a transport.
+
+    The command reads its stdin until end of input (the lock's holder waits on it), so the lock
+    lasts exactly as long as the channel: a holder that dies closes it, and the lock frees itself.
+    """
+
+    @abstractmethod
+    async def readline(self) -> str:
+        """The next stdout line with its newline; "" at end of output."""
+
+    @abstractmethod
+    async def read(self) -> str:
+        """The rest of stdout, up to end of output."""
+
+    @abstractmethod
+    async def finish(self, timeout: float) -> None:
+        """Close stdin (the command then ends), wait for it up to timeout, release the channel."""
+
+
 class Connector(ABC):
     """One connection to one node: the small base class every transport implements."""
 
@@ -86,6 +143,19 @@ class Connector(ABC):
     @abstractmethod
     def stream(self, command: str) -> AsyncIterator[str]:
         """Run a command and yield its stdout lines as they come; stops it when closed."""
+
+    async def process(self, command: str) -> HeldProcess:
+        """Start a command with its stdin held open (the cluster lock runs over this).
+
+        A transport that cannot keep a command's stdin open says so here, naming itself: the
+        lock never falls back to a weaker form (a lock file without a live holder is stale).
+        """
+        raise RemoteError(
+            self.node.name,
+            f"the {type(self).__name__} transport cannot hold a command with open stdin, so it "
+            "cannot hold the cluster lock",
+            hint="reach the head over SSH (the default connector)",
+        )
 
     @abstractmethod
     async def forward(self, dest_host: str, dest_port: int) -> int:
@@ -144,8 +214,18 @@ class SSHConnector(Connector):
         stdin: dict[str, Any] = {"input": input} if input else {"stdin": asyncssh.DEVNULL}
         try:
             async with self._channel_cap():
-                for attempt in range(CHANNEL_RETRIES + 1):
-                    try:
+                # sshd frees a session slot a little after the client saw it close: a refused
+                # channel is tried again while the connection itself is alive
+                async for attempt in retrying(
+                    CHANNEL_RETRIES + 1,
+                    (0.05, 0.2),
+                    lambda e: (
+                        isinstance(e, asyncssh.ChannelOpenError) and not _connection_gone(conn, e)
+                    ),
+                    self.log,
+                    "session refused by sshd",
+                ):
+                    with attempt:
                         proc = await asyncio.wait_for(
                             conn.run(
                                 command,
@@ -156,12 +236,6 @@ class SSHConnector(Connector):
                             ),
                             timeout + 5,
                         )
-                        break
-                    except asyncssh.ChannelOpenError as exc:
-                        # sshd frees a session slot a little after the client saw it close
-                        if _connection_gone(conn, exc) or attempt == CHANNEL_RETRIES:
-                            raise
-                        await asyncio.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
         except (asyncssh.TimeoutError, asyncio.TimeoutError) as exc:
             raise CommandTimeout(
                 self.node.name, f"command timed out after {timeout:.0f}s: {command[:120]}"
@@ -201,14 +275,15 @@ class SSHConnector(Connector):
             with suppress(Exception):
                 await asyncio.wait_for(proc.wait_closed(), 2)
 
-    async def process(self, command: str) -> Any:
-        """Start a command with open stdin/stdout (asyncssh process) for interactive use."""
+    async def process(self, command: str) -> HeldProcess:
+        """Start a command with open stdin/stdout over one SSH channel."""
         import asyncssh
 
         try:
-            return await self._require().create_process(command)
+            proc = await self._require().create_process(command, errors="replace")
         except (asyncssh.Error, OSError) as exc:
             raise ConnectError(self.node.name, f"cannot start {command[:80]}: {exc}") from exc
+        return _SSHHeld(proc)
 
     async def forward(self, dest_host: str, dest_port: int) -> int:
         """Open a local port forward and return the local port."""
@@ -231,6 +306,31 @@ class SSHConnector(Connector):
             with suppress(Exception):
                 await asyncio.wait_for(self._conn.wait_closed(), 2)
             self._conn = None
+
+
+class _SSHHeld(HeldProcess):
+    """An asyncssh process as a HeldProcess."""
+
+    def __init__(self, proc: Any) -> None:
+        """Wrap a started asyncssh SSHClientProcess."""
+        self.proc = proc
+
+    async def readline(self) -> str:
+        """The next stdout line."""
+        return str(await self.proc.stdout.readline())
+
+    async def read(self) -> str:
+        """The rest of stdout."""
+        return str(await self.proc.stdout.read())
+
+    async def finish(self, timeout: float) -> None:
+        """End of input, wait, close the channel (each step bounded, none raising)."""
+        with suppress(Exception):
+            self.proc.stdin.write_eof()
+            await asyncio.wait_for(self.proc.wait(), timeout)
+        self.proc.close()
+        with suppress(Exception):
+            await asyncio.wait_for(self.proc.wait_closed(), 3)
 
 
 def _connection_gone(conn: Any, exc: Exception) -> bool:

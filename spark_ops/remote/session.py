@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import shlex
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -24,6 +23,7 @@ from spark_ops.remote.connector import (
     Result,
     SSHConnector,
     open_jump,
+    retrying,
     transient,
 )
 from spark_ops.remote.shell import (
@@ -110,25 +110,30 @@ class ClusterSession:
         nodes = [self.cluster.node(n) for n in names] if names else list(self.cluster.nodes)
         sem = asyncio.Semaphore(self.cluster.ssh.max_concurrent_connects)
 
+        async def attempt(node: Node) -> None:
+            """One connect under the cap, recording the error of a failed one."""
+            async with sem:
+                start = time.monotonic()
+                try:
+                    conn = await self._new_connector(node)
+                    await conn.connect()
+                except SparkOpsError as exc:
+                    self.errors[node.name] = exc
+                    raise
+            self.latency[node.name] = time.monotonic() - start
+            self.errors.pop(node.name, None)
+            self.connectors[node.name] = conn
+
         async def one(node: Node) -> None:
-            """Connect one node (retrying drops before login), recording latency or the error."""
-            for attempt in range(CONNECT_RETRIES + 1):
-                if node.name in self.connectors:
-                    return
-                async with sem:
-                    start = time.monotonic()
-                    try:
-                        conn = await self._new_connector(node)
-                        await conn.connect()
-                    except SparkOpsError as exc:
-                        self.errors[node.name] = exc
-                        if attempt == CONNECT_RETRIES or not transient(exc):
-                            return
-                        await asyncio.sleep(random.uniform(0.05, 0.25) * (attempt + 1))
-                        continue
-                self.latency[node.name] = time.monotonic() - start
-                self.errors.pop(node.name, None)
-                self.connectors[node.name] = conn
+            """Connect one node, retrying drops before login (the pause outside the cap)."""
+            log = get_logger(host=node.name)
+            with suppress(SparkOpsError):  # kept in self.errors
+                async for tried in retrying(
+                    CONNECT_RETRIES + 1, (0.05, 0.25), transient, log, "connection dropped"
+                ):
+                    with tried:
+                        if node.name not in self.connectors:
+                            await attempt(node)
 
         await asyncio.gather(*(one(n) for n in nodes))
         failed = [self.errors[n.name] for n in nodes if n.name in self.errors]
@@ -363,32 +368,22 @@ class ClusterSession:
     @asynccontextmanager
     async def held(self, host: str, command: str, *, ready: str) -> AsyncIterator[list[str]]:
         """Run a command that holds a lock while its stdin stays open; yield its first lines."""
-        conn = self.connector(host)
-        if not isinstance(conn, SSHConnector):
-            raise RemoteError(host, "holding a remote lock needs an SSH connector")
-        proc = await conn.process(command)
+        proc = await self.connector(host).process(command)
         lines: list[str] = []
         try:
             while True:
-                line = await asyncio.wait_for(
-                    proc.stdout.readline(), self.cluster.ssh.command_timeout
-                )
+                line = await asyncio.wait_for(proc.readline(), self.cluster.ssh.command_timeout)
                 if not line:
                     break
                 lines.append(line.rstrip("\n"))
                 if line.startswith(ready) or line.startswith("BUSY"):
                     if line.startswith("BUSY"):
-                        rest = await asyncio.wait_for(proc.stdout.read(), 5)
+                        rest = await asyncio.wait_for(proc.read(), 5)
                         lines.extend(rest.splitlines())
                     break
             yield lines
         finally:
-            with suppress(Exception):
-                proc.stdin.write_eof()
-                await asyncio.wait_for(proc.wait(), 5)
-            proc.close()
-            with suppress(Exception):
-                await asyncio.wait_for(proc.wait_closed(), 3)
+            await proc.finish(5)
 
     async def close(self) -> None:
         """Close every connection."""

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from spark_ops.errors import HistoryError, TriggerFailed, WatchdogError
+from spark_ops.errors import (
+    CommandTimeout,
+    HistoryError,
+    RemoteError,
+    TriggerFailed,
+    WatchdogError,
+)
 from spark_ops.lock import local_user
 from spark_ops.remote import ClusterSession, quote_path
 from spark_ops.watchdog.identify import HistEntry, Identification, fmt_stamp
@@ -158,6 +164,48 @@ def fill_restart_command(template: str, values: dict[str, str]) -> str:
     for name, value in values.items():
         check_value(name, value)
     return _PLACEHOLDER_RE.sub(lambda m: shlex.quote(values[m.group(1)]), template)
+
+
+STATUS_TIMEOUT_S = (
+    10.0  # the watchdog's own status is a glance: a hung one is reported, not awaited
+)
+_STATUS_SHOWN = 300  # characters of its output kept for the report
+
+
+@dataclass
+class WatchdogStatus:
+    """What the watchdog's own status command said (watchdog.status_command), as far as it did.
+
+    `answered` is False when it failed, timed out or printed nothing; `state` is the `state` of a
+    JSON object on its last line (the reference watchdog's `--status --json`), else None; `text`
+    is a short excerpt of what it printed (or why there is nothing).
+    """
+
+    command: str
+    answered: bool
+    state: str | None = None
+    text: str = ""
+    exit_code: int | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json."""
+        return {
+            "command": self.command, "answered": self.answered, "state": self.state,
+            "text": self.text, "exit_code": self.exit_code, "fields": self.fields,
+        }  # fmt: skip
+
+
+def _status_object(output: str) -> dict[str, Any]:
+    """The JSON object on the last non-empty line of a status output, or {}."""
+    lines = [x for x in output.strip().splitlines() if x.strip()]
+    if not lines or not lines[-1].lstrip().startswith("{"):
+        return {}
+    try:
+        obj = json.loads(lines[-1])
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
 
 
 class WatchdogContract:
@@ -367,7 +415,7 @@ class WatchdogContract:
         for s in stamps or []:
             args += ["--stamp", _fmt(s)]
         for raw in raws or []:
-            args += ["--raw", raw]
+            args.append(f"--raw={raw}")  # one word even when the line starts with '-'
         if since is not None:
             args += ["--since", _fmt(since)]
         if until is not None:
@@ -380,6 +428,36 @@ class WatchdogContract:
         result = await self.history("prune", *args)
         result["removed_stamps"] = [float(e["stamp"]) for e in result.get("removed", [])]
         return result
+
+    async def own_status(self, timeout: float = STATUS_TIMEOUT_S) -> WatchdogStatus | None:
+        """The watchdog's own status through watchdog.status_command (None when not set).
+
+        Bounded by `timeout`; a command that fails, hangs or prints nothing is reported as not
+        answering (never raised): the rest of `status` / `doctor` does not depend on it.
+        """
+        command = self.wd.status_command
+        if not command:
+            return None
+        try:
+            res = await self.session.run(
+                self.head, command, check=False, timeout=timeout, label="watchdog status"
+            )
+        except CommandTimeout:
+            return WatchdogStatus(command, False, text=f"no answer within {timeout:g} s")
+        except RemoteError as exc:
+            return WatchdogStatus(command, False, text=exc.message[:_STATUS_SHOWN])
+        out = res.stdout.strip()
+        if res.exit_code != 0:
+            why = (res.stderr.strip() or out or "no output")[-_STATUS_SHOWN:]
+            return WatchdogStatus(command, False, text=why, exit_code=res.exit_code)
+        if not out:
+            return WatchdogStatus(command, False, text="printed nothing", exit_code=0)
+        obj = _status_object(out)
+        state = obj.get("state")
+        return WatchdogStatus(
+            command, True, str(state) if isinstance(state, str | int | float) else None,
+            out[:_STATUS_SHOWN], 0, obj if len(out) <= 100_000 else {},
+        )  # fmt: skip
 
     async def clear_gave_up(self) -> bool:
         """Remove the gave-up file once the window has room again; True when removed."""

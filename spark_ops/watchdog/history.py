@@ -901,6 +901,11 @@ def prune(
             for e in removed
         ],
         "kept": len(hist.entries) - len(removed),
+        "kept_raws": [
+            hist.lines[e.line - 1].decode("utf-8", "replace")
+            for i, e in enumerate(hist.entries)
+            if i not in chosen
+        ],
         "not_found": not_found,
         "planned_absent": planned_absent,
         "backup": backup,

@@ -6,7 +6,7 @@ plan, shows it, confirms, then calls execute() with reporters for steps and boot
 
 from __future__ import annotations
 
-from spark_ops.workflows.budget import budget_prune, budget_view
+from spark_ops.workflows.budget import budget_view, execute_prune, plan_prune
 from spark_ops.workflows.execute import audit_entry, execute
 from spark_ops.workflows.operation import (
     ApplyOptions,
@@ -22,13 +22,14 @@ __all__ = [
     "Operation",
     "Outcome",
     "audit_entry",
-    "budget_prune",
     "budget_view",
     "engine_endpoint",
     "execute",
+    "execute_prune",
     "jsonable",
     "list_backups",
     "plan_apply",
+    "plan_prune",
     "plan_restart",
     "plan_rollback",
 ]

@@ -1,16 +1,25 @@
-"""The restart budget as the head sees it, and pruning chosen stamps (audited)."""
+"""The restart budget as the head sees it, and pruning chosen stamps: a plan, then exactly it.
+
+`plan_prune` resolves the operator's selection (exact stamps, exact lines, a time range, the
+journal's planned restarts) on the head into the exact history lines it matches now. The CLI shows
+that plan and confirms it; `execute_prune` then removes exactly those lines, by value, and nothing
+the selection would match by then: a stamp the watchdog appended after the preview is kept, and
+the report names it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops import audit
-from spark_ops.errors import (
-    SparkOpsError,
-)
+from spark_ops.errors import HistoryError, SparkOpsError
 from spark_ops.watchdog.contract import BudgetView
+from spark_ops.watchdog.identify import HistEntry
 from spark_ops.workflows.operation import Operation
+
+MAX_PRUNE_BYTES = 64_000  # the exact lines travel on one command line (Linux: 128 KiB per word)
 
 
 async def budget_view(op: Operation) -> BudgetView:
@@ -18,29 +27,159 @@ async def budget_view(op: Operation) -> BudgetView:
     return await op.watchdog.budget()
 
 
-async def budget_prune(
-    op: Operation,
-    *,
-    stamps: Sequence[float] = (),
-    raws: Sequence[str] = (),
-    since: float | None = None,
-    until: float | None = None,
-    planned: bool = False,
-    dry_run: bool = False,
-) -> dict[str, Any]:
-    """Remove chosen stamps (by value, time range, or the journal's planned entries)."""
-    if not stamps and not raws and since is None and not planned:
-        raise SparkOpsError("choose what to prune: --stamp S, --raw LINE, --since T or --planned")
-    result = await op.watchdog.prune(
-        stamps=list(stamps), raws=list(raws), since=since, until=until, planned=planned,
-        dry_run=dry_run, reason="operator prune",
-    )  # fmt: skip
-    if not dry_run and result.get("removed_stamps"):
-        args = {
-            "stamps": list(stamps), "raws": list(raws), "since": since, "until": until,
-            "planned": planned,
+@dataclass(frozen=True)
+class PruneSelection:
+    """What the operator asked to prune; times already resolved against the head's clock."""
+
+    stamps: tuple[float, ...] = ()
+    raws: tuple[str, ...] = ()
+    since: float | None = None
+    until: float | None = None
+    planned: bool = False
+
+    @property
+    def empty(self) -> bool:
+        """True when it selects nothing at all."""
+        return not (self.stamps or self.raws or self.planned) and self.since is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json and the audit log."""
+        return {
+            "stamps": list(self.stamps), "raws": list(self.raws), "since": self.since,
+            "until": self.until, "planned": self.planned,
         }  # fmt: skip
-        detail = {"removed": result["removed_stamps"], "backup": result.get("backup")}
-        entry = audit.make_entry("budget prune", args=args, outcome="ok", detail=detail)
-        await op.record_audit(entry)
-    return result
+
+
+@dataclass
+class PrunePlan:
+    """The exact history lines a prune will remove, as the head's history held them at preview."""
+
+    history_file: str
+    selection: PruneSelection
+    chosen: list[HistEntry] = field(default_factory=list)
+    kept_raws: list[str] = field(default_factory=list)  # every other line seen at preview
+    not_found: list[Any] = field(default_factory=list)  # asked for, absent at preview
+    clear_gave_up: bool = False
+
+    @property
+    def stamps(self) -> list[float]:
+        """The stamps of the chosen lines, in file order."""
+        return [e.stamp for e in self.chosen]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --dry-run --json (and inside the report)."""
+        return {
+            "history_file": self.history_file,
+            "selection": self.selection.to_dict(),
+            "remove": [e.to_dict() for e in self.chosen],
+            "remove_stamps": self.stamps,
+            "kept": len(self.kept_raws),
+            "not_found": list(self.not_found),
+            "clear_gave_up": self.clear_gave_up,
+        }
+
+
+@dataclass
+class PruneReport:
+    """What executing a PrunePlan did: removed, vanished meanwhile, appended meanwhile and kept."""
+
+    plan: PrunePlan
+    removed: list[HistEntry] = field(default_factory=list)
+    vanished: list[str] = field(default_factory=list)  # confirmed, gone before the prune ran
+    appended_kept: list[str] = field(default_factory=list)  # appeared after the preview, kept
+    backup: str | None = None
+    gave_up_cleared: bool | None = None
+    budget: BudgetView | None = None
+
+    @property
+    def removed_stamps(self) -> list[float]:
+        """The stamps removed, in file order."""
+        return [e.stamp for e in self.removed]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json."""
+        return {
+            "plan": self.plan.to_dict(),
+            "removed": [e.to_dict() for e in self.removed],
+            "removed_stamps": self.removed_stamps,
+            "vanished": list(self.vanished),
+            "appended_kept": list(self.appended_kept),
+            "backup": self.backup,
+            "gave_up_cleared": self.gave_up_cleared,
+            "budget": self.budget.to_dict() if self.budget is not None else None,
+        }
+
+
+async def resolve_times(
+    op: Operation,
+    since: float | None,
+    since_ago: float | None,
+    until: float | None,
+    until_ago: float | None,
+) -> tuple[float | None, float | None]:
+    """Absolute (since, until): durations ago are counted back from the head's clock."""
+    if since_ago is None and until_ago is None:
+        return since, until
+    now = await op.watchdog.clock()
+    lo = now - since_ago if since_ago is not None else since
+    hi = now - until_ago if until_ago is not None else until
+    return lo, hi
+
+
+async def plan_prune(
+    op: Operation, selection: PruneSelection, *, clear_gave_up: bool = False
+) -> PrunePlan:
+    """The exact lines the selection matches in the head's history now (nothing is changed)."""
+    plan = PrunePlan(op.watchdog.wd.history_file, selection, clear_gave_up=clear_gave_up)
+    if selection.empty:
+        if not clear_gave_up:
+            raise SparkOpsError(
+                "choose what to prune: --stamp S, --raw LINE, --since T, --planned or "
+                "--clear-gave-up"
+            )
+        return plan
+    preview = await op.watchdog.prune(
+        stamps=list(selection.stamps), raws=list(selection.raws), since=selection.since,
+        until=selection.until, planned=selection.planned, dry_run=True,
+        reason="operator prune",
+    )  # fmt: skip
+    plan.chosen = [HistEntry.from_read(e) for e in preview.get("removed", [])]
+    plan.kept_raws = [str(r) for r in preview.get("kept_raws", [])]
+    plan.not_found = list(preview.get("not_found", []))
+    size = sum(len(e.raw.encode("utf-8", "replace")) + 8 for e in plan.chosen)
+    if size > MAX_PRUNE_BYTES:
+        raise HistoryError(
+            f"{plan.history_file}: the selection matches {len(plan.chosen)} line(s), "
+            f"{size} bytes in all: more than one prune can name exactly ({MAX_PRUNE_BYTES})",
+            hint="narrow it (--since/--until over a shorter span) and prune in several steps",
+        )
+    return plan
+
+
+async def execute_prune(op: Operation, plan: PrunePlan) -> PruneReport:
+    """Remove exactly the plan's lines (by their exact text), audit it, report what changed."""
+    report = PruneReport(plan)
+    if plan.chosen:
+        result = await op.watchdog.prune(raws=[e.raw for e in plan.chosen], reason="operator prune")
+        report.removed = [HistEntry.from_read(e) for e in result.get("removed", [])]
+        report.vanished = [str(r) for r in result.get("not_found", [])]
+        report.backup = result.get("backup")
+        seen = Counter([*plan.kept_raws, *(e.raw for e in plan.chosen)])
+        report.appended_kept = list(
+            (Counter(str(r) for r in result.get("kept_raws", [])) - seen).elements()
+        )
+        if report.removed:
+            detail = {
+                "removed": report.removed_stamps,
+                "backup": report.backup,
+                "appended_kept": report.appended_kept,
+                "vanished": report.vanished,
+            }
+            entry = audit.make_entry(
+                "budget prune", args=plan.selection.to_dict(), outcome="ok", detail=detail
+            )
+            await op.record_audit(entry)
+    if plan.clear_gave_up:
+        report.gave_up_cleared = await op.watchdog.clear_gave_up()
+    report.budget = await op.watchdog.budget()
+    return report
