@@ -45,12 +45,11 @@ def write_file(
                 old: bytes | None = target.read_bytes()
             except FileNotFoundError:
                 old = None
-            if expect_sha256 is not None:
-                if sha256_of(old) != expect_sha256:
-                    raise error(
-                        f"{target}: changed since it was read; not written",
-                        hint="run the command again to work on the current content",
-                    )
+            if expect_sha256 is not None and sha256_of(old) != expect_sha256:
+                raise error(
+                    f"{target}: changed since it was read; not written",
+                    hint="run the command again to work on the current content",
+                )
             if keep_backups > 0 and old is not None:
                 backup = history.write_backup(str(target), old, keep_backups)
         history.atomic_write(str(target), payload)

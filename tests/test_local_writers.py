@@ -26,9 +26,7 @@ GLM = Path(__file__).resolve().parents[1] / "recipes" / "glm-5.3-flash.yaml"
 
 def _experiment(path: Path) -> None:
     """The experiment state file."""
-    ExperimentState(ExperimentSpec("c1", {"max_num_seqs": [8]}, {}), {"max_num_seqs": 4}).save(
-        path
-    )
+    ExperimentState(ExperimentSpec("c1", {"max_num_seqs": [8]}, {}), {"max_num_seqs": 4}).save(path)
 
 
 def _boots(path: Path) -> None:
@@ -73,7 +71,9 @@ class FsyncSpy:
 
 
 @pytest.mark.parametrize("name", list(WRITERS))
-def test_writer_keeps_the_promises(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_writer_keeps_the_promises(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Through a symlink, with mode 0640: the target is replaced, the link kept, fsyncs seen."""
     write, seed = WRITERS[name]
     real_dir = tmp_path / "real"
@@ -109,7 +109,7 @@ def test_failure_names_the_file_with_the_callers_error(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(ExperimentError, match="not-a-dir"):
         ExperimentState(ExperimentSpec("c1", {}, {}), {}).save(blocker / "state.json")
-    with pytest.raises(RecipeError, match="missing-dir/r.yaml: not written"):
+    with pytest.raises(RecipeError, match=r"missing-dir/r\.yaml: not written"):
         write_file(tmp_path / "missing-dir" / "r.yaml", "x", error=RecipeError)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-dir"]
 
@@ -128,7 +128,7 @@ def test_recipe_changed_meanwhile_is_not_written(tmp_path: Path) -> None:
     shutil.copy(GLM, path)
     landed = edit_file(path, changes_from_options(max_num_seqs="12"))
     path.write_text(GLM.read_text() + "# a colleague's note\n")
-    with pytest.raises(RecipeError, match="glm.yaml: changed since it was read; not written"):
+    with pytest.raises(RecipeError, match=r"glm\.yaml: changed since it was read; not written"):
         write_edit(landed)
     assert path.read_text().endswith("# a colleague's note\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["glm.yaml"]

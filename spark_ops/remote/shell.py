@@ -96,7 +96,11 @@ TAG='"""
     + r"""'
 ours() {  # $1 a backup name of $p: made by spark-ops (the naming rule), not the operator's own
 """
-    + '  s=${1#"$p"' + BACKUP_INFIX + "}; s=${s%" + ROLLED_BACK + "}"
+    + '  s=${1#"$p"'
+    + BACKUP_INFIX
+    + "}; s=${s%"
+    + ROLLED_BACK
+    + "}"
     + r"""
   case $s in """
     + _OURS_CASES

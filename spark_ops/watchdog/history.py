@@ -492,8 +492,8 @@ def backup_tag_pattern(digits: Callable[[int], str], literal: Callable[[str], st
 
 BACKUP_TAG_RE = re.compile(
     "^"
-    + backup_tag_pattern(lambda n: r"\d{%d}" % n, re.escape)
-    + r"(?:-\d{1,%d})?(?:%s)?$" % (BACKUP_COUNTER_DIGITS, re.escape(ROLLED_BACK))
+    + backup_tag_pattern(lambda n: rf"\d{{{n}}}", re.escape)
+    + rf"(?:-\d{{1,{BACKUP_COUNTER_DIGITS}}})?(?:{re.escape(ROLLED_BACK)})?$"
 )
 
 
@@ -505,7 +505,7 @@ def backup_tag(now: float) -> str:
 
 def backup_name(path: str, tag: str, n: int = 0, label: str = "") -> str:
     """Return the name of the n-th backup of path made at tag (n > 0 when the name was taken)."""
-    return path + BACKUP_INFIX + tag + ("-%d" % n if n else "") + label
+    return path + BACKUP_INFIX + tag + (f"-{n}" if n else "") + label
 
 
 def backup_tag_of(name: str) -> str:
