@@ -101,7 +101,7 @@ class WatchdogSettings:
 
     @property
     def journal_path(self) -> str:
-        """The journal: the watchdog's, else spark-ops' own beside the history (history.py's rule)."""
+        """The journal: the watchdog's, else spark-ops' own beside the history (one rule)."""
         return self.journal_file or default_journal(self.history_file)
 
 
