@@ -13,6 +13,7 @@ from spark_ops.discover.options import (
     Finding,
 )
 from spark_ops.errors import InventoryError
+from spark_ops.files import sha256_of, write_file
 from spark_ops.inventory import (
     Cluster,
 )
@@ -121,8 +122,6 @@ def write_inventory(path: str | Path, text: str, *, force: bool = False) -> Path
             f"{p} already exists; not overwritten",
             hint="pass --force to replace it, or -o OTHER_FILE",
         )
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(p)
+    expect = None if force else sha256_of(None)  # one that appears meanwhile is not replaced
+    write_file(p, text, error=InventoryError, make_parents=True, expect_sha256=expect)
     return p
