@@ -141,3 +141,18 @@ def test_expected_digest_of_an_absent_file(tmp_path: Path) -> None:
     with pytest.raises(SparkOpsError, match="changed since it was read"):
         write_file(path, "two\n", expect_sha256=sha256_of(None))
     assert path.read_text() == "one\n"
+
+
+def test_no_other_local_writer() -> None:
+    """Outside history.py (the writer) and sim/ (which builds its own fresh tree), no module
+    replaces a file by itself; appending to a log is not replacing."""
+    root = Path(__file__).resolve().parents[1] / "spark_ops"
+    calls = ("write_text(", "write_bytes(", "os.replace(", ".rename(", "mkstemp(", "os.link(")
+    found = [
+        f"{p.relative_to(root)}: {call}"
+        for p in root.rglob("*.py")
+        if p != root / "watchdog" / "history.py" and "sim" not in p.relative_to(root).parts
+        for call in calls
+        if call in p.read_text()
+    ]
+    assert found == []
