@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import InventoryError, excerpt
+from spark_ops.watchdog.history import default_journal, default_lock
 from spark_ops.yamlsafe import load_yaml
 
 ENV_VAR = "SPARK_OPS_INVENTORY"
@@ -95,8 +96,13 @@ class WatchdogSettings:
 
     @property
     def lock_path(self) -> str:
-        """The history lock, by default beside the history file."""
-        return self.lock_file or f"{self.history_file}.lock"
+        """The history lock, by default beside the history file (history.py's one rule)."""
+        return self.lock_file or default_lock(self.history_file)
+
+    @property
+    def journal_path(self) -> str:
+        """The journal: the watchdog's, else spark-ops' own beside the history (one rule)."""
+        return self.journal_file or default_journal(self.history_file)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_ops.bench.client import RequestRecord, SSEParser
-from spark_ops.bench.metrics import parse_prometheus
+from spark_ops.bench.metrics import WANTED
 from spark_ops.bench.workload import build_payload, load_prompts
+from spark_ops.engine.metrics import kv_pool_tokens, metric_sums
 from spark_ops.errors import BenchError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "bench"
@@ -166,10 +167,8 @@ def test_bad_prompt_file_names_the_file_and_key(tmp_path: Path) -> None:
 
 def test_parse_prometheus_real_vllm_metrics() -> None:
     """The real idle /metrics of vLLM's CPU build: counters and gauges at 0, the KV pool."""
-    from spark_ops.bench.metrics import kv_pool_tokens
-
     text = (FIXTURES / "metrics-idle.txt").read_text()
-    values = parse_prometheus(text)
+    values = metric_sums(text, WANTED)
     assert values == {
         "vllm:generation_tokens_total": 0.0,
         "vllm:num_requests_running": 0.0,
@@ -190,7 +189,7 @@ def test_parse_prometheus_sums_engines() -> None:
         'vllm:generation_tokens_created{engine="0"} 1.7e9\n'
         "vllm:num_requests_running 3\n"
     )
-    assert parse_prometheus(text) == {
+    assert metric_sums(text, WANTED) == {
         "vllm:generation_tokens_total": 15.5,
         "vllm:num_requests_running": 3.0,
     }

@@ -232,7 +232,7 @@ def test_cli_exit_codes_and_json(mini: MiniCluster, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(res.stdout)
     assert data["ok"] is True and data["counts"]["fail"] == 0
-    assert all(set(c) == {"name", "host", "status", "detail", "fix"} for c in data["checks"])
+    assert all(set(c) == {"name", "host", "status", "ok", "detail", "fix"} for c in data["checks"])
 
     bad = inventory_with(mini, tmp_path, {"recipe.path": "~/recipes/absent.yaml"})
     res = spark_ops(bad, "doctor")

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 import yaml
 
-from spark_ops.sim.engine_config import load_config, parse_human_int
+from spark_ops.sim.engine_config import load_config
 from spark_ops.sim.engine_model import EngineCore, Request, virtual_burst
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sim"
@@ -67,18 +67,6 @@ def test_cap_of_six_plateaus() -> None:
         assert abs(agg / base - 1) <= within, (concurrency, agg)
         assert user < prev, (concurrency, user)  # each wave waits for the one before
         prev = user
-
-
-@pytest.mark.parametrize(
-    "case", yaml.safe_load((FIXTURES / "kv_cache_memory_bytes.yaml").read_text()), ids=str
-)
-def test_parse_kv_cache_memory_bytes(case: dict[str, Any]) -> None:
-    """vLLM's human-readable ints: binary uppercase, decimal lowercase, no GB/GiB/1.5G."""
-    if case["value"] is None:
-        with pytest.raises(ValueError, match="invalid value"):
-            parse_human_int(case["text"])
-    else:
-        assert parse_human_int(case["text"]) == case["value"]
 
 
 async def test_engine_core_caps_batch_and_serves_fifo() -> None:

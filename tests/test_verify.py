@@ -93,7 +93,7 @@ def test_effective_args_match() -> None:
         host="node1",
     )
     assert check.ok, check.detail
-    assert check.host == "node1" and check.fix is None
+    assert check.host == "node1" and check.fix == ""
     assert "max_num_seqs=64" in check.detail
 
 
@@ -208,15 +208,27 @@ def test_ray_checks_on_real_output() -> None:
 
 
 def test_check_serializes() -> None:
-    """Check.to_dict carries every field."""
-    c = Check("kv-pool", "node1", False, "x", "y")
+    """Check.to_dict carries every field; a warning is not a failure."""
+    c = Check("kv-pool", "node1", "fail", "x", "y")
     assert c.to_dict() == {
         "name": "kv-pool",
         "host": "node1",
+        "status": "fail",
         "ok": False,
         "detail": "x",
         "fix": "y",
     }
+    assert Check("kv-pool", "node1", "warn", "x").ok
+
+
+def test_one_check_type() -> None:
+    """doctor and post-boot verification report in the same Check type."""
+    from spark_ops.doctor import Check as DoctorCheck
+    from spark_ops.doctor.report import DoctorReport
+
+    assert DoctorCheck is Check
+    report = DoctorReport("c1", "inv.yaml")
+    assert type(report.add("ssh", "node1", "fail", "no answer", "start sshd")) is Check
 
 
 def test_bad_memory_value_is_an_error() -> None:

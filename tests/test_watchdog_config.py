@@ -101,3 +101,24 @@ def test_documented_example_loads_with_the_defaults() -> None:
     )
     assert cfg.probe == default.probe and cfg.budget == default.budget
     assert cfg.paths == default.paths and cfg.engine == default.engine
+
+
+def test_one_rule_for_the_journal_and_lock_paths(tmp_path: Path) -> None:
+    """The watchdog's config, spark-ops' inventory and history.py find the same journal and lock
+    beside a history file; no other module spells those names."""
+    from spark_ops.inventory import WatchdogSettings
+    from spark_ops.watchdog import history
+
+    cfg = parse_config({**MINIMAL, "paths": {"dir": str(tmp_path), "history": "h"}})
+    wd = WatchdogSettings(restart_command="true", history_file=cfg.paths.history)
+    assert cfg.paths.journal == wd.journal_path == history.default_journal(cfg.paths.history)
+    assert cfg.paths.lock == wd.lock_path == history.default_lock(cfg.paths.history)
+    own = WatchdogSettings("true", "h", lock_file="/x/l", journal_file="/x/j")
+    assert (own.lock_path, own.journal_path) == ("/x/l", "/x/j")
+    root = Path(__file__).resolve().parents[1] / "spark_ops"
+    spelled = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if p != root / "watchdog" / "history.py" and '.journal.jsonl"' in p.read_text()
+    ]
+    assert spelled == []

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from spark_ops.engine.metrics import kv_pool_tokens, metric_sums
 from spark_ops.log import get_logger
-from spark_ops.verify.parse import parse_cache_config_info
 
 if TYPE_CHECKING:
     from spark_ops.bench.client import StreamClient
@@ -19,46 +19,6 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 PREEMPTIONS = "vllm:num_preemptions_total"
 WANTED = (GENERATION_TOKENS, RUNNING, WAITING, PREEMPTIONS)
-
-
-def kv_pool_tokens(metrics_text: str) -> int | None:
-    """The KV pool in tokens from `vllm:cache_config_info` (num_gpu_blocks x block_size)."""
-    labels = parse_cache_config_info(metrics_text)
-    try:
-        return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
-    except (KeyError, ValueError):
-        pass
-    try:
-        return int(labels["kv_cache_size_tokens"])
-    except (KeyError, ValueError):
-        return None
-
-
-def parse_prometheus(text: str, names: tuple[str, ...] = WANTED) -> dict[str, float]:
-    """Sum each wanted metric over its label sets (engines add up); absent names are left out."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        brace = line.find("{")
-        space = line.find(" ")
-        if space < 0:
-            continue
-        end = brace if 0 <= brace < space else space
-        name = line[:end]
-        if name not in names:
-            continue
-        close = line.rfind("}")
-        rest = line[close + 1 :] if brace >= 0 and close > brace else line[space:]
-        parts = rest.split()
-        if not parts:
-            continue
-        try:
-            value = float(parts[0])
-        except ValueError:
-            continue
-        out[name] = out.get(name, 0.0) + value
-    return out
 
 
 @dataclass
@@ -114,7 +74,7 @@ class MetricsScraper:
         if status != 200:
             self._disable(f"HTTP {status}")
             return {}
-        values = parse_prometheus(text)
+        values = metric_sums(text, WANTED)
         if self.kv_tokens is None:
             self.kv_tokens = kv_pool_tokens(text)
         if not values:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from spark_ops.bench.stats import LevelResult
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.errors import BenchError
+from spark_ops.files import write_file
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -161,11 +162,8 @@ def write_csv(result: SweepResult, path: Path) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    """Write text to path, as BenchError naming the path on failure."""
-    try:
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise BenchError(f"{path}: cannot write: {exc.strerror}") from exc
+    """Write text to path atomically, as BenchError naming the path on failure."""
+    write_file(path, text, error=BenchError)
 
 
 def load_result(path: Path) -> SweepResult:

@@ -295,4 +295,7 @@ def compare_cmd(before: Path, after: Path, json_path: Path | None) -> None:
     out = Console()
     out.print(report.render_compare_text(cmp, width=max(out.width, 150)), end="", highlight=False)
     if json_path:
-        json_path.write_text(json.dumps(cmp.to_dict(), indent=2) + "\n", encoding="utf-8")
+        from spark_ops.errors import BenchError
+        from spark_ops.files import write_file
+
+        write_file(json_path, json.dumps(cmp.to_dict(), indent=2) + "\n", error=BenchError)

@@ -413,7 +413,10 @@ def cli(ctx: click.Context, **kw: Any) -> int:
     if kw["json_path"]:
         import json
 
-        kw["json_path"].write_text(json.dumps(outcome.to_dict(), indent=2, default=str) + "\n")
+        from spark_ops.files import write_file
+
+        text = json.dumps(outcome.to_dict(), indent=2, default=str) + "\n"
+        write_file(kw["json_path"], text)
         click.echo(f"wrote {kw['json_path']}", err=True)
     if outcome.interrupted:
         return int(ExitStatus.ABORTED)

@@ -19,22 +19,6 @@ def _fail(err: SparkOpsError) -> None:
     raise SystemExit(int(err.exit_status))
 
 
-def write_atomically(path: Path, text: str) -> Path:
-    """Back up PATH, then replace it atomically: spark-ops' one local writer (history.py's).
-
-    Temp file, fsync, rename, directory fsync; a symlink is written through and kept; the backup
-    follows the one naming rule, and rotation removes only backups of that name.
-    """
-    from spark_ops.watchdog import history
-
-    try:
-        backup = history.write_backup(str(path), path.read_bytes(), history.DEFAULT_KEEP_BACKUPS)
-        history.atomic_write(str(path), text.encode("utf-8"))
-    except (OSError, history.HistoryFailure) as exc:
-        raise RecipeError(f"{path}: not written: {getattr(exc, 'strerror', None) or exc}") from exc
-    return Path(backup)
-
-
 @click.group(name="recipe")
 def cli() -> None:
     """Edit, render and inspect vLLM recipe files."""
@@ -67,7 +51,7 @@ def set_cmd(
 ) -> None:
     """Change knobs in FILE with a minimal diff; show the diff, then write atomically."""
     from spark_ops.recipe import changes_from_options
-    from spark_ops.recipe.files import edit_file
+    from spark_ops.recipe.files import edit_file, write_edit
 
     try:
         changes = changes_from_options(
@@ -98,7 +82,7 @@ def set_cmd(
             return
         if not yes and not click.confirm(f"Write {target}?", default=False):
             raise Aborted(f"{target}: not written (declined)")
-        backup = write_atomically(target, result.text)
+        backup = write_edit(landed)
         click.echo(f"wrote {target} (backup {backup.name})")
     except SparkOpsError as err:
         _fail(err)

@@ -13,6 +13,7 @@ from spark_ops.discover.options import (
     Finding,
 )
 from spark_ops.errors import InventoryError
+from spark_ops.files import sha256_of, write_file
 from spark_ops.inventory import (
     Cluster,
 )
@@ -130,8 +131,6 @@ def check_output(path: str | Path, *, force: bool = False) -> Path:
 def write_inventory(path: str | Path, text: str, *, force: bool = False) -> Path:
     """Write the inventory file; refuse to replace an existing one unless force."""
     p = check_output(path, force=force)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(p)
+    expect = None if force else sha256_of(None)  # one that appears meanwhile is not replaced
+    write_file(p, text, error=InventoryError, make_parents=True, expect_sha256=expect)
     return p

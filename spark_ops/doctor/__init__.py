@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from spark_ops.doctor.engine import EngineChecks
 from spark_ops.doctor.nodes import NodeChecks
-from spark_ops.doctor.report import STATUSES, Check, Checker, DoctorReport
+from spark_ops.doctor.report import Checker, DoctorReport
 from spark_ops.doctor.watchdog import WatchdogChecks, command_program
 from spark_ops.inventory import Cluster
 from spark_ops.remote import ClusterSession
+from spark_ops.verify.checks import STATUSES, Check
 
 __all__ = [
     "STATUSES",

@@ -2,32 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops.remote import ClusterSession
-
-STATUSES = ("ok", "warn", "fail")
-
-
-@dataclass
-class Check:
-    """One checked precondition: what, where, ok / warn / fail, what was seen, how to fix it."""
-
-    name: str
-    host: str
-    status: str
-    detail: str
-    fix: str = ""
-
-    def __post_init__(self) -> None:
-        """Refuse a status outside ok / warn / fail."""
-        if self.status not in STATUSES:
-            raise ValueError(f"Check.status must be one of {STATUSES}, got {self.status!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Serialize for --json."""
-        return asdict(self)
+from spark_ops.verify.checks import STATUSES, Check
 
 
 @dataclass

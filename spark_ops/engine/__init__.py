@@ -3,6 +3,21 @@
 
 from __future__ import annotations
 
-from spark_ops.engine.api import EngineAPI, EngineSnapshot, MetricSample, parse_metrics
+from spark_ops.engine.api import EngineAPI, EngineSnapshot
+from spark_ops.engine.metrics import (
+    MetricSample,
+    kv_pool_tokens,
+    metric_labels,
+    metric_sums,
+    parse_metrics,
+)
 
-__all__ = ["EngineAPI", "EngineSnapshot", "MetricSample", "parse_metrics"]
+__all__ = [
+    "EngineAPI",
+    "EngineSnapshot",
+    "MetricSample",
+    "kv_pool_tokens",
+    "metric_labels",
+    "metric_sums",
+    "parse_metrics",
+]

@@ -7,40 +7,11 @@ Reached directly or through an SSH tunnel to the head (the caller passes the bas
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-@dataclass
-class MetricSample:
-    """One Prometheus sample: name, labels, value."""
-
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
-def parse_metrics(text: str) -> list[MetricSample]:
-    """Parse Prometheus text exposition into samples (comments skipped)."""
-    out = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        labels = dict(_LABEL.findall(m.group(2) or ""))
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        out.append(MetricSample(m.group(1), labels, value))
-    return out
+from spark_ops.engine.metrics import CACHE_CONFIG_INFO, parse_metrics, pool_tokens
 
 
 @dataclass
@@ -67,14 +38,9 @@ class EngineSnapshot:
                 snap.kv_usage = max(snap.kv_usage or 0.0, s.value)
             elif s.name == "vllm:generation_tokens_total":
                 snap.generation_tokens = (snap.generation_tokens or 0) + s.value
-            elif s.name == "vllm:cache_config_info":
+            elif s.name == CACHE_CONFIG_INFO and not snap.cache_config:
                 snap.cache_config = s.labels
-                try:
-                    blocks = int(s.labels.get("num_gpu_blocks", ""))
-                    size = int(s.labels.get("block_size", ""))
-                    snap.kv_tokens = blocks * size
-                except ValueError:
-                    pass
+                snap.kv_tokens = pool_tokens(s.labels)
         return snap
 
     def to_dict(self) -> dict[str, Any]:

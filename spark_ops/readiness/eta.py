@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from spark_ops.errors import SparkOpsError
+from spark_ops.files import write_file
 from spark_ops.log import get_logger
 from spark_ops.readiness.phases import PHASE_ORDER, Phase
 
@@ -100,19 +101,14 @@ class BootHistory:
         }
 
     def _save(self, everything: Mapping[str, Any]) -> None:
-        """Write the file atomically (temp file in the same directory, then rename)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Write the file with spark-ops' one local writer (temp file, fsyncs, rename)."""
         payload = json.dumps(
             {"version": FORMAT_VERSION, "clusters": everything}, indent=1, sort_keys=True
         )
-        fd, tmp = tempfile.mkstemp(prefix=".boots-", suffix=".json", dir=self.path.parent)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(payload + "\n")
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            write_file(self.path, payload + "\n", make_parents=True)
+        except SparkOpsError as exc:  # only a cache: a boot is not failed for want of its ETA
+            _log().warning("boot_history_not_saved", path=str(self.path), error=exc.message)
 
 
 def estimate(cluster: str, *, path: str | os.PathLike[str] | None = None) -> dict[str, float]:

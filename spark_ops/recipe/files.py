@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spark_ops.errors import RecipeError
+from spark_ops.files import DEFAULT_KEEP_BACKUPS, sha256_of, write_file
 from spark_ops.recipe.changes import Change
 from spark_ops.recipe.dialect import Dialect, detect_dialect
 from spark_ops.recipe.edit import edit_recipe
@@ -55,3 +56,22 @@ def edit_file(
         )
     result = edit_recipe(text, changes, source=str(path), vllm_version=vllm_version)
     return FileEdit(str(path), result, [])
+
+
+def write_edit(landed: FileEdit, *, keep_backups: int = DEFAULT_KEEP_BACKUPS) -> Path:
+    """Write a confirmed edit to the file it lands in, with a backup; return the backup's path.
+
+    Written only if the file still holds the text the edit was made from (a colleague's change
+    meanwhile is refused, naming the file); through spark-ops' one local writer: atomic, mode
+    kept, a symlink written through, the backup named and rotated by the one rule.
+    """
+    target = Path(landed.target)
+    backup = write_file(
+        target,
+        landed.edit.text,
+        error=RecipeError,
+        keep_backups=max(keep_backups, 1),
+        expect_sha256=sha256_of(landed.edit.original.encode("utf-8")),
+    )
+    assert backup is not None  # the file was there: its digest matched what was read
+    return backup

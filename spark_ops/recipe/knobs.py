@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 
 from spark_ops.errors import KnobError, excerpt
 
@@ -105,7 +104,12 @@ LEGACY_MOE_SETTINGS: dict[str, dict[str, str | None]] = {
     "auto": dict.fromkeys(LEGACY_MOE_ENV),
 }
 
-_KV_RE = re.compile(r"^(?:(\d+)|(\d+)([KMGT])|(\d+(?:\.\d+)?)([kmgt]))$")
+# vLLM's human-readable ints (`--kv-cache-memory-bytes`, `--max-model-len`, ...): a number with one
+# suffix, K M G T binary, k m g t decimal (decimals only with these, computed in floating point as
+# vLLM does: 4.35k is 4349), else whatever Python's int() takes.
+_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+# spark-ops writes sizes only in this plain form (no sign, space, underscore or non-ASCII digit).
+_KV_RE = re.compile(r"^[0-9]+(?:\.[0-9]+)?[kKmMgGtT]?$")
 _KV_ACCEPTED = (
     "a plain integer (bytes), or a number with one suffix: uppercase K M G T are binary "
     "(60G = 64424509440), lowercase k m g t decimal (60g = 60000000000); decimals only "
@@ -145,6 +149,34 @@ def parse_kv_cache_memory(value: str, *, check_range: bool = True) -> int:
     return size
 
 
+def parse_human_int(text: str) -> int:
+    """The int vLLM makes of a human-readable value (60G, 60g, 1.5g, 1024); ValueError if none.
+
+    spark-ops' one size parser: the recipe's knobs check values with it (adding their own rules)
+    and the simulated vLLM parses its command line with it.
+    """
+    value = text.strip()
+    match = _SUFFIXED.fullmatch(value)
+    if match is not None and match.group(2).isupper() and "." in match.group(1):
+        raise ValueError(
+            f"invalid value {excerpt(text)}: decimals are allowed only with lowercase (decimal) "
+            "suffixes k m g t"
+        )
+    try:
+        if match is None:
+            return int(value)
+        number, suffix = match.groups()
+        power = "kmgt".index(suffix.lower()) + 1
+        if suffix.islower():
+            return int(float(number) * 1000**power)
+        return int(number) * 1024**power
+    except (ValueError, OverflowError):
+        raise ValueError(
+            f"invalid value {excerpt(text)}: use an integer or a number with one suffix "
+            "(K M G T binary, k m g t decimal)"
+        ) from None
+
+
 def _parse_kv_size(value: str) -> int:
     """The byte count a --kv-cache-memory-bytes value names (no range check)."""
     text = str(value).strip()
@@ -152,22 +184,15 @@ def _parse_kv_size(value: str) -> int:
         raise KnobError(
             f"--kv-cache-memory-bytes: {excerpt(value)} is not accepted; use {_KV_ACCEPTED}"
         )
-    match = _KV_RE.match(text)
-    if not match:
+    try:
+        if not _KV_RE.match(text):
+            raise ValueError(text)
+        return parse_human_int(text)
+    except ValueError:
         raise KnobError(
             f"--kv-cache-memory-bytes: {excerpt(value)} is not accepted; use {_KV_ACCEPTED}",
             hint="e.g. 60G, 60g, 1.5g or 64424509440",
-        )
-    plain, binary, bunit, decimal, dunit = match.groups()
-    if plain is not None:
-        return int(plain)
-    if binary is not None:
-        return int(binary) * 1024 ** ("KMGT".index(bunit) + 1)
-    try:
-        amount = Decimal(decimal) * 1000 ** ("kmgt".index(dunit) + 1)
-    except InvalidOperation as exc:  # pragma: no cover - the regex admits only digits
-        raise KnobError(f"--kv-cache-memory-bytes: {excerpt(value)}: {exc}") from exc
-    return int(amount)
+        ) from None
 
 
 def parse_max_num_seqs(value: object, *, check_range: bool = True) -> int:

@@ -8,6 +8,13 @@ from collections.abc import Iterable
 
 from spark_ops.errors import InputError, excerpt
 from spark_ops.inventory import EngineSettings
+from spark_ops.watchdog.history import (
+    BACKUP_COUNTER_DIGITS,
+    BACKUP_INFIX,
+    BACKUP_TIME_FORMAT,
+    ROLLED_BACK,
+    backup_tag_pattern,
+)
 
 MISSING_EXIT = 44  # our own exit code for "file does not exist"
 MISMATCH_EXIT = 45  # the file changed under us (compare-and-swap failed)
@@ -73,24 +80,43 @@ def replace_undecodable(text: str) -> str:
 # Shell programs run on the nodes. Arguments are passed as positional parameters ($1, $2 …) of
 # `sh -c`, never spliced into the program text.
 #
-# The backup naming and rotation rule is watchdog/history.py's (BACKUP_TAG_RE), written here in
-# sh: <file>.bak.<date -u +%Y%m%dT%H%M%S.%6NZ>[-N][.rolled-back]; rotation removes only names of
-# that shape. A symlink is written through: the staged file goes beside its target, the target is
+# The backup naming and rotation rule is watchdog/history.py's, rendered here into sh from its
+# constants (one rule, two renderings; tests/test_backup_rule.py runs both on the same names):
+# <file>.bak.<date -u +%Y%m%dT%H%M%S.%6NZ>[-N][.rolled-back]; rotation removes only names of that
+# shape. A symlink is written through: the staged file goes beside its target, the target is
 # renamed over, the link stays, and the backup beside the link is a copy of the old content.
-_COMMON = r"""
+_TAG_GLOB = backup_tag_pattern(lambda n: "[0-9]" * n, lambda ch: ch)
+_OURS_CASES = "|".join(
+    ["$TAG"] + ["$TAG-" + "[0-9]" * k for k in range(1, BACKUP_COUNTER_DIGITS + 1)]
+)
+_COMMON = (
+    r"""
 export LC_ALL=C
-D8='[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]'
-TAG="${D8}T[0-9][0-9][0-9][0-9][0-9][0-9].[0-9][0-9][0-9][0-9][0-9][0-9]Z"
+TAG='"""
+    + _TAG_GLOB
+    + r"""'
 ours() {  # $1 a backup name of $p: made by spark-ops (the naming rule), not the operator's own
-  s=${1#"$p".bak.}; s=${s%.rolled-back}
-  case $s in $TAG|$TAG-[0-9]|$TAG-[0-9][0-9]|$TAG-[0-9][0-9][0-9]) return 0 ;; esac
+"""
+    + '  s=${1#"$p"'
+    + BACKUP_INFIX
+    + "}; s=${s%"
+    + ROLLED_BACK
+    + "}"
+    + r"""
+  case $s in """
+    + _OURS_CASES
+    + r""") return 0 ;; esac
   return 1
 }
+backup_tag() { date -u +"""
+    + BACKUP_TIME_FORMAT.replace("%f", "%6N")
+    + r"""; }  # the time part of a new backup's name
 resolve() {  # t= the file a write to $1 replaces: $1, or the end of its symlink chain
   if [ -L "$1" ]; then t=$(readlink -f -- "$1"; echo .); t=${t%??}; else t=$1; fi
 }
 dir_of() { case $1 in */*) d=${1%/*}; [ -n "$d" ] || d=/ ;; *) d=. ;; esac; }  # d= its directory
 """
+)
 
 STAGE_SH = (
     _COMMON
@@ -140,7 +166,7 @@ resolve "$p"
 [ "$t" = "$t0" ] || { rm -f -- "$tmp"; echo "$p now points to $t, not $t0" >&2; exit 45; }
 bk=
 if [ -e "$t" ]; then
-  base="$p.bak.$(date -u +%Y%m%dT%H%M%S.%6NZ)"; bk=$base$label; n=0
+  base="$p.bak.$(backup_tag)"; bk=$base$label; n=0
   while [ -e "$bk" ] || [ -L "$bk" ]; do n=$((n + 1)); bk=$base-$n$label; done
   if [ -L "$p" ] || ! ln -- "$t" "$bk" 2>/dev/null; then
     if ! { cp -p -- "$t" "$bk.part" && mv -f -- "$bk.part" "$bk"; }; then

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -111,29 +110,3 @@ def active_fault(cfg: dict[str, Any]) -> str | None:
     if fault and fault not in FAULTS:
         raise SimConfigError(f"sim fault {fault!r} unknown; allowed: {', '.join(FAULTS)}")
     return str(fault) if fault else None
-
-
-_HUMAN = re.compile(r"^(\d+(?:\.\d+)?)([kmgtKMGT]?)$")
-
-
-def parse_human_int(text: str) -> int:
-    """Parse vLLM's human-readable int: 60G binary, 60g decimal, decimals only with k/m/g/t."""
-    match = _HUMAN.match(text.strip())
-    if not match:
-        raise ValueError(
-            f"invalid value {text!r}: use an integer or a number with one suffix "
-            "(K M G T binary, k m g t decimal)"
-        )
-    number, suffix = match.groups()
-    if not suffix:
-        if "." in number:
-            raise ValueError(f"invalid value {text!r}: a plain number must be an integer")
-        return int(number)
-    if suffix.isupper():
-        if "." in number:
-            raise ValueError(
-                f"invalid value {text!r}: decimals are allowed only with lowercase (decimal) "
-                "suffixes k m g t"
-            )
-        return int(number) << (10 * ("KMGT".index(suffix) + 1))
-    return int(Decimal(number) * 1000 ** ("kmgt".index(suffix) + 1))

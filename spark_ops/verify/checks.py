@@ -9,22 +9,39 @@ from typing import Any
 
 from spark_ops.verify.parse import ComputeApp, RayStatus, XidEvent
 
+STATUSES = ("ok", "warn", "fail")
+
 
 @dataclass(frozen=True)
 class Check:
-    """The outcome of one post-boot check on one host."""
+    """One check on one host: what, where, ok / warn / fail, what was seen, how to fix it.
+
+    The one check record of spark-ops: post-boot verification (here) and `doctor` (doctor/report.py)
+    both report in it.
+    """
 
     name: str
     host: str
-    ok: bool
+    status: str
     detail: str
-    fix: str | None = None
+    fix: str = ""
+
+    def __post_init__(self) -> None:
+        """Refuse a status outside ok / warn / fail."""
+        if self.status not in STATUSES:
+            raise ValueError(f"Check.status must be one of {STATUSES}, got {self.status!r}")
+
+    @property
+    def ok(self) -> bool:
+        """True unless the check failed (a warning is not a failure)."""
+        return self.status != "fail"
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
         return {
             "name": self.name,
             "host": self.host,
+            "status": self.status,
             "ok": self.ok,
             "detail": self.detail,
             "fix": self.fix,
@@ -77,14 +94,14 @@ def check_effective_args(
         return Check(
             "effective-args",
             host,
-            False,
+            "fail",
             "; ".join(wrong),
             "the engine did not get the recipe's flags: check the rendered command "
             "(spark-ops recipe show) and that the restart used the edited recipe",
         )
     shown = ", ".join(f"{_key(k)}={args.get(_key(k))!r}" for k in expected)
     return Check(
-        "effective-args", host, True, f"as expected: {shown}" if shown else "nothing expected"
+        "effective-args", host, "ok", f"as expected: {shown}" if shown else "nothing expected"
     )
 
 
@@ -107,25 +124,25 @@ def check_kv_pool(
         return Check(
             "kv-pool",
             host,
-            False,
+            "fail",
             "no `KV cache size: N tokens` line in the engine log",
             "read the engine log around KV cache allocation (it may be incomplete)",
         )
     if previous_tokens is None:
-        return Check("kv-pool", host, True, f"{tokens:,} tokens (no earlier boot to compare)")
+        return Check("kv-pool", host, "ok", f"{tokens:,} tokens (no earlier boot to compare)")
     if kv_memory_changed:
         return Check(
             "kv-pool",
             host,
-            True,
+            "ok",
             f"{tokens:,} tokens (was {previous_tokens:,}; KV cache memory was changed)",
         )
     if tokens == previous_tokens:
-        return Check("kv-pool", host, True, f"{tokens:,} tokens, same as the previous boot")
+        return Check("kv-pool", host, "ok", f"{tokens:,} tokens, same as the previous boot")
     return Check(
         "kv-pool",
         host,
-        False,
+        "fail",
         f"{tokens:,} tokens, previous boot had {previous_tokens:,} with the same KV cache memory",
         "check that --kv-cache-memory-bytes reached the engine (non-default args) and that no "
         "leftover process holds memory on a node",
@@ -146,17 +163,17 @@ def check_mem_available(
         return Check(
             "mem-available",
             host,
-            False,
+            "fail",
             "no MemAvailable in /proc/meminfo",
             "read /proc/meminfo on the node by hand (kernel older than 3.14?)",
         )
     detail = f"MemAvailable {_gib(available)} (minimum {_gib(min_bytes)})"
     if available >= min_bytes:
-        return Check("mem-available", host, True, detail)
+        return Check("mem-available", host, "ok", detail)
     return Check(
         "mem-available",
         host,
-        False,
+        "fail",
         detail,
         "memory is short: look for leftover GPU processes (nvidia-smi --query-compute-apps) "
         "and page cache pressure; lower --kv-cache-memory-bytes if the boot took it all",
@@ -181,7 +198,7 @@ def check_no_new_xid(
         elif when >= since:
             new.append(event)
     if not new:
-        return Check("xid", host, True, f"no Xid since {since.isoformat()}")
+        return Check("xid", host, "ok", f"no Xid since {since.isoformat()}")
     codes = ", ".join(sorted({f"{e.code} ({e.name})" for e in new}))
     detail = f"{len(new)} Xid event(s) since {since.isoformat()}: {codes}"
     if undated:
@@ -189,7 +206,7 @@ def check_no_new_xid(
     return Check(
         "xid",
         host,
-        False,
+        "fail",
         detail,
         "read `journalctl -k | grep Xid` on the node; 79/119/120 usually need a reboot of the "
         "node, repeated 13/31/43 under load point at the driver or the kernel flags",
@@ -225,7 +242,7 @@ def check_no_stale_gpu_processes(
         return Check(
             "stale-gpu-processes",
             host,
-            False,
+            "fail",
             f"{len(stale)} GPU process(es) older than the restart: {'; '.join(stale)}{note}",
             "stop them (kill the pids, or restart the container); if memory stays taken, reboot "
             "the node: GPU memory of a failed start is not always freed",
@@ -233,7 +250,7 @@ def check_no_stale_gpu_processes(
     return Check(
         "stale-gpu-processes",
         host,
-        True,
+        "ok",
         f"{count} GPU process(es), none older than the restart{note}",
     )
 
@@ -244,19 +261,19 @@ def check_ray_nodes(status: RayStatus, *, expected: int, host: str = "") -> Chec
         return Check(
             "ray-nodes",
             host,
-            False,
+            "fail",
             f"Ray head unreachable: {status.error}",
             "start Ray on the head (ray start --head) and check its container",
         )
     if not status.ready:
-        return Check("ray-nodes", host, False, "Ray has no cluster status yet", "retry in a few s")
+        return Check("ray-nodes", host, "fail", "Ray has no cluster status yet", "retry in a few s")
     n = len(status.active)
     if n >= expected:
-        return Check("ray-nodes", host, True, f"{n} active node(s) (expected {expected})")
+        return Check("ray-nodes", host, "ok", f"{n} active node(s) (expected {expected})")
     return Check(
         "ray-nodes",
         host,
-        False,
+        "fail",
         f"{n} active node(s), expected {expected} (ray status names no missing node; "
         "map IPs with `ray list nodes`)",
         "start Ray on the missing worker (ray start --address=HEAD:6379) with the same network "

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from spark_ops.engine.metrics import CACHE_CONFIG_INFO, metric_labels
 from spark_ops.errors import VerifyError
 from spark_ops.readiness.phases import KV_CACHE_SIZE_RE, parse_args_literal
 
@@ -44,16 +45,9 @@ def parse_kv_cache_tokens(text: str) -> int | None:
     return int(matches[-1].replace(",", "")) if matches else None
 
 
-_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
 def parse_cache_config_info(metrics_text: str) -> dict[str, str]:
     """Labels of the `vllm:cache_config_info` gauge in /metrics (kv_cache_memory_bytes, ...)."""
-    for line in metrics_text.splitlines():
-        if line.startswith("vllm:cache_config_info{"):
-            body = line[line.index("{") + 1 : line.rindex("}")]
-            return dict(_LABEL_RE.findall(body))
-    return {}
+    return metric_labels(metrics_text, CACHE_CONFIG_INFO)
 
 
 # ---- /proc/meminfo --------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import WatchdogError
+from spark_ops.watchdog.history import default_journal, default_lock
 
 DEFAULT_CONFIG = "/etc/spark-watchdog/config.yaml"
 DEFAULT_STATE_DIR = "/var/lib/spark-watchdog"
@@ -260,8 +261,8 @@ def parse_config(data: Any, *, source: str = "<config>") -> WatchdogConfig:
         dir=str(base),
         history=history,
         format=r.text("format", "auto", choices=HISTORY_FORMATS) or "auto",
-        journal=_resolve(base, r.text("journal", None), history + ".journal.jsonl"),
-        lock=_resolve(base, r.text("lock", None), history + ".lock"),
+        journal=_resolve(base, r.text("journal", None), default_journal(history)),
+        lock=_resolve(base, r.text("lock", None), default_lock(history)),
         lock_timeout=r.number("lock_timeout", PathsConfig.lock_timeout, minimum=0),
         pause=_resolve(base, r.text("pause", None), "pause"),
         gave_up=_resolve(base, r.text("gave_up", None), "gave-up"),

@@ -226,7 +226,7 @@ class WatchdogContract:
     @property
     def journal(self) -> str:
         """The journal on the head: the watchdog's, else spark-ops' own beside the history."""
-        return self.wd.journal_file or f"{self.wd.history_file}.journal.jsonl"
+        return self.wd.journal_path
 
     def _locking(self) -> list[str]:
         """Lock and journal arguments for changes."""

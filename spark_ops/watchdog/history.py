@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import fcntl
 import json
 import math
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Union
 
@@ -460,25 +461,61 @@ def _read_bytes(path: str) -> tuple[bytes, bool]:
         raise HistoryFailure(f"cannot read history {path}: {exc.strerror}", path=path) from None
 
 
-# The one backup naming rule of spark-ops, shared by this file, the local recipe writer
-# (cli/recipe.py) and the remote writer (remote/shell.py builds the same names with `date`):
-# <file>.bak.<UTC YYYYmmddTHHMMSS.ffffffZ>[-N][.rolled-back]. Rotation removes only names of this
-# shape: an operator's own `recipe.yaml.bak.known-good` is never touched. `.rolled-back` marks the
-# copy a rollback moved away from, so a rollback and its re-run restore the same version.
-BACKUP_TAG_RE = re.compile(r"^\d{8}T\d{6}\.\d{6}Z(?:-\d{1,4})?(?:\.rolled-back)?$")
+# The one backup naming rule of spark-ops, shared by this file, the local writer every other
+# spark-ops module uses (spark_ops/files.py calls atomic_write and write_backup here) and the remote
+# writer (remote/shell.py renders the same rule into sh from the constants below, and a test runs
+# both against the same names): <file>.bak.<UTC YYYYmmddTHHMMSS.ffffffZ>[-N][.rolled-back].
+# Rotation removes only names of this shape: an operator's own `recipe.yaml.bak.known-good` is never
+# touched. `.rolled-back` marks the copy a rollback moved away from, so a rollback and its re-run
+# restore the same version. The writer lives here, not in a module of its own, because this file
+# is sent alone to the head's python3 (`python3 - ARGS`), where spark_ops cannot be imported.
+BACKUP_INFIX = ".bak."
+BACKUP_TIME_FORMAT = "%Y%m%dT%H%M%S.%fZ"  # datetime.strftime; GNU date spells %f as %6N
+BACKUP_COUNTER_DIGITS = 4  # the -N that makes a name unique: 1 to 4 digits
 ROLLED_BACK = ".rolled-back"
+_FORMAT_DIGITS = {"Y": 4, "m": 2, "d": 2, "H": 2, "M": 2, "S": 2, "f": 6}
+
+
+def backup_tag_pattern(digits: Callable[[int], str], literal: Callable[[str], str]) -> str:
+    """Render the time part of the naming rule as a pattern: digits(n) per field, literal text."""
+    parts, fmt = [], BACKUP_TIME_FORMAT
+    i = 0
+    while i < len(fmt):
+        if fmt[i] == "%":
+            parts.append(digits(_FORMAT_DIGITS[fmt[i + 1]]))
+            i += 2
+        else:
+            parts.append(literal(fmt[i]))
+            i += 1
+    return "".join(parts)
+
+
+BACKUP_TAG_RE = re.compile(
+    "^"
+    + backup_tag_pattern(lambda n: rf"\d{{{n}}}", re.escape)
+    + rf"(?:-\d{{1,{BACKUP_COUNTER_DIGITS}}})?(?:{re.escape(ROLLED_BACK)})?$"
+)
 
 
 def backup_tag(now: float) -> str:
     """Return the sortable UTC time tag of a backup name, with microseconds."""
-    whole = int(now)
-    micro = round((now - whole) * 1_000_000) % 1_000_000
-    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(whole)) + f".{micro:06d}Z"
+    moment = datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
+    return moment.strftime(BACKUP_TIME_FORMAT)
+
+
+def backup_name(path: str, tag: str, n: int = 0, label: str = "") -> str:
+    """Return the name of the n-th backup of path made at tag (n > 0 when the name was taken)."""
+    return path + BACKUP_INFIX + tag + (f"-{n}" if n else "") + label
+
+
+def backup_tag_of(name: str) -> str:
+    """Return what follows ``.bak.`` in a backup's name (its tag, counter and label)."""
+    return os.path.basename(name).rpartition(BACKUP_INFIX)[2]
 
 
 def backup_prefix(path: str) -> str:
     """Return the prefix of backup files of path (``<history>.bak.``)."""
-    return os.path.basename(path) + ".bak."
+    return os.path.basename(path) + BACKUP_INFIX
 
 
 def is_backup_name(path: str, name: str) -> bool:
@@ -504,11 +541,11 @@ def write_backup(path: str, data: bytes, keep: int, *, label: str = "") -> str:
     backup, with no copy); where links are not possible its bytes are written atomically. A symlink
     is never linked: its target's content is copied, so the backup cannot follow the live file.
     """
-    base = path + ".bak." + backup_tag(time.time())
-    target, n = base + label, 0
+    tag, n = backup_tag(time.time()), 0
+    target = backup_name(path, tag, n, label)
     while os.path.lexists(target):
         n += 1
-        target = f"{base}-{n}{label}"
+        target = backup_name(path, tag, n, label)
     try:
         if os.path.islink(path):
             raise OSError("a symlink is copied, not linked")

@@ -10,7 +10,7 @@ from spark_ops.errors import (
 )
 from spark_ops.recipe import edit_recipe, knob_values, render_recipe, unified_diff
 from spark_ops.remote import sha256
-from spark_ops.watchdog.history import ROLLED_BACK
+from spark_ops.watchdog.history import ROLLED_BACK, backup_tag_of
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, Plan
 from spark_ops.workflows.postboot import kv_pool
@@ -145,7 +145,7 @@ def rollback_source(names: list[str], to: str | None) -> str | None:
     A backup a rollback made (`.rolled-back`, the version rolled away from) is never the default:
     a rollback and its re-run restore the same version and then find nothing to do.
     """
-    tags = [(b, b.rsplit(".bak.", 1)[-1]) for b in names]
+    tags = [(b, backup_tag_of(b)) for b in names]
     if to is not None:
         chosen = [b for b, tag in tags if to in tag]
     else:
@@ -164,7 +164,7 @@ async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None
             raise RecipeError(
                 f"{host}:{op.cluster.recipe.path}: no backup"
                 + (f" matching {to!r}" if to else "")
-                + (f"; backups are {[b.rsplit('.bak.', 1)[-1] for b in names]}" if names else ""),
+                + (f"; backups are {[backup_tag_of(b) for b in names]}" if names else ""),
                 hint="spark-ops rollback --list shows them",
             )
         backup_text = await op.session.read_file(host, chosen, sudo=True)

@@ -42,12 +42,12 @@ async def verify_boot(
     mem = await op.session.run_all("cat /proc/meminfo", [n.name for n in c.workers], check=False)
     for host, res in mem.items():
         if isinstance(res, SparkOpsError):
-            checks.append(verify.Check("mem-available", host, False, res.message))
+            checks.append(verify.Check("mem-available", host, "fail", res.message))
         else:
             try:
                 info = verify.parse_meminfo(res.stdout)
             except VerifyError as exc:
-                checks.append(verify.Check("mem-available", host, False, exc.message))
+                checks.append(verify.Check("mem-available", host, "fail", exc.message))
                 continue
             checks.append(verify.check_mem_available(info, min_bytes=floor, host=host))
     since = plan.facts.get("restart_at")
@@ -71,9 +71,9 @@ async def _still_serving(op: Operation, head: str) -> verify.Check:
     async with op.engine(timeout=timeout) as api:
         ok = await api.complete(timeout)
     if ok:
-        return verify.Check("still-serving", head, True, "a second completion answered")
+        return verify.Check("still-serving", head, "ok", "a second completion answered")
     return verify.Check(
-        "still-serving", head, False,
+        "still-serving", head, "fail",
         f"the engine answered once, then no completion within {timeout:.0f} s",
         "a worker may have died after the boot (wedged TP group): spark-ops status, ray status",
     )  # fmt: skip
@@ -109,13 +109,13 @@ async def _xid_checks(op: Operation, since: float) -> list[verify.Check]:
     checks = []
     for host, res in results.items():
         if isinstance(res, SparkOpsError):
-            checks.append(verify.Check("xid", host, False, res.message))
+            checks.append(verify.Check("xid", host, "fail", res.message))
             continue
         head, _, body = res.stdout.partition("\n")
         if head.strip() == "SOURCE=none":
             checks.append(
                 verify.Check(
-                    "xid", host, True, "unknown: neither journalctl -k nor dmesg is readable here",
+                    "xid", host, "ok", "unknown: neither journalctl -k nor dmesg is readable here",
                     "give the ssh user read access to the kernel log (group adm / systemd-journal)",
                 )
             )  # fmt: skip
@@ -151,7 +151,7 @@ async def _gpu_process_checks(op: Operation, since: float) -> list[verify.Check]
     for host, res in results.items():
         if isinstance(res, SparkOpsError) or not res.ok:
             detail = res.message if isinstance(res, SparkOpsError) else res.stderr.strip()
-            checks.append(verify.Check("stale-gpu-processes", host, False, detail))
+            checks.append(verify.Check("stale-gpu-processes", host, "fail", detail))
             continue
         if res.stdout.startswith("NO_NVIDIA_SMI"):
             continue  # not a GPU node (the embedded cluster): nothing to check
@@ -164,7 +164,7 @@ async def _gpu_process_checks(op: Operation, since: float) -> list[verify.Check]
         try:
             apps = verify.parse_compute_apps(csv_text)
         except VerifyError as exc:
-            checks.append(verify.Check("stale-gpu-processes", host, False, exc.message))
+            checks.append(verify.Check("stale-gpu-processes", host, "fail", exc.message))
             continue
         checks.append(
             verify.check_no_stale_gpu_processes(apps, starts, restart_at=since, host=host)

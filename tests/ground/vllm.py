@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -22,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spark_ops.engine.metrics import metric_sums
+
 from . import GroundError
 from .sshd import free_port, pid_alive
 
@@ -30,7 +31,6 @@ MODELS = ("tiny-llama", "tiny-moe", "tiny-llama-deep")
 SERVED_NAME = "tiny"
 BOOT_TIMEOUT = 300.0
 STOP_TIMEOUT = 30.0
-_METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 OWNER_ENV = "SPARK_GROUND_VLLM_OWNER"
@@ -84,15 +84,8 @@ def vllm_unavailable_reason() -> str | None:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Sum Prometheus samples by metric name {'vllm:num_requests_running': 6.0}."""
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        match = _METRIC_RE.match(line)
-        if not match or line.startswith("#"):
-            continue
-        with contextlib.suppress(ValueError):
-            values[match.group(1)] = values.get(match.group(1), 0.0) + float(match.group(3))
-    return values
+    """Sum samples by metric name {'vllm:num_requests_running': 6.0}: spark-ops' one parser."""
+    return metric_sums(text)
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
@@ -14,6 +13,7 @@ from typing import Any
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.bench.whatif import predicted_sweep
 from spark_ops.errors import ExitStatus, SparkOpsError
+from spark_ops.files import write_file
 from spark_ops.recipe import Change, changes_from_options, parse_kv_cache_memory
 from spark_ops.workflows.experiment.reading import ExperimentReading, read_experiment
 
@@ -189,20 +189,10 @@ class ExperimentState:
             ) from exc
 
     def save(self, path: Path) -> None:
-        """Write atomically: a temp file beside it, fsynced, renamed over it."""
+        """Write atomically with spark-ops' one local writer (temp file, fsyncs, rename)."""
         self.updated_at = now_iso()
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(self.to_dict(), fh, indent=2, ensure_ascii=False)
-                fh.write("\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise ExperimentError(f"{path}: cannot write the experiment state: {exc}") from exc
+        text = json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
+        write_file(path, text, error=ExperimentError, make_parents=True)
 
     @classmethod
     def load(cls, path: Path) -> ExperimentState | None:

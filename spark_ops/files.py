@@ -1,0 +1,65 @@
+"""Local files written the one way spark-ops writes files: atomically, with an optional backup.
+
+The implementation is watchdog/history.py's `atomic_write` and `write_backup` (temp file in the
+same directory, write, fsync, rename, directory fsync; mode and owner kept; a symlink is written
+through; backups named and rotated by the one rule the remote writer shares). It lives there
+because history.py is sent alone to the head's python3; this module is how the rest of spark-ops
+calls it, with errors of the caller's concern naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from spark_ops.errors import SparkOpsError
+from spark_ops.watchdog import history
+
+DEFAULT_KEEP_BACKUPS = history.DEFAULT_KEEP_BACKUPS
+
+
+def write_file(
+    path: str | os.PathLike[str],
+    data: bytes | str,
+    *,
+    error: type[SparkOpsError] = SparkOpsError,
+    keep_backups: int = 0,
+    expect_sha256: str | None = None,
+    make_parents: bool = False,
+) -> Path | None:
+    """Replace path atomically with data; keep a backup when keep_backups > 0 (its path returned).
+
+    expect_sha256: the digest of the content the caller read; if the file holds something else
+    now (a colleague changed it meanwhile), nothing is written and `error` says so. Any failure
+    raises `error` naming the file; nothing half-written is left behind.
+    """
+    target = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        if make_parents:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        backup: str | None = None
+        if expect_sha256 is not None or keep_backups > 0:
+            try:
+                old: bytes | None = target.read_bytes()
+            except FileNotFoundError:
+                old = None
+            if expect_sha256 is not None and sha256_of(old) != expect_sha256:
+                raise error(
+                    f"{target}: changed since it was read; not written",
+                    hint="run the command again to work on the current content",
+                )
+            if keep_backups > 0 and old is not None:
+                backup = history.write_backup(str(target), old, keep_backups)
+        history.atomic_write(str(target), payload)
+    except OSError as exc:
+        raise error(f"{target}: not written: {exc.strerror or exc}") from exc
+    except history.HistoryFailure as exc:
+        raise error(f"{target}: not written: {exc.message}") from exc
+    return Path(backup) if backup else None
+
+
+def sha256_of(data: bytes | None) -> str:
+    """The digest write_file's expect_sha256 compares with ('absent' for a file that is not)."""
+    return "absent" if data is None else hashlib.sha256(data).hexdigest()
