@@ -8,6 +8,7 @@ anywhere.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -331,6 +332,21 @@ _ENGINE_KEYS = (
 _CLUSTER_KEYS = ("tensor_parallel", "ssh", "nodes", "recipe", "watchdog", "engine", "state_dir")
 
 
+_HOST_RE = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")
+
+
+def _host(n: _Section) -> str:
+    """A node's host: a name or an address, never empty, an option or shell text."""
+    host: str = n.get("host", str, required=True)
+    if not _HOST_RE.fullmatch(host) or host.startswith("-"):
+        raise n.error(
+            n.path("host"),
+            f"must be a host name or an IP address (letters, digits and . - _ : %, not starting "
+            f"with -), got {excerpt(host)}",
+        )
+    return host
+
+
 def _load_nodes(sec: _Section, ssh: SSHSettings) -> tuple[Node, ...]:
     """Validate the nodes: mapping (exactly one head)."""
     if not sec.data:
@@ -341,7 +357,7 @@ def _load_nodes(sec: _Section, ssh: SSHSettings) -> tuple[Node, ...]:
         nodes.append(
             Node(
                 name=str(name),
-                host=n.get("host", str, required=True),
+                host=_host(n),
                 port=n.positive("port", int, ssh.port),
                 user=n.get("user", str, ssh.user),
                 role=n.choice("role", ROLES, "worker"),

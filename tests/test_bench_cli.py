@@ -179,3 +179,43 @@ def test_what_if_cap_adds_levels_and_reports(live_server: tuple[Any, str], tmp_p
     )
     res = CliRunner().invoke(cli, [*args, "--what-if-cap", "x"])
     assert res.exit_code == 2 and "--what-if-cap" in res.output
+
+
+NO_MATPLOTLIB = """
+import sys
+sys.modules["matplotlib"] = None  # as where the `plot` extra is not installed: import fails
+from spark_ops.cli.main import main
+main(sys.argv[1:])
+"""
+
+
+def test_plot_without_matplotlib_fails_before_the_first_request(tmp_path: Path) -> None:
+    """`bench --plot` where matplotlib is missing: refused at once, naming the extra to install;
+    the engine is never asked anything."""
+    import socket
+    import subprocess
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", NO_MATPLOTLIB, "bench", "--url", f"http://127.0.0.1:{port}",
+             "--concurrency", "1", "--timeout", "5", "--plot", str(tmp_path / "p.png")],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        try:
+            conn, _ = listener.accept()
+            conn.close()
+            connected = True
+        except TimeoutError:
+            connected = False
+    finally:
+        listener.close()
+    assert res.returncode != 0
+    assert "--plot needs matplotlib" in res.stderr, res.stderr[-2000:]
+    assert "pip install 'spark-ops[plot]'" in res.stderr, res.stderr[-2000:]
+    assert not connected, "a request was sent before the plot's dependency was checked"
+    assert not (tmp_path / "p.png").exists()

@@ -267,3 +267,35 @@ def test_from_dict_rejects_other_json() -> None:
     """A JSON that is not a sweep result is named as such."""
     with pytest.raises(BenchError, match=r"a\.json: not a spark-ops bench result"):
         SweepResult.from_dict({"levels": []}, source="a.json")
+
+
+@pytest.mark.parametrize(
+    "title",
+    [
+        "/opt/models/some-organisation/GLM-5.3-Flash-FP8-dynamic-experimental-long-name (burst, "
+        "max_num_seqs=64, max_num_batched_tokens=8192, gpu_memory_utilization=0.92, "
+        "moe_backend=marlin)",
+        "x" * 300,  # one word, no space to wrap at
+        "short",
+    ],
+    ids=["long-knobs", "one-long-word", "short"],
+)
+async def test_plot_title_fits_inside_the_figure(serve: Serve, tmp_path: Path, title: str) -> None:
+    """A long title is wrapped (or shrunk) so that none of it is cut off at either edge."""
+    from spark_ops.bench.plot import load_pyplot, sweep_figure
+
+    _, url = await serve(max_num_seqs=4, step_s=0.005)
+    result = await run_sweep(config(url))
+    plt = load_pyplot()
+    fig = sweep_figure(result, title=title)
+    try:
+        fig.savefig(tmp_path / "t.png", format="png")
+        renderer = fig.canvas.get_renderer()
+        box, frame = fig.axes[0].title.get_window_extent(renderer), fig.bbox
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1, (box, frame)
+        assert frame.y0 <= box.y0 and box.y1 <= frame.y1, (box, frame)
+        shown = fig.axes[0].get_title()
+        assert shown.replace("\n", "").replace(" ", "") == title.replace(" ", "")
+        assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    finally:
+        plt.close(fig)

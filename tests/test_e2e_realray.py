@@ -41,7 +41,7 @@ import pytest
 import yaml
 from conftest import Sim, start_sim
 from ground.ray import HEAD_IP, WORKER_IP, RayCluster, ray_bin, ray_unavailable_reason
-from ground.vllm import OWNER_ENV, VENV, vllm_unavailable_reason
+from ground.vllm import OWNER_ENV, VENV, tiny_llama_recipe, vllm_unavailable_reason
 
 from spark_ops.errors import ExitStatus
 from spark_ops.verify import missing_nodes, parse_ray_nodes, parse_ray_status
@@ -51,36 +51,6 @@ pytestmark = [pytest.mark.realray, pytest.mark.realvllm, pytest.mark.slow]
 MODELS = VENV / "models"
 WORKER_CHECK = "pgrep -x raylet --ns $$ --nslist net >/dev/null"
 STALL_S = 20  # engine.worker_stall_s for the absent-worker cell (vLLM itself waits 1,800 s)
-
-RECIPE = """# tiny-llama at TP=2 over the real-Ray ground (written by tests/test_e2e_realray.py)
-recipe_version: "1"
-name: tiny-llama-ray-tp2
-description: a tiny local Llama on vLLM's CPU build, TP=2 over two Ray nodes
-model: {models}/tiny-llama
-container: none
-cluster_only: false
-
-defaults:
-  port: {port}
-  host: 127.0.0.1
-  model_path: {models}/tiny-llama
-  max_num_seqs: 32
-  served_model_name: tiny
-  tensor_parallel: 2
-
-env:
-{env}
-command: |
-  vllm serve {{model_path}} \\
-      --host {{host}} \\
-      --port {{port}} \\
-      --served-model-name {{served_model_name}} \\
-      --max-num-seqs {{max_num_seqs}} \\
-      --kv-cache-memory-bytes 2G \\
-      --enforce-eager \\
-      --tensor-parallel-size {{tensor_parallel}} \\
-      --distributed-executor-backend ray
-"""
 
 
 @dataclass
@@ -182,10 +152,14 @@ def ground(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayGround]:
         shim.chmod(0o755)
         env = {**ray.ray_env(), OWNER_ENV: str(os.getpid())}
         sim.recipe.write_text(
-            RECIPE.format(
+            tiny_llama_recipe(
+                writer="tests/test_e2e_realray.py",
                 models=MODELS,
                 port=sim.state["engine_port"],
-                env="".join(f"  {k}: {json.dumps(v)}\n" for k, v in env.items()),
+                env=env,
+                name="tiny-llama-ray-tp2",
+                description="a tiny local Llama on vLLM's CPU build, TP=2 over two Ray nodes",
+                tensor_parallel=2,
             )
         )
         g.set_engine(worker_check=WORKER_CHECK, boot_deadline_s=600, probe_timeout_s=20)

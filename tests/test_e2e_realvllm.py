@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from conftest import Sim, start_sim
 from ground.cluster import run_cli
-from ground.vllm import OWNER_ENV, VENV, vllm_unavailable_reason
+from ground.vllm import OWNER_ENV, VENV, tiny_llama_recipe, vllm_unavailable_reason
 
 from spark_ops.errors import ExitStatus
 
@@ -38,34 +38,6 @@ OLD_CAP, NEW_CAP = 6, 64
 # A sample every 0.5 s can miss a short run; a sweep is repeated (at most this often) until the
 # gauges have shown what the cap allows.
 BENCH_RUNS = 4
-
-RECIPE = """# tiny-llama on vLLM's CPU build, for spark-ops' real-engine tests (written by the test)
-recipe_version: "1"
-name: tiny-llama-cpu
-description: a tiny local Llama on the CPU build of vLLM 0.32
-model: {models}/tiny-llama
-container: none
-cluster_only: false
-
-defaults:
-  port: {port}
-  host: 127.0.0.1
-  model_path: {models}/tiny-llama
-  max_num_seqs: 32         # set by spark-ops apply in the test
-  served_model_name: tiny
-
-env:
-  {owner_env}: "{owner}"    # ground sweep: kill this engine if the test process dies
-
-command: |
-  vllm serve {{model_path}} \\
-      --host {{host}} \\
-      --port {{port}} \\
-      --served-model-name {{served_model_name}} \\
-      --max-num-seqs {{max_num_seqs}} \\
-      --kv-cache-memory-bytes 2G \\
-      --enforce-eager
-"""
 
 
 @pytest.fixture
@@ -87,11 +59,11 @@ def real_sim(tmp_path: Path) -> Iterator[Sim]:
         shim.unlink()
         shim.symlink_to(VENV / "shim" / "vllm")
         s.recipe.write_text(
-            RECIPE.format(
+            tiny_llama_recipe(
+                writer="tests/test_e2e_realvllm.py",
                 models=MODELS,
                 port=s.state["engine_port"],
-                owner_env=OWNER_ENV,
-                owner=os.getpid(),
+                env={OWNER_ENV: str(os.getpid())},  # ground sweep: kill it if the test dies
             )
         )
         yield s

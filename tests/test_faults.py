@@ -607,7 +607,7 @@ def test_engine_dies_during_boot(tmp_path: Path) -> None:
         took = time.monotonic() - started
         assert res.returncode == ExitStatus.BOOT_FAILED, res.stderr[-3000:]
         assert "safetensors" in res.stderr, "the root-cause line is shown"
-        assert took < 30, f"fail fast, not at the deadline ({took:.1f} s)"
+        assert "not ready after" not in res.stderr, "failed on the engine's exit, not the deadline"
         assert not t.lost() and t.history_parses() and t.lock_free()
         record("engine-dies-in-boot", "sim", "engine exits while loading weights",
                exit=res.returncode, message=first_error(res.stderr), seconds=round(took, 1),
@@ -688,7 +688,7 @@ def test_boot_stalled_by_missing_worker(
         assert code == ExitStatus.BOOT_FAILED, err[-3000:]
         assert "missing: node3 (" in message and said in message, message
         assert "node2" not in message and "node4" not in message, message
-        assert took < 100, f"failed at the stall limit, not the deadline ({took:.0f} s)"
+        assert "(limit 20 s)" in message and "not ready after" not in message, message
         assert s.recipe.read_text() == edited(old), "the new recipe, whole"
         assert not t.lost() and t.history_parses() and t.lock_free()
     finally:

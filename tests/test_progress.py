@@ -142,3 +142,62 @@ async def test_reporter_follows_a_real_wait() -> None:
     reporter.close()
     phases = [json.loads(r)["phase"] for r in out.getvalue().splitlines()]
     assert phases == ["STARTING", "WEIGHTS_LOADING", "WEIGHTS_DONE", "KV_CACHE", "API_UP", "READY"]
+
+
+ON_A_TERMINAL = """
+import sys
+from types import SimpleNamespace
+from spark_ops.cli.common import step_reporter
+from spark_ops.cli.progress import make_reporter
+from spark_ops.readiness import BootEvent, Phase
+
+reporter = make_reporter("spark4", estimates={}, tty=True, workers_expected=3)
+steps = step_reporter(False)
+reporter(BootEvent("phase", Phase.STARTING, 0.0, None, {"expected": ["STARTING", "READY"]}))
+reporter(BootEvent("workers", Phase.STARTING, 1.0, "joined", {"joined": 3, "expected": None}))
+reporter(BootEvent("phase", Phase.READY, 2.0, None, {"total_s": 2.0}))
+# as apply does: the step is reported before the reporter is closed
+steps(SimpleNamespace(status="done", name="boot", seconds=2.0, detail="ready in 2 s"))
+reporter.close()
+print("END", file=sys.stderr)
+"""
+
+
+def _on_a_terminal(code: str) -> str:
+    """Run code with stderr on a real pseudo-terminal; what the terminal received, no escapes."""
+    import os
+    import pty
+    import re
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=follower, env={**os.environ, "COLUMNS": "100", "TERM": "xterm"},
+    )  # fmt: skip
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=60)
+    os.close(leader)
+    raw = b"".join(chunks).decode("utf-8", "replace")
+    assert proc.returncode == 0, raw[-2000:]
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r", "", raw)
+
+
+def test_live_view_ends_its_line_and_counts_the_inventory_workers() -> None:
+    """On a real terminal: `ready` and the boot step's `✓ boot` are on lines of their own, and
+    the workers line shows the inventory's count, not `3/?`."""
+    text = _on_a_terminal(ON_A_TERMINAL)
+    assert "3/3 workers joined" in text and "/?" not in text, text
+    lines = [line.strip() for line in text.split("\n")]
+    assert "ready" in lines, text
+    assert any(line.startswith("✓ boot") for line in lines), text
+    assert "ready✓" not in text.replace(" ", ""), text
+    assert lines.index("ready") < next(i for i, x in enumerate(lines) if x.startswith("✓ boot"))

@@ -394,3 +394,51 @@ async def test_stale_staged_file_cleaned_unreadable_refused(
         res = await s.run("node1", "cat ~/bad.yaml")
         assert res.stdout == "key: bad\ufffdbyte\n", "other output: U+FFFD per bad byte"
     assert not stale.exists() and fresh.exists()
+
+
+RECORDING_SYNC = """#!/bin/sh
+# sync as found first on the node's PATH: records each call, then runs the real one
+for a in "$@"; do
+  [ "$a" = -- ] && continue
+  if [ -f "$a" ]; then kind=file; sum=$(sha256sum < "$a" | cut -c1-64); else kind=dir; sum=-; fi
+  printf '%s\\t%s\\t%s\\t%s\\n' "$a" "$kind" "$sum" "$(sha256sum < @TARGET@ | cut -c1-64)" >> @LOG@
+done
+[ "$#" -gt 0 ] || printf 'all\\t-\\t-\\t-\\n' >> @LOG@
+exec @REAL@ "$@"
+"""
+
+
+async def test_staged_file_is_synced_before_the_rename(
+    cluster: tuple[list[SimNode], Cluster],
+) -> None:
+    """The staged file is fsynced whole, under its temp name, while the target still holds the
+    old content; the directory is synced after the rename (a `sync` on the node's PATH records
+    every call, then runs the real one)."""
+    nodes, c = cluster
+    home = nodes[0].spec.home
+    target, log = home / "r.yaml", home / "sync.log"
+    target.write_text("old\n")
+    real = next(p for p in ("/usr/bin/sync", "/bin/sync") if Path(p).exists())
+    program = RECORDING_SYNC.replace("@TARGET@", str(target)).replace("@LOG@", str(log))
+    (home / "bin" / "sync").write_text(program.replace("@REAL@", real))
+    (home / "bin" / "sync").chmod(0o755)
+    async with ClusterSession(c) as s:
+        await s.connect(["node1"])
+        await s.write_atomic([FileWrite("node1", "~/r.yaml", "new\n", sha256("old\n"))])
+    assert target.read_text() == "new\n"
+    calls = [line.split("\t") for line in log.read_text().splitlines()]
+    staged = [
+        i
+        for i, (path, _, _, in_target) in enumerate(calls)
+        if in_target == sha256("old\n")
+        and (Path(path).name.startswith(".r.yaml.") or path == "all")
+    ]
+    assert staged, f"nothing was synced before the rename: {calls}"
+    path, kind, content, _ = calls[staged[0]]
+    if path != "all":  # a sync of the whole system would do too
+        assert kind == "file" and content == sha256("new\n"), "synced whole, under its temp name"
+        assert not Path(path).exists(), "the synced file is the one renamed into place"
+    after = calls[staged[-1] + 1 :]
+    assert any(p in (str(home), "all") and t == sha256("new\n") for p, _, _, t in after), (
+        f"the directory is synced after the rename: {calls}"
+    )

@@ -3,6 +3,7 @@ quoted word each, run through a real bash) and which history entry a forced rest
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from pathlib import Path
@@ -10,15 +11,20 @@ from typing import Any
 
 import pytest
 import yaml
+from embedded import start_nodes
 
 from spark_ops.errors import AmbiguousStamp, WatchdogError
-from spark_ops.watchdog.contract import fill_restart_command
+from spark_ops.remote import ClusterSession
+from spark_ops.watchdog.contract import Trigger, WatchdogContract, fill_restart_command
 from spark_ops.watchdog.history import parse_history
 from spark_ops.watchdog.identify import HistEntry, identify
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stamps"
 COMMANDS = yaml.safe_load((FIXTURES / "restart_command.yaml").read_text(encoding="utf-8"))
 IDENTIFY = yaml.safe_load((FIXTURES / "identify.yaml").read_text(encoding="utf-8"))
+WINDOW = yaml.safe_load(
+    (FIXTURES.parent / "watchdog" / "identify_window.yaml").read_text(encoding="utf-8")
+)
 
 
 @pytest.mark.parametrize("case", COMMANDS, ids=[c["name"] for c in COMMANDS])
@@ -76,6 +82,40 @@ def test_identify(case: dict[str, Any]) -> None:
         assert got.entry is None
     else:
         assert got.entry is not None and got.entry.raw == case["raw"]
+    if "how" in case:
+        assert got.how == case["how"]
+    if "note" in case:
+        assert any(case["note"] in n for n in got.notes), got.notes
+
+
+@pytest.mark.parametrize("case", WINDOW, ids=[c["name"] for c in WINDOW])
+async def test_contract_identify_window(case: dict[str, Any], tmp_path: Path) -> None:
+    """The head-clock window of a real restart's identification: stamps just inside are taken,
+    just outside (either side) named with the command that removes them, never taken."""
+    nodes, cluster = await start_nodes(tmp_path, 1)
+    wd = dataclasses.replace(cluster.watchdog, reports_stamp=case.get("reports_stamp", False))
+    history = nodes[0].spec.home / "h"
+    try:
+        async with ClusterSession(dataclasses.replace(cluster, watchdog=wd)) as session:
+            await session.connect()
+            contract = WatchdogContract(session)
+            history.write_text("".join(f"{x}\n" for x in case["before"]))
+            before = await contract.entries()
+            history.write_text("".join(f"{x}\n" for x in case["after"]))
+            t = case["trigger"]
+            trigger = Trigger(t["before"], t["after"], t.get("stamp"), "")
+            if "ambiguous" in case:
+                with pytest.raises(AmbiguousStamp) as info:
+                    await contract.identify(trigger, before, until=case.get("until"))
+                hint = info.value.hint or ""
+                assert all(needle in hint for needle in case["ambiguous"]), hint
+                return
+            got = await contract.identify(trigger, before, until=case.get("until"))
+    finally:
+        for n in nodes:
+            await n.stop()
+    assert (got.entry.raw if got.entry else None) == (None if case.get("none") else case["raw"])
+    assert [e.raw for e in got.outside] == case.get("outside", [])
     if "how" in case:
         assert got.how == case["how"]
     if "note" in case:

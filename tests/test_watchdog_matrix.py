@@ -429,42 +429,13 @@ def test_failed_trigger(
             assert g.engine_pid() == pid
 
 
-REAL_RECIPE = """# tiny-llama on vLLM's CPU build (written by the watchdog matrix test)
-recipe_version: "1"
-name: tiny-llama-cpu
-description: a tiny local Llama on the CPU build of vLLM 0.32
-model: {models}/tiny-llama
-container: none
-cluster_only: false
-
-defaults:
-  port: {port}
-  host: 127.0.0.1
-  model_path: {models}/tiny-llama
-  max_num_seqs: 6
-  served_model_name: tiny
-
-env:
-  {owner_env}: "{owner}"
-
-command: |
-  vllm serve {{model_path}} \\
-      --host {{host}} \\
-      --port {{port}} \\
-      --served-model-name {{served_model_name}} \\
-      --max-num-seqs {{max_num_seqs}} \\
-      --kv-cache-memory-bytes 1G \\
-      --enforce-eager
-"""
-
-
 @pytest.mark.realvllm
 @pytest.mark.timeout(1200)
 def test_real_vllm_slow_stop_and_killed_api_server(tmp_path: Path) -> None:
     """The real CPU build behind the operator's slow-stop watchdog: the verdict is the new
     engine's (args 64) though the old one answers for 6 s; then its API server SIGKILLed while
     the model loads: the real EngineCore and worker it leaves are named."""
-    from ground.vllm import OWNER_ENV, VENV, vllm_unavailable_reason
+    from ground.vllm import OWNER_ENV, VENV, tiny_llama_recipe, vllm_unavailable_reason
 
     if reason := vllm_unavailable_reason():
         pytest.skip(reason)
@@ -478,8 +449,13 @@ def test_real_vllm_slow_stop_and_killed_api_server(tmp_path: Path) -> None:
         recipe = next(g.home.glob("recipes/*.yaml"))
         port = int(json.loads((g.home.parents[1] / "state.json").read_text())["engine_port"])
         recipe.write_text(
-            REAL_RECIPE.format(
-                models=VENV / "models", port=port, owner_env=OWNER_ENV, owner=os.getpid()
+            tiny_llama_recipe(
+                writer="tests/test_watchdog_matrix.py",
+                models=VENV / "models",
+                port=port,
+                env={OWNER_ENV: str(os.getpid())},
+                max_num_seqs=6,
+                kv_cache="1G",
             )
         )
         g.port = port

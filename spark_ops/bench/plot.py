@@ -2,24 +2,75 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
+from typing import Any
 
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.errors import BenchError
 
+TITLE_MAX_LINES = 3
 
-def plot_sweep(result: SweepResult, path: Path, *, title: str | None = None) -> None:
-    """Write a PNG with aggregate tok/s (left axis, with spread) and per-user tok/s (right axis)."""
+
+def load_pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend; BenchError naming the `plot` extra when absent.
+
+    `bench --plot` calls it before the first request, so that a missing extra is said at once,
+    not after the whole sweep.
+    """
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise BenchError("plotting needs matplotlib", hint="pip install 'spark-ops[plot]'") from exc
-    levels = sorted(result.levels, key=lambda lv: lv.max_concurrency)
-    if not levels:
+        raise BenchError(
+            "--plot needs matplotlib, which is not installed",
+            hint="pip install 'spark-ops[plot]' (or run without --plot)",
+        ) from exc
+    return plt
+
+
+def fit_title(fig: Any, ax: Any, text: str) -> Any:
+    """Set the axes' title wrapped (then, if need be, shrunk) so that it lies inside the figure."""
+    renderer = fig.canvas.get_renderer()
+    fig_width = fig.bbox.width
+    size = float(ax.title.get_fontsize())
+    width = max(len(text), 1)
+    title = ax.set_title(text)
+    for _ in range(40):
+        box = title.get_window_extent(renderer)
+        if box.x0 >= 0 and box.x1 <= fig_width:
+            break
+        lines = textwrap.wrap(text, max(width, 8), break_long_words=True)
+        if len(lines) < TITLE_MAX_LINES and width > 8:
+            width = int(width * 0.85)
+        else:
+            size *= 0.9
+        title = ax.set_title(
+            "\n".join(textwrap.wrap(text, max(width, 8), break_long_words=True)), fontsize=size
+        )
+    return title
+
+
+def plot_sweep(result: SweepResult, path: Path, *, title: str | None = None) -> None:
+    """Write a PNG with aggregate tok/s (left axis, with spread) and per-user tok/s (right axis)."""
+    plt = load_pyplot()
+    if not result.levels:
         raise BenchError(f"{path}: nothing to plot: the result has no levels")
+    fig = sweep_figure(result, title=title)
+    try:
+        fig.savefig(path, format="png")
+    except OSError as exc:
+        raise BenchError(f"{path}: cannot write the plot: {exc.strerror}") from exc
+    finally:
+        plt.close(fig)
+
+
+def sweep_figure(result: SweepResult, *, title: str | None = None) -> Any:
+    """The sweep's figure (the caller saves and closes it); its title fits inside it."""
+    plt = load_pyplot()
+    levels = sorted(result.levels, key=lambda lv: lv.max_concurrency)
     xs = [lv.max_concurrency for lv in levels]
     agg = [lv.output_throughput for lv in levels]
     lo = [lv.output_throughput - lv.output_throughput_min for lv in levels]
@@ -75,11 +126,11 @@ def plot_sweep(result: SweepResult, path: Path, *, title: str | None = None) -> 
             frameon=False,
         )
         knobs = ", ".join(f"{k}={v}" for k, v in (result.knobs or {}).items())
-        ax.set_title(title or f"{result.model} ({result.mode}{', ' + knobs if knobs else ''})")
-        fig.tight_layout()
-        try:
-            fig.savefig(path, format="png")
-        except OSError as exc:
-            raise BenchError(f"{path}: cannot write the plot: {exc.strerror}") from exc
-    finally:
+        heading = title or f"{result.model} ({result.mode}{', ' + knobs if knobs else ''})"
+        for _ in range(2):  # tight_layout makes room for the lines, and may move the axes
+            fit_title(fig, ax, heading)
+            fig.tight_layout()
+    except BaseException:
         plt.close(fig)
+        raise
+    return fig

@@ -143,7 +143,12 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
                 return 0
             if not kw["yes"] and not click.confirm("\nProceed?", default=False, err=True):
                 raise Aborted("not confirmed; nothing was changed")
-            reporter = make_reporter(cluster.name, json_lines=as_json, history=history_key(cluster))
+            reporter = make_reporter(
+                cluster.name,
+                json_lines=as_json,
+                history=history_key(cluster),
+                workers_expected=len(cluster.workers),
+            )
             try:
                 outcome = await execute(
                     op, plan, opts, on_step=step_reporter(as_json), on_event=reporter

@@ -219,6 +219,10 @@ def cli(
         prompts_path=prompts_path,
     )
     config.validate()
+    if plot_path:  # before the first request: a missing `plot` extra is said at once
+        from spark_ops.bench.plot import load_pyplot
+
+        load_pyplot()
     err = Console(stderr=True)
 
     def progress(level: LevelResult) -> None:

@@ -113,9 +113,10 @@ def _knobs(values: dict[str, Any]) -> str:
 class _Progress:
     """Steps, boot views and sweep levels on stderr; one boot view per restart."""
 
-    def __init__(self, cluster: str) -> None:
-        """Nothing shown yet."""
+    def __init__(self, cluster: str, workers: int | None = None) -> None:
+        """Nothing shown yet; `workers` is the inventory's worker count."""
         self.cluster = cluster
+        self.workers = workers
         self.steps = step_reporter(False)
         self.boot: Any = None
 
@@ -131,7 +132,7 @@ class _Progress:
         from spark_ops.cli.progress import make_reporter
 
         if self.boot is None:
-            self.boot = make_reporter(self.cluster)
+            self.boot = make_reporter(self.cluster, workers_expected=self.workers)
         self.boot(event)
 
     def on_config(self, index: int, total: int, name: str) -> None:
@@ -386,7 +387,7 @@ def cli(ctx: click.Context, **kw: Any) -> int:
         measure_all=kw["measure_all"], confirm=kw["confirm"],
     )  # fmt: skip
     settings = ApplySettings(drain=not kw["no_drain"], deadline_s=kw["deadline"], force=kw["force"])
-    progress = _Progress(cluster.name)
+    progress = _Progress(cluster.name, len(cluster.workers))
     hooks = Hooks(progress.on_config, progress.on_step, progress.on_event, progress.on_level,
                   progress.on_note)  # fmt: skip
 

@@ -36,9 +36,16 @@ def _fmt_s(seconds: float | None) -> str:
 class BootProgress:
     """State shared by both renderings: phases reached, timings, ETA, last line."""
 
-    def __init__(self, cluster: str, estimates: dict[str, float] | None = None) -> None:
-        """Start with no phase reached; `estimates` are expected seconds per phase."""
+    def __init__(
+        self,
+        cluster: str,
+        estimates: dict[str, float] | None = None,
+        workers_expected: int | None = None,
+    ) -> None:
+        """Start with no phase reached; `estimates` are expected seconds per phase;
+        `workers_expected` is how many workers the inventory lists (when the log has not said)."""
         self.cluster = cluster
+        self.workers_expected = workers_expected
         self.estimates = dict(estimates or {})
         self.phase: Phase = Phase.STARTING
         self.reached: dict[Phase, float] = {}
@@ -85,6 +92,7 @@ class BootProgress:
             if missing:
                 self.workers = f"missing: {', '.join(missing)}"
             elif joined is not None:
+                total = total or self.workers_expected
                 self.workers = f"{joined}/{total or '?'} workers joined"
             return False
         if event.kind == "fatal":
@@ -140,9 +148,10 @@ class JsonLinesReporter:
         estimates: dict[str, float] | None = None,
         stream: IO[str] | None = None,
         heartbeat_s: float = HEARTBEAT_S,
+        workers_expected: int | None = None,
     ) -> None:
         """Write to `stream` (default stderr)."""
-        self.state = BootProgress(cluster, estimates)
+        self.state = BootProgress(cluster, estimates, workers_expected)
         self.stream = stream if stream is not None else sys.stderr
         self.heartbeat_s = heartbeat_s
         self._last_out = 0.0
@@ -191,6 +200,13 @@ class JsonLinesReporter:
         self.close()
 
 
+def _ends_boot(event: BootEvent) -> bool:
+    """True for the last event wait_for_boot sends: READY with its total, a failure, a timeout."""
+    if event.kind in ("fatal", "timeout"):
+        return True
+    return event.kind == "phase" and event.phase is Phase.READY and "total_s" in event.data
+
+
 class LiveReporter:
     """A live rich view: every expected phase with its time, the ETA and the last log line."""
 
@@ -202,9 +218,10 @@ class LiveReporter:
         stream: IO[str] | None = None,
         force_terminal: bool | None = None,
         width: int | None = None,
+        workers_expected: int | None = None,
     ) -> None:
         """Prepare the view; the live display starts with the first event."""
-        self.state = BootProgress(cluster, estimates)
+        self.state = BootProgress(cluster, estimates, workers_expected)
         self.stream = stream if stream is not None else sys.stderr
         self.force_terminal = force_terminal
         self.width = width
@@ -273,7 +290,12 @@ class LiveReporter:
         if self._live is None:
             self._start()
         self.state.update(event)
-        if event.kind != "line":
+        if _ends_boot(event):
+            # stopped now, so that the line after the view (the boot step's `✓ boot`, printed
+            # before the caller closes us) starts on a line of its own; the next boot (a
+            # rollback's) opens a new view
+            self.close()
+        elif event.kind != "line":
             self._live.refresh()
 
     def close(self) -> None:
@@ -301,11 +323,13 @@ def make_reporter(
     history_path: str | os.PathLike[str] | None = None,
     tty: bool | None = None,
     history: str | None = None,
+    workers_expected: int | None = None,
 ) -> JsonLinesReporter | LiveReporter:
     """A reporter for a boot of `cluster`: live view on a TTY, else JSON lines on stderr.
 
     ETAs come from `estimates` or, when not given, from the boot history file under the key
     `history` (the cluster's identity, readiness.history_key; default its name).
+    `workers_expected` (the inventory's worker count) completes "N/M workers joined".
     """
     out = stream if stream is not None else sys.stderr
     if estimates is None:
@@ -314,5 +338,13 @@ def make_reporter(
         isatty = getattr(out, "isatty", None)
         tty = bool(isatty and isatty())
     if json_lines or not tty:
-        return JsonLinesReporter(cluster, estimates=estimates, stream=out)
-    return LiveReporter(cluster, estimates=estimates, stream=out, force_terminal=True)
+        return JsonLinesReporter(
+            cluster, estimates=estimates, stream=out, workers_expected=workers_expected
+        )
+    return LiveReporter(
+        cluster,
+        estimates=estimates,
+        stream=out,
+        force_terminal=True,
+        workers_expected=workers_expected,
+    )

@@ -34,6 +34,48 @@ STOP_TIMEOUT = 30.0
 
 
 OWNER_ENV = "SPARK_GROUND_VLLM_OWNER"
+RECIPE_TEMPLATE = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "realvllm" / "tiny-llama.recipe.yaml.tmpl"
+)
+
+
+def tiny_llama_recipe(
+    *,
+    writer: str,
+    port: int,
+    env: dict[str, str],
+    max_num_seqs: int = 32,
+    kv_cache: str = "2G",
+    models: Path | str = VENV / "models",
+    name: str = "tiny-llama-cpu",
+    description: str = "a tiny local Llama on the CPU build of vLLM 0.32",
+    tensor_parallel: int | None = None,
+) -> str:
+    """The tiny-llama recipe of the real-engine tests, from its one template.
+
+    With `tensor_parallel`, the engine runs at that TP over Ray (`tensor_parallel` in defaults,
+    `--tensor-parallel-size` and `--distributed-executor-backend ray` on the command line).
+    """
+    from string import Template
+
+    tp = tensor_parallel is not None
+    return Template(RECIPE_TEMPLATE.read_text(encoding="utf-8")).substitute(
+        writer=writer,
+        name=name,
+        description=description,
+        models=models,
+        port=port,
+        max_num_seqs=max_num_seqs,
+        kv_cache=kv_cache,
+        env="".join(f"  {k}: {json.dumps(v)}\n" for k, v in env.items()),
+        extra_defaults=f"  tensor_parallel: {tensor_parallel}\n" if tp else "",
+        extra_flags=(
+            " \\\n      --tensor-parallel-size {tensor_parallel} \\\n"
+            "      --distributed-executor-backend ray"
+            if tp
+            else ""
+        ),
+    )
 
 
 def sweep_stale_servers() -> list[int]:
