@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import re
 import sys
 import tempfile
 import time
@@ -33,6 +30,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from sim_engine import sim_engine  # noqa: E402
+
 from spark_ops.bench.workload import load_prompts  # noqa: E402
 from spark_ops.sim.engine_config import load_config  # noqa: E402
 from spark_ops.sim.engine_model import StepModel, virtual_burst  # noqa: E402
@@ -43,31 +42,6 @@ NOTE_USER = {1: 69.0, 6: 21.0, 16: 12.2, 32: 9.4, 64: 7.2}
 PROMPTS = [p.text for p in load_prompts(None)]
 PROMPT_TOKENS = 75
 SWEEP = [1, 6, 16, 32, 64]
-_BACKGROUND: set[asyncio.Future[None]] = set()
-
-
-async def start_engine(config: Path, cap: int) -> tuple[asyncio.subprocess.Process, str]:
-    """Start the sim engine and return it with its base URL once it serves."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARK_SIM_")}
-    env["SPARK_SIM_CONFIG"] = str(config)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "spark_ops.sim.engine", "serve", "models/glm-5.3-flash",
-        "--host", "127.0.0.1", "--port", "0", "--max-num-seqs", str(cap),
-        "--kv-cache-memory-bytes", "60G", "--enforce-eager",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env, cwd=REPO,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    while line := (await asyncio.wait_for(proc.stdout.readline(), 60)).decode():
-        if m := re.search(r"Starting vLLM server on (http://\S+)", line):
-            _BACKGROUND.add(asyncio.ensure_future(_drain(proc.stdout)))
-            return proc, m.group(1)
-    raise SystemExit("the sim engine exited before serving")
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    """Keep reading the engine's stdout so it never blocks on a full pipe."""
-    while await stream.read(65536):
-        pass
 
 
 async def one_stream(
@@ -121,8 +95,7 @@ async def sweep(config: Path, scale: float, cap: int, points: list[int], tokens:
     """Run one sweep against a fresh engine with the given cap and print its rows."""
     cfg = load_config(config)
     model = StepModel.from_config(cfg)
-    proc, url = await start_engine(config, cap)
-    try:
+    async with sim_engine(cap, config) as url:
         for c in points:
             wall, got, steady_s, per_user = await burst(url, c, tokens)
             measured, user = got / wall / scale, per_user / scale
@@ -146,10 +119,6 @@ async def sweep(config: Path, scale: float, cap: int, points: list[int], tokens:
                     f"     steady full batch: {steady:.1f} tok/s vs model {ideal:.1f} "
                     f"({steady / ideal:.2f}): arrival spread {wall - steady_s:.2f} s wall"
                 )
-    finally:
-        proc.terminate()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(proc.wait(), 10)
 
 
 async def main() -> None:

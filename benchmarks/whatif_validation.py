@@ -23,8 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import re
 import statistics
 import sys
 import tempfile
@@ -37,6 +35,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from sim_engine import sim_engine  # noqa: E402
 
 from spark_ops.bench.sweep import SweepConfig, SweepResult, run_sweep  # noqa: E402
 from spark_ops.bench.whatif import whatif_of  # noqa: E402
@@ -57,41 +57,6 @@ GROUNDS: dict[str, dict[str, Any]] = {
         "api": "completions",
     },
 }
-
-
-@contextlib.asynccontextmanager
-async def sim_engine(cap: int, config: Path) -> AsyncIterator[str]:
-    """The sim engine at --max-num-seqs cap on a free loopback port; yields its base URL."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARK_SIM_")}
-    env["SPARK_SIM_CONFIG"] = str(config)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "spark_ops.sim.engine", "serve", "models/glm-5.3-flash",
-        "--host", "127.0.0.1", "--port", "0", "--max-num-seqs", str(cap),
-        "--kv-cache-memory-bytes", "60G", "--enforce-eager",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=env, cwd=REPO,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    url = None
-    while line := (await asyncio.wait_for(proc.stdout.readline(), 60)).decode():
-        if m := re.search(r"Starting vLLM server on (http://\S+)", line):
-            url = m.group(1)
-            break
-    if url is None:
-        raise SystemExit("the sim engine exited before serving")
-    drain = asyncio.ensure_future(_drain(proc.stdout))
-    try:
-        yield url
-    finally:
-        proc.terminate()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(proc.wait(), 10)
-        drain.cancel()
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    """Keep reading the engine's stdout so it never blocks on a full pipe."""
-    while await stream.read(65536):
-        pass
 
 
 @contextlib.asynccontextmanager

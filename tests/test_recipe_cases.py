@@ -3,32 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from spark_ops import errors
-from spark_ops.recipe import Change, edit_recipe, render_recipe
+from spark_ops.recipe import edit_recipe, render_recipe
 from spark_ops.recipe.diff import changed_line_pairs, lines_outside
+from tests.cases import changes_of
 
 CASES = Path(__file__).parent / "fixtures" / "recipes"
 NAMES = sorted(p.name for p in CASES.iterdir() if (p / "case.yaml").is_file())
-
-
-def changes_of(spec: dict[str, Any]) -> list[Change]:
-    """Build Change objects from a case.yaml `changes` list."""
-    out: list[Change] = []
-    for item in spec.get("changes", []):
-        if "knob" in item:
-            out.append(Change.knob(item["knob"], item["value"]))
-        elif "set" in item:
-            out.append(Change.setting(item["set"], item["value"]))
-        elif "unset_flag" in item:
-            out.append(Change.flag(item["unset_flag"], remove=True))
-        else:
-            out.append(Change.flag(item["flag"], item.get("value")))
-    return out
 
 
 def assert_touches_only(old: str, new: str, allowed: list[str]) -> None:

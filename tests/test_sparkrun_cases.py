@@ -16,30 +16,16 @@ import pytest
 import yaml
 
 from spark_ops import errors
-from spark_ops.recipe import Change, render_recipe
+from spark_ops.recipe import render_recipe
 from spark_ops.recipe.diff import lines_outside
 from spark_ops.recipe.files import edit_file
 from spark_ops.recipe.sparkrun_render import sibling_reader
+from tests.cases import changes_of
 from tests.ground import GroundUnavailable
 from tests.ground.sparkrun_venv import bash_words, run_oracle, sparkrun_bin
 
 CASES = Path(__file__).parent / "fixtures" / "sparkrun"
 NAMES = sorted(p.name for p in CASES.iterdir() if (p / "case.yaml").is_file())
-
-
-def changes_of(spec: dict[str, Any]) -> list[Change]:
-    """Build Change objects from a case.yaml `changes` list."""
-    out: list[Change] = []
-    for item in spec.get("changes", []):
-        if "knob" in item:
-            out.append(Change.knob(item["knob"], item["value"]))
-        elif "set" in item:
-            out.append(Change.setting(item["set"], item["value"]))
-        elif "unset_flag" in item:
-            out.append(Change.flag(item["unset_flag"], remove=True))
-        else:
-            out.append(Change.flag(item["flag"], item.get("value")))
-    return out
 
 
 def spec_of(name: str) -> dict[str, Any]:

@@ -109,6 +109,7 @@ def _inventory(text: str, reports_stamp: bool) -> str:
 def _install(g: Ground, pid_file: str, port: int, recipe: str, behaviour: dict[str, Any]) -> None:
     """Put wd on the head's PATH, its behaviour and a history with earlier entries."""
     script = WD.replace("@PIDFILE@", pid_file).replace("@RECIPE@", recipe)
+    script = script.replace("@ENGINE@", "pidfile").replace("@NAME@", "").replace("@RUN_ARGS@", "")
     g.write(g.home / "bin" / "wd", script.replace("@PORT@", str(port)), 0o755)
     g.write(
         g.home / ".wd" / "behaviour", "".join(f"{k}={v}\n" for k, v in behaviour.items()), 0o644
@@ -189,7 +190,7 @@ def sim_docker_ground(tmp: Path, cell: dict[str, Any]) -> Iterator[Ground]:
 
     sweep_stale()
     image = ensure_image()
-    name = f"spark-ops-h12-engine-{os.getpid()}"
+    name = f"spark-ops-wd-engine-{os.getpid()}"
     with sim_ground(tmp, cell) as g:
         sim_root = g.home.parents[1]
         old_pid = g.engine_pid()  # the engine the sim started: its environment, then it goes
@@ -203,9 +204,10 @@ def sim_docker_ground(tmp: Path, cell: dict[str, Any]) -> Iterator[Ground]:
         for key in ("SPARK_SIM_CONFIG", "SPARK_SIM_RAY_WORKERS"):
             run += ["-e", f"{key}={env[key]}"]
         run += ["-e", f"PATH={g.home / 'bin'}:/usr/bin:/bin", "-e", "HOME=/tmp", image]
-        script = (HERE / "wd-docker.sh").read_text(encoding="utf-8")
         recipe = sim_root / "nodes" / "node1" / "recipes" / "glm-5.3-flash-sim.yaml"
-        script = script.replace("@NAME@", name).replace("@RECIPE@", str(recipe))
+        script = WD.replace("@ENGINE@", "docker").replace("@NAME@", name).replace("@PIDFILE@", "")
+        port = int(json.loads((sim_root / "state.json").read_text())["engine_port"])
+        script = script.replace("@RECIPE@", str(recipe)).replace("@PORT@", str(port))
         g.write(g.home / "bin" / "wd", script.replace("@RUN_ARGS@", shlex.join(run)), 0o755)
         inv = yaml.safe_load(Path(g.env["SPARK_OPS_INVENTORY"]).read_text())
         engine = next(iter(inv["clusters"].values()))["engine"]
@@ -216,8 +218,7 @@ def sim_docker_ground(tmp: Path, cell: dict[str, Any]) -> Iterator[Ground]:
 
         subprocess.run(["bash", str(g.home / "bin" / "wd"), "--start"], check=True,
                        env={**env, "HOME": str(g.home)}, cwd=g.home, timeout=120)  # fmt: skip
-        g.container = name
-        g.port = int(json.loads((sim_root / "state.json").read_text())["engine_port"])
+        g.container, g.port = name, port
         try:
             yield g
         finally:
