@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from spark_ops.remote.shell import _COMMIT, _COMMON, _STAGE, sh_program, sha256
+from spark_ops.remote.shell import COMMIT_SH, COMMON_SH, STAGE_SH, sh_program, sha256
 from spark_ops.watchdog import history
 
 TABLE = json.loads((Path(__file__).parent / "fixtures" / "backups" / "names.json").read_text())
@@ -20,7 +20,9 @@ CASES: list[dict[str, Any]] = TABLE["cases"]
 
 def sh_ours(path: Path, names: list[str]) -> list[bool]:
     """Ask the remote writer's sh `ours` about each name beside path."""
-    program = _COMMON + 'p=$1; shift\nfor f; do if ours "$f"; then echo 1; else echo 0; fi; done\n'
+    program = COMMON_SH + (
+        'p=$1; shift\nfor f; do if ours "$f"; then echo 1; else echo 0; fi; done\n'
+    )
     argv = [str(path), *(str(path.parent / n) for n in names)]
     out = subprocess.run(
         ["sh", "-c", program, "sh", *argv], capture_output=True, text=True, check=True, timeout=30
@@ -41,7 +43,7 @@ def test_both_renderings_agree_on_every_name(tmp_path: Path) -> None:
 def test_new_names_follow_the_rule(tmp_path: Path) -> None:
     """A tag from Python (backup_tag) and one from the node's `date` both match the rule."""
     path = tmp_path / "recipe.yaml"
-    program = _COMMON + "backup_tag\n"
+    program = COMMON_SH + "backup_tag\n"
     tag = subprocess.run(
         ["sh", "-c", program], capture_output=True, text=True, check=True, timeout=30
     ).stdout.strip()
@@ -68,12 +70,12 @@ def _seed(directory: Path) -> Path:
 def _write_remote_way(path: Path, content: str, keep: int) -> None:
     """Stage and commit with the remote writer's sh programs, run here on the local disk."""
     staged = subprocess.run(
-        sh_program(_STAGE, str(path), "-", sha256(content)),
+        sh_program(STAGE_SH, str(path), "-", sha256(content)),
         shell=True, input=content.encode(), capture_output=True, check=True, timeout=30,
     ).stdout.decode()  # fmt: skip
     tmp, _, target = staged.partition("\0")
     subprocess.run(
-        sh_program(_COMMIT, str(path), tmp, target, str(keep), ""),
+        sh_program(COMMIT_SH, str(path), tmp, target, str(keep), ""),
         shell=True, capture_output=True, check=True, timeout=30,
     )  # fmt: skip
 

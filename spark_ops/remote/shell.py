@@ -89,7 +89,7 @@ _TAG_GLOB = backup_tag_pattern(lambda n: "[0-9]" * n, lambda ch: ch)
 _OURS_CASES = "|".join(
     ["$TAG"] + ["$TAG-" + "[0-9]" * k for k in range(1, BACKUP_COUNTER_DIGITS + 1)]
 )
-_COMMON = (
+COMMON_SH = (
     r"""
 export LC_ALL=C
 TAG='"""
@@ -119,7 +119,7 @@ dir_of() { case $1 in */*) d=${1%/*}; [ -n "$d" ] || d=/ ;; *) d=. ;; esac; }  #
 )
 
 STAGE_SH = (
-    _COMMON
+    COMMON_SH
     + r"""
 set -eu
 p=$1; expected=$2; want=$3
@@ -157,7 +157,7 @@ printf '%s\0%s' "$tmp" "$t"
 )
 
 COMMIT_SH = (
-    _COMMON
+    COMMON_SH
     + r"""
 set -eu
 p=$1; tmp=$2; t0=$3; keep=$4; label=$5
@@ -193,7 +193,7 @@ while [ "$#" -gt "$keep" ]; do rm -f -- "$1"; shift; done
 )
 
 UNDO_SH = (
-    _COMMON
+    COMMON_SH
     + r"""
 set -eu
 p=$1; t=$2; bk=$3
@@ -220,7 +220,7 @@ cat -- "$p"
 """
 
 LIST_BACKUPS_SH = (
-    _COMMON
+    COMMON_SH
     + r"""
 p=$1
 for f in "$p".bak.*; do
