@@ -1,13 +1,15 @@
 """The sparkrun-shaped embedded cluster: a sparkrun v2 recipe and the real sparkrun's cluster files
-on the head; `spark-ops apply --max-num-seqs 64` operates it end to end (real SSH, the reference
-watchdog restarting the simulated engine from the sparkrun recipe), and the real sparkrun CLI on
-the head renders the edited recipe's serve command with 64 (`sparkrun run --dry-run`).
+on the head, operated by `spark-ops apply --max-num-seqs 64` end to end.
 
-What is not real here, and why (docs/test-ground.md): the restart of the apply test is the
-reference watchdog's recipe action, because `sparkrun run` cannot yet bring a 4-node Ray job up on
-the embedded nodes. The second test shows how far it gets: with a simulated GB10 `nvidia-smi` on
-each node (the one simulated part), the real `sparkrun run` probes and places on all four nodes
-and runs its Ray head container on the real Docker daemon, which exits (the image has no Ray).
+- `test_apply_64_on_the_sparkrun_shaped_cluster` (no Docker): the reference watchdog restarts the
+  simulated engine from the sparkrun recipe (its `recipe` action, spark-ops' sparkrun renderer),
+  and the real `sparkrun run --dry-run` on the head renders the edited serve command with 64.
+- `test_apply_64_through_the_real_sparkrun_run` (`docker`): the watchdog's `sparkrun` action —
+  the real `sparkrun stop` / `sparkrun run --no-follow` — probes the four simulated GB10s over
+  SSH, places one rank on each and starts its Ray head and worker containers on each node's own
+  real dockerd; the simulated `ray` and engine run in those containers.
+
+What is simulated, and why, is in docs/test-ground.md ("The real sparkrun").
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ import pytest
 import yaml
 from conftest import Sim
 
-from tests.ground import GroundUnavailable
 from spark_ops.discover.sparkrun import HEAD_LOG_COMMAND
 from spark_ops.sim.cluster import SimError
 from spark_ops.sim.control import restart_watchdog, wait_serving
+from tests.ground import GroundUnavailable
 from tests.ground.docker import IMAGE, LABEL, REPO
 from tests.ground.dockerd import NodeDaemons
 from tests.ground.sparkrun_venv import offline_env, run_sparkrun, sparkrun_bin
@@ -146,7 +148,12 @@ def launchable(sim: Sim, recipe: Path, daemons: NodeDaemons) -> None:
     cluster["executor_config"] = {
         "accelerator_vendor": "cpu",  # no --gpus: these dockerds have no NVIDIA runtime
         "ulimit": [f"nofile={nofile}:{nofile}"],  # sparkrun's memlock=-1 is refused here
-        "volumes": ["/usr:/usr:ro", f"{REPO}:{REPO}:ro", f"{container}:{container}:ro", f"{site}:{site}:ro"],
+        "volumes": [
+            "/usr:/usr:ro",
+            f"{REPO}:{REPO}:ro",
+            f"{container}:{container}:ro",
+            f"{site}:{site}:ro",
+        ],
     }
     cluster["distribution"] = {"model": {"enabled": False}}  # no weights: the engine is simulated
     cluster_file.write_text(yaml.safe_dump(cluster, sort_keys=False))
@@ -174,9 +181,7 @@ def sparkrun_action(sim: Sim, recipe: Path, label: str) -> None:
         "recipe": str(recipe),
         "cluster": "lab",
         "sparkrun": ["env", *(f"{k}={v}" for k, v in env.items()), str(sparkrun_bin())],
-        "run_options": [
-            "--offline", "--no-auto-detect", "--image", IMAGE, "--label", label,
-        ],  # fmt: skip
+        "run_options": ["--offline", "--no-auto-detect", "--image", IMAGE, "--label", label],
         "stop_timeout": 10,
         "timeout": 240,
     }
@@ -193,12 +198,12 @@ def sparkrun_action(sim: Sim, recipe: Path, label: str) -> None:
 
 def sparkrun_containers(daemons: NodeDaemons) -> dict[str, list[tuple[str, str]]]:
     """Each node's running `sparkrun_*` containers on its own daemon: (name, id)."""
-    out = {}
+    out: dict[str, list[tuple[str, str]]] = {}
     for name in daemons.names:
         rows = daemons.docker(name, "ps", "--filter", "name=^sparkrun_", "--format",
                               "{{.Names}} {{.ID}}")  # fmt: skip
-        out[name] = [tuple(r.split()) for r in rows.splitlines() if r.strip()]
-    return out  # type: ignore[return-value]
+        out[name] = [(r.split()[0], r.split()[1]) for r in rows.splitlines() if r.strip()]
+    return out
 
 
 def launch_report(sim: Sim, daemons: NodeDaemons) -> str:
@@ -233,9 +238,14 @@ def test_apply_64_through_the_real_sparkrun_run(
             wait_serving(sim.state, timeout=120)
         except SimError as exc:
             raise AssertionError(f"{exc}\n{launch_report(sim, node_daemons)}") from exc
+        launched = (sim.head / "engine.log").read_text()  # the action's output: sparkrun's
+        assert "Platform:  DGX Spark (NVIDIA GB10" in launched, launched[-3000:]
+        rows = re.findall(r"^\s+(?:head|worker)\s+(node\d)\s+gb10\s", launched, re.M)
+        assert rows == ["node1", "node2", "node3", "node4"], launched[-3000:]
+        assert "Offline: every image and model is present" in launched
         before = sparkrun_containers(node_daemons)
         assert [len(v) for v in before.values()] == [1, 1, 1, 1], before
-        (head_name, head_id), = before["node1"]
+        ((head_name, _),) = before["node1"]
         assert re.fullmatch(r"sparkrun_[0-9a-f]+_[0-9a-f]+_head", head_name), head_name
         for node in ("node2", "node3", "node4"):
             assert before[node][0][0] == head_name.replace("_head", "_worker"), before
@@ -248,7 +258,9 @@ def test_apply_64_through_the_real_sparkrun_run(
         assert out["ok"] is True
         changed = [
             (a, b)
-            for a, b in zip(before_recipe.splitlines(), recipe.read_text().splitlines(), strict=True)
+            for a, b in zip(
+                before_recipe.splitlines(), recipe.read_text().splitlines(), strict=True
+            )
             if a != b
         ]
         assert len(changed) == 1 and "max_num_seqs: 64 " in changed[0][1], changed
@@ -260,12 +272,11 @@ def test_apply_64_through_the_real_sparkrun_run(
         assert [len(v) for v in after.values()] == [1, 1, 1, 1], after
         for node in node_daemons.names:
             assert after[node][0][1] != before[node][0][1], f"{node}: not relaunched"
-        (new_head, _), = after["node1"]
+        ((new_head, _),) = after["node1"]
         log = node_daemons.docker("node1", "exec", new_head, "cat", "/tmp/sparkrun_serve.log")
         assert "'max_num_seqs': 64" in log, log[-3000:]
         assert len(re.findall(r"Ray worker \S+ at \S+ joined the placement group", log)) == 3, log
-        engine_log = (sim.head / "engine.log").read_text()
-        assert "sparkrun" in engine_log  # the action's own output, for the operator
+        assert (sim.head / "engine.log").read_text().count("Step 5/5: Executing serve command") == 2
     finally:
         (sim.head / ".local" / "state" / "spark-watchdog" / "pause").touch()
         for node in node_daemons.names:

@@ -228,7 +228,7 @@ class SimCluster:
         return self.nodes[self.names[0]].env()
 
     def start_watchdog(self, start_timeout: float = 60.0) -> None:
-        """Start the engine with the watchdog's configured action, then the watchdog, on the head."""
+        """Start the engine with the watchdog's configured action, then the watchdog (head)."""
         head = self.root / "nodes" / self.names[0]
         cfg = str(head / ".config" / "spark-watchdog.yaml")
         env = self.head_env()

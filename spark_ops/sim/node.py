@@ -99,7 +99,7 @@ class SimNode:
         return env
 
     def user_environment(self) -> dict[str, str]:
-        """`~/.ssh/environment` (`NAME=value` lines), as OpenSSH's PermitUserEnvironment reads it."""
+        """`~/.ssh/environment` (`NAME=value` lines), read as OpenSSH's PermitUserEnvironment."""
         try:
             text = (self.spec.home / ".ssh" / "environment").read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):

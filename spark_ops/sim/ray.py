@@ -63,8 +63,9 @@ def parse_start(args: list[str]) -> StartArgs:
         key, eq, val = arg.partition("=")
         if key in VALUE_FLAGS:
             if not eq:
-                if i + 1 >= len(args):
-                    raise RayUsageError(f"ray start: option {key} requires a value")
+                if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                    got = f", got {args[i + 1]!r}" if i + 1 < len(args) else ""
+                    raise RayUsageError(f"ray start: option {key} requires a value{got}")
                 i += 1
                 val = args[i]
             values[key] = val
@@ -83,7 +84,9 @@ def parse_start(args: list[str]) -> StartArgs:
     port = values.get("--port", "6379" if head else "0")
     if not port.isdigit():
         raise RayUsageError(f"ray start: --port {port!r} is not a port number")
-    return StartArgs(head, int(port), values.get("--node-ip-address", "127.0.0.1"), values.get("--address"))
+    return StartArgs(
+        head, int(port), values.get("--node-ip-address", "127.0.0.1"), values.get("--address")
+    )
 
 
 def _write(path: Path, text: str) -> None:

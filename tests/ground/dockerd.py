@@ -66,10 +66,10 @@ def _remove_tree(base: Path) -> None:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def sweep_stale(tmp: Path = Path(tempfile.gettempdir())) -> list[Path]:
+def sweep_stale(tmp: Path | None = None) -> list[Path]:
     """Stop the daemons of ground trees whose owner process died; remove those trees."""
     swept = []
-    for base in tmp.glob(f"{PREFIX}*"):
+    for base in (tmp or Path(tempfile.gettempdir())).glob(f"{PREFIX}*"):
         try:
             owner = int((base / "owner").read_text())
         except (OSError, ValueError):
