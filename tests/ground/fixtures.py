@@ -1,6 +1,6 @@
 """pytest fixtures of the real test ground; import them in tests/conftest.py.
 
-from ground.fixtures import openssh_cluster, real_ray, real_vllm, real_vllm_factory  # noqa: F401
+from ground.fixtures import node_daemons, openssh_cluster, real_ray, real_vllm  # noqa: F401
 """
 
 from __future__ import annotations
