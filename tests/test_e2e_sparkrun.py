@@ -19,6 +19,8 @@ import os
 import re
 import resource
 import shutil
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -228,6 +230,14 @@ def test_apply_64_through_the_real_sparkrun_run(
     `sparkrun run --no-follow` relaunch the Ray head and worker containers on the four nodes'
     daemons, the simulated engine in the head container serves with 4 ranks, the planned stamp
     is pruned and the earlier one kept."""
+    debian = subprocess.run(
+        ["/usr/bin/python3", "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip()  # fmt: skip
+    if debian != str(sys.version_info[:2]):
+        mine = sys.version_info[:2]
+        pytest.skip(f"/usr/bin/python3 is {debian or 'missing'}, this Python {mine}: the"
+                    " containers' Python cannot use this one's site-packages")  # fmt: skip
     recipe = sparkrun_shaped(sim)
     launchable(sim, recipe, node_daemons)
     label = f"{LABEL}={os.getpid()}"
