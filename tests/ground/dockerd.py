@@ -130,8 +130,7 @@ class NodeDaemons:
                 "--data-root", str(d / "data"), "--exec-root", str(d / "exec"),
                 "--pidfile", str(d / "docker.pid"),
                 "--bridge=none", "--iptables=false", "--ip6tables=false", "--ip-masq=false",
-                "--storage-driver", "overlay2",
-            ],
+            ],  # its storage driver: dockerd's choice (overlay2, vfs where overlay cannot run)
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
 
