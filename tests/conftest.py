@@ -7,7 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ground.fixtures import openssh_cluster, real_ray, real_vllm, real_vllm_factory  # noqa: F401
+from ground.fixtures import (  # noqa: F401
+    node_daemons,
+    openssh_cluster,
+    real_ray,
+    real_vllm,
+    real_vllm_factory,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

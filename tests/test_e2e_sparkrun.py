@@ -1,13 +1,15 @@
 """The sparkrun-shaped embedded cluster: a sparkrun v2 recipe and the real sparkrun's cluster files
-on the head; `spark-ops apply --max-num-seqs 64` operates it end to end (real SSH, the reference
-watchdog restarting the simulated engine from the sparkrun recipe), and the real sparkrun CLI on
-the head renders the edited recipe's serve command with 64 (`sparkrun run --dry-run`).
+on the head, operated by `spark-ops apply --max-num-seqs 64` end to end.
 
-What is not real here, and why (docs/test-ground.md): the restart of the apply test is the
-reference watchdog's recipe action, because `sparkrun run` cannot yet bring a 4-node Ray job up on
-the embedded nodes. The second test shows how far it gets: with a simulated GB10 `nvidia-smi` on
-each node (the one simulated part), the real `sparkrun run` probes and places on all four nodes
-and runs its Ray head container on the real Docker daemon, which exits (the image has no Ray).
+- `test_apply_64_on_the_sparkrun_shaped_cluster` (no Docker): the reference watchdog restarts the
+  simulated engine from the sparkrun recipe (its `recipe` action, spark-ops' sparkrun renderer),
+  and the real `sparkrun run --dry-run` on the head renders the edited serve command with 64.
+- `test_apply_64_through_the_real_sparkrun_run` (`docker`): the watchdog's `sparkrun` action —
+  the real `sparkrun stop` / `sparkrun run --no-follow` — probes the four simulated GB10s over
+  SSH, places one rank on each and starts its Ray head and worker containers on each node's own
+  real dockerd; the simulated `ray` and engine run in those containers.
+
+What is simulated, and why, is in docs/test-ground.md ("The real sparkrun").
 """
 
 from __future__ import annotations
@@ -17,15 +19,22 @@ import os
 import re
 import resource
 import shutil
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import Sim
 
+from spark_ops.discover.sparkrun import HEAD_LOG_COMMAND
+from spark_ops.sim.cluster import SimError
+from spark_ops.sim.control import restart_watchdog, wait_serving
 from tests.ground import GroundUnavailable
-from tests.ground.docker import IMAGE, LABEL, REPO, docker, docker_unavailable_reason, ensure_image
-from tests.ground.sparkrun_venv import run_sparkrun, sparkrun_bin
+from tests.ground.docker import IMAGE, LABEL, REPO
+from tests.ground.dockerd import NodeDaemons
+from tests.ground.sparkrun_venv import offline_env, run_sparkrun, sparkrun_bin
 from tests.test_e2e_apply import spark_ops, stamps
 
 pytestmark = pytest.mark.slow
@@ -110,62 +119,178 @@ def test_apply_64_on_the_sparkrun_shaped_cluster(sim: Sim, cli_env: dict[str, st
     shutil.rmtree(sim.head / ".cache" / "sparkrun", ignore_errors=True)
 
 
-def launchable(sim: Sim, recipe: Path) -> dict[str, object]:
-    """Make the sparkrun-shaped cluster one that `sparkrun run` places and launches on: a GB10
-    `nvidia-smi` on every node (the simulated GPU tool), and in sparkrun's cluster file the
-    executor and distribution keys this ground needs (docs/test-ground.md says why each)."""
+def launchable(sim: Sim, recipe: Path, daemons: NodeDaemons) -> None:
+    """Make the sparkrun-shaped cluster one that `sparkrun run` launches on, each part through
+    sparkrun's own options (docs/test-ground.md says why each is needed):
+
+    - every node: a GB10 `nvidia-smi` (the simulated GPU tool), its own dockerd (`DOCKER_HOST`)
+      and `SPARKRUN_MGMT_IFACE=lo` (sparkrun's management interface: loopback, 127.0.0.1) in
+      its SSH environment;
+    - sparkrun's cluster file: `executor_config` (no `--gpus`, a `nofile` limit this machine
+      allows, read-only mounts of /usr, this checkout and the containers' `ray`/`vllm`) and no
+      model distribution (the engine is simulated: no weights);
+    - the recipe's `env`: the simulated `ray`/`vllm` first on PATH, this checkout on PYTHONPATH
+      (Debian's /usr/bin/python3 runs them), the simulated engine's config.
+    """
     from spark_ops.sim.nvidia_smi import install
+    from spark_ops.sim.ray import install as install_ray
 
     for node in (sim.root / "nodes").iterdir():
         install(node / "bin")
+        env = {**daemons.environment(node.name), "SPARKRUN_MGMT_IFACE": "lo"}
+        (node / ".ssh").mkdir(exist_ok=True)
+        (node / ".ssh" / "environment").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    container = sim.root / "container"
+    install_ray(container / "bin")
+    shutil.copy(sim.root / "engine.yaml", container / "engine.yaml")
     cluster_file = sim.head / ".config" / "sparkrun" / "clusters" / "lab.yaml"
     cluster = yaml.safe_load(cluster_file.read_text())
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    site = Path(sysconfig.get_paths()["purelib"])  # the engine's aiohttp, PyYAML (same 3.x)
     cluster["executor_config"] = {
-        "accelerator_vendor": "cpu",  # no --gpus: this dockerd has no NVIDIA runtime
+        "accelerator_vendor": "cpu",  # no --gpus: these dockerds have no NVIDIA runtime
         "ulimit": [f"nofile={nofile}:{nofile}"],  # sparkrun's memlock=-1 is refused here
-        "volumes": ["/usr:/usr:ro", f"{REPO}:{REPO}:ro"],
+        "volumes": [
+            "/usr:/usr:ro",
+            f"{REPO}:{REPO}:ro",
+            f"{container}:{container}:ro",
+            f"{site}:{site}:ro",
+        ],
     }
     cluster["distribution"] = {"model": {"enabled": False}}  # no weights: the engine is simulated
     cluster_file.write_text(yaml.safe_dump(cluster, sort_keys=False))
-    return cluster
+    env = {
+        "PATH": f"{container / 'bin'}:/usr/bin:/bin",
+        "PYTHONPATH": f"{REPO}:{site}",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "SPARK_SIM_CONFIG": str(container / "engine.yaml"),
+        # Ray's --node-ip-address in sparkrun's `ray start` is the container's $NODE_IP, which
+        # sparkrun sets only from a detected InfiniBand fabric; the embedded nodes have none
+        "NODE_IP": "127.0.0.1",
+    }
+    text = recipe.read_text()
+    lines = "".join(f"  {k}: {json.dumps(v)}\n" for k, v in env.items())
+    recipe.write_text(text.replace("\nenv:\n", f"\nenv:\n{lines}", 1))
+
+
+def sparkrun_action(sim: Sim, recipe: Path, label: str) -> None:
+    """The head's watchdog restarts with sparkrun's own `stop` / `run --no-follow`, offline."""
+    cfg = sim.head / ".config" / "spark-watchdog.yaml"
+    data = yaml.safe_load(cfg.read_text())
+    env = offline_env(sim.head)
+    data["action"] = {
+        "kind": "sparkrun",
+        "recipe": str(recipe),
+        "cluster": "lab",
+        "sparkrun": ["env", *(f"{k}={v}" for k, v in env.items()), str(sparkrun_bin())],
+        "run_options": ["--offline", "--no-auto-detect", "--image", IMAGE, "--label", label],
+        "stop_timeout": 10,
+        "timeout": 240,
+    }
+    cfg.write_text(yaml.safe_dump(data, sort_keys=False))
+    inv = sim.inventory.read_text()
+    inv = inv.replace(
+        "log: {kind: file, path: ~/engine.log}",
+        f"log: {{kind: command, command: {json.dumps(HEAD_LOG_COMMAND)}}}",
+    )
+    sim.inventory.write_text(
+        "".join(line for line in inv.splitlines(True) if "pid_file:" not in line)
+    )
+
+
+def sparkrun_containers(daemons: NodeDaemons) -> dict[str, list[tuple[str, str]]]:
+    """Each node's running `sparkrun_*` containers on its own daemon: (name, id)."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for name in daemons.names:
+        rows = daemons.docker(name, "ps", "--filter", "name=^sparkrun_", "--format",
+                              "{{.Names}} {{.ID}}")  # fmt: skip
+        out[name] = [(r.split()[0], r.split()[1]) for r in rows.splitlines() if r.strip()]
+    return out
+
+
+def launch_report(sim: Sim, daemons: NodeDaemons) -> str:
+    """What a launch that did not serve left: the action's log, each node's containers, the
+    head container's serve log."""
+    parts = [(sim.head / "engine.log").read_text(errors="replace")[-4000:]]
+    for node in daemons.names:
+        parts.append(f"--- {node}: " + daemons.docker(node, "ps", "-a", check=False))
+        for cid in daemons.docker(node, "ps", "-aq", check=False).split():
+            parts.append(daemons.docker(node, "logs", "--tail", "30", cid, check=False))
+            if node == "node1":
+                parts.append(daemons.docker(node, "exec", cid, "cat", "/tmp/sparkrun_serve.log",
+                                            check=False)[-3000:])  # fmt: skip
+    return "\n".join(parts)
 
 
 @pytest.mark.docker
-def test_sparkrun_run_places_on_the_simulated_gb10s_and_starts_its_head_container(
-    sim: Sim,
+def test_apply_64_through_the_real_sparkrun_run(
+    sim: Sim, cli_env: dict[str, str], node_daemons: NodeDaemons
 ) -> None:
-    """The real `sparkrun run` probes the four nodes (GB10 each), passes its offline checks and
-    runs its Ray head container `sparkrun_<intent>_<token>_head` on the real Docker daemon; the
-    launch stops there: the image has no Ray (`ray start --head` exits), which sparkrun reports
-    as its head not running. See docs/test-ground.md for what is left."""
-    reason = docker_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    ensure_image()
+    """6 → 64 through the reference watchdog's `sparkrun` action: the real `sparkrun stop` and
+    `sparkrun run --no-follow` relaunch the Ray head and worker containers on the four nodes'
+    daemons, the simulated engine in the head container serves with 4 ranks, the planned stamp
+    is pruned and the earlier one kept."""
+    debian = subprocess.run(
+        ["/usr/bin/python3", "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip()  # fmt: skip
+    if debian != str(sys.version_info[:2]):
+        mine = sys.version_info[:2]
+        pytest.skip(f"/usr/bin/python3 is {debian or 'missing'}, this Python {mine}: the"
+                    " containers' Python cannot use this one's site-packages")  # fmt: skip
     recipe = sparkrun_shaped(sim)
-    launchable(sim, recipe)
+    launchable(sim, recipe, node_daemons)
     label = f"{LABEL}={os.getpid()}"
+    sparkrun_action(sim, recipe, label)
     try:
-        run = run_sparkrun(
-            [
-                "run", str(recipe), "--cluster", "lab", "--offline", "--no-auto-detect",
-                "--no-follow", "--image", IMAGE, "--label", label,
-            ],
-            sim.head,
-            isolate=False,  # it must reach the embedded nodes (loopback): its own switches only
-        )  # fmt: skip
-        out = run.stdout + run.stderr
-        assert "Platform:  DGX Spark (NVIDIA GB10" in out, out[-3000:]
-        rows = re.findall(r"^\s+(?:head|worker)\s+(node\d)\s+gb10\s", out, re.M)
-        assert rows == ["node1", "node2", "node3", "node4"], out[-3000:]
-        assert "Offline: every image and model is present" in out, out[-3000:]
-        assert "Step 3/5: Launching Ray head" in out, out[-3000:]
-        head = re.search(r"Workload (sparkrun_[0-9a-f]+_[0-9a-f]+_head) is not running", out)
-        assert head is not None, out[-3000:]
-        assert run.returncode != 0
+        restart_watchdog(sim.root)  # the engine now comes up by the real `sparkrun run`
+        try:
+            wait_serving(sim.state, timeout=120)
+        except SimError as exc:
+            raise AssertionError(f"{exc}\n{launch_report(sim, node_daemons)}") from exc
+        launched = (sim.head / "engine.log").read_text()  # the action's output: sparkrun's
+        assert "Platform:  DGX Spark (NVIDIA GB10" in launched, launched[-3000:]
+        rows = re.findall(r"^\s+(?:head|worker)\s+(node\d)\s+gb10\s", launched, re.M)
+        assert rows == ["node1", "node2", "node3", "node4"], launched[-3000:]
+        assert "Offline: every image and model is present" in launched
+        before = sparkrun_containers(node_daemons)
+        assert [len(v) for v in before.values()] == [1, 1, 1, 1], before
+        ((head_name, _),) = before["node1"]
+        assert re.fullmatch(r"sparkrun_[0-9a-f]+_[0-9a-f]+_head", head_name), head_name
+        for node in ("node2", "node3", "node4"):
+            assert before[node][0][0] == head_name.replace("_head", "_worker"), before
+        before_recipe = recipe.read_text()
+        before_stamps = stamps(sim)
+
+        res = spark_ops(cli_env, "apply", "--max-num-seqs", "64", "--yes", "--json")
+        assert res.returncode == 0, res.stdout[-6000:]
+        out = json.loads(res.stdout)
+        assert out["ok"] is True
+        changed = [
+            (a, b)
+            for a, b in zip(
+                before_recipe.splitlines(), recipe.read_text().splitlines(), strict=True
+            )
+            if a != b
+        ]
+        assert len(changed) == 1 and "max_num_seqs: 64 " in changed[0][1], changed
+        assert out["stamp"] is not None and out["pruned"] == [out["stamp"]]
+        assert stamps(sim) == before_stamps, "the planned stamp is gone and the earlier one remains"
+        assert out["boot"]["non_default_args"]["max_num_seqs"] == 64
+
+        after = sparkrun_containers(node_daemons)
+        assert [len(v) for v in after.values()] == [1, 1, 1, 1], after
+        for node in node_daemons.names:
+            assert after[node][0][1] != before[node][0][1], f"{node}: not relaunched"
+        ((new_head, _),) = after["node1"]
+        log = node_daemons.docker("node1", "exec", new_head, "cat", "/tmp/sparkrun_serve.log")
+        assert "'max_num_seqs': 64" in log, log[-3000:]
+        assert len(re.findall(r"Ray worker \S+ at \S+ joined the placement group", log)) == 3, log
+        assert (sim.head / "engine.log").read_text().count("Step 5/5: Executing serve command") == 2
     finally:
-        ids = docker("ps", "-aq", "--filter", f"label={label}", check=False).split()
-        for cid in ids:
-            docker("rm", "-f", cid, check=False)
+        (sim.head / ".local" / "state" / "spark-watchdog" / "pause").touch()
+        for node in node_daemons.names:
+            ids = node_daemons.docker(node, "ps", "-aq", check=False).split()
+            if ids:
+                node_daemons.docker(node, "rm", "-f", *ids, check=False)
         shutil.rmtree(sim.head / ".cache" / "sparkrun", ignore_errors=True)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from ground import GroundError
-from ground.docker import REPO, DockerGround, docker, docker_unavailable_reason, wait_for
+from ground.docker import IMAGE, REPO, DockerGround, docker, docker_unavailable_reason, wait_for
 from ground.sshd import free_port
 from ground.vllm import VENV, model_path, vllm_unavailable_reason
 
@@ -134,3 +136,36 @@ def test_real_vllm_serves_from_a_container(ground: DockerGround) -> None:
     docker("stop", c.id, timeout=90)
     state = c.inspect()["State"]
     assert state["Running"] is False and state["ExitCode"] in (0, 143), state
+
+
+def test_node_daemons_own_and_stop_only_theirs(ground: DockerGround, tmp_path: Path) -> None:
+    """One dockerd per node: same container name on two nodes (as sparkrun's workers), each on its
+    own daemon; stop() removes those daemons, their containers and tree, and nothing else (a
+    container of the machine's daemon stays); sweep_stale() takes only trees whose owner died."""
+    from ground.dockerd import PREFIX, NodeDaemons, sweep_stale
+
+    outside = ground.run(_name("outside"), ["sleep", "600"])
+    daemons = NodeDaemons(["node2", "node3"]).start()
+    try:
+        for node in daemons.names:
+            daemons.docker(node, "run", "-d", "--network", "host", "-v", "/usr:/usr:ro",
+                           "--name", "sparkrun_x_worker", IMAGE, "sleep", "600")  # fmt: skip
+        for node in daemons.names:
+            names = daemons.docker(node, "ps", "--format", "{{.Names}}").split()
+            assert names == ["sparkrun_x_worker"]
+        assert "sparkrun_x_worker" not in docker("ps", "--format", "{{.Names}}")
+        socks = [daemons.socket(n) for n in daemons.names]
+    finally:
+        daemons.stop()
+    assert not daemons.base.exists() and not any(s.exists() for s in socks)
+    assert outside.running(), "the machine's daemon and its containers are not touched"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"{PREFIX}{dead.pid}-x"
+    (stale / "node1").mkdir(parents=True)
+    (stale / "owner").write_text(str(dead.pid))
+    live = tmp_path / f"{PREFIX}{os.getpid()}-y"
+    live.mkdir()
+    (live / "owner").write_text(str(os.getpid()))
+    assert sweep_stale(tmp_path) == [stale]
+    assert not stale.exists() and live.exists()

@@ -21,3 +21,19 @@ def test_nvidia_smi(case: dict, tmp_path: Path) -> None:
     assert (proc.returncode, proc.stdout) == (case["rc"], case["out"]), proc.stderr
     if case["rc"] != 0:
         assert proc.stderr.strip(), "a refusal says why"
+
+
+def test_post_boot_gpu_process_check_on_an_idle_gpu(tmp_path: Path) -> None:
+    """spark-ops' post-boot GPU process program on a node whose GPU runs no compute app: exit 0,
+    an empty list (it used to end with the status of its loop's last test, 1)."""
+    import os
+
+    from spark_ops.postboot import _GPU_APPS
+    from spark_ops.remote.shell import sh_program
+
+    install(tmp_path)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    proc = subprocess.run(
+        ["bash", "-c", sh_program(_GPU_APPS)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (proc.returncode, proc.stdout) == (0, "\n---\n"), proc.stderr

@@ -412,3 +412,35 @@ def test_recipe_action_with_sim_engine(tmp_path: Path) -> None:
         pid = read_pid(cfg.paths.pid)
         if pid and pid_alive(pid):
             os.killpg(pid, signal.SIGKILL)
+
+
+async def test_failures_during_another_process_restart_are_not_counted(
+    make_env: Callable[..., Env],
+) -> None:
+    """While a `--restart-now` of another process holds the action lock (a sparkrun relaunch
+    takes longer than the grace), a failing probe is "restarting", never a step to giving up;
+    the grace then runs from the end of that action."""
+    env = make_env(grace=60, failures=2)
+    Path(env.paths.history).write_text(f"{int(time.time()) - 3600}\n")  # grace long over
+    dog = Watchdog(env.cfg)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+         dog.action_lock],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        os.utime(dog.action_lock, (0, 0))  # an old lock file: no grace from it
+        state = await dog.cycle({})
+        assert state["decision"] == "restarting" and state["consecutive_failures"] == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not os.path.exists(env.paths.gave_up) and len(env.stamps()) == 1
+    state = await dog.cycle(state)
+    assert state["decision"] == "failing", "the lock released, an old action: no grace"
+    os.utime(dog.action_lock)  # what restart() does when its action ends
+    state = await dog.cycle({})
+    assert state["decision"] == "grace"

@@ -27,11 +27,16 @@ _SSH_VALUE_FLAGS = frozenset(
     | {"-Q", "-R", "-S", "-W", "-w"}
 )
 
-#: Prints the newest sparkrun head (or solo) container's log; sparkrun renames it every launch.
+#: Prints the log of the running sparkrun head (or solo) container, then of each one that
+#: replaces it: sparkrun names containers per launch, and its serve process writes to
+#: /tmp/sparkrun_serve.log inside the container (PID 1 is `sleep infinity` or `ray start
+#: --block`, so `docker logs` never shows the engine).
 HEAD_LOG_COMMAND = (
-    'sh -c \'c=$(docker ps --filter name=^sparkrun_ --format "{{.Names}}" '
-    '| grep -E "_(solo|head|node_0)$" | head -n 1); '
-    '[ -n "$c" ] && exec docker logs -f "$c" 2>&1\''
+    "sh -c 'seen=; while :; do "
+    'c=$(docker ps --no-trunc --filter name=^sparkrun_ --format "{{.ID}} {{.Names}}" '
+    '| grep -E "_(solo|head|node_0)$" | head -n 1 | cut -d " " -f 1); '
+    'if [ -n "$c" ] && [ "$c" != "$seen" ]; then seen=$c; '
+    'docker exec "$c" tail -n +1 -F /tmp/sparkrun_serve.log 2>/dev/null; fi; sleep 1; done\''
 )
 
 

@@ -33,6 +33,7 @@ CONTROL = "control.sock"
 
 
 # control requests on one node; each names a SimNode method (dashes as underscores)
+RESTART_WATCHDOG_S = 300.0  # the configured action's start (a sparkrun launch) within this
 _NODE_ACTIONS = ("stop", "start", "stop-raylet", "start-raylet")
 
 
@@ -225,8 +226,8 @@ class SimCluster:
         """The environment of commands on the head."""
         return self.nodes[self.names[0]].env()
 
-    def start_watchdog(self) -> None:
-        """Start the engine from the recipe, then the reference watchdog, on the head."""
+    def start_watchdog(self, start_timeout: float = 60.0) -> None:
+        """Start the engine with the watchdog's configured action, then the watchdog (head)."""
         head = self.root / "nodes" / self.names[0]
         cfg = str(head / ".config" / "spark-watchdog.yaml")
         env = self.head_env()
@@ -237,7 +238,7 @@ class SimCluster:
         )
         subprocess.run(
             [sys.executable, "-c", start, cfg],
-            cwd=head, env=env, check=True, stdout=subprocess.DEVNULL, timeout=60,
+            cwd=head, env=env, check=True, stdout=subprocess.DEVNULL, timeout=start_timeout,
         )  # fmt: skip
         log = open(head / "watchdog.log", "ab")  # noqa: SIM115
         self.watchdog = subprocess.Popen(
@@ -247,13 +248,19 @@ class SimCluster:
         )  # fmt: skip
 
     async def control(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Answer one control request: `stop|start|stop-raylet|start-raylet NODE` / `ports`."""
+        """Answer one control request: `stop|start|stop-raylet|start-raylet NODE`, `ports` or
+        `restart-watchdog`."""
         try:
             words = (await reader.readline()).decode().split()
             answer: dict[str, Any] = {"ok": True}
             if len(words) == 2 and words[0] in _NODE_ACTIONS and words[1] in self.nodes:
                 node = self.nodes[words[1]]
                 await getattr(node, words[0].replace("-", "_"))()
+            elif words == ["restart-watchdog"]:  # its config changed: action, paths …
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None, self.restart_watchdog)
+                except (subprocess.SubprocessError, OSError) as exc:
+                    answer = {"ok": False, "error": f"the watchdog's action did not start: {exc}"}
             elif words == ["ports"]:
                 answer["ports"] = {n: s.spec.port for n, s in self.nodes.items()}
             else:
@@ -262,6 +269,12 @@ class SimCluster:
             await writer.drain()
         finally:
             writer.close()
+
+    def restart_watchdog(self) -> None:
+        """Stop the watchdog and its engine, then start both again from the config as it is now
+        (in a thread: the action may reach the nodes over SSH, served by this event loop)."""
+        self.stop_processes()
+        self.start_watchdog(start_timeout=RESTART_WATCHDOG_S)
 
     def stop_processes(self) -> None:
         """Stop the watchdog and the engine it started (whole process groups)."""

@@ -127,12 +127,24 @@ def _running(pid: int) -> bool:
 
 def node(root: Path, action: str, name: str) -> dict[str, Any]:
     """Stop or start one simulated node (its SSH server and raylet)."""
+    return _request(root, f"{action} {name}", 10.0)
+
+
+def restart_watchdog(root: Path) -> dict[str, Any]:
+    """Restart the head's watchdog and its engine from the watchdog config as it is now."""
+    from spark_ops.sim.cluster import RESTART_WATCHDOG_S
+
+    return _request(root, "restart-watchdog", RESTART_WATCHDOG_S + 30)
+
+
+def _request(root: Path, request: str, timeout: float) -> dict[str, Any]:
+    """Send one control request to the running cluster; SimError when it is refused."""
     if read_state(root.resolve()) is None:
         raise SimError(f"no embedded cluster is running in {root}")
     with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(10)
+        s.settimeout(timeout)
         s.connect(str(root.resolve() / CONTROL))
-        s.sendall(f"{action} {name}\n".encode())
+        s.sendall(f"{request}\n".encode())
         data = b""
         while not data.endswith(b"\n"):
             chunk = s.recv(4096)
@@ -141,5 +153,5 @@ def node(root: Path, action: str, name: str) -> dict[str, Any]:
             data += chunk
     answer: dict[str, Any] = json.loads(data or b"{}")
     if not answer.get("ok"):
-        raise SimError(f"sim {action} {name}: {answer.get('error', 'no answer')}")
+        raise SimError(f"sim {request}: {answer.get('error', 'no answer')}")
     return answer

@@ -88,6 +88,7 @@ class SimNode:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SSH_")}
         home = str(self.spec.home)
         env.update(self.spec.env)
+        env.update(self.user_environment())
         env.update(
             HOME=home,
             USER=os.environ.get("USER", "ops"),
@@ -96,6 +97,15 @@ class SimNode:
             PATH=f"{home}/bin:{env.get('PATH', '/usr/bin:/bin')}",
         )
         return env
+
+    def user_environment(self) -> dict[str, str]:
+        """`~/.ssh/environment` (`NAME=value` lines), read as OpenSSH's PermitUserEnvironment."""
+        try:
+            text = (self.spec.home / ".ssh" / "environment").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return {}
+        pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
+        return {k: v for k, v in pairs if k and not k.startswith("#")}
 
     async def _handle(self, process: asyncssh.SSHServerProcess) -> None:
         """Run the requested command in bash inside the node's home, piping the channel to it."""

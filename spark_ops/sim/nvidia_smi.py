@@ -11,10 +11,11 @@ placement probe) see what a GB10 reports. It answers the `--query-gpu` form only
   `[Not Supported]`.
 
 `--format=csv` prints a header line unless `noheader` is given; `nounits` drops the units. Any
-other use (no `--query-gpu`, `-L`, a bare call) prints the one-line device list of `-L`, and an
-unknown option (`--query-compute-apps` among them: the simulated engine is no GPU process) is
-refused with exit status 2 naming it. The nodes get it only where a test installs it (`install`):
-spark-ops' own post-boot check reads `--query-compute-apps`, and skips nodes without the tool.
+other use (no `--query-gpu`, `-L`, a bare call) prints the one-line device list of `-L`.
+`--query-compute-apps=FIELDS` lists no process (the simulated engine is no GPU process: only the
+header, unless `noheader`). An unknown option is refused with exit status 2 naming it. The nodes
+get it only where a test installs it (`install`); spark-ops' own post-boot check reads
+`--query-compute-apps`, and skips nodes without the tool.
 """
 
 from __future__ import annotations
@@ -67,20 +68,26 @@ def main(argv: list[str] | None = None) -> int:
     """`nvidia-smi [--query-gpu=F,… --format=csv[,noheader][,nounits]] | -L`."""
     args = sys.argv[1:] if argv is None else argv
     fields: list[str] = []
+    apps: list[str] = []
     fmt: set[str] = set()
     for arg in args:
-        if arg.startswith("--query-gpu="):
+        if arg.startswith("--query-compute-apps="):
+            apps = [f.strip() for f in arg.split("=", 1)[1].split(",") if f.strip()]
+        elif arg.startswith("--query-gpu="):
             fields = [f.strip() for f in arg.split("=", 1)[1].split(",") if f.strip()]
         elif arg.startswith("--format="):
             fmt = {f.strip() for f in arg.split("=", 1)[1].split(",")}
         elif arg not in ("-L", "--list-gpus"):
             sys.stderr.write(f"Invalid combination of input arguments: {arg!r}\n")
             return 2
-    if fields:
+    if apps or fields:
         if "csv" not in fmt:
-            sys.stderr.write("--query-gpu needs --format=csv\n")
+            sys.stderr.write("--query-gpu/--query-compute-apps needs --format=csv\n")
             return 2
-        sys.stdout.write(query(fields, fmt))
+        if apps:  # no compute process on the simulated GPU
+            sys.stdout.write("" if "noheader" in fmt else ", ".join(apps) + "\n")
+        else:
+            sys.stdout.write(query(fields, fmt))
     else:
         sys.stdout.write(f"GPU 0: {NAME} (UUID: {UUID})\n")
     return 0

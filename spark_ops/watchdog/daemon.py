@@ -142,16 +142,28 @@ class Watchdog:
         )
 
     def grace_until(self) -> float:
-        """Return the end of the start-up grace window (latest restart, pid file, daemon start)."""
+        """Return the end of the start-up grace window (latest restart stamp, pid file, end of the
+        latest restart action, daemon start)."""
         anchors = [0.0]
         stamps = history.read_history(self.paths.history, self.paths.format).stamps()
         if stamps:
             anchors.append(float(max(stamps)))
-        with contextlib.suppress(OSError):
-            anchors.append(os.stat(self.paths.pid).st_mtime)
+        for anchor in (self.paths.pid, self.action_lock):  # the action lock: the last action's end
+            with contextlib.suppress(OSError):
+                anchors.append(os.stat(anchor).st_mtime)
         if self.loop_started is not None:
             anchors.append(self.loop_started)
         return max(anchors) + self.cfg.probe.grace
+
+    def restart_in_progress(self) -> bool:
+        """True while another process holds the action lock (a `--restart-now` running)."""
+        try:
+            with history.locked(self.action_lock, 0):
+                return False
+        except history.LockTimeout:
+            return True
+        except history.HistoryFailure:
+            return False
 
     def load_state(self) -> dict[str, Any]:
         """Read the state file (consecutive failures survive --once runs and daemon restarts)."""
@@ -199,6 +211,8 @@ class Watchdog:
         )
         self.log.warning("restarting", stamp=stamp, reason=reason, by=by, forced=forced)
         result = restart_engine(self.cfg.action, self.paths)
+        with contextlib.suppress(OSError):  # the grace window runs from the action's end (an
+            os.utime(self.action_lock)  # action that writes no pid file: sparkrun, docker …)
         if not result.ok:
             self.log.error("restart_failed", stamp=stamp, error=result.error)
             with contextlib.suppress(history.HistoryFailure):
@@ -252,6 +266,9 @@ class Watchdog:
             if failures:
                 self.log.info("probe_recovered", after_failures=failures)
             failures, decision = 0, "ok"
+        elif self.restart_in_progress():
+            failures, decision = 0, "restarting"
+            self.log.info("probe_failed_while_restarting", error=result.error)
         elif now < grace_end:
             failures, decision = 0, "grace"
             self.log.info("probe_failed_in_grace", error=result.error, grace_until=grace_end)

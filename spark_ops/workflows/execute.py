@@ -346,7 +346,7 @@ async def _wait(
             missing_workers=lambda: missing_workers(op),
             instance=watch.poll if watch.source else None,
             tracker=tracker,
-            args_grace_s=30.0 if c.engine.log_kind in ("file", "docker") else 0.0,
+            args_grace_s=30.0 if c.engine.log_kind in ("file", "docker", "command") else 0.0,
         )
 
 

@@ -137,7 +137,7 @@ printf '%s\n' "$apps"
 echo ---
 printf '%s\n' "$apps" | while IFS=, read -r pid rest; do
   age=$(ps -o etimes= -p "$pid" 2>/dev/null | tr -d ' ')
-  [ -n "$age" ] && echo "$pid $((now - age))"
+  if [ -n "$age" ]; then echo "$pid $((now - age))"; fi
 done
 """
 

@@ -1,6 +1,6 @@
 """pytest fixtures of the real test ground; import them in tests/conftest.py.
 
-from ground.fixtures import openssh_cluster, real_ray, real_vllm, real_vllm_factory  # noqa: F401
+from ground.fixtures import node_daemons, openssh_cluster, real_ray, real_vllm  # noqa: F401
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from . import GroundUnavailable
+from . import GroundError, GroundUnavailable
+from .docker import docker_unavailable_reason
+from .dockerd import NodeDaemons
 from .ray import RayCluster, ray_cluster
 from .sshd import SshdCluster, start_sshd_nodes
 from .vllm import VllmFactory, VllmServer, vllm_unavailable_reason
@@ -71,3 +73,20 @@ def real_ray(tmp_path: Path) -> Iterator[RayCluster]:
             yield cluster
     except GroundUnavailable as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def node_daemons() -> Iterator[NodeDaemons]:
+    """One real dockerd per simulated node (node1..node4), the ground image in each; started once
+    per session, and only these daemons (and their containers) are stopped afterwards."""
+    reason = docker_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    try:
+        daemons = NodeDaemons([f"node{i}" for i in range(1, OPENSSH_NODES + 1)]).start()
+    except GroundError as exc:
+        pytest.skip(f"no Docker daemon per node here: {exc}")
+    try:
+        yield daemons
+    finally:
+        daemons.stop()
