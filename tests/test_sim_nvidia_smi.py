@@ -28,12 +28,12 @@ def test_post_boot_gpu_process_check_on_an_idle_gpu(tmp_path: Path) -> None:
     an empty list (it used to end with the status of its loop's last test, 1)."""
     import os
 
-    from spark_ops.postboot import _GPU_APPS
     from spark_ops.remote.shell import sh_program
+    from spark_ops.workflows.postboot import GPU_APPS_SH
 
     install(tmp_path)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     proc = subprocess.run(
-        ["bash", "-c", sh_program(_GPU_APPS)], env=env, capture_output=True, text=True, timeout=60
+        ["bash", "-c", sh_program(GPU_APPS_SH)], env=env, capture_output=True, text=True, timeout=60
     )
     assert (proc.returncode, proc.stdout) == (0, "\n---\n"), proc.stderr

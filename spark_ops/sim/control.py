@@ -16,7 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spark_ops.sim.cluster import CONTROL, STATE, SimError, SimOptions, node_names, prepare
+from spark_ops.sim.cluster import (
+    CONTROL,
+    RESTART_WATCHDOG_S,
+    STATE,
+    SimError,
+    SimOptions,
+    node_names,
+    prepare,
+)
 
 DEFAULT_ROOT = Path(".sim")
 
@@ -132,8 +140,6 @@ def node(root: Path, action: str, name: str) -> dict[str, Any]:
 
 def restart_watchdog(root: Path) -> dict[str, Any]:
     """Restart the head's watchdog and its engine from the watchdog config as it is now."""
-    from spark_ops.sim.cluster import RESTART_WATCHDOG_S
-
     return _request(root, "restart-watchdog", RESTART_WATCHDOG_S + 30)
 
 

@@ -129,7 +129,7 @@ async def _xid_checks(op: Operation, since: float) -> list[verify.Check]:
     return checks
 
 
-_GPU_APPS = """
+GPU_APPS_SH = """
 command -v nvidia-smi >/dev/null 2>&1 || { echo NO_NVIDIA_SMI; exit 0; }
 now=$(date +%s)
 apps=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader) || exit 3
@@ -145,7 +145,7 @@ done
 async def _gpu_process_checks(op: Operation, since: float) -> list[verify.Check]:
     """No GPU compute process older than the restart on any node (skipped without nvidia-smi)."""
     results = await op.session.run_all(
-        sh_program(_GPU_APPS), [n.name for n in op.cluster.nodes], check=False
+        sh_program(GPU_APPS_SH), [n.name for n in op.cluster.nodes], check=False
     )
     checks = []
     for host, res in results.items():
