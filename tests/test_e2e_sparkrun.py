@@ -127,9 +127,10 @@ def launchable(sim: Sim, recipe: Path, daemons: NodeDaemons) -> None:
       and `SPARKRUN_MGMT_IFACE=lo` (sparkrun's management interface: loopback, 127.0.0.1) in
       its SSH environment;
     - sparkrun's cluster file: `executor_config` (no `--gpus`, a `nofile` limit this machine
-      allows, read-only mounts of /usr, this checkout and the containers' `ray`/`vllm`) and no
+      allows, read-only mounts of /usr and of the containers' `ray`/`vllm` and a copy of
+      spark_ops) and no
       model distribution (the engine is simulated: no weights);
-    - the recipe's `env`: the simulated `ray`/`vllm` first on PATH, this checkout on PYTHONPATH
+    - the recipe's `env`: the simulated `ray`/`vllm` first on PATH, that copy on PYTHONPATH
       (Debian's /usr/bin/python3 runs them), the simulated engine's config.
     """
     from spark_ops.sim.nvidia_smi import install
@@ -142,17 +143,25 @@ def launchable(sim: Sim, recipe: Path, daemons: NodeDaemons) -> None:
         (node / ".ssh" / "environment").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     container = sim.root / "container"
     install_ray(container / "bin")
-    shutil.copy(sim.root / "engine.yaml", container / "engine.yaml")
+    # sparkrun refuses to bind-mount anything under /root: the containers get a copy of the
+    # package (and of the venv's libraries when the venv lives there) beside their tools
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "spark_ops", container / "src" / "spark_ops", ignore=skip)
+    config = (sim.root / "engine.yaml").read_text()  # its `base:` is the package's own asset
+    config = config.replace(str(REPO / "spark_ops"), str(container / "src" / "spark_ops"))
+    (container / "engine.yaml").write_text(config)
+    site = Path(sysconfig.get_paths()["purelib"])  # the engine's aiohttp, PyYAML (same 3.x)
+    if site.resolve().is_relative_to("/root"):
+        shutil.copytree(site, container / "site", ignore=skip, symlinks=True)
+        site = container / "site"
     cluster_file = sim.head / ".config" / "sparkrun" / "clusters" / "lab.yaml"
     cluster = yaml.safe_load(cluster_file.read_text())
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    site = Path(sysconfig.get_paths()["purelib"])  # the engine's aiohttp, PyYAML (same 3.x)
     cluster["executor_config"] = {
         "accelerator_vendor": "cpu",  # no --gpus: these dockerds have no NVIDIA runtime
         "ulimit": [f"nofile={nofile}:{nofile}"],  # sparkrun's memlock=-1 is refused here
         "volumes": [
             "/usr:/usr:ro",
-            f"{REPO}:{REPO}:ro",
             f"{container}:{container}:ro",
             f"{site}:{site}:ro",
         ],
@@ -161,7 +170,7 @@ def launchable(sim: Sim, recipe: Path, daemons: NodeDaemons) -> None:
     cluster_file.write_text(yaml.safe_dump(cluster, sort_keys=False))
     env = {
         "PATH": f"{container / 'bin'}:/usr/bin:/bin",
-        "PYTHONPATH": f"{REPO}:{site}",
+        "PYTHONPATH": f"{container / 'src'}:{site}",
         "PYTHONDONTWRITEBYTECODE": "1",
         "SPARK_SIM_CONFIG": str(container / "engine.yaml"),
         # Ray's --node-ip-address in sparkrun's `ray start` is the container's $NODE_IP, which
