@@ -12,8 +12,6 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from spark_ops.log import get_logger
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
@@ -30,6 +28,10 @@ class MetricSample:
 
 def _samples(text: str) -> list[MetricSample]:
     """Every sample of a well-formed page (ValueError when the library refuses it)."""
+    # imported here: prometheus_client's package import costs tens of ms, paid only when a page
+    # is read (as for asyncssh, aiohttp, rich and yaml, the CLI's start must not pay it)
+    from prometheus_client.parser import text_string_to_metric_families
+
     return [
         MetricSample(s.name, dict(s.labels), float(s.value))
         for family in text_string_to_metric_families(text)
