@@ -14,9 +14,9 @@ from ground.vllm import VENV
 
 from spark_ops.errors import ExitStatus, KnobError
 from spark_ops.recipe import parse_kv_cache_memory
-from spark_ops.recipe.knobs import parse_human_int
 from spark_ops.sim.engine_args import build_parser
 from spark_ops.sim.engine_config import load_config
+from spark_ops.sizes import parse_human_int
 
 CASES: list[dict[str, Any]] = yaml.safe_load(
     (Path(__file__).parent / "fixtures" / "sizes" / "cases.yaml").read_text()

@@ -13,6 +13,15 @@ from typing import Any
 
 from spark_ops.engine.metrics import CACHE_CONFIG_INFO, parse_metrics, pool_tokens
 
+_SNAPSHOT_NAMES = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:generation_tokens_total",
+    CACHE_CONFIG_INFO,
+)
+
 
 @dataclass
 class EngineSnapshot:
@@ -29,7 +38,7 @@ class EngineSnapshot:
     def from_metrics(cls, text: str) -> EngineSnapshot:
         """Sum the vLLM gauges/counters over engines and models."""
         snap = cls()
-        for s in parse_metrics(text):
+        for s in parse_metrics(text, _SNAPSHOT_NAMES):
             if s.name == "vllm:num_requests_running":
                 snap.running = (snap.running or 0) + s.value
             elif s.name == "vllm:num_requests_waiting":
@@ -140,8 +149,8 @@ class EngineAPI:
             return None
         if status != 200:
             return None
-        for s in parse_metrics(body):
-            if s.name == "process_start_time_seconds" and not s.labels:
+        for s in parse_metrics(body, ("process_start_time_seconds",)):
+            if not s.labels:
                 return s.value
         return None
 

@@ -12,8 +12,6 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from spark_ops.log import get_logger
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
@@ -30,6 +28,10 @@ class MetricSample:
 
 def _samples(text: str) -> list[MetricSample]:
     """Every sample of a well-formed page (ValueError when the library refuses it)."""
+    # imported here: prometheus_client's package import costs tens of ms, paid only when a page
+    # is read (as for asyncssh, aiohttp, rich and yaml, the CLI's start must not pay it)
+    from prometheus_client.parser import text_string_to_metric_families
+
     return [
         MetricSample(s.name, dict(s.labels), float(s.value))
         for family in text_string_to_metric_families(text)
@@ -37,8 +39,15 @@ def _samples(text: str) -> list[MetricSample]:
     ]
 
 
-def parse_metrics(text: str) -> list[MetricSample]:
-    """Parse Prometheus text exposition into samples, in page order; unreadable lines skipped."""
+def parse_metrics(text: str, names: Iterable[str] | None = None) -> list[MetricSample]:
+    """Parse Prometheus text exposition into samples, in page order; unreadable lines skipped.
+
+    With names, only lines that may hold those metrics reach the parser (and only their samples
+    are returned): a page with several engines' histograms is large, and the parser is not fast.
+    """
+    if names is not None:
+        wanted = set(names)
+        return [s for s in parse_metrics(_lines_of(text, wanted)) if s.name in wanted]
     try:
         return _samples(text)
     except ValueError:
@@ -57,24 +66,28 @@ def parse_metrics(text: str) -> list[MetricSample]:
     return out
 
 
+def _lines_of(text: str, names: set[str]) -> str:
+    """Only the sample lines that may belong to names (their name is a prefix of the line)."""
+    prefixes = tuple(names)
+    return "".join(line + "\n" for line in text.splitlines() if line.startswith(prefixes))
+
+
 def metric_sums(text: str, names: Iterable[str] | None = None) -> dict[str, float]:
     """Sum each metric over its label sets (engines add up); only `names` if given, absent left out.
 
     NaN samples (a gauge with no value yet) are left out of the sum.
     """
-    wanted = None if names is None else set(names)
     out: dict[str, float] = {}
-    for s in parse_metrics(text):
-        if (wanted is None or s.name in wanted) and not math.isnan(s.value):
+    for s in parse_metrics(text, names):
+        if not math.isnan(s.value):
             out[s.name] = out.get(s.name, 0.0) + s.value
     return out
 
 
 def metric_labels(text: str, name: str) -> dict[str, str]:
     """The labels of the first sample of `name` (an `_info` gauge's values); {} when absent."""
-    for s in parse_metrics(text):
-        if s.name == name:
-            return s.labels
+    for s in parse_metrics(text, (name,)):
+        return s.labels
     return {}
 
 

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from spark_ops.errors import KnobError, excerpt
+from spark_ops.sizes import parse_human_int
 
 #: Newest vLLM version whose knob facts are encoded here; assumed when no version is known.
 NEWEST_KNOWN = "0.33"
@@ -104,10 +105,6 @@ LEGACY_MOE_SETTINGS: dict[str, dict[str, str | None]] = {
     "auto": dict.fromkeys(LEGACY_MOE_ENV),
 }
 
-# vLLM's human-readable ints (`--kv-cache-memory-bytes`, `--max-model-len`, ...): a number with one
-# suffix, K M G T binary, k m g t decimal (decimals only with these, computed in floating point as
-# vLLM does: 4.35k is 4349), else whatever Python's int() takes.
-_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 # spark-ops writes sizes only in this plain form (no sign, space, underscore or non-ASCII digit).
 _KV_RE = re.compile(r"^[0-9]+(?:\.[0-9]+)?[kKmMgGtT]?$")
 _KV_ACCEPTED = (
@@ -147,34 +144,6 @@ def parse_kv_cache_memory(value: str, *, check_range: bool = True) -> int:
             hint="e.g. 60G (binary) or 60g (decimal) per GPU",
         )
     return size
-
-
-def parse_human_int(text: str) -> int:
-    """The int vLLM makes of a human-readable value (60G, 60g, 1.5g, 1024); ValueError if none.
-
-    spark-ops' one size parser: the recipe's knobs check values with it (adding their own rules)
-    and the simulated vLLM parses its command line with it.
-    """
-    value = text.strip()
-    match = _SUFFIXED.fullmatch(value)
-    if match is not None and match.group(2).isupper() and "." in match.group(1):
-        raise ValueError(
-            f"invalid value {excerpt(text)}: decimals are allowed only with lowercase (decimal) "
-            "suffixes k m g t"
-        )
-    try:
-        if match is None:
-            return int(value)
-        number, suffix = match.groups()
-        power = "kmgt".index(suffix.lower()) + 1
-        if suffix.islower():
-            return int(float(number) * 1000**power)
-        return int(number) * 1024**power
-    except (ValueError, OverflowError):
-        raise ValueError(
-            f"invalid value {excerpt(text)}: use an integer or a number with one suffix "
-            "(K M G T binary, k m g t decimal)"
-        ) from None
 
 
 def _parse_kv_size(value: str) -> int:

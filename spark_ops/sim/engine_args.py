@@ -6,8 +6,8 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_ops.recipe.knobs import parse_human_int
 from spark_ops.sim.engine_config import cfg_get, moe_backend_choices
+from spark_ops.sizes import parse_human_int
 
 # Order in which vLLM lists non-default args (front-end args first, then engine args).
 _ORDER = [
