@@ -190,7 +190,6 @@ def test_real_vllm_apply_bench_and_refused_backend(real_sim: Sim, tmp_path: Path
     assert max(r for r, _w in old) <= OLD_CAP, f"cap {OLD_CAP} let more run at once: {old}"
     assert any(r == OLD_CAP and w > 0 for r, w in old), f"cap {OLD_CAP} never bound: {old}"
     assert max(r for r, _w in new) > OLD_CAP, f"cap {NEW_CAP} ran no more than {OLD_CAP}: {new}"
-    assert max(r for r, _w in new) <= CONCURRENCY, new
 
     before = s.recipe.read_bytes()
     code, out, err, took = _apply(
