@@ -120,16 +120,18 @@ class FlakyConnector:
         """Nothing to close."""
 
 
+FLAKY_INVENTORY = (
+    "clusters:\n  t:\n    nodes:\n      node1: {host: h, role: head}\n      node2: {host: h}\n"
+    "      node3: {host: h}\n    recipe: {path: r}\n"
+    "    watchdog: {restart_command: x, history_file: y}\n"
+)
+
+
 async def test_dropped_connects_are_retried_refused_are_not() -> None:
     """A reset before login is retried (within the cap); a refused connection is not."""
     from spark_ops.remote import ClusterSession, transient
 
-    text = (
-        "clusters:\n  t:\n    nodes:\n      node1: {host: h, role: head}\n      node2: {host: h}\n"
-        "      node3: {host: h}\n    recipe: {path: r}\n"
-        "    watchdog: {restart_command: x, history_file: y}\n"
-    )
-    cluster = parse_inventory(text, "t.yaml").cluster()
+    cluster = parse_inventory(FLAKY_INVENTORY, "t.yaml").cluster()
     FlakyConnector.attempts.clear()
     session = ClusterSession(cluster, connector_factory=FlakyConnector)  # type: ignore[arg-type]
     results = await fanout.exec_on(session, "true", ["node1", "node2", "node3"])
@@ -146,12 +148,7 @@ async def test_retries_are_logged_per_host() -> None:
 
     from spark_ops.remote import ClusterSession
 
-    text = (
-        "clusters:\n  t:\n    nodes:\n      node1: {host: h, role: head}\n      node2: {host: h}\n"
-        "      node3: {host: h}\n    recipe: {path: r}\n"
-        "    watchdog: {restart_command: x, history_file: y}\n"
-    )
-    cluster = parse_inventory(text, "t.yaml").cluster()
+    cluster = parse_inventory(FLAKY_INVENTORY, "t.yaml").cluster()
     FlakyConnector.attempts.clear()
     session = ClusterSession(cluster, connector_factory=FlakyConnector)  # type: ignore[arg-type]
     with structlog.testing.capture_logs() as logs:

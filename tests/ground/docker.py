@@ -41,19 +41,31 @@ def docker_bin() -> str | None:
     return shutil.which("docker")
 
 
-def docker(*args: str, timeout: float = DOCKER_TIMEOUT, check: bool = True) -> str:
-    """Run `docker ARGS…` and return its stdout; GroundError naming the command when it fails."""
+def docker(
+    *args: str,
+    timeout: float = DOCKER_TIMEOUT,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    who: str = "",
+) -> str:
+    """Run `docker ARGS…` and return its stdout; GroundError naming the command when it fails.
+
+    env is added to this process's environment (e.g. DOCKER_HOST for one node's own daemon); who
+    names that daemon in errors.
+    """
     exe = docker_bin()
     if exe is None:
         raise GroundError("docker: no docker client on PATH")
+    what = f"{who + ': ' if who else ''}docker {' '.join(args[:3])}"
     try:
         proc = subprocess.run(
-            [exe, *args], capture_output=True, text=True, timeout=timeout, check=False
-        )
+            [exe, *args], capture_output=True, text=True, timeout=timeout, check=False,
+            env={**os.environ, **env} if env else None,
+        )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
-        raise GroundError(f"docker {' '.join(args[:3])}: no answer within {timeout:.0f} s") from exc
+        raise GroundError(f"{what}: no answer within {timeout:.0f} s") from exc
     if check and proc.returncode != 0:
-        raise GroundError(f"docker {' '.join(args[:3])} failed ({proc.returncode}): {proc.stderr}")
+        raise GroundError(f"{what} failed ({proc.returncode}): {proc.stderr}")
     return proc.stdout
 
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from . import GroundError
-from .docker import IMAGE, docker_bin, ensure_image
+from .docker import IMAGE, docker, docker_bin, ensure_image
 from .sshd import pid_alive
 
 PREFIX = "so-dk-"
@@ -104,19 +104,7 @@ class NodeDaemons:
 
     def docker(self, name: str, *args: str, timeout: float = 120.0, check: bool = True) -> str:
         """`docker ARGS…` against one node's daemon; GroundError naming it when it fails."""
-        exe = docker_bin()
-        if exe is None:
-            raise GroundError("docker: no docker client on PATH")
-        env = {**os.environ, **self.environment(name)}
-        try:
-            proc = subprocess.run(
-                [exe, *args], env=env, capture_output=True, text=True, timeout=timeout
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise GroundError(f"{name}: docker {args[0]}: no answer in {timeout:.0f} s") from exc
-        if check and proc.returncode != 0:
-            raise GroundError(f"{name}: docker {' '.join(args[:3])} failed: {proc.stderr}")
-        return proc.stdout
+        return docker(*args, timeout=timeout, check=check, env=self.environment(name), who=name)
 
     def _start_one(self, name: str) -> None:
         """Start one node's dockerd in the background."""
