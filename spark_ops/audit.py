@@ -94,52 +94,6 @@ def make_entry(
     return entry
 
 
-def entry_for(
-    plan: Any, opts: Any = None, outcome: Any = None, *, error: BaseException | None = None
-) -> dict[str, Any]:
-    """The entry of an executed plan: operation, changes asked, nodes written, diffs, outcome."""
-    args: dict[str, Any] = {}
-    for ch in getattr(opts, "changes", None) or ():
-        name = str(getattr(ch, "name", ch)).lstrip("-").replace("-", "_")
-        args[name] = "(removed)" if getattr(ch, "remove", False) else getattr(ch, "value", None)
-    reason = getattr(opts, "reason", None)
-    if reason:
-        args["reason"] = reason
-    if getattr(opts, "force", False):
-        args["force"] = True
-    changes = list(getattr(plan, "changes", None) or ())
-    diff = "".join(str(getattr(c, "diff", "")) for c in changes)
-    if error is not None:
-        result = f"failed: {getattr(error, 'message', None) or error}"
-    elif outcome is None:
-        result = "not run"
-    else:
-        result = "ok" if getattr(outcome, "ok", False) else "failed"
-        if getattr(outcome, "rolled_back", False):
-            result = "rolled back"
-        bad = [c for c in getattr(outcome, "checks", None) or () if not c.get("ok", True)]
-        if result == "ok" and bad:
-            names = ", ".join(sorted({f"{c.get('name')}@{c.get('host')}" for c in bad}))
-            result = f"ok, checks failed: {names}"
-    detail: dict[str, Any] = {}
-    if outcome is not None:
-        detail = {
-            "stamp": getattr(outcome, "stamp", None),
-            "pruned": getattr(outcome, "pruned", []),
-        }
-    written = (getattr(plan, "facts", None) or {}).get("written")
-    if written is not None:
-        detail["written"] = list(written)  # what changed, even when a later step failed
-    return make_entry(
-        str(getattr(plan, "operation", "?")),
-        args=args,
-        nodes=[str(getattr(c, "host", "?")) for c in changes],
-        diff=diff,
-        outcome=result,
-        detail=detail,
-    )
-
-
 async def record(session: ClusterSession, entry: dict[str, Any]) -> None:
     """Append one entry as one JSON line to the head's audit file, under its lock, at head time."""
     data = dict(entry)

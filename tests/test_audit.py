@@ -162,26 +162,26 @@ def test_log_cli(mini: MiniCluster, tmp_path: Path) -> None:
     assert "apply max_num_seqs=64" in res.stdout and "    +b" in res.stdout
 
 
-async def test_entry_for_an_executed_plan(mini: MiniCluster) -> None:
-    """entry_for turns a plan, its options and outcome (or error) into one entry, recorded whole."""
+async def test_audit_entry_of_an_executed_plan(mini: MiniCluster) -> None:
+    """audit_entry: a plan, its options and outcome (or error) as one entry, recorded whole."""
     from spark_ops.errors import BootError
     from spark_ops.recipe import Change
-    from spark_ops.workflows import ApplyOptions, Outcome
+    from spark_ops.workflows import ApplyOptions, Outcome, audit_entry
     from spark_ops.workflows.plan import FileChange, Plan
 
     plan = Plan("apply", "sim")
     plan.changes.append(FileChange("node1", "~/r.yaml", "0" * 64, "-a\n+b\n", "b\n", "a\n"))
     opts = ApplyOptions(changes=[Change.knob("max_num_seqs", 64)], reason="batch work")
-    ok = audit.entry_for(plan, opts, Outcome(plan, ok=True, stamp=17.0, pruned=[17.0]))
+    ok = audit_entry(plan, opts, Outcome(plan, ok=True, stamp=17.0, pruned=[17.0]))
     assert ok["what"] == {
         "operation": "apply", "args": {"max_num_seqs": 64, "reason": "batch work"},
     }  # fmt: skip
     assert ok["nodes"] == ["node1"] and ok["diff"] == "-a\n+b\n" and ok["outcome"] == "ok"
     assert ok["detail"] == {"stamp": 17.0, "pruned": [17.0]}
     checks = [{"name": "xid", "host": "node2", "ok": False}, {"name": "kv-pool", "ok": True}]
-    warned = audit.entry_for(plan, opts, Outcome(plan, ok=True, checks=checks))
+    warned = audit_entry(plan, opts, Outcome(plan, ok=True, checks=checks))
     assert warned["outcome"] == "ok, checks failed: xid@node2"
-    failed = audit.entry_for(plan, opts, error=BootError("engine log ended during WEIGHTS"))
+    failed = audit_entry(plan, opts, failure=BootError("engine log ended during WEIGHTS"))
     assert failed["outcome"] == "failed: engine log ended during WEIGHTS"
     cluster = cluster_in(mini, "entry")
     async with ClusterSession(cluster) as session:

@@ -64,10 +64,43 @@ def audit_minimal(plan: Plan, failure: BaseException | None, exc: Exception) -> 
 
 
 def audit_entry(
-    plan: Plan, opts: ApplyOptions, out: Outcome, failure: BaseException | None
+    plan: Plan,
+    opts: ApplyOptions | None = None,
+    out: Outcome | None = None,
+    failure: BaseException | None = None,
 ) -> dict[str, Any]:
-    """The audit entry of an executed plan."""
-    return audit.entry_for(plan, opts, out, error=failure)
+    """The entry of an executed plan: operation, changes asked, nodes written, diffs, outcome."""
+    args: dict[str, Any] = {}
+    for ch in opts.changes if opts is not None else ():
+        args[ch.name.lstrip("-").replace("-", "_")] = "(removed)" if ch.remove else ch.value
+    if opts is not None and opts.reason:
+        args["reason"] = opts.reason
+    if opts is not None and opts.force:
+        args["force"] = True
+    if failure is not None:
+        result = f"failed: {getattr(failure, 'message', None) or failure}"
+    elif out is None:
+        result = "not run"
+    else:
+        result = "rolled back" if out.rolled_back else "ok" if out.ok else "failed"
+        bad = [c for c in out.checks if not c.get("ok", True)]
+        if result == "ok" and bad:
+            names = ", ".join(sorted({f"{c.get('name')}@{c.get('host')}" for c in bad}))
+            result = f"ok, checks failed: {names}"
+    detail: dict[str, Any] = {}
+    if out is not None:
+        detail = {"stamp": out.stamp, "pruned": out.pruned}
+    written = plan.facts.get("written")
+    if written is not None:
+        detail["written"] = list(written)  # what changed, even when a later step failed
+    return audit.make_entry(
+        plan.operation,
+        args=args,
+        nodes=[c.host for c in plan.changes],
+        diff="".join(c.diff for c in plan.changes),
+        outcome=result,
+        detail=detail,
+    )
 
 
 async def _execute(
