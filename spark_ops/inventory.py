@@ -335,15 +335,24 @@ _CLUSTER_KEYS = ("tensor_parallel", "ssh", "nodes", "recipe", "watchdog", "engin
 _HOST_RE = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")
 
 
+def host_problem(host: str) -> str | None:
+    """Why a node's host is not allowed (empty, an option or shell text), or None when it is.
+
+    One rule for the inventory and for `init --hosts`: a host name or an IP address.
+    """
+    if not _HOST_RE.fullmatch(host) or host.startswith("-"):
+        return (
+            "must be a host name or an IP address (letters, digits and . - _ : %, not starting "
+            f"with -), got {excerpt(host)}"
+        )
+    return None
+
+
 def _host(n: _Section) -> str:
     """A node's host: a name or an address, never empty, an option or shell text."""
     host: str = n.get("host", str, required=True)
-    if not _HOST_RE.fullmatch(host) or host.startswith("-"):
-        raise n.error(
-            n.path("host"),
-            f"must be a host name or an IP address (letters, digits and . - _ : %, not starting "
-            f"with -), got {excerpt(host)}",
-        )
+    if why := host_problem(host):
+        raise n.error(n.path("host"), why)
     return host
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops.errors import InventoryError
+from spark_ops.inventory import host_problem
 
 TODO = "# TODO(spark-ops init):"
 RECIPE_DIRS = ("~/spark-vllm-docker/recipes", "~/recipes", "/opt/spark-vllm-docker/recipes")
@@ -122,6 +123,8 @@ def parse_hosts(spec: str, *, source: str = "--hosts") -> list[NodeSpec]:
                 raise InventoryError(f"{source}: port {port} of {item!r} must be 1-65535")
         if not host:
             raise InventoryError(f"{source}: empty host in {spec!r}")
+        if why := host_problem(host):
+            raise InventoryError(f"{source}: host {why}")
         out.append(NodeSpec(name or "", host, port))
     name_nodes(out)
     return out
