@@ -269,7 +269,9 @@ def test_experiment_6_vs_64_tells_the_notes_story(tmp_path: Path) -> None:
         assert "Starting configuration restored: max_num_seqs=6" in out
         data = json.loads(report.read_text())
         neck = data["reading"]["bottleneck"]
-        assert neck["level"] == 64 and neck["ratio"] >= 2.0, neck
+        # the ratio itself (about 3x here when the machine is quiet) is a speed, measured in
+        # benchmarks/sim_calibration.py; the test asserts the verdict it leads to
+        assert neck["level"] == 64 and neck["is_bottleneck"], neck
         caps = {c["label"]: c["cap"] for c in data["reading"]["configs"]}
         assert caps["max_num_seqs=6"]["plateau"] == 6 and not caps["max_num_seqs=64"]["detected"]
         assert data["state"]["finished"] is True and data["state"]["restore"]["ok"] is True

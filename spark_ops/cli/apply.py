@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from spark_ops.cli.common import echo_plan, emit_json, load_cluster, run_async, step_reporter
+
+if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
+    from spark_ops.recipe import Change
+    from spark_ops.workflows import Outcome
 
 
 def knob_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -71,7 +75,7 @@ def restart_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _changes(kw: dict[str, Any]) -> list[Any]:
+def _changes(kw: dict[str, Any]) -> list[Change]:
     """Validated recipe changes from the knob options."""
     from spark_ops.recipe import changes_from_options
 
@@ -169,7 +173,7 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
     return run_async(flow())
 
 
-def _echo_outcome(outcome: Any) -> None:
+def _echo_outcome(outcome: Outcome) -> None:
     """Summarise an executed plan for a person."""
     click.echo()
     if outcome.rolled_back:

@@ -7,9 +7,12 @@ import datetime as dt
 import json
 import sys
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+
+if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
+    from spark_ops.workflows.plan import Plan
 
 T = TypeVar("T")
 
@@ -52,7 +55,7 @@ def echo_diff(diff: str) -> None:
         click.secho(line, fg=color)
 
 
-def echo_plan(plan: Any) -> None:
+def echo_plan(plan: Plan) -> None:
     """Print a plan: warnings, per-node diffs, then the numbered steps."""
     click.secho(f"Plan: {plan.operation} on cluster {plan.cluster}", bold=True)
     for w in plan.warnings:

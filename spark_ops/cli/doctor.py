@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from spark_ops.cli.common import emit_json, load_cluster, run_async
 
+if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
+    from spark_ops.doctor import DoctorReport
+
 _MARK = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red")}
 
 
-def echo_report(report: Any) -> None:
+def echo_report(report: DoctorReport) -> None:
     """Print the checks for a person: mark, name, host, detail; the fix under each failure."""
     click.secho(f"Doctor: cluster {report.cluster} ({report.inventory})", bold=True)
     for c in report.checks:

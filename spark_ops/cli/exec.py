@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from spark_ops.cli.common import emit_json, load_cluster, run_async
+
+if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
+    from spark_ops.fanout import FanoutReport
 
 
 def _nodes(value: str | None) -> list[str] | None:
@@ -27,7 +30,7 @@ def _echo_lines(host: str, text: str, *, width: int, err: bool) -> None:
         click.echo(f"{host:<{width}} {sep} {line}", err=err)
 
 
-def render(report: Any) -> None:
+def render(report: FanoutReport) -> None:
     """Print a fan-out report for a person: output per host, then a one-line summary on stderr."""
     width = max((len(h.host) for h in report.hosts), default=0)
     for h in report.hosts:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from spark_ops.cli.bench import DEFAULT_CONCURRENCY, TABLE_WIDTH, parse_caps, parse_levels
 from spark_ops.cli.common import load_cluster, run_async, step_reporter
+
+if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
+    from spark_ops.workflows.experiment.run import ExperimentOutcome
+    from spark_ops.workflows.experiment.state import ExperimentPlan
 
 AXIS_OPTIONS = ("max_num_seqs", "moe_backend", "kv_cache_memory")
 
@@ -55,7 +59,7 @@ def _sweep_settings(kw: dict[str, Any], caps: list[int]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def echo_plan(plan: Any, n_done: int) -> None:
+def echo_plan(plan: ExperimentPlan, n_done: int) -> None:
     """The configurations, the restarts they take and the restore, for a person."""
     click.secho(f"Experiment on cluster {plan.cluster}", bold=True)
     click.echo(
@@ -177,7 +181,7 @@ def compare_table(reading: Any) -> Any:
     return table
 
 
-def render_report(outcome: Any, *, width: int = 160) -> str:
+def render_report(outcome: ExperimentOutcome, *, width: int = 160) -> str:
     """The whole report as text: each configuration's table and reading, the comparison, the end."""
     from rich.console import Console
 
@@ -242,7 +246,7 @@ def _print_whatif(console: Any, state: Any) -> None:
             console.print(line, highlight=False)
 
 
-def _ending(outcome: Any) -> str:
+def _ending(outcome: ExperimentOutcome) -> str:
     """How the run ended, the restore and the budget, in words."""
     state = outcome.state
     done, total = len(state.results), len(state.spec.measured())

@@ -8,12 +8,21 @@ import statistics
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from spark_ops.errors import SparkOpsError
 from spark_ops.files import write_file
+from spark_ops.inventory import Cluster
 from spark_ops.log import get_logger
 from spark_ops.readiness.phases import PHASE_ORDER, Phase
+
+
+class Reported(Protocol):
+    """What a boot report gives the history: its dict (readiness.wait.BootReport has one)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-able data."""
+        ...
 
 
 def _log() -> Any:
@@ -61,9 +70,9 @@ class BootHistory:
         recs = self.records(cluster)
         return recs[-1] if recs else None
 
-    def record(self, cluster: str, report: Any) -> dict[str, Any]:
+    def record(self, cluster: str, report: Reported | Mapping[str, Any]) -> dict[str, Any]:
         """Append a boot (a BootReport or its dict) to the cluster's records and save atomically."""
-        data: Mapping[str, Any] = report.to_dict() if hasattr(report, "to_dict") else report
+        data: Mapping[str, Any] = report if isinstance(report, Mapping) else report.to_dict()
         durations = {
             str(k): float(v)
             for k, v in dict(data.get("durations") or {}).items()
@@ -116,7 +125,12 @@ def estimate(cluster: str, *, path: str | os.PathLike[str] | None = None) -> dic
     return BootHistory(path).estimate(cluster)
 
 
-def record(cluster: str, report: Any, *, path: str | os.PathLike[str] | None = None) -> None:
+def record(
+    cluster: str,
+    report: Reported | Mapping[str, Any],
+    *,
+    path: str | os.PathLike[str] | None = None,
+) -> None:
     """Store a finished boot's phase durations for later ETAs."""
     BootHistory(path).record(cluster, report)
 
@@ -141,7 +155,7 @@ def eta_seconds(
     return left + sum(estimates.get(p.value, 0.0) for p in after)
 
 
-def history_key(cluster: Any) -> str:
+def history_key(cluster: Cluster) -> str:
     """The boot history's key for a cluster: its identity (head host and recipe path), not its
     inventory name (the same cluster under two names shares its history; two clusters named
     alike do not)."""
