@@ -23,6 +23,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -78,6 +79,19 @@ def sparkrun_shaped(sim: Sim) -> Path:
     return recipe
 
 
+def apply_64(
+    cli_env: dict[str, str], recipe: Path, before: str
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """`spark-ops apply --max-num-seqs 64`, which must succeed: its report and the recipe's
+    changed (before, after) line pairs."""
+    res = spark_ops(cli_env, "apply", "--max-num-seqs", "64", "--yes", "--json")
+    assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]
+    out = json.loads(res.stdout)
+    assert out["ok"] is True
+    lines = zip(before.splitlines(), recipe.read_text().splitlines(), strict=True)
+    return out, [(a, b) for a, b in lines if a != b]
+
+
 def test_apply_64_on_the_sparkrun_shaped_cluster(sim: Sim, cli_env: dict[str, str]) -> None:
     """6 → 64: one line of the sparkrun recipe, restart, 64 served, planned stamp pruned."""
     recipe = sparkrun_shaped(sim)
@@ -87,15 +101,7 @@ def test_apply_64_on_the_sparkrun_shaped_cluster(sim: Sim, cli_env: dict[str, st
     shown = spark_ops(cli_env, "recipe", "show", str(recipe), "--json")
     assert json.loads(shown.stdout)["max_num_seqs"] == 6, shown.stderr
 
-    res = spark_ops(cli_env, "apply", "--max-num-seqs", "64", "--yes", "--json")
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout)
-    assert out["ok"] is True
-    changed = [
-        (a, b)
-        for a, b in zip(before_recipe.splitlines(), recipe.read_text().splitlines(), strict=True)
-        if a != b
-    ]
+    out, changed = apply_64(cli_env, recipe, before_recipe)
     assert changed == [
         (
             "  max_num_seqs: 6          # interactive default; raise for batch work",
@@ -271,17 +277,7 @@ def test_apply_64_through_the_real_sparkrun_run(
         before_recipe = recipe.read_text()
         before_stamps = stamps(sim)
 
-        res = spark_ops(cli_env, "apply", "--max-num-seqs", "64", "--yes", "--json")
-        assert res.returncode == 0, res.stdout[-6000:]
-        out = json.loads(res.stdout)
-        assert out["ok"] is True
-        changed = [
-            (a, b)
-            for a, b in zip(
-                before_recipe.splitlines(), recipe.read_text().splitlines(), strict=True
-            )
-            if a != b
-        ]
+        out, changed = apply_64(cli_env, recipe, before_recipe)
         assert len(changed) == 1 and "max_num_seqs: 64 " in changed[0][1], changed
         assert out["stamp"] is not None and out["pruned"] == [out["stamp"]]
         assert stamps(sim) == before_stamps, "the planned stamp is gone and the earlier one remains"
