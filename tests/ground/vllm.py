@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.engine.metrics import metric_sums
+from spark_ops.engine.metrics import parse_metrics as metric_samples
 
 from . import GroundError
 from .sshd import free_port, pid_alive
@@ -128,6 +130,55 @@ def vllm_unavailable_reason() -> str | None:
 def parse_metrics(text: str) -> dict[str, float]:
     """Sum samples by metric name {'vllm:num_requests_running': 6.0}: spark-ops' one parser."""
     return metric_sums(text)
+
+
+QUEUE_TIME_BUCKET = "vllm:request_queue_time_seconds_bucket"
+
+
+def queue_time_buckets(text: str) -> dict[float, float]:
+    """The WAITING-time histogram: finished requests by upper bound {0.3: 6.0, inf: 16.0}."""
+    out: dict[float, float] = {}
+    for sample in metric_samples(text, [QUEUE_TIME_BUCKET]):
+        bound = float(sample.labels["le"])
+        out[bound] = out.get(bound, 0.0) + sample.value
+    return out
+
+
+def waited_longer(before: str, after: str, seconds: float) -> tuple[float, int]:
+    """(bound, requests finished between two /metrics pages that waited longer than bound).
+
+    The bound is the histogram's largest bucket bound at most `seconds` (vLLM's first is 0.3 s);
+    a request counted waited longer than that bound, so at least that long for a free slot.
+    """
+    old, new = queue_time_buckets(before), queue_time_buckets(after)
+    bounds = [b for b in new if b <= seconds]
+    if not bounds:
+        raise AssertionError(f"no queue-time bucket at or below {seconds:.2f} s: {sorted(new)}")
+    bound = max(bounds)
+    total = new[math.inf] - old.get(math.inf, 0.0)
+    within = new[bound] - old.get(bound, 0.0)
+    return bound, round(total - within)
+
+
+def metrics_page(base_url: str, timeout: float = 10.0) -> str:
+    """The engine's /metrics page."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=timeout) as r:
+        return str(r.read().decode())
+
+
+def metrics_after(base_url: str, before: str, finished: int, timeout: float = 20.0) -> str:
+    """The /metrics page once `finished` more requests are in the queue-time histogram.
+
+    A request is observed there when its output is processed, which may be just after its
+    client had the last token: the page is read again until it counts them (or the deadline).
+    """
+    want = queue_time_buckets(before).get(math.inf, 0.0) + finished
+    deadline = time.monotonic() + timeout
+    while True:
+        page = metrics_page(base_url)
+        if queue_time_buckets(page).get(math.inf, 0.0) >= want or time.monotonic() > deadline:
+            return page
+        time.sleep(0.2)
 
 
 @dataclass
