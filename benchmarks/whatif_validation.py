@@ -6,7 +6,9 @@ spark-ops' own sweep (burst, --repeats 1), and stopped. The top cap's sweep of e
 the what-if for the lower caps (spark_ops.bench.whatif); each lower cap's sweep of the same round is
 the truth. Printed per cap and level: predicted and measured aggregate / per-user tok/s and TTFT,
 and the error (predicted / measured - 1); then per cap and level the range of the errors over
-the rounds.
+the rounds, and whether the report marked "not to be trusted" every point whose error exceeds
+the tolerance asked (10% on the sim, 20% on vLLM). The top cap's sweep runs its lowest cap's
+level again at its end (the speed check a what-if sweep makes, as `bench --what-if-cap` does).
 
     python benchmarks/whatif_validation.py --ground sim [--rounds 2] [--time-scale 10]
     python benchmarks/whatif_validation.py --ground vllm [--rounds 3] [--model tiny-llama-deep]
@@ -48,6 +50,7 @@ GROUNDS: dict[str, dict[str, Any]] = {
         "caps": [6, 16, 32],
         "tokens": 300,
         "api": "chat",
+        "tolerance": 0.10,
     },
     "vllm": {
         "levels": [1, 4, 8, 16, 32],
@@ -55,6 +58,7 @@ GROUNDS: dict[str, dict[str, Any]] = {
         "caps": [4, 8, 16],
         "tokens": 128,
         "api": "completions",
+        "tolerance": 0.20,
     },
 }
 
@@ -85,6 +89,7 @@ async def sweep_at(
             SweepConfig(
                 base_url=url, levels=g["levels"], output_tokens=g["tokens"], repeats=opts.repeats,
                 knobs={"max_num_seqs": cap}, sample_interval_s=0.2, api=g["api"],
+                recheck=min(g["caps"]) if cap == g["top"] else None,
             )
         )  # fmt: skip
     return result, boot
@@ -119,6 +124,26 @@ def _normalized(rows: list[dict[str, Any]]) -> dict[tuple[int, int, int], float]
         for r in rows
         if r["concurrency"] > r["cap"] and r["meas"][0] and (r["round"], r["cap"]) in at_cap
     }  # fmt: skip
+
+
+def flagged(rows: list[dict[str, Any]], tolerance: float) -> None:
+    """Whether the report marked every point whose aggregate or per-user error exceeds tolerance."""
+    beyond = [
+        r for r in rows
+        if any(abs(r["err"][k] or 0.0) > tolerance for k in ("aggregate", "per_user"))
+    ]  # fmt: skip
+    missed = [r for r in beyond if r["trusted"]]
+    marked = [r for r in rows if not r["trusted"]]
+    print(
+        f"\npoints beyond {tolerance:.0%} (aggregate or per user): {len(beyond)} of {len(rows)}; "
+        f"marked not to be trusted by the report: {len(beyond) - len(missed)}; missed: "
+        f"{len(missed)}; marked though within: {len([r for r in marked if r not in beyond])}"
+    )
+    for r in missed:
+        print(
+            f"  missed: round {r['round']} cap {r['cap']} C={r['concurrency']} aggregate "
+            f"{_pct(r['err']['aggregate'])} per user {_pct(r['err']['per_user'])}"
+        )
 
 
 def summarize(rows: list[dict[str, Any]], caps: list[int], levels: list[int], rounds: int) -> None:
@@ -180,6 +205,7 @@ async def main() -> None:
     if opts.from_json:
         rows = json.loads(opts.from_json.read_text())
         summarize(rows, g["caps"], g["levels"], max(r["round"] for r in rows))
+        flagged(rows, g["tolerance"])
         return
     caps = [g["top"], *g["caps"]]
     rows: list[dict[str, Any]] = []
@@ -225,9 +251,12 @@ async def main() -> None:
                         f"{'' if p.source == 'predicted' else '  (C <= cap: the sweep itself)'}",
                         flush=True,
                     )
+            for line in whatif.lines:
+                print(line)
             for w in whatif.warnings:
                 print(f"warning: {w}")
     summarize(rows, g["caps"], g["levels"], opts.rounds)
+    flagged(rows, g["tolerance"])
     if opts.json:
         opts.json.write_text(json.dumps(rows, indent=2) + "\n")
 

@@ -67,10 +67,14 @@ async def test_burst_sweep_counts_caps_and_writes(serve: Serve, tmp_path: Path) 
             repeats=2,
             slo_tok_s=5,
             knobs={"max_num_seqs": 4},
+            recheck=4,
         ),
         on_level=lambda lv: seen.append(lv.max_concurrency),
     )
-    assert seen == [1, 4, 8]
+    assert seen == [1, 4, 8]  # the speed check (C=4 once more, at the end) is not a level
+    check = result.speed_check
+    assert check is not None and check.concurrency == 4
+    assert check.swept_tok_s == result.levels[1].output_throughput and check.again_tok_s > 0
     assert result.model == "tiny-test"  # discovered from /v1/models
     by_c = {lv.max_concurrency: lv for lv in result.levels}
     assert [lv.completed for lv in result.levels] == [1, 8, 16]
@@ -83,12 +87,12 @@ async def test_burst_sweep_counts_caps_and_writes(serve: Serve, tmp_path: Path) 
         assert lv.total_output_tokens == 10 * lv.completed
         assert lv.total_input_tokens == 25 * lv.completed
         assert lv.engine_output_throughput is not None
-    # the server generated exactly what the client counted
-    assert engine.generated == sum(lv.total_output_tokens for lv in result.levels)
+    # the server generated exactly what the client counted (the levels and the speed check)
+    assert engine.generated == sum(lv.total_output_tokens for lv in result.levels) + 4 * 10
     # what was sent: unique prompts within a level, the note's sampling settings
     bodies = engine.bodies
-    assert len(bodies) == 2 + 8 + 16
-    c8 = [b["messages"][0]["content"] for b in bodies[-16:]]
+    assert len(bodies) == 2 + 8 + 16 + 4
+    c8 = [b["messages"][0]["content"] for b in bodies[-20:-4]]
     assert len(set(c8)) == 16
     for b in bodies:
         assert b["max_tokens"] == 10 and b["temperature"] == 0 and b["ignore_eos"] is True
@@ -259,6 +263,8 @@ def test_config_validation_names_the_setting() -> None:
         SweepConfig(base_url="http://x", levels=[1, 1]).validate()
     with pytest.raises(BenchError, match="must start with http"):
         SweepConfig(base_url="node1:8000").validate()
+    with pytest.raises(BenchError, match=r"recheck 6 is not one of the levels \[1, 4\]"):
+        SweepConfig(base_url="http://x", levels=[1, 4], recheck=6).validate()
     masked = SweepConfig(base_url="http://x", api_key="secret").to_dict()
     assert masked["api_key"] == "***"
 

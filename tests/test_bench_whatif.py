@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from spark_ops.bench.stats import LevelResult
+from spark_ops.bench.stats import LevelResult, SpeedCheck
 from spark_ops.bench.whatif import predict_caps
 from spark_ops.errors import BenchError
 
@@ -43,10 +43,12 @@ def test_whatif(case: dict[str, Any]) -> None:
         if repeats > 1:
             lv.output_throughput_min, lv.output_throughput_max, lv.repeats = lo, hi, repeats
 
+    check = SpeedCheck(*case["speed_check"]) if "speed_check" in case else None
+
     def run() -> Any:
         return predict_caps(
             levels, case["caps"], mode=case["mode"], running_cap=case["running_cap"],
-            slo_tok_s=case.get("slo_tok_s"), kv_tokens=case.get("kv_tokens"),
+            slo_tok_s=case.get("slo_tok_s"), kv_tokens=case.get("kv_tokens"), speed_check=check,
         )  # fmt: skip
 
     if "error" in case:
@@ -74,3 +76,5 @@ def test_whatif(case: dict[str, Any]) -> None:
         if bad:
             assert any(f"cap {curve.cap}: not to be trusted" in w for w in result.warnings)
     assert result.assumptions and result.lines
+    for line in case.get("lines", []):
+        assert line in "\n".join(result.lines), result.lines

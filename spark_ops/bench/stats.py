@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from spark_ops.bench.measures import (
@@ -237,6 +237,33 @@ class LevelResult:
         kw = {k: v for k, v in data.items() if k in names}
         kw["runs"] = [RunStats.from_dict(r) for r in data.get("runs", [])]
         return cls(**kw)
+
+
+@dataclass(frozen=True)
+class SpeedCheck:
+    """One level run once more at the end of a sweep: whether the engine's speed held meanwhile.
+
+    A prediction from a sweep holds for another engine only as far as the machine runs the same
+    thing at the same speed twice; a speed that changed within the sweep says it does not.
+    """
+
+    concurrency: int
+    swept_tok_s: float  # the level's aggregate in the sweep
+    again_tok_s: float  # the same level, run again after the last one
+
+    @property
+    def drift(self) -> float:
+        """again / swept - 1 (0.0 when the sweep measured nothing there)."""
+        return self.again_tok_s / self.swept_tok_s - 1 if self.swept_tok_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize, with the drift."""
+        return {**asdict(self), "drift": self.drift}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpeedCheck:
+        """Rebuild from to_dict() output."""
+        return cls(int(data["concurrency"]), float(data["swept_tok_s"]), float(data["again_tok_s"]))
 
 
 def summarize_level(runs: Sequence[RunStats]) -> LevelResult:

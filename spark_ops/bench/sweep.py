@@ -51,6 +51,8 @@ class SweepConfig:
     metrics: bool = True
     sample_interval_s: float = 0.5
     cpu_warn_fraction: float = 0.8
+    # a level run once more after the sweep, to see whether the engine's speed held (SpeedCheck)
+    recheck: int | None = None
 
     def validate(self) -> None:
         """Raise BenchError naming the first setting out of range."""
@@ -80,6 +82,8 @@ class SweepConfig:
             raise BenchError("mode 'poisson' needs a rate > 0 (requests per second)")
         if self.timeout_s <= 0:
             raise BenchError(f"timeout_s {self.timeout_s} must be > 0")
+        if self.recheck is not None and self.recheck not in self.levels:
+            raise BenchError(f"recheck {self.recheck} is not one of the levels {list(self.levels)}")
 
     def all_headers(self) -> dict[str, str]:
         """Request headers, with the bearer token when an api_key is set."""
@@ -121,6 +125,7 @@ class SweepResult:
     client_max_cpu_fraction: float = 0.0
     warnings: list[str] = field(default_factory=list)
     kv_pool_tokens: int | None = None
+    speed_check: stats.SpeedCheck | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize as a JSON-ready dict."""
@@ -140,6 +145,7 @@ class SweepResult:
             "client_max_cpu_fraction": self.client_max_cpu_fraction,
             "warnings": list(self.warnings),
             "kv_pool_tokens": self.kv_pool_tokens,
+            "speed_check": self.speed_check.to_dict() if self.speed_check else None,
             "config": self.config,
             "reading": self.reading.to_dict(),
             "levels": [lv.to_dict() for lv in self.levels],
@@ -168,6 +174,11 @@ class SweepResult:
                 client_max_cpu_fraction=data.get("client_max_cpu_fraction", 0.0),
                 warnings=list(data.get("warnings", [])),
                 kv_pool_tokens=data.get("kv_pool_tokens"),
+                speed_check=(
+                    stats.SpeedCheck.from_dict(data["speed_check"])
+                    if data.get("speed_check")
+                    else None
+                ),
             )
         except (KeyError, TypeError) as exc:
             raise BenchError(f"{source}: bench result is missing or has a bad key: {exc}") from exc
@@ -288,6 +299,24 @@ async def _run_once(
     )
 
 
+async def _recheck(
+    client: StreamClient, scraper: MetricsScraper | None, config: SweepConfig,
+    rotation: _Prompts, levels: list[stats.LevelResult],
+) -> stats.SpeedCheck | None:  # fmt: skip
+    """Run config.recheck's level once more, after the last: the engine's speed then and now."""
+    if config.recheck is None:
+        return None
+    swept = next(lv for lv in levels if lv.max_concurrency == config.recheck)
+    seed = config.seed + 1000 * config.repeats + config.recheck
+    run = await _run_once(client, scraper, config, config.recheck, rotation, seed)
+    check = stats.SpeedCheck(config.recheck, swept.output_throughput, run.aggregate_tok_s)
+    get_logger(op="bench").info(
+        "bench_speed_check", concurrency=config.recheck, drift=round(check.drift, 3),
+        swept_tok_s=round(check.swept_tok_s, 1), again_tok_s=round(check.again_tok_s, 1),
+    )  # fmt: skip
+    return check
+
+
 def _now() -> str:
     """UTC time as ISO 8601."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -378,6 +407,7 @@ async def run_sweep(config: SweepConfig, *, on_level: LevelCallback | None = Non
                 maybe = on_level(level)
                 if asyncio.iscoroutine(maybe):
                     await maybe
+        speed_check = await _recheck(client, scraper, config, rotation, levels)
         metrics_available = scraper is not None and scraper.available
     knob = (config.knobs or {}).get("max_num_seqs")
     reading = stats.read_levels(
@@ -403,4 +433,5 @@ async def run_sweep(config: SweepConfig, *, on_level: LevelCallback | None = Non
         client_max_cpu_fraction=max_cpu_fraction,
         warnings=warnings,
         kv_pool_tokens=scraper.kv_tokens if scraper is not None else None,
+        speed_check=speed_check,
     )

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spark_ops.bench.measures import CapReading, slo_max_concurrency
-from spark_ops.bench.stats import LevelResult, read_levels
+from spark_ops.bench.stats import LevelResult, SpeedCheck, read_levels
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.errors import BenchError
 
@@ -30,10 +30,12 @@ ASSUMPTIONS = (
     "the KV cache is not what limits the batch (the pool holds cap x tokens per request)",
     "the same prompts and output lengths as the sweep, sent the same way (burst or sustained)",
     "the lower cap changes nothing else in the engine (memory profile, graphs, scheduling)",
+    "the engine runs as fast as during the sweep (its speed check: one level run again at the end)",
 )
 PREDICTABLE_MODES = ("burst", "sustained")
 QUEUE_LOSS = 0.1  # a sweep that loses this much above its own cap: queues cost throughput
 NOISY_SPREAD = 0.2  # a base level whose repeats spread more than this cannot anchor a prediction
+SPEED_DRIFT = 0.1  # a speed check that moved more than this: the engine's speed did not hold
 
 
 @dataclass
@@ -88,6 +90,7 @@ class WhatIf:
     assumptions: list[str] = field(default_factory=lambda: list(ASSUMPTIONS))
     warnings: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
+    speed_check: SpeedCheck | None = None
 
     def cap(self, cap: int) -> WhatIfCap | None:
         """The curve of one cap, if asked."""
@@ -103,6 +106,7 @@ class WhatIf:
             "assumptions": list(self.assumptions),
             "warnings": list(self.warnings),
             "lines": list(self.lines),
+            "speed_check": self.speed_check.to_dict() if self.speed_check else None,
         }
 
 
@@ -187,12 +191,29 @@ def _distrust(
         if need > kv_tokens:
             reasons.append(f"{need:.0f} tokens in flight > KV pool {kv_tokens}")
     if reasons:
-        point.trusted, point.why_not = False, "; ".join(reasons)
+        _untrusted(point, "; ".join(reasons))
+
+
+def _drifted(check: SpeedCheck | None) -> str | None:
+    """Why no point is to be trusted when the engine's speed moved within the sweep, or None."""
+    if check is None or abs(check.drift) <= SPEED_DRIFT:
+        return None
+    return (
+        f"the engine's speed at C={check.concurrency} moved {check.drift:+.0%} within the sweep "
+        f"({check.swept_tok_s:.0f} then {check.again_tok_s:.0f} tok/s)"
+    )
+
+
+def _untrusted(point: WhatIfPoint, why: str) -> None:
+    """Mark a point not to be trusted, adding why to the reasons it already has."""
+    point.trusted = False
+    point.why_not = f"{point.why_not}; {why}" if point.why_not else why
 
 
 def predict_caps(
     levels: list[LevelResult], caps: list[int], *, mode: str, running_cap: int | None,
     slo_tok_s: float | None = None, kv_tokens: int | None = None,
+    speed_check: SpeedCheck | None = None,
 ) -> WhatIf:  # fmt: skip
     """The curve of each lower cap at every swept level; BenchError when one cannot be read."""
     if mode not in PREDICTABLE_MODES:
@@ -222,17 +243,23 @@ def predict_caps(
             for lv in sorted(levels, key=lambda x: x.max_concurrency)
         ]  # fmt: skip
         loss = queue_loss(by_c, running_cap)
+        drifted = _drifted(speed_check)
         for p in points:
             _distrust(p, by_c, cap, kv_tokens)
             if loss is not None and p.source == "predicted":
-                why = f"a queue cost {-loss:.0%} at the running cap {running_cap}"
-                p.trusted = False
-                p.why_not = f"{p.why_not}; {why}" if p.why_not else why
+                _untrusted(p, f"a queue cost {-loss:.0%} at the running cap {running_cap}")
+            if drifted:
+                _untrusted(p, drifted)
         users = [(p.concurrency, p.per_user_tok_s or 0.0) for p in points]
         slo = slo_max_concurrency(users, slo_tok_s) if slo_tok_s else None
         out.append(WhatIfCap(cap, cap, points, slo))
-    result = WhatIf(running_cap, mode, slo_tok_s, out)
+    result = WhatIf(running_cap, mode, slo_tok_s, out, speed_check=speed_check)
     result.warnings = _warnings(result, levels, kv_tokens)
+    if speed_check is None:
+        result.warnings.append(
+            "no speed check (no level was run again at the sweep's end): whether the engine's "
+            "speed held during the sweep is not known"
+        )
     result.lines = reading_lines(result)
     return result
 
@@ -278,6 +305,19 @@ def reading_lines(result: WhatIf) -> list[str]:
                 else f"; no level keeps ≥{slo:g} tok/s per user"
             )
         lines.append(text + ("" if top.trusted else " (not to be trusted there)") + ".")
+    check = result.speed_check
+    if check is not None:
+        text = (
+            f"Speed check: C={check.concurrency} run again at the sweep's end gave "
+            f"{check.again_tok_s:.0f} tok/s ({check.drift:+.0%} of the sweep's "
+            f"{check.swept_tok_s:.0f})"
+        )
+        lines.append(
+            text + ": the engine held its speed."
+            if abs(check.drift) <= SPEED_DRIFT
+            else text + ": this machine does not run the same thing at the same speed twice, "
+            "so no prediction from this sweep is to be trusted (sweep again when it is quiet)."
+        )
     return lines
 
 
@@ -292,13 +332,21 @@ def whatif_of(result: SweepResult, caps: list[int], slo_tok_s: float | None = No
     slo = slo_tok_s if slo_tok_s is not None else result.reading.slo_tok_s
     return predict_caps(
         result.levels, caps, mode=result.mode, running_cap=running_cap_of(result.knobs),
-        slo_tok_s=slo, kv_tokens=result.kv_pool_tokens,
+        slo_tok_s=slo, kv_tokens=result.kv_pool_tokens, speed_check=result.speed_check,
     )  # fmt: skip
 
 
 def levels_with_caps(levels: list[int], caps: list[int]) -> list[int]:
     """The sweep's levels plus every asked cap (the what-if reads the level at each cap)."""
     return sorted(set(levels) | set(caps))
+
+
+def recheck_level(caps: list[int]) -> int | None:
+    """The level a what-if sweep runs again at its end: the lowest cap asked (None: no what-if).
+
+    Every prediction of that cap is built on that level, and it is run with the cap full.
+    """
+    return min(caps) if caps else None
 
 
 def _level_of(base: LevelResult, p: WhatIfPoint) -> LevelResult:

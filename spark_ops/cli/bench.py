@@ -194,7 +194,7 @@ def cli(
 
     from spark_ops.bench import report
     from spark_ops.bench.sweep import SweepConfig, run_sweep
-    from spark_ops.bench.whatif import levels_with_caps
+    from spark_ops.bench.whatif import levels_with_caps, recheck_level
 
     caps = parse_caps(what_if_cap)
     config = SweepConfig(
@@ -202,6 +202,7 @@ def cli(
         model=model,
         api=api,
         levels=levels_with_caps(parse_levels(concurrency), caps),
+        recheck=recheck_level(caps),
         output_tokens=output_tokens,
         mode=mode,
         duration_s=duration,

@@ -42,12 +42,13 @@ def _axes(kw: dict[str, Any]) -> dict[str, list[Any]]:
     return axes
 
 
-def _sweep_settings(kw: dict[str, Any], caps: list[int]) -> dict[str, Any]:
+def _sweep_settings(kw: dict[str, Any], caps: list[int], what_if: list[int]) -> dict[str, Any]:
     """The bench settings every configuration is swept with (stored in the state file).
 
-    Every lower cap asked about is a level too: its prediction reads the sweep's level there.
+    Every lower cap asked about is a level too: its prediction reads the sweep's level there;
+    the lowest is run again at the sweep's end (the speed check the predictions rest on).
     """
-    from spark_ops.bench.whatif import levels_with_caps
+    from spark_ops.bench.whatif import levels_with_caps, recheck_level
 
     levels = levels_with_caps(parse_levels(kw["concurrency"]), caps)
     return {
@@ -56,6 +57,7 @@ def _sweep_settings(kw: dict[str, Any], caps: list[int]) -> dict[str, Any]:
         "rate": kw["rate"], "repeats": kw["repeats"], "warmup": kw["warmup"],
         "slo_tok_s": kw["slo_tok_s"], "timeout_s": kw["timeout"], "seed": kw["seed"],
         "prompts_path": str(kw["prompts_path"]) if kw["prompts_path"] else None,
+        "recheck": recheck_level(what_if),
     }  # fmt: skip
 
 
@@ -381,7 +383,7 @@ def cli(ctx: click.Context, **kw: Any) -> int:
             "cap takes a restart, give it in --max-num-seqs",
             param_hint="--what-if-cap",
         )
-    sweep = _sweep_settings(kw, sorted(set(seqs) | set(what_if)))
+    sweep = _sweep_settings(kw, sorted(set(seqs) | set(what_if)), what_if)
     if axes:  # every value checked before connecting: the option and value are named
         ExperimentSpec("", axes, sweep).validate()
     cluster = load_cluster(ctx)
