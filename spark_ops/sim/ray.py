@@ -28,13 +28,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from spark_ops.errors import InputError
+
 JOIN_DEADLINE_S = 60.0
 PLACEMENT_DEADLINE_S = 60.0
 VALUE_FLAGS = ("--port", "--node-ip-address", "--address", "--dashboard-host", "--dashboard-port")
 SWITCHES = ("--block", "--head", "--disable-usage-stats")
 
 
-class RayUsageError(Exception):
+class RayUsageError(InputError):
     """A command line this simulated ray does not take (exit 2, as ray's own CLI)."""
 
 
