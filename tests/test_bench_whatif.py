@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
+from spark_ops.bench.confirm import confirm, distrust_others
 from spark_ops.bench.stats import LevelResult, SpeedCheck
-from spark_ops.bench.whatif import predict_caps
+from spark_ops.bench.whatif import WhatIf, predict_caps
 from spark_ops.errors import BenchError
 
 CASES: list[dict[str, Any]] = yaml.safe_load(
@@ -78,3 +79,21 @@ def test_whatif(case: dict[str, Any]) -> None:
     assert result.assumptions and result.lines
     for line in case.get("lines", []):
         assert line in "\n".join(result.lines), result.lines
+    if "confirm" in case:
+        check_confirmation(case["confirm"], result, case.get("prompt_tokens"))
+
+
+def check_confirmation(spec: dict[str, Any], result: WhatIf, prompt_tokens: int | None) -> None:
+    """A cap measured after all: where its prediction missed, what the other caps become."""
+    curve = result.cap(spec["cap"])
+    assert curve is not None
+    done = confirm(curve, [level(r, prompt_tokens) for r in spec["measured"]])
+    assert [lv.concurrency for lv in done.missed] == spec["missed"]
+    distrust_others(result, done)
+    for other in result.caps:
+        if other.cap != spec["cap"]:
+            bad = [p.concurrency for p in other.points if not p.trusted]
+            assert bad == spec["untrusted"].get(other.cap, []), other.cap
+    for line in spec["lines"]:
+        assert line in "\n".join(done.lines()), done.lines()
+    assert done.to_dict()["missed"] == spec["missed"]

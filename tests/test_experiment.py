@@ -22,6 +22,7 @@ from conftest import start_sim
 
 from spark_ops.bench import stats
 from spark_ops.bench.sweep import SweepResult
+from spark_ops.cli.experiment import render_report
 from spark_ops.errors import ExitStatus
 from spark_ops.workflows.experiment import (
     ExperimentError,
@@ -351,7 +352,8 @@ async def test_confirm_measures_a_predicted_winner(
         cap = int(config["max_num_seqs"])
         swept.append(cap)
         data = sweep({"levels": curves[cap], "max_num_seqs": cap}, 12).to_dict()
-        return {"sweep": data, "budget_as_before": True, "knobs": config}
+        budget = {"used_before": 0, "used_after": 0, "new_stamps": []}
+        return {"sweep": data, "budget": budget, "budget_as_before": True, "knobs": config}
 
     monkeypatch.setattr(experiment, "_run_config", run_config)
     op = type("Op", (), {"watchdog": FakeWatchdog([])})()
@@ -371,3 +373,10 @@ async def test_confirm_measures_a_predicted_winner(
     assert outcome.reading.recommended == "max_num_seqs=32"
     cfg = next(c for c in outcome.reading.configs if c["label"] == "max_num_seqs=32")
     assert cfg["predicted_from"] is None, "the measurement replaced the prediction"
+    # the prediction is kept beside the measurement: how far it was off, per level
+    ((base, check),) = state.confirmations()
+    assert base == "max_num_seqs=64" and check.cap == 32
+    assert [lv.concurrency for lv in check.levels] == [1, 32, 64]
+    assert check.levels[0].aggregate == pytest.approx(0.0)  # C <= cap: the same level
+    assert outcome.to_dict()["confirmations"][0]["predicted_from"] == base
+    assert "Confirmation of cap 32 (predicted, then measured)" in render_report(outcome)

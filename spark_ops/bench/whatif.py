@@ -30,7 +30,9 @@ ASSUMPTIONS = (
     "the KV cache is not what limits the batch (the pool holds cap x tokens per request)",
     "the same prompts and output lengths as the sweep, sent the same way (burst or sustained)",
     "the lower cap changes nothing else in the engine (memory profile, graphs, scheduling)",
-    "the engine runs as fast as during the sweep (its speed check: one level run again at the end)",
+    "the engine the cap runs on is as fast as the one swept (the speed check shows whether this "
+    "one held its speed; only a confirmation, `experiment --confirm`, shows whether another boot "
+    "runs alike)",
 )
 PREDICTABLE_MODES = ("burst", "sustained")
 QUEUE_LOSS = 0.1  # a sweep that loses this much above its own cap: queues cost throughput
@@ -191,7 +193,7 @@ def _distrust(
         if need > kv_tokens:
             reasons.append(f"{need:.0f} tokens in flight > KV pool {kv_tokens}")
     if reasons:
-        _untrusted(point, "; ".join(reasons))
+        untrust(point, "; ".join(reasons))
 
 
 def _drifted(check: SpeedCheck | None) -> str | None:
@@ -204,7 +206,7 @@ def _drifted(check: SpeedCheck | None) -> str | None:
     )
 
 
-def _untrusted(point: WhatIfPoint, why: str) -> None:
+def untrust(point: WhatIfPoint, why: str) -> None:
     """Mark a point not to be trusted, adding why to the reasons it already has."""
     point.trusted = False
     point.why_not = f"{point.why_not}; {why}" if point.why_not else why
@@ -247,9 +249,9 @@ def predict_caps(
         for p in points:
             _distrust(p, by_c, cap, kv_tokens)
             if loss is not None and p.source == "predicted":
-                _untrusted(p, f"a queue cost {-loss:.0%} at the running cap {running_cap}")
+                untrust(p, f"a queue cost {-loss:.0%} at the running cap {running_cap}")
             if drifted:
-                _untrusted(p, drifted)
+                untrust(p, drifted)
         users = [(p.concurrency, p.per_user_tok_s or 0.0) for p in points]
         slo = slo_max_concurrency(users, slo_tok_s) if slo_tok_s else None
         out.append(WhatIfCap(cap, cap, points, slo))

@@ -13,7 +13,7 @@ from spark_ops.cli.common import load_cluster, run_async, step_reporter
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
     from spark_ops.workflows.experiment.run import ExperimentOutcome
-    from spark_ops.workflows.experiment.state import ExperimentPlan
+    from spark_ops.workflows.experiment.state import ExperimentPlan, ExperimentState
 
 AXIS_OPTIONS = ("max_num_seqs", "moe_backend", "kv_cache_memory")
 
@@ -220,14 +220,19 @@ def render_report(outcome: ExperimentOutcome, *, width: int = 160) -> str:
     return console.export_text()
 
 
-def _print_whatif(console: Any, state: Any) -> None:
-    """Each measured sweep's what-if table for the lower caps predicted from it."""
+def _print_whatif(console: Any, state: ExperimentState) -> None:
+    """Each measured sweep's what-if for the lower caps predicted from it, and its confirmations.
+
+    A confirmation that missed marks the other caps' points not to be trusted (`!`).
+    """
+    from spark_ops.bench.confirm import distrust_others
     from spark_ops.bench.report import whatif_lines, whatif_table
-    from spark_ops.bench.whatif import whatif_of
+    from spark_ops.bench.whatif import reading_lines, whatif_of
     from spark_ops.errors import BenchError
     from spark_ops.workflows.experiment.state import label
 
     predicted = state.spec.predicted()
+    confirmations = state.confirmations()
     for name, result in state.sweep_results():
         caps = sorted(
             int(c["max_num_seqs"])
@@ -235,17 +240,23 @@ def _print_whatif(console: Any, state: Any) -> None:
             if predicted.get(label(c)) == state.results[name]["knobs"]
             and label(c) not in state.results
         )
-        if not caps:
-            continue
-        console.print()
-        try:
-            whatif = whatif_of(result, caps)
-        except BenchError as exc:
-            console.print(f"what-if from {name}: {exc.message}", highlight=False)
-            continue
-        console.print(whatif_table(whatif))
-        for line in whatif_lines(whatif):
-            console.print(line, highlight=False)
+        checks = [c for base, c in confirmations if base == name]
+        if caps:
+            console.print()
+            try:
+                whatif = whatif_of(result, caps)
+            except BenchError as exc:
+                console.print(f"what-if from {name}: {exc.message}", highlight=False)
+                continue
+            for check in checks:
+                distrust_others(whatif, check)
+            whatif.lines = reading_lines(whatif)
+            console.print(whatif_table(whatif))
+            for line in whatif_lines(whatif):
+                console.print(line, highlight=False)
+        for check in checks:
+            for line in check.lines():
+                console.print(line, highlight=False)
 
 
 def _ending(outcome: ExperimentOutcome) -> str:

@@ -163,6 +163,9 @@ class ExperimentOutcome:
                 "boot_s": self.state.downtime_s(),
                 "predicted": sorted(self.state.spec.predicted()),
             },
+            "confirmations": [
+                {"predicted_from": base, **c.to_dict()} for base, c in self.state.confirmations()
+            ],
         }
 
 

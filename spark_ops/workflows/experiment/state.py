@@ -10,9 +10,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from spark_ops.bench.confirm import Confirmation, confirm
 from spark_ops.bench.sweep import SweepResult
-from spark_ops.bench.whatif import predicted_sweep
-from spark_ops.errors import ExitStatus, SparkOpsError
+from spark_ops.bench.whatif import predicted_sweep, whatif_of
+from spark_ops.errors import BenchError, ExitStatus, SparkOpsError
 from spark_ops.files import write_file
 from spark_ops.recipe import Change, changes_from_options, parse_kv_cache_memory
 from spark_ops.workflows.experiment.reading import ExperimentReading, read_experiment
@@ -232,6 +233,27 @@ class ExperimentState:
             elif name in predicted and label(predicted[name]) in measured:
                 base_name = label(predicted[name])
                 out.append((name, predicted_sweep(measured[base_name], _cap(config), base_name)))
+        return out
+
+    def confirmations(self) -> list[tuple[str, Confirmation]]:
+        """Each predicted configuration measured after all (--confirm) against its prediction.
+
+        Paired with the name of the sweep it was predicted from (a what-if that cannot be read
+        from that sweep gives no confirmation).
+        """
+        measured = dict(self.sweep_results())
+        out = []
+        for config in self.spec.every_configuration():
+            name = label(config)
+            base_knobs = self.spec.predicted().get(name)
+            if base_knobs is None or name not in measured or label(base_knobs) not in measured:
+                continue
+            base = label(base_knobs)
+            try:
+                curve = whatif_of(measured[base], [_cap(config)]).caps[0]
+            except BenchError:
+                continue
+            out.append((base, confirm(curve, measured[name].levels)))
         return out
 
     def reading(self) -> ExperimentReading:
