@@ -198,6 +198,13 @@ def sim_docker_ground(tmp: Path, cell: dict[str, Any]) -> Iterator[Ground]:
         env = dict(x.decode().split("=", 1) for x in environ if b"=" in x)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(old_pid, signal.SIGTERM)
+        for _ in range(300):  # its port is the container's (--network host): let it go first
+            try:
+                if Path(f"/proc/{old_pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            except OSError:
+                break
+            time.sleep(0.1)
         g.write(g.home / "bin" / "recipe-argv",
                 RECIPE_ARGV.replace("@PYTHON@", sys.executable), 0o755)  # fmt: skip
         run = [*host_mounts(REPO, sim_root), "--label", f"{LABEL}={os.getpid()}"]

@@ -157,20 +157,45 @@ def _parse_pid_probe(text: str, previous: EngineInstance | None) -> EngineInstan
     return EngineInstance("pid_file", key, alive, pid, start, pgid, tuple(procs))
 
 
-_DOCKER_FMT = "{{json .Id}} {{json .State.StartedAt}} {{json .State.Running}} {{json .State.Pid}}"
+_DOCKER_FMT = (
+    "{{json .Id}} {{json .State.StartedAt}} {{json .State.Running}} {{json .State.Pid}} "
+    "{{json .State.Status}} {{json .State.Error}}"
+)
+
+
+def _json_values(text: str) -> list[Any]:
+    """The JSON values of one line, separated by blanks (a string value may hold blanks)."""
+    decoder = json.JSONDecoder()
+    out: list[Any] = []
+    i, text = 0, text.strip()
+    while i < len(text):
+        value, i = decoder.raw_decode(text, i)
+        out.append(value)
+        while i < len(text) and text[i].isspace():
+            i += 1
+    return out
 
 
 def _parse_docker(text: str) -> EngineInstance | None:
-    """Build the container's instance from `docker inspect -f _DOCKER_FMT` output."""
-    parts = text.strip().split(" ")
-    if len(parts) != 4:
-        return None
+    """Build the container's instance from `docker inspect -f _DOCKER_FMT` output.
+
+    A container created and not yet started (`docker run` between create and start, for as long
+    as a busy daemon takes) is not an instance yet: None, as if nothing ran, never "exited". One
+    that could not start (status created, with the daemon's error) is a dead instance.
+    """
     try:
-        cid, started, running, pid = (json.loads(p) for p in parts)
+        values = _json_values(text)
     except ValueError:
         return None
+    if len(values) != 6:
+        return None
+    cid, started, running, pid, status, error = values
+    if status == "created" and not error:
+        return None
+    if not isinstance(pid, int):
+        return None
     return EngineInstance(
-        "docker", f"{cid}@{started}", bool(running), int(pid) or None, _iso_time(str(started))
+        "docker", f"{cid}@{started}", bool(running), pid or None, _iso_time(str(started))
     )
 
 
