@@ -137,7 +137,8 @@ def flagged(rows: list[dict[str, Any]], tolerance: float, confirmed: int | None 
     if confirmed is not None:
         missed_rounds = {
             r["round"] for r in rows
-            if r["cap"] == confirmed and abs(LevelError(0, *r["err_pair"]).worst()) > tolerance
+            if r["cap"] == confirmed
+            and abs(LevelError(0, r["err"]["aggregate"], r["err"]["per_user"]).worst()) > tolerance
         }  # fmt: skip
         rows = [
             {**r, "trusted": r["trusted"] and r["round"] not in missed_rounds}
@@ -221,8 +222,6 @@ async def main() -> None:
     if opts.from_json:
         rows = json.loads(opts.from_json.read_text())
         summarize(rows, g["caps"], g["levels"], max(r["round"] for r in rows))
-        for r in rows:
-            r.setdefault("err_pair", [r["err"]["aggregate"], r["err"]["per_user"]])
         flagged(rows, g["tolerance"])
         flagged(rows, g["tolerance"], confirmed=min(g["caps"]))
         return
@@ -260,7 +259,6 @@ async def main() -> None:
                         "source": p.source, "trusted": p.trusted,
                         "pred": [p.aggregate_tok_s, p.per_user_tok_s, pt],
                         "meas": [m.output_throughput, m.per_user_tok_s, mt], "err": e,
-                        "err_pair": [e["aggregate"], e["per_user"]],
                     })  # fmt: skip
                     print(
                         f"{curve.cap:>4} {p.concurrency:>5} {p.aggregate_tok_s:>9.1f}/"

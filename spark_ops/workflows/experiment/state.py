@@ -242,10 +242,11 @@ class ExperimentState:
         from that sweep gives no confirmation).
         """
         measured = dict(self.sweep_results())
+        predicted = self.spec.predicted()
         out = []
         for config in self.spec.every_configuration():
             name = label(config)
-            base_knobs = self.spec.predicted().get(name)
+            base_knobs = predicted.get(name)
             if base_knobs is None or name not in measured or label(base_knobs) not in measured:
                 continue
             base = label(base_knobs)
