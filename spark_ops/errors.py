@@ -179,6 +179,23 @@ class Aborted(SparkOpsError):
     exit_status = ExitStatus.ABORTED
 
 
+class Interrupted(Aborted):
+    """SIGINT or SIGTERM stopped a run after its current atomic unit; says where things stand."""
+
+    def __init__(
+        self, message: str, *, standing: Sequence[str] = (), hint: str | None = None
+    ) -> None:
+        """Keep the plain lines on the recipe, engine, stamp and checks."""
+        super().__init__(message, hint=hint)
+        self.standing = list(standing)
+
+    def to_dict(self) -> dict[str, object]:
+        """Serialize with where the cluster stands."""
+        data = super().to_dict()
+        data["standing"] = self.standing
+        return data
+
+
 class InputError(SparkOpsError):
     """A value given to spark-ops cannot be sent or written safely (refused before any change)."""
 

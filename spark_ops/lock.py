@@ -157,3 +157,20 @@ async def cluster_lock(session: ClusterSession, operation: str) -> AsyncIterator
             "lock taken", host=cluster.head.name, operation=operation, lock=lines[0][7:]
         )
         yield info
+
+
+async def lock_state(session: ClusterSession) -> tuple[bool, dict[str, Any], str]:
+    """Whether the cluster lock is held now, its holder's record and its file (takes nothing)."""
+    cluster = session.cluster
+    res = await session.run(
+        cluster.head.name, sh_program(PROBE, cluster.state_dir, cluster.recipe.path), check=False
+    )
+    first, _, rest = res.stdout.partition("\n")
+    state, _, path = first.strip().partition(" ")
+    if state != "held":
+        return False, {}, path
+    try:
+        holder = json.loads(rest.strip() or "{}")
+    except ValueError:
+        holder = {}
+    return True, holder if isinstance(holder, dict) else {}, path

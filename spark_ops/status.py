@@ -8,11 +8,13 @@ from typing import Any
 from spark_ops.engine.identity import leftovers, stop_hint
 from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
+from spark_ops.lock import describe_holder, lock_state
 from spark_ops.readiness import BootHistory, history_key
 from spark_ops.recipe import knob_values
-from spark_ops.remote import ClusterSession, engine_log_recent
-from spark_ops.verify import parse_non_default_args
+from spark_ops.remote import ClusterSession
 from spark_ops.workflows import Operation
+from spark_ops.workflows.converge import effective_args
+from spark_ops.workflows.journal import read_runs, unfinished_runs
 
 
 async def collect_status(cluster: Cluster) -> dict[str, Any]:
@@ -53,9 +55,10 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
             data["last_restart"] = await op.watchdog.last_restart()
         except SparkOpsError as exc:
             data["budget"] = {"error": exc.message}
+        data["runs"] = await _runs(session)
         own = await op.watchdog.own_status()
         data["watchdog_status"] = own.to_dict() if own is not None else None
-        args = await _effective_args(op)
+        args = await effective_args(session)
         if data["engine"].get("up"):
             data["engine"]["effective"] = args
         else:  # the args of an engine that does not serve are not effective
@@ -66,14 +69,19 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
     return data
 
 
-async def _effective_args(op: Operation) -> dict[str, Any] | None:
-    """The engine's effective flags: the last `non-default args` line of its log."""
-    cmd = engine_log_recent(op.cluster.engine) + " | grep -a 'non-default args' | tail -n 1"
+async def _runs(session: ClusterSession) -> dict[str, Any]:
+    """The lock's holder (a run under way) and the runs that began and never ended."""
     try:
-        res = await op.session.run(op.cluster.head.name, cmd, check=False, timeout=20)
-        return parse_non_default_args(res.stdout) if res.stdout.strip() else None
-    except SparkOpsError:
-        return None
+        held, holder, _ = await lock_state(session)
+        runs = unfinished_runs(await read_runs(session))
+    except SparkOpsError as exc:
+        return {"error": exc.message}
+    out: dict[str, Any] = {"lock_held": held, "holder": holder or None}
+    if held:
+        out["in_progress"] = describe_holder(holder)
+        runs = runs[:-1]  # the newest unfinished run is the holder's own
+    out["unfinished"] = [r.summary() for r in runs]
+    return out
 
 
 async def _instance(session: ClusterSession, cluster: Cluster) -> dict[str, Any]:

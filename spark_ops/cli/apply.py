@@ -7,7 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from spark_ops.cli.common import echo_plan, emit_json, load_cluster, run_async, step_reporter
+from spark_ops.cli.common import (
+    command_line,
+    echo_plan,
+    emit_json,
+    load_cluster,
+    run_async,
+    step_reporter,
+)
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
     from spark_ops.recipe import Change
@@ -120,6 +127,7 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
         reason=kw["reason"] or f"planned restart (spark-ops {operation})",
         preflight=kw.get("preflight", "auto"),
         preflight_timeout_s=kw.get("preflight_timeout", 60.0),
+        command=command_line(),
     )
 
     async def flow() -> int:
@@ -133,11 +141,14 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
                 plan = await plan_restart(op, opts)
             if not as_json:
                 echo_plan(plan)
-            if operation in ("apply", "rollback") and not plan.changes:
+            if not plan.steps:
                 if as_json:
                     emit_json({"ok": True, "plan": plan.to_dict(), "changed": False})
                 else:
-                    click.echo("The recipe already has this content on every node: nothing to do.")
+                    click.echo(
+                        "The recipe already has this content on every node and the engine runs "
+                        "it: nothing to do."
+                    )
                 return 0
             if kw["dry_run"]:
                 if as_json:
@@ -157,10 +168,8 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
                 outcome = await execute(
                     op, plan, opts, on_step=step_reporter(as_json), on_event=reporter
                 )
-            except SparkOpsError:
+            finally:
                 reporter.close()
-                raise
-            reporter.close()
             if as_json:
                 emit_json(outcome.to_dict())
             else:
@@ -182,7 +191,10 @@ def _echo_outcome(outcome: Outcome) -> None:
         )
     elif outcome.ok and all(c["ok"] for c in outcome.checks):
         total = (outcome.boot or {}).get("total_s")
-        click.secho(f"Done: engine serving (boot {total:.1f} s).", fg="green", bold=True)
+        if total is None:
+            click.secho("Done: the unfinished run(s) are finished.", fg="green", bold=True)
+        else:
+            click.secho(f"Done: engine serving (boot {total:.1f} s).", fg="green", bold=True)
     elif outcome.ok:
         click.secho("The new engine serves, but checks failed:", fg="red", bold=True)
     for warning in getattr(outcome, "warnings", []):

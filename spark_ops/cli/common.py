@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import shlex
+import signal
 import sys
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,8 +28,40 @@ def load_cluster(ctx: click.Context) -> Any:
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine to completion on a fresh event loop."""
-    return asyncio.run(coro)
+    """Run a coroutine on a fresh event loop; SIGINT and SIGTERM cancel it (workflows/interrupt)."""
+
+    async def main() -> T:
+        """The coroutine, with the signal handlers installed for its time."""
+        from spark_ops.workflows import interrupt
+
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if task is None:
+                break
+            try:
+                loop.add_signal_handler(sig, interrupt.request, task, sig.name)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                pass
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            if interrupt.received():  # a signal outside any run's own handling: plain Ctrl-C
+                raise KeyboardInterrupt from None
+            raise
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(main())
+
+
+def command_line() -> str:
+    """The command line this process runs, shell-quoted (what "run it again" names)."""
+    words = ["spark-ops", *sys.argv[1:]]
+    return shlex.join(w.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for w in words)
 
 
 def emit_json(data: Any) -> None:

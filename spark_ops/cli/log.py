@@ -14,14 +14,22 @@ def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
     if not entries:
         click.echo("The audit log is empty: no operation has been recorded on this cluster yet.")
         return
+    from spark_ops.workflows.journal import runs_of
+
+    runs = {r.run: r for r in runs_of(entries)}
     for e in entries:
         if "malformed" in e:
             click.secho(f"(unreadable line) {e['malformed'][:200]}", fg="yellow")
             continue
+        run = runs.get(str(e.get("run")))
+        if e.get("phase") == "step" or (e.get("phase") == "intent" and run and not run.unfinished):
+            continue  # a run shows once: by its end, or by its intent while it has none
         what = e.get("what") or {}
         args = what.get("args") or {}
         arg_text = " ".join(f"{k}={v}" for k, v in args.items())
         outcome = str(e.get("outcome", ""))
+        if e.get("phase") == "intent" and run is not None:
+            outcome = f"did not end (killed, or still running); last recorded: {run.last_step}"
         color = "green" if outcome in ("ok", "done") else ("red" if outcome else None)
         stamp = e.get("when")
         head = (

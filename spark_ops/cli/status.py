@@ -68,6 +68,16 @@ def echo_status(data: dict[str, Any]) -> None:
     boot = data.get("last_boot")
     if boot and boot.get("total_s") is not None:
         click.echo(f"Last boot watched from here: {boot['total_s']:.0f} s")
+    runs = data.get("runs") or {}
+    if runs.get("in_progress"):
+        click.secho(f"A run is under way: {runs['in_progress']}", fg="yellow")
+    for r in runs.get("unfinished") or []:
+        click.secho(
+            f"Unfinished run {r['run']} ({r['operation']} by {r.get('who')}): "
+            f"last recorded {r['last_step']}",
+            fg="red",
+        )
+        click.echo(f"  finish it: {r['command']}")
     b = data.get("budget") or {}
     if "used" in b:
         flags = " PAUSED" if b.get("paused") else ""

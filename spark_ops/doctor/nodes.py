@@ -7,8 +7,9 @@ import shlex
 from spark_ops.doctor.report import Checker
 from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
 from spark_ops.inventory import Node
-from spark_ops.lock import PROBE, describe_holder
+from spark_ops.lock import describe_holder, lock_state
 from spark_ops.remote import sh_program
+from spark_ops.workflows.journal import read_runs, unfinished_runs
 
 # $1 a directory that must exist or be creatable and writable (the state dir: cluster lock, audit
 # log).
@@ -73,31 +74,41 @@ class NodeChecks(Checker):
 
     async def check_cluster_lock(self) -> None:
         """Nobody holds the cluster lock now (apply would stop with exit 6); names the holder."""
-        import json
-
         if not self.up(self.head):
             return
-        c = self.cluster
-        res = await self.session.run(
-            self.head, sh_program(PROBE, c.state_dir, c.recipe.path), check=False
-        )
-        first, _, rest = res.stdout.partition("\n")
-        state, _, lock = first.strip().partition(" ")
-        if state != "held":
+        held, holder, lock = await lock_state(self.session)
+        if not held:
             self.report.add("cluster-lock", self.head, "ok", f"free ({lock})")
+            await self.check_unfinished_runs()
             return
-        try:
-            holder = json.loads(rest.strip() or "{}")
-        except ValueError:
-            holder = {}
         self.report.add(
             "cluster-lock",
             self.head,
             "fail",
-            f"held by {describe_holder(holder if isinstance(holder, dict) else {})}",
+            f"held by {describe_holder(holder)}",
             "wait for that operation to end (the lock frees itself if its holder dies), "
             "then run doctor again",
         )
+
+    async def check_unfinished_runs(self) -> None:
+        """No run began and died without ending (the lock is free, so none is running)."""
+        try:
+            dead = unfinished_runs(await read_runs(self.session))
+        except SparkOpsError as exc:
+            self.report.add("unfinished-runs", self.head, "warn", f"audit log not read: {exc}")
+            return
+        if not dead:
+            self.report.add("unfinished-runs", self.head, "ok", "every recorded run ended")
+            return
+        for r in dead:
+            self.report.add(
+                "unfinished-runs",
+                self.head,
+                "fail",
+                f"run {r.run} ({r.operation} by {r.intent.get('who', '?')}) did not end; "
+                f"last recorded: {r.last_step}",
+                f"finish it: {r.command}",
+            )
 
     async def check_ray_workers(self) -> None:
         """engine.worker_check on every reachable worker: is its Ray worker (raylet) running?"""

@@ -12,6 +12,7 @@ from spark_ops.engine.watch import EngineWatch
 from spark_ops.errors import (
     AmbiguousStamp,
     BootError,
+    Interrupted,
     SparkOpsError,
 )
 from spark_ops.readiness import BootEvent, BootReport, BootTracker, history_key, wait_for_boot
@@ -20,9 +21,12 @@ from spark_ops.remote import FileWrite, engine_log_follow, quote_path, sha256
 from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.history import ROLLED_BACK
 from spark_ops.watchdog.identify import HistEntry, Identification, new_entries, prune_command
+from spark_ops.workflows import interrupt
+from spark_ops.workflows.journal import RunJournal, write_facts
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
 from spark_ops.workflows.plan import Plan, Step, StepRunner
 from spark_ops.workflows.postboot import kv_pool, verify_boot
+from spark_ops.workflows.standing import standing
 
 StepReporter = Callable[[Step], None]
 EventReporter = Callable[[BootEvent], None]
@@ -36,21 +40,80 @@ async def execute(
     on_step: StepReporter | None = None,
     on_event: EventReporter | None = None,
 ) -> Outcome:
-    """Run an apply or restart plan step by step; the audit log on the head records the outcome."""
+    """Run an apply or restart plan step by step: its intent first, then steps, then its end.
+
+    The intent record is written on the head before anything changes (a failure to write it
+    stops the run there); SIGINT / SIGTERM end the run after the atomic unit in progress and
+    raise Interrupted, which says where the cluster stands and what converges it.
+    """
     out = Outcome(plan, ok=False)
+    journal = RunJournal(op, plan.operation, opts.command)
+    await journal.intent(**intent_of(plan, opts))
+    plan.facts["run"] = journal.run
+    run = StepRunner(plan, on_step)
     failure: BaseException | None = None
     try:
-        await _execute(op, plan, opts, out, StepRunner(plan, on_step), on_event)
+        await _execute(op, plan, opts, out, run, on_event, journal)
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        interrupt.absorb()
+        failure = interrupted(plan, out, opts, run)
+        raise failure from None
     except BaseException as exc:
         failure = exc
         raise
     finally:
+        await journal.steps(plan)
         try:
             entry = audit_entry(plan, opts, out, failure)
         except Exception as exc:  # an entry is written whatever went wrong: a minimal one
             entry = audit_minimal(plan, failure, exc)
-        await op.record_audit(entry)
+        await journal.end(entry)
     return out
+
+
+def intent_of(plan: Plan, opts: ApplyOptions) -> dict[str, Any]:
+    """The intent record's fields: what will be written where, whether a restart is triggered."""
+    steps = [s.name for s in plan.steps]
+    return {
+        "args": _args(opts),
+        "nodes": [c.host for c in plan.changes],
+        "diff": "".join(c.diff for c in plan.changes),
+        "detail": {
+            "writes": write_facts(plan),
+            "restart": "restart" in steps,
+            "steps": steps,
+            "left_stamps": plan.facts.get("left_stamps", []),
+        },
+        "settles": plan.facts.get("settles", []),
+    }
+
+
+def interrupted(plan: Plan, out: Outcome, opts: ApplyOptions, run: StepRunner) -> Interrupted:
+    """The Interrupted error of a run stopped by a signal: the step, and where things stand."""
+    why = f"interrupted ({interrupt.received() or 'KeyboardInterrupt'})"
+    at = next((s.name for s in plan.steps if s.status == "running"), None)
+    for s in plan.steps:
+        if s.status == "running":
+            run.fail(s.name, why)
+    if at is None:
+        at = next((s.name for s in plan.steps if s.detail.startswith("interrupted")), "start")
+    return Interrupted(
+        f"{why} at the {at} step",
+        standing=standing(plan, out, opts.command or f"spark-ops {plan.operation}"),
+        hint="run the same command again: it compares the engine with the recipe and finishes",
+    )
+
+
+def _args(opts: ApplyOptions | None) -> dict[str, Any]:
+    """The operator's arguments as the audit records them."""
+    args: dict[str, Any] = {}
+    for ch in opts.changes if opts is not None else ():
+        args[ch.name.lstrip("-").replace("-", "_")] = "(removed)" if ch.remove else ch.value
+    if opts is not None and opts.reason:
+        args["reason"] = opts.reason
+    if opts is not None and opts.force:
+        args["force"] = True
+    return args
 
 
 def audit_minimal(plan: Plan, failure: BaseException | None, exc: Exception) -> dict[str, Any]:
@@ -70,15 +133,11 @@ def audit_entry(
     failure: BaseException | None = None,
 ) -> dict[str, Any]:
     """The entry of an executed plan: operation, changes asked, nodes written, diffs, outcome."""
-    args: dict[str, Any] = {}
-    for ch in opts.changes if opts is not None else ():
-        args[ch.name.lstrip("-").replace("-", "_")] = "(removed)" if ch.remove else ch.value
-    if opts is not None and opts.reason:
-        args["reason"] = opts.reason
-    if opts is not None and opts.force:
-        args["force"] = True
-    if failure is not None:
-        result = f"failed: {getattr(failure, 'message', None) or failure}"
+    args = _args(opts)
+    if isinstance(failure, Interrupted):
+        result = f"{failure.message}; " + "; ".join(failure.standing)
+    elif failure is not None:
+        result = f"failed: {getattr(failure, 'message', None) or failure or type(failure).__name__}"
     elif out is None:
         result = "not run"
     else:
@@ -110,35 +169,69 @@ async def _execute(
     out: Outcome,
     run: StepRunner,
     on_event: EventReporter | None,
+    journal: RunJournal,
 ) -> None:
     """The steps of apply / restart; our stamp is pruned even if the boot fails."""
     steps = {s.name for s in plan.steps}
+    if "settle" in steps:
+        await _settle(op, plan, run, out, journal)
+    if "restart" not in steps:
+        out.ok = True
+        return
     await op.api_url()
     if "write" in steps:
-        run.start("write")
-        label = ROLLED_BACK if plan.operation == "rollback" else ""  # the version rolled away
-        writes = [
-            FileWrite(ch.host, ch.path, ch.new_text, ch.old_sha, op.cluster.recipe.keep_backups,
-                      label=label)
-            for ch in plan.changes
-        ]  # fmt: skip
-        done = await op.session.write_atomic(writes)
-        plan.facts["written"] = [f"{d.host}:{d.path}" for d in done]  # named by the audit entry
-        plan.facts["write_backups"] = [d.to_dict() for d in done]
-        run.finish("write", "; ".join(f"{d.host}: backup {d.backup}" for d in done))
+        await interrupt.atomic(_write(op, plan, run, journal))
     try:
         try:
-            await _restart_and_wait(op, plan, run, out, opts, on_event)
+            await _restart_and_wait(op, plan, run, out, opts, on_event, journal)
             out.ok = True
         except BootError as exc:
             out.error = exc.to_dict()
             if not (opts.rollback_on_failure and plan.changes):
                 raise
-            await _rollback(op, plan, run, out, opts, on_event)
+            await _rollback(op, plan, run, out, opts, on_event, journal)
         if out.ok:
             out.checks = await verify_boot(op, plan, run, out)
     finally:
         out.budget = await _budget_step(op, run, plan)
+
+
+async def _write(op: Operation, plan: Plan, run: StepRunner, journal: RunJournal) -> None:
+    """The all-or-nothing recipe write, its step and its journal record: one atomic unit."""
+    run.start("write")
+    label = ROLLED_BACK if plan.operation == "rollback" else ""  # the version rolled away
+    writes = [
+        FileWrite(ch.host, ch.path, ch.new_text, ch.old_sha, op.cluster.recipe.keep_backups,
+                  label=label)
+        for ch in plan.changes
+    ]  # fmt: skip
+    done = await op.session.write_atomic(writes)
+    plan.facts["written"] = [f"{d.host}:{d.path}" for d in done]  # named by the audit entry
+    plan.facts["write_backups"] = [d.to_dict() for d in done]
+    run.finish("write", "; ".join(f"{d.host}: backup {d.backup}" for d in done))
+    await journal.steps(plan, {"write": {"written": plan.facts["written"]}})
+
+
+async def _settle(
+    op: Operation, plan: Plan, run: StepRunner, out: Outcome, journal: RunJournal
+) -> None:
+    """Finish the dead runs the plan names: remove the planned stamps they left, by exact line."""
+    run.start("settle")
+    raws = [str(r) for r in plan.facts.get("left_stamps", [])]
+    if not raws:
+        run.finish("settle", f"nothing was left by {', '.join(plan.facts.get('settles', []))}")
+        await journal.steps(plan)
+        return
+
+    async def unit() -> None:
+        """Prune the left stamps and record it."""
+        result = await op.watchdog.prune(raws=raws, reason=f"planned restart ({op.name}, left)")
+        removed = result["removed_stamps"]
+        out.pruned.extend(removed)
+        run.finish("settle", f"removed the stamp(s) left by a dead run: {removed}")
+        await journal.steps(plan)
+
+    await interrupt.atomic(unit())
 
 
 async def _restart_and_wait(
@@ -148,6 +241,7 @@ async def _restart_and_wait(
     out: Outcome,
     opts: ApplyOptions,
     on_event: EventReporter | None,
+    journal: RunJournal,
     *,
     suffix: str = "",
 ) -> None:
@@ -170,19 +264,29 @@ async def _restart_and_wait(
     async with op.engine(timeout=5) as api:
         watch = await EngineWatch.before_restart(op.session, c, api, clock_before)
     name = "restart" + suffix
-    run.start(name)
     trigger: Trigger | None = None
     found: Identification | None = None
     stamp_error: SparkOpsError | None = None
     boot_error: BaseException | None = None
-    try:
+
+    async def fire() -> None:
+        """Record the window, trigger, identify and note the stamp: one atomic unit."""
+        nonlocal trigger, found, stamp_error
+        await journal.steps(plan)
+        known = [e.raw for e in before if e.stamp >= clock_before - 5.0]
+        await journal.note(name, "running", window_from=clock_before, known=known)
         trigger = await op.watchdog.trigger(opts.reason)
         plan.facts["restart_at"] = trigger.before
         if trigger.exit_code != 0:
             await _trigger_failed(op, plan, run, name, trigger, before, watch, paused, suffix)
         found, stamp_error = await _identify(op, trigger, before, opts.reason)
         out.stamp = found.stamp if found else None
+        await journal.note(name, "triggered", window_to=trigger.after, stamp=out.stamp)
         run.finish(name, _stamp_note(found, stamp_error))
+
+    run.start(name)
+    try:
+        await interrupt.atomic(fire())
         run.start("boot" + suffix)
         try:
             report = await _wait(op, opts, start_at, on_event, watch)
@@ -192,11 +296,19 @@ async def _restart_and_wait(
             run.finish("boot" + suffix, f"ready in {report.total_s:.1f} s ({watch_label(watch)})")
         except BaseException as exc:
             boot_error = exc
-            run.fail("boot" + suffix, getattr(exc, "message", str(exc)))
+            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+                interrupt.absorb()  # the prune below still runs, then the interruption
+                run.fail("boot" + suffix, f"interrupted ({interrupt.received() or 'Ctrl-C'})")
+            else:
+                run.fail("boot" + suffix, getattr(exc, "message", None) or repr(exc))
+        await journal.steps(plan)
         await _report_flags(op, out, flags_before)
     except BaseException as exc:
+        if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+            interrupt.absorb()  # the prune below still runs, then the interruption
         if plan.step(name).status == "running":  # the restart step is always closed
-            run.fail(name, getattr(exc, "message", None) or f"interrupted ({type(exc).__name__})")
+            why = getattr(exc, "message", None) or f"interrupted ({type(exc).__name__})"
+            run.fail(name, why)
         raise
     finally:
         if trigger is None:  # interrupted while triggering: a stamp may exist anyway
@@ -205,7 +317,7 @@ async def _restart_and_wait(
         if (found is None or found.entry is None) and stamp_error is None:
             found, stamp_error = await _identify(op, trigger, before, opts.reason)
             out.stamp = found.stamp if found else None
-        await _prune_step(op, run, out, found, stamp_error, suffix)
+        await interrupt.atomic(_prune_step(op, run, out, found, stamp_error, suffix, journal))
     if boot_error is not None:
         raise boot_error
 
@@ -410,8 +522,24 @@ async def _prune_step(
     found: Identification | None,
     stamp_error: SparkOpsError | None,
     suffix: str,
+    journal: RunJournal,
 ) -> None:
     """Remove exactly our entry; say why (and what to run) when none can be removed."""
+    try:
+        await _prune(op, run, out, found, stamp_error, suffix)
+    finally:
+        await journal.steps(plan=run.plan)
+
+
+async def _prune(
+    op: Operation,
+    run: StepRunner,
+    out: Outcome,
+    found: Identification | None,
+    stamp_error: SparkOpsError | None,
+    suffix: str,
+) -> None:
+    """The prune step itself."""
     name = "prune"
     if suffix and f"prune{suffix}" in {s.name for s in run.plan.steps}:
         name += suffix
@@ -465,6 +593,7 @@ async def _rollback(
     out: Outcome,
     opts: ApplyOptions,
     on_event: EventReporter | None,
+    journal: RunJournal,
 ) -> None:
     """Restore the recipe as it was before, restart, wait, prune again."""
     for name, desc in (
@@ -474,15 +603,21 @@ async def _rollback(
         ("prune-rollback", "remove the rollback restart's stamp"),
     ):
         plan.add(name, desc, [op.cluster.head.name])
-    run.start("rollback")
-    keep = op.cluster.recipe.keep_backups
-    writes = [
-        FileWrite(ch.host, ch.path, ch.old_text, sha256(ch.new_text), keep, label=ROLLED_BACK)
-        for ch in plan.changes
-    ]
-    await op.session.write_atomic(writes)
-    run.finish("rollback", "previous recipe restored")
-    await _restart_and_wait(op, plan, run, out, opts, on_event, suffix="-rollback")
+
+    async def restore() -> None:
+        """Write the old text back everywhere and record it: one atomic unit."""
+        run.start("rollback")
+        keep = op.cluster.recipe.keep_backups
+        writes = [
+            FileWrite(ch.host, ch.path, ch.old_text, sha256(ch.new_text), keep, label=ROLLED_BACK)
+            for ch in plan.changes
+        ]
+        done = await op.session.write_atomic(writes)
+        run.finish("rollback", "previous recipe restored")
+        await journal.steps(plan, {"rollback": {"written": [f"{d.host}:{d.path}" for d in done]}})
+
+    await interrupt.atomic(restore())
+    await _restart_and_wait(op, plan, run, out, opts, on_event, journal, suffix="-rollback")
     out.rolled_back = True
 
 

@@ -42,6 +42,7 @@ class ApplyOptions:
     reason: str = "planned restart (spark-ops apply)"
     preflight: str = "auto"  # auto | vllm | sim | docker | off
     preflight_timeout_s: float = 60.0
+    command: str = ""  # the command line as run, for "run it again" and the audit
 
     def __post_init__(self) -> None:
         """Refuse, before anything connects, a value that could not be sent or written whole.
@@ -59,6 +60,8 @@ class ApplyOptions:
                 "nothing was changed",
                 hint="give the reason on one line",
             )
+        if len(self.command) > 4000:
+            self.command = self.command[:4000] + " …"
         if self.vllm_version is not None:
             check_text("--vllm-version", self.vllm_version, max_bytes=64)
         for change in self.changes:
@@ -123,6 +126,7 @@ class Operation:
         self.watchdog = WatchdogContract(session)
         self.log = get_logger(cluster=self.cluster.name, op=name)
         self._api_url: str | None = None
+        self.locked = False  # set when this operation holds the cluster lock
 
     @classmethod
     @asynccontextmanager
@@ -135,7 +139,9 @@ class Operation:
             await session.connect(nodes)
             if lock:
                 await stack.enter_async_context(cluster_lock(session, name))
-            yield cls(session, name)
+            op = cls(session, name)
+            op.locked = lock
+            yield op
 
     async def api_url(self) -> str:
         """The engine API's base URL from here: direct, or through a tunnel to the head."""

@@ -11,6 +11,7 @@ from spark_ops.errors import (
 from spark_ops.recipe import edit_recipe, knob_values, render_recipe, unified_diff
 from spark_ops.remote import sha256
 from spark_ops.watchdog.history import ROLLED_BACK, backup_tag_of
+from spark_ops.workflows.converge import engine_differs, plan_settle
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, Plan
 from spark_ops.workflows.postboot import kv_pool
@@ -61,13 +62,28 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
     new_text = next((c.new_text for c in plan.changes), head_text)
     plan.facts["knobs_after"] = jsonable(knob_values(new_text, source="recipe"))
     if not plan.changes:
+        await _restart_if_needed(op, opts, plan)
+        await plan_settle(op, plan)
         return plan
     await _preflight(op, opts, plan, new_text)
     warning = await _kv_capacity(op, new_text)
     if warning:
         plan.warnings.append(warning)
     _restart_steps(plan, op, opts, write=True)
+    await plan_settle(op, plan)
     return plan
+
+
+async def _restart_if_needed(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
+    """The recipe holds the content already: plan a restart when the engine runs other values."""
+    why = await engine_differs(op, plan.facts.get("knobs_after") or {})
+    if why is None:
+        return
+    plan.facts["restart_needed"] = why
+    plan.warnings.append(
+        f"the recipe already holds this content on every node, but {why}: restart needed"
+    )
+    _restart_steps(plan, op, opts, write=False)
 
 
 async def _preflight(op: Operation, opts: ApplyOptions, plan: Plan, new_text: str) -> None:
@@ -122,6 +138,7 @@ async def plan_restart(op: Operation, opts: ApplyOptions) -> Plan:
         knob_values(head_text, source="recipe")
     )
     _restart_steps(plan, op, opts, write=False)
+    await plan_settle(op, plan)
     return plan
 
 
@@ -185,6 +202,9 @@ async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None
     plan.facts["knobs_after"] = jsonable(knob_values(new_text, source="recipe"))
     if plan.changes:
         _restart_steps(plan, op, opts, write=True)
+    else:
+        await _restart_if_needed(op, opts, plan)
+    await plan_settle(op, plan)
     return plan
 
 

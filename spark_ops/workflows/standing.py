@@ -1,0 +1,68 @@
+"""Where the cluster stands after a run stopped early: recipe, engine, stamp, checks, next command.
+
+An interrupted run (SIGINT, SIGTERM) prints these lines and records them in its audit entry, so
+that the operator who pressed Ctrl-C, and the colleague who reads `spark-ops log` later, know what
+was done, what was not, and the one command that converges.
+"""
+
+from __future__ import annotations
+
+from spark_ops.watchdog.identify import fmt_stamp
+from spark_ops.workflows.operation import Outcome
+from spark_ops.workflows.plan import Plan, Step
+
+
+def _status(plan: Plan, name: str) -> str:
+    """A step's status, or "absent" when the plan has no such step."""
+    found: Step | None = next((s for s in plan.steps if s.name == name), None)
+    return found.status if found is not None else "absent"
+
+
+def standing(plan: Plan, out: Outcome, command: str) -> list[str]:
+    """Plain lines on the recipe, the engine, the planned stamp, the checks and what to run."""
+    write, restart, boot = (_status(plan, n) for n in ("write", "restart", "boot"))
+    hosts = ", ".join(c.host for c in plan.changes)
+    if write == "absent":
+        recipe = "recipe: not part of this run (unchanged)"
+    elif write == "done":
+        recipe = f"recipe: the new content on {hosts} (written whole, backups kept)"
+    else:
+        recipe = "recipe: unchanged on every node (the write had not begun, or was undone whole)"
+    if restart in ("absent", "pending"):
+        engine = "engine: not restarted; the engine that ran before still runs"
+    elif boot == "done":
+        engine = "engine: the new engine serves (its boot was followed to the end)"
+    else:
+        engine = (
+            "engine: a restart was triggered; its boot was not followed to the end "
+            "(`spark-ops status` shows what runs now)"
+        )
+    if out.pruned:
+        stamp = f"planned stamp: pruned ({', '.join(fmt_stamp(s) for s in out.pruned)})"
+    elif restart in ("absent", "pending"):
+        stamp = "planned stamp: none (no restart was triggered)"
+    elif out.stamp is not None:
+        stamp = (
+            f"planned stamp {fmt_stamp(out.stamp)}: still in the history; remove it with "
+            f"`spark-ops budget prune --stamp {fmt_stamp(out.stamp)}`"
+        )
+    else:
+        stamp = (
+            "planned stamp: not identified; this run's restart window is recorded on the head, "
+            "and `spark-ops budget prune --planned` finds its stamp"
+        )
+    verify = _status(plan, "verify")
+    if verify == "done":
+        failed = [c for c in out.checks if not c.get("ok", True)]
+        checks = f"checks: ran, {len(failed)} failed" if failed else "checks: ran, all passed"
+    elif verify == "absent":
+        checks = "checks: none in this run"
+    else:
+        checks = "checks: not run"
+    changed = write == "done" or restart not in ("absent", "pending")
+    after = (
+        f"next: run `{command}` again; it compares the engine with the recipe and finishes"
+        if changed
+        else "next: nothing was changed; run the command again to do it"
+    )
+    return [recipe, engine, stamp, checks, after]
