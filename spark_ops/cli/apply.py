@@ -100,7 +100,7 @@ def _changes(kw: dict[str, Any]) -> list[Change]:
 def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
     """connect → lock → plan → show → confirm → execute → report."""
     from spark_ops.cli.progress import make_reporter
-    from spark_ops.errors import Aborted, ExitStatus, SparkOpsError
+    from spark_ops.errors import Aborted, ExitStatus
     from spark_ops.readiness import history_key
     from spark_ops.workflows import (
         ApplyOptions,

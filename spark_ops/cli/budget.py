@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from spark_ops.cli.common import emit_json, load_cluster, run_async, when
+from spark_ops.cli.common import command_line, emit_json, load_cluster, run_async, when
 from spark_ops.errors import excerpt
 
 if TYPE_CHECKING:
@@ -163,6 +163,7 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
             lo, hi = await resolve_times(op, since, since_ago, until, until_ago)
             selection = PruneSelection(kw["stamps"], kw["raws"], lo, hi, kw["planned"])
             plan = await plan_prune(op, selection, clear_gave_up=kw["clear_gave_up"])
+            plan.command = command_line()
             if not kw["as_json"]:
                 echo_prune_plan(plan)
             if kw["dry_run"]:

@@ -61,7 +61,8 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 def command_line() -> str:
     """The command line this process runs, shell-quoted (what "run it again" names)."""
     words = ["spark-ops", *sys.argv[1:]]
-    return shlex.join(w.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for w in words)
+    shown = (w.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for w in words)
+    return shlex.join(shown)
 
 
 def emit_json(data: Any) -> None:

@@ -9,14 +9,18 @@ the report names it.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops import audit
-from spark_ops.errors import HistoryError, SparkOpsError
+from spark_ops.errors import HistoryError, Interrupted, SparkOpsError
 from spark_ops.watchdog.contract import BudgetView
 from spark_ops.watchdog.identify import HistEntry
+from spark_ops.workflows import interrupt
+from spark_ops.workflows.converge import dead_runs, left_by
+from spark_ops.workflows.journal import RunJournal
 from spark_ops.workflows.operation import Operation
 
 MAX_PRUNE_BYTES = 64_000  # the exact lines travel on one command line (Linux: 128 KiB per word)
@@ -60,6 +64,8 @@ class PrunePlan:
     kept_raws: list[str] = field(default_factory=list)  # every other line seen at preview
     not_found: list[Any] = field(default_factory=list)  # asked for, absent at preview
     clear_gave_up: bool = False
+    settles: list[str] = field(default_factory=list)  # dead runs whose left stamps it removes
+    command: str = ""  # the command line as run (the audit's intent names it)
 
     @property
     def stamps(self) -> list[float]:
@@ -76,6 +82,7 @@ class PrunePlan:
             "kept": len(self.kept_raws),
             "not_found": list(self.not_found),
             "clear_gave_up": self.clear_gave_up,
+            "settles": list(self.settles),
         }
 
 
@@ -146,6 +153,8 @@ async def plan_prune(
     plan.chosen = [HistEntry.from_read(e) for e in preview.get("removed", [])]
     plan.kept_raws = [str(r) for r in preview.get("kept_raws", [])]
     plan.not_found = list(preview.get("not_found", []))
+    if selection.planned:
+        await _dead_runs_stamps(op, plan)
     size = sum(len(e.raw.encode("utf-8", "replace")) + 8 for e in plan.chosen)
     if size > MAX_PRUNE_BYTES:
         raise HistoryError(
@@ -156,19 +165,48 @@ async def plan_prune(
     return plan
 
 
+async def _dead_runs_stamps(op: Operation, plan: PrunePlan) -> None:
+    """Add the planned stamps dead runs left in their recorded windows (no journal needed)."""
+    dead = await dead_runs(op)
+    if not dead:
+        return
+    entries = await op.watchdog.entries()
+    for run in dead:
+        stamps, ambiguous = left_by(run, entries)
+        plan.chosen.extend(e for e in stamps if e.raw not in {c.raw for c in plan.chosen})
+        booted = (run.step("boot") or {}).get("status") == "done"
+        if op.locked and not ambiguous and (booted or not run.written):
+            plan.settles.append(run.run)  # nothing but its stamp was left; a write is apply's
+    chosen = Counter(e.raw for e in plan.chosen)
+    plan.kept_raws = list((Counter(plan.kept_raws) - chosen).elements())
+
+
 async def execute_prune(op: Operation, plan: PrunePlan) -> PruneReport:
     """Remove exactly the plan's lines (by their exact text), audit it, report what changed."""
     report = PruneReport(plan)
-    if plan.chosen:
-        result = await op.watchdog.prune(raws=[e.raw for e in plan.chosen], reason="operator prune")
-        report.removed = [HistEntry.from_read(e) for e in result.get("removed", [])]
-        report.vanished = [str(r) for r in result.get("not_found", [])]
-        report.backup = result.get("backup")
-        seen = Counter([*plan.kept_raws, *(e.raw for e in plan.chosen)])
-        report.appended_kept = list(
-            (Counter(str(r) for r in result.get("kept_raws", [])) - seen).elements()
+    journal = RunJournal(op, "budget prune", plan.command)
+    if plan.chosen or plan.clear_gave_up:
+        await journal.intent(
+            args=plan.selection.to_dict(),
+            detail={"remove": [e.raw for e in plan.chosen], "history": plan.history_file},
+            settles=plan.settles,
         )
-        if report.removed:
+    outcome = "failed"
+    try:
+        await _execute_prune(op, plan, report)
+        outcome = "ok"
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        interrupt.absorb()
+        outcome = f"interrupted ({interrupt.received() or 'Ctrl-C'})"
+        raise Interrupted(
+            f"{outcome}: the prune itself is one atomic unit on the head",
+            standing=[f"history: removed {report.removed_stamps or 'nothing'}"],
+        ) from None
+    except SparkOpsError as exc:
+        outcome = f"failed: {exc.message}"
+        raise
+    finally:
+        if plan.chosen or plan.clear_gave_up:
             detail = {
                 "removed": report.removed_stamps,
                 "backup": report.backup,
@@ -176,10 +214,29 @@ async def execute_prune(op: Operation, plan: PrunePlan) -> PruneReport:
                 "vanished": report.vanished,
             }
             entry = audit.make_entry(
-                "budget prune", args=plan.selection.to_dict(), outcome="ok", detail=detail
+                "budget prune", args=plan.selection.to_dict(), outcome=outcome, detail=detail
             )
-            await op.record_audit(entry)
+            await journal.end(entry)
+    return report
+
+
+async def _execute_prune(op: Operation, plan: PrunePlan, report: PruneReport) -> None:
+    """The prune itself (one atomic unit), then the gave-up file, then the budget."""
+    if plan.chosen:
+
+        async def unit() -> None:
+            """Remove the lines and read what changed."""
+            raws = [e.raw for e in plan.chosen]
+            result = await op.watchdog.prune(raws=raws, reason="operator prune")
+            report.removed = [HistEntry.from_read(e) for e in result.get("removed", [])]
+            report.vanished = [str(r) for r in result.get("not_found", [])]
+            report.backup = result.get("backup")
+            seen = Counter([*plan.kept_raws, *(e.raw for e in plan.chosen)])
+            report.appended_kept = list(
+                (Counter(str(r) for r in result.get("kept_raws", [])) - seen).elements()
+            )
+
+        await interrupt.atomic(unit())
     if plan.clear_gave_up:
         report.gave_up_cleared = await op.watchdog.clear_gave_up()
     report.budget = await op.watchdog.budget()
-    return report

@@ -44,10 +44,10 @@ async def engine_differs(op: Operation, expected: dict[str, Any]) -> str | None:
     if args is None:
         return None if up else "the engine does not answer and its log names no start-up args"
     check = check_effective_args(args, want, host=op.cluster.head.name)
+    if check.ok and up:
+        return None
     if check.ok:
-        return None if up else (
-            "the engine does not answer (it was last started with the recipe's values)"
-        )
+        return "the engine does not answer (it was last started with the recipe's values)"
     return f"the engine runs other values than the recipe: {check.detail}"
 
 
