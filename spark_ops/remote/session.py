@@ -54,11 +54,11 @@ OLD_STATE = "its old content"  # a copy's state after a failed undo: as before t
 
 
 async def _run_or_error(
-    session: ClusterSession, host: str, command: str, label: str
+    session: ClusterSession, host: str, command: str, label: str, *, sudo: bool = True
 ) -> Result | SparkOpsError:
-    """Run a command as root where the inventory says; its error returned, not raised."""
+    """Run a command (as root where the inventory says); its error returned, not raised."""
     try:
-        return await session.run(host, command, sudo=True, label=label)
+        return await session.run(host, command, sudo=sudo, label=label)
     except SparkOpsError as exc:
         return exc
 
@@ -120,6 +120,7 @@ class ClusterSession:
         self._jump: Any = None
         self._jump_lock = asyncio.Lock()
         self._jump_error: SparkOpsError | None = None
+        self._distinct: set[tuple[str, str]] = set()  # node pairs sharing a key, two machines
         self.log = get_logger(cluster=cluster.name)
         if cluster.ssh.insecure_no_host_key_check:
             self.log.warning(
@@ -166,6 +167,7 @@ class ClusterSession:
                             await attempt(node)
 
         await asyncio.gather(*(one(n) for n in nodes))
+        await self._refuse_one_machine_twice()
         failed = [self.errors[n.name] for n in nodes if n.name in self.errors]
         if failed and required:
             distinct = list({e.message: e for e in failed}.values())  # one jump host failing
@@ -176,6 +178,45 @@ class ClusterSession:
                 "; ".join(e.message for e in distinct),
                 hint=distinct[0].hint,
             )
+
+    async def _refuse_one_machine_twice(self) -> None:
+        """Refuse two connected nodes that are one machine: the same host key and boot id.
+
+        Such an inventory would write the recipe there twice (its newest backup then holds the
+        new content) and count one machine as two. A shared key with different boot ids is a
+        cloned image, two machines: warned about, not refused.
+        """
+        first: dict[str, str] = {}
+        for node in self.cluster.nodes:  # inventory order: the earlier name is named first
+            conn = self.connectors.get(node.name)
+            key = conn.host_key() if conn is not None else None
+            if key is None:
+                continue
+            other = first.setdefault(key, node.name)
+            if other == node.name or (other, node.name) in self._distinct:
+                continue
+            boots = [await self._boot_id(n) for n in (other, node.name)]
+            if boots[0] is not None and boots[1] is not None and boots[0] != boots[1]:
+                self._distinct.add((other, node.name))
+                self.log.warning(
+                    "two nodes share one SSH host key (a cloned image?): regenerate one's keys",
+                    nodes=[other, node.name], host_key=key,
+                )  # fmt: skip
+                continue
+            a, b = self.cluster.node(other), node
+            raise InventoryError(
+                f"{self.cluster.source}: nodes {other} ({a.host}:{a.port}) and {node.name} "
+                f"({b.host}:{b.port}) of cluster {self.cluster.name!r} are one machine: both "
+                f"answer with SSH host key {key} and the same boot id; spark-ops would write its "
+                "files there twice and count one machine as two; nothing was read or written",
+                hint=f"remove one of them from the inventory, or correct {node.name}'s host/port",
+            )
+
+    async def _boot_id(self, host: str) -> str | None:
+        """The node's kernel boot id (one per running machine), None when it cannot be read."""
+        cmd = "cat /proc/sys/kernel/random/boot_id"
+        res = await _run_or_error(self, host, cmd, "read the boot id", sudo=False)
+        return (res.stdout.strip() or None) if isinstance(res, Result) else None
 
     async def _new_connector(self, node: Node) -> Connector:
         """A connector for node; with ssh.jump, tunnelled through the one shared jump connection."""
@@ -327,10 +368,15 @@ class ClusterSession:
             )
         if res.exit_code in (UNREPLACEABLE_EXIT, NO_ROOM_EXIT) or "No space left" in res.stderr:
             why = (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
+            fix = (
+                "make room on that filesystem"
+                if res.exit_code != UNREPLACEABLE_EXIT
+                else "if the file is meant to change, `chattr -i` it (and its directory)"
+            )
             raise WriteError(
                 w.host,
                 f"{w.path}: cannot be written: {why}; nothing written on any node",
-                hint=f"fix this on {w.host} (`chattr -i`, free space), then run the command again",
+                hint=f"on {w.host}, {fix}; then run the command again",
             )
         res.check()
         staged, target, seen = [*res.stdout.split("\0"), "", ""][:3]
@@ -358,9 +404,7 @@ class ClusterSession:
         if res.exit_code == MISMATCH_EXIT:
             raise RemoteError(w.host, f"{res.stderr.strip()}; nothing written")
         res.check()
-        return WriteOutcome(
-            w.host, w.path, fields.get("backup"), target=staged.target, old_sha=old
-        )
+        return WriteOutcome(w.host, w.path, fields.get("backup"), target=staged.target, old_sha=old)
 
     async def discard(self, host: str, staged_path: str) -> str | None:
         """Remove a staged temp file; the reason it could not be, or None when it is gone."""
@@ -434,7 +478,7 @@ class ClusterSession:
             )  # fmt: skip
             res = await _run_or_error(self, out.host, cmd, f"restore {out.path}")
             if isinstance(res, SparkOpsError):
-                failed[f"{out.host}:{out.path}"] = res.message
+                failed[f"{out.host}:{out.path}"] = res.message.removeprefix(f"{out.host}: ")
         _with_leftovers(cause, left)
         if not failed:
             return
