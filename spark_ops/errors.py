@@ -74,6 +74,74 @@ class RemoteError(SparkOpsError):
         self.host = host
 
 
+class WriteError(RemoteError):
+    """An all-or-nothing write stopped; `written` names the copies it left changed ("host:path").
+
+    Empty when every node was put back (the usual case): the caller's audit lists `written` as
+    what this run changed, whatever the error.
+    """
+
+    def __init__(
+        self, host: str, message: str, *, hint: str | None = None, written: Sequence[str] = ()
+    ) -> None:
+        """Keep the message, the hint and the copies left written."""
+        super().__init__(host, message, hint=hint)
+        self.written = list(written)
+
+    def to_dict(self) -> dict[str, object]:
+        """Serialize with the copies left written."""
+        data = super().to_dict()
+        data["written"] = self.written
+        return data
+
+
+class FileChanged(WriteError):
+    """Someone changed a file between the read the plan was made from and the rename over it."""
+
+    def __init__(
+        self, host: str, path: str, expected: str, found: str, *, when: str, undone: str
+    ) -> None:
+        """Name the node, the path, the digest the plan expected and the one found."""
+        super().__init__(
+            host,
+            f"{path} changed {when}: someone else (a colleague, an editor) changed it (sha256 "
+            f"expected {_digest(expected)}, found {_digest(found)}); nothing written{undone}",
+            hint="look at their change, then run the command again: its plan is then made from "
+            "the new content",
+        )
+        self.path = path
+        self.expected = expected
+        self.found = found
+
+
+class WriteNotUndone(WriteError):
+    """A write failed on one node and putting another node back failed too: copies disagree."""
+
+    def __init__(
+        self,
+        host: str,
+        message: str,
+        *,
+        states: dict[str, str],
+        written: Sequence[str],
+        hint: str | None = None,
+    ) -> None:
+        """Keep each copy's state ("host:path" -> new / old / changed by someone / unknown)."""
+        super().__init__(host, message, hint=hint, written=written)
+        self.states = dict(states)
+
+    def to_dict(self) -> dict[str, object]:
+        """Serialize with every copy's state."""
+        data = super().to_dict()
+        data["states"] = self.states
+        return data
+
+
+def _digest(sha: str) -> str:
+    """A sha256 as errors show it: its first 12 hex digits, or the word for a missing file."""
+    return "(no file)" if sha == "absent" else sha[:12]
+
+
 class ConnectError(RemoteError):
     """A node did not answer SSH, or refused us."""
 

@@ -334,11 +334,13 @@ async def edit_on(
     order = list(writes)
     try:
         done = await session.write_atomic([writes[h] for h in order])
-    except SparkOpsError as exc:  # every node put back: name the one that refused
+    except SparkOpsError as exc:  # every node put back (else `written` names the ones left)
         failed = getattr(exc, "host", None)
+        left = {key.split(":", 1)[0] for key in getattr(exc, "written", [])}
         for h in order:
-            if h == failed or failed not in writes:
+            if h == failed or failed not in writes or left:  # left: the error names every copy
                 results[h] = _from_error(h, exc)
+            results[h].extra["written"] = h in left
         return _finish(hosts, results, writes, start, written=False)
     for out in done:
         results[out.host].extra["backup"] = out.backup

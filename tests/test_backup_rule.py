@@ -73,9 +73,9 @@ def _write_remote_way(path: Path, content: str, keep: int) -> None:
         sh_program(STAGE_SH, str(path), "-", sha256(content)),
         shell=True, input=content.encode(), capture_output=True, check=True, timeout=30,
     ).stdout.decode()  # fmt: skip
-    tmp, _, target = staged.partition("\0")
+    tmp, target, seen = staged.split("\0")  # seen: the digest the commit checks again
     subprocess.run(
-        sh_program(COMMIT_SH, str(path), tmp, target, str(keep), ""),
+        sh_program(COMMIT_SH, str(path), tmp, target, str(keep), "", seen),
         shell=True, capture_output=True, check=True, timeout=30,
     )  # fmt: skip
 

@@ -226,9 +226,11 @@ def ground_of(
         return g
 
     yield make
-    for g in made:  # an immutable file would stop the ground's clean-up
+    for g in made:  # an immutable file or a tmpfs mounted on it would stop the ground's clean-up
         for name in g.recipe_nodes:
             subprocess.run(["chattr", "-i", str(g.recipe_on(name))], check=False)
+            if os.path.ismount(g.recipe_on(name).parent):
+                subprocess.run(["umount", "-l", str(g.recipe_on(name).parent)], check=True)
 
 
 # ---------------------------------------------------------------- data-driven input faults
@@ -331,6 +333,21 @@ def _chown_like(path: Path, like: Path) -> None:
     os.chown(path, st.st_uid, st.st_gid)
 
 
+def _full_disk(directory: Path, free: int) -> None:
+    """Mount a 64 KiB tmpfs on directory (its files copied in, owners kept) and fill it until
+    `free` bytes are left: a real full filesystem (unmounted by the ground_of fixture)."""
+    st = directory.stat()
+    saved = [(p.name, p.read_bytes(), p.stat()) for p in directory.iterdir()]
+    opts = f"size=64k,mode={st.st_mode & 0o7777:o},uid={st.st_uid},gid={st.st_gid}"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(directory)], check=True)
+    for name, data, was in saved:
+        (directory / name).write_bytes(data)
+        os.chown(directory / name, was.st_uid, was.st_gid)
+        os.chmod(directory / name, was.st_mode & 0o7777)
+    vfs = os.statvfs(directory)
+    (directory / "filler").write_bytes(b"x" * (vfs.f_bavail * vfs.f_frsize - free))
+
+
 def _mutate_classic(
     kind: str | None, case: dict[str, Any], t: Target, g: SparkGround | None, tmp: Path
 ) -> None:
@@ -347,6 +364,9 @@ def _mutate_classic(
     elif kind == "immutable_recipe":
         assert g is not None
         subprocess.run(["chattr", "+i", str(g.recipe_on(case["node"]))], check=True)
+    elif kind == "full_disk":
+        assert g is not None
+        _full_disk(g.recipe_on(case["full_node"]).parent, case["free_kib"] * 1024)
     elif kind == "malformed_recipe":
         old, new = case["replace"]
         p = t.recipes[0]

@@ -165,6 +165,10 @@ class Connector(ABC):
     async def close(self) -> None:
         """Close the connection."""
 
+    def host_key(self) -> str | None:
+        """The SHA256 fingerprint of the host key the node answered with (None: no such key)."""
+        return None
+
 
 class SSHConnector(Connector):
     """A Connector over asyncssh: known_hosts, identity, agent, ssh config and jump host."""
@@ -192,6 +196,11 @@ class SSHConnector(Connector):
             self.node.name, self.node.host, self.node.port, self.node.user, self._options()
         )
         self.log.debug("connected", port=self.node.port)
+
+    def host_key(self) -> str | None:
+        """The SHA256 fingerprint of the host key the node showed in the key exchange."""
+        key = self._conn.get_server_host_key() if self._conn is not None else None
+        return str(key.get_fingerprint("sha256")) if key is not None else None
 
     def _channel_cap(self) -> asyncio.Semaphore:
         """The per-connection cap on concurrent command channels (ssh.max_channels)."""

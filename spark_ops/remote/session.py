@@ -12,8 +12,12 @@ from typing import Any, TypeVar
 
 from spark_ops.errors import (
     ConnectError,
+    FileChanged,
+    InventoryError,
     RemoteError,
     SparkOpsError,
+    WriteError,
+    WriteNotUndone,
 )
 from spark_ops.inventory import Cluster, Node, SSHSettings
 from spark_ops.log import get_logger
@@ -28,14 +32,17 @@ from spark_ops.remote.connector import (
 )
 from spark_ops.remote.shell import (
     COMMIT_SH,
+    DIGEST_SH,
     LIST_BACKUPS_SH,
     MAX_READ_BYTES,
     MISMATCH_EXIT,
     MISSING_EXIT,
+    NO_ROOM_EXIT,
     READ_SH,
     STAGE_SH,
     TOO_BIG_EXIT,
     UNDO_SH,
+    UNREPLACEABLE_EXIT,
     check_text,
     replace_undecodable,
     sh_program,
@@ -43,6 +50,28 @@ from spark_ops.remote.shell import (
 )
 
 T = TypeVar("T")
+OLD_STATE = "its old content"  # a copy's state after a failed undo: as before the write
+
+
+async def _run_or_error(
+    session: ClusterSession, host: str, command: str, label: str, *, sudo: bool = True
+) -> Result | SparkOpsError:
+    """Run a command (as root where the inventory says); its error returned, not raised."""
+    try:
+        return await session.run(host, command, sudo=sudo, label=label)
+    except SparkOpsError as exc:
+        return exc
+
+
+def _with_leftovers(exc: SparkOpsError, left: Sequence[str]) -> SparkOpsError:
+    """Add to an error the staged files that could not be removed (the next write removes them
+    after 10 minutes)."""
+    if left:
+        exc.message += (
+            f"; staged file(s) left: {', '.join(left)} (the next write removes them after 10 "
+            "minutes, or remove them by hand)"
+        )
+    return exc
 
 
 @dataclass(frozen=True)
@@ -66,6 +95,7 @@ class WriteOutcome:
     backup: str | None
     staged: str | None = None
     target: str | None = None  # the file renamed over: path, or its symlink's target
+    old_sha: str | None = None  # the digest staging found there ("absent": no file)
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for reports."""
@@ -90,6 +120,7 @@ class ClusterSession:
         self._jump: Any = None
         self._jump_lock = asyncio.Lock()
         self._jump_error: SparkOpsError | None = None
+        self._distinct: set[tuple[str, str]] = set()  # node pairs sharing a key, two machines
         self.log = get_logger(cluster=cluster.name)
         if cluster.ssh.insecure_no_host_key_check:
             self.log.warning(
@@ -136,6 +167,7 @@ class ClusterSession:
                             await attempt(node)
 
         await asyncio.gather(*(one(n) for n in nodes))
+        await self._refuse_one_machine_twice()
         failed = [self.errors[n.name] for n in nodes if n.name in self.errors]
         if failed and required:
             distinct = list({e.message: e for e in failed}.values())  # one jump host failing
@@ -146,6 +178,45 @@ class ClusterSession:
                 "; ".join(e.message for e in distinct),
                 hint=distinct[0].hint,
             )
+
+    async def _refuse_one_machine_twice(self) -> None:
+        """Refuse two connected nodes that are one machine: the same host key and boot id.
+
+        Such an inventory would write the recipe there twice (its newest backup then holds the
+        new content) and count one machine as two. A shared key with different boot ids is a
+        cloned image, two machines: warned about, not refused.
+        """
+        first: dict[str, str] = {}
+        for node in self.cluster.nodes:  # inventory order: the earlier name is named first
+            conn = self.connectors.get(node.name)
+            key = conn.host_key() if conn is not None else None
+            if key is None:
+                continue
+            other = first.setdefault(key, node.name)
+            if other == node.name or (other, node.name) in self._distinct:
+                continue
+            boots = [await self._boot_id(n) for n in (other, node.name)]
+            if boots[0] is not None and boots[1] is not None and boots[0] != boots[1]:
+                self._distinct.add((other, node.name))
+                self.log.warning(
+                    "two nodes share one SSH host key (a cloned image?): regenerate one's keys",
+                    nodes=[other, node.name], host_key=key,
+                )  # fmt: skip
+                continue
+            a, b = self.cluster.node(other), node
+            raise InventoryError(
+                f"{self.cluster.source}: nodes {other} ({a.host}:{a.port}) and {node.name} "
+                f"({b.host}:{b.port}) of cluster {self.cluster.name!r} are one machine: both "
+                f"answer with SSH host key {key} and the same boot id; spark-ops would write its "
+                "files there twice and count one machine as two; nothing was read or written",
+                hint=f"remove one of them from the inventory, or correct {node.name}'s host/port",
+            )
+
+    async def _boot_id(self, host: str) -> str | None:
+        """The node's kernel boot id (one per running machine), None when it cannot be read."""
+        cmd = "cat /proc/sys/kernel/random/boot_id"
+        res = await _run_or_error(self, host, cmd, "read the boot id", sudo=False)
+        return (res.stdout.strip() or None) if isinstance(res, Result) else None
 
     async def _new_connector(self, node: Node) -> Connector:
         """A connector for node; with ssh.jump, tunnelled through the one shared jump connection."""
@@ -280,7 +351,11 @@ class ClusterSession:
         return [name for name in res.stdout.split("\0") if name]
 
     async def stage(self, w: FileWrite) -> WriteOutcome:
-        """Write content to a synced temp file beside the target, if the target is unchanged."""
+        """Write content to a synced temp file beside the target, if the target is unchanged.
+
+        Also rules out, before any node renames, what would make this node's rename or its undo
+        fail: an immutable or append-only file or directory, no room to copy the old content back.
+        """
         check_text(f"{w.host}:{w.path}: new content", w.content, max_bytes=MAX_READ_BYTES)
         expected = "-" if w.expected_sha is None else w.expected_sha
         cmd = sh_program(STAGE_SH, w.path, expected, sha256(w.content))
@@ -288,56 +363,97 @@ class ClusterSession:
             w.host, cmd, input=w.content, check=False, sudo=True, label=f"stage {w.path}"
         )
         if res.exit_code == MISMATCH_EXIT:
-            raise RemoteError(
+            raise FileChanged(
+                w.host, w.path, expected, res.stdout.strip(), when="since it was read", undone=""
+            )
+        if res.exit_code in (UNREPLACEABLE_EXIT, NO_ROOM_EXIT) or "No space left" in res.stderr:
+            why = (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
+            fix = (
+                "make room on that filesystem"
+                if res.exit_code != UNREPLACEABLE_EXIT
+                else "if the file is meant to change, `chattr -i` it (and its directory)"
+            )
+            raise WriteError(
                 w.host,
-                f"{w.path} changed since it was read; nothing written",
-                hint="run the command again to plan against the current content",
+                f"{w.path}: cannot be written: {why}; nothing written on any node",
+                hint=f"on {w.host}, {fix}; then run the command again",
             )
         res.check()
-        staged, _, target = res.stdout.partition("\0")
-        return WriteOutcome(w.host, w.path, None, staged=staged, target=target or w.path)
+        staged, target, seen = [*res.stdout.split("\0"), "", ""][:3]
+        return WriteOutcome(
+            w.host, w.path, None, staged=staged, target=target or w.path, old_sha=seen or None
+        )
 
     async def commit(self, w: FileWrite, staged: WriteOutcome) -> WriteOutcome:
-        """Back up the target and rename the staged file over it, then sync the directory."""
+        """Back up the target, check it is still what staging saw, rename the staged file over it.
+
+        The digest is checked on the node just before the rename (compare-and-swap); what stays
+        open is the time from that check to the rename itself (docs/reliability.md).
+        """
         assert staged.staged and staged.target
         keep = str(max(w.keep_backups, 1))
-        cmd = sh_program(COMMIT_SH, w.path, staged.staged, staged.target, keep, w.label)
+        old = staged.old_sha or w.expected_sha or "-"
+        cmd = sh_program(COMMIT_SH, w.path, staged.staged, staged.target, keep, w.label, old)
         res = await self.run(w.host, cmd, check=False, sudo=True, label=f"rename over {w.path}")
+        fields = dict(f.partition("=")[::2] for f in res.stdout.split("\0") if "=" in f)
+        if res.exit_code == MISMATCH_EXIT and "found" in fields:
+            raise FileChanged(
+                w.host, w.path, old, fields["found"], when="while spark-ops was writing it",
+                undone=" on any node",
+            )  # fmt: skip
         if res.exit_code == MISMATCH_EXIT:
             raise RemoteError(w.host, f"{res.stderr.strip()}; nothing written")
         res.check()
-        backup = None
-        for line in res.stdout.split("\0"):
-            if line.startswith("backup="):
-                backup = line[len("backup=") :]
-        return WriteOutcome(w.host, w.path, backup, target=staged.target)
+        return WriteOutcome(w.host, w.path, fields.get("backup"), target=staged.target, old_sha=old)
 
-    async def discard(self, host: str, staged_path: str) -> None:
-        """Remove a staged temp file (best effort)."""
-        with suppress(SparkOpsError):
-            await self.run(host, f"rm -f -- {shlex.quote(staged_path)}", check=False, sudo=True)
+    async def discard(self, host: str, staged_path: str) -> str | None:
+        """Remove a staged temp file; the reason it could not be, or None when it is gone."""
+        try:
+            await self.run(host, f"rm -f -- {shlex.quote(staged_path)}", sudo=True)
+        except SparkOpsError as exc:
+            return exc.message
+        return None
 
     async def write_atomic(self, writes: Sequence[FileWrite]) -> list[WriteOutcome]:
-        """Write files on several nodes all-or-nothing: stage everywhere, then rename everywhere."""
+        """Write files on several nodes all-or-nothing: stage everywhere, then rename everywhere.
+
+        On any failure every staged file is removed and the renamed copies are put back; when
+        that cannot be done the error is a WriteNotUndone naming every copy's state, and its
+        `written` lists the copies left changed.
+        """
         staged = await self.gather(
             [str(i) for i in range(len(writes))], lambda i: self.stage(writes[int(i)])
         )
         failures = [v for v in staged.values() if isinstance(v, SparkOpsError)]
         if failures:
-            for i, v in staged.items():
-                if isinstance(v, WriteOutcome) and v.staged:
-                    await self.discard(writes[int(i)].host, v.staged)
-            raise failures[0]
+            left = await self._discard(writes, staged, range(len(writes)))
+            raise _with_leftovers(failures[0], left)
         done: list[WriteOutcome] = []
         for n, w in enumerate(writes):
             out = staged[str(n)]
             assert isinstance(out, WriteOutcome)
             try:
                 done.append(await self.commit(w, out))
-            except SparkOpsError:
-                await self._undo(writes, staged, done, n)
+            except SparkOpsError as exc:
+                await self._undo(writes, staged, done, n, exc)
                 raise
         return done
+
+    async def _discard(
+        self,
+        writes: Sequence[FileWrite],
+        staged: dict[str, WriteOutcome | SparkOpsError],
+        which: Iterable[int],
+    ) -> list[str]:
+        """Remove the staged files of the given writes; "host: path (why)" for each one left."""
+        left: list[str] = []
+        for n in which:
+            out = staged[str(n)]
+            if isinstance(out, WriteOutcome) and out.staged:
+                why = await self.discard(writes[n].host, out.staged)
+                if why is not None:
+                    left.append(f"{writes[n].host}: {out.staged} ({why})")
+        return left
 
     async def _undo(
         self,
@@ -345,16 +461,79 @@ class ClusterSession:
         staged: dict[str, WriteOutcome | SparkOpsError],
         done: list[WriteOutcome],
         failed_at: int,
+        cause: SparkOpsError,
     ) -> None:
-        """A rename failed: drop the staged files not yet renamed, put the committed ones back."""
-        for n in range(failed_at + 1, len(writes)):
+        """A rename failed: drop the staged files not renamed, put the renamed copies back.
+
+        Returns when every copy holds its old content again (the caller re-raises `cause`);
+        raises WriteNotUndone, naming each copy's state, when one could not be put back.
+        """
+        left = await self._discard(writes, staged, range(failed_at, len(writes)))
+        failed: dict[str, str] = {}
+        for n, out in enumerate(done):
+            new = sha256(writes[n].content)
+            cmd = sh_program(
+                UNDO_SH, out.path, out.target or out.path, out.backup or "", new,
+                out.old_sha or "-",
+            )  # fmt: skip
+            res = await _run_or_error(self, out.host, cmd, f"restore {out.path}")
+            if isinstance(res, SparkOpsError):
+                failed[f"{out.host}:{out.path}"] = res.message.removeprefix(f"{out.host}: ")
+        _with_leftovers(cause, left)
+        if not failed:
+            return
+        states = await self._states(writes, staged, done)
+        lines, written = [], []
+        for n, w in enumerate(writes):
+            key = f"{w.host}:{w.path}"
+            state = states[key]
+            line = f"{key} holds {state}"
+            if key in failed:
+                line += f" (putting it back failed: {failed[key]})"
+            renamed = n < len(done) or (n == failed_at and not state.startswith("content"))
+            if renamed and state != OLD_STATE:  # renamed by this run and not put back
+                written.append(key)
+            if n < len(done) and done[n].backup:
+                line += f"; its old content is in {done[n].backup}"
+            lines.append(line)
+        first = next(iter(failed)).split(":", 1)[0]
+        reason = cause.message.split("; nothing written")[0]
+        raise WriteNotUndone(
+            first,
+            f"the write failed ({reason}) and could not be undone on every node; the copies "
+            f"may disagree: {'; '.join(lines)}",
+            states=states,
+            written=written,
+            hint="make the copies agree by hand (move the named backup back over the file, or "
+            "copy one node's file to the others), then run `spark-ops status`",
+        ) from cause
+
+    async def _states(
+        self,
+        writes: Sequence[FileWrite],
+        staged: dict[str, WriteOutcome | SparkOpsError],
+        done: list[WriteOutcome],
+    ) -> dict[str, str]:
+        """What each copy holds now: its new content, its old, someone else's, or unknown."""
+
+        async def one(n: int) -> str:
+            """Read one copy's digest and name it."""
+            w = writes[n]
             out = staged[str(n)]
-            if isinstance(out, WriteOutcome) and out.staged:
-                await self.discard(writes[n].host, out.staged)
-        for out in done:
-            cmd = sh_program(UNDO_SH, out.path, out.target or out.path, out.backup or "")
-            with suppress(SparkOpsError):
-                await self.run(out.host, cmd, sudo=True, label=f"restore {out.path}")
+            old = out.old_sha if isinstance(out, WriteOutcome) else w.expected_sha
+            cmd = sh_program(DIGEST_SH, w.path)
+            res = await _run_or_error(self, w.host, cmd, f"digest of {w.path}")
+            if isinstance(res, SparkOpsError):
+                return f"unknown content ({res.message})"
+            found = res.stdout.strip()
+            if found == sha256(w.content):
+                return "the NEW content"
+            if found == old:
+                return OLD_STATE
+            return f"content someone else wrote (sha256 {found[:12]})"
+
+        values = await asyncio.gather(*(one(n) for n in range(len(writes))))
+        return {f"{w.host}:{w.path}": v for w, v in zip(writes, values, strict=True)}
 
     async def stream_lines(self, host: str, command: str) -> AsyncIterator[str]:
         """Follow a command's output lines on a node (e.g. the engine log)."""

@@ -18,6 +18,8 @@ from spark_ops.watchdog.history import (
 
 MISSING_EXIT = 44  # our own exit code for "file does not exist"
 MISMATCH_EXIT = 45  # the file changed under us (compare-and-swap failed)
+UNREPLACEABLE_EXIT = 70  # the file or its directory is immutable / append-only: no rename
+NO_ROOM_EXIT = 71  # no room to put the old content back if the write had to be undone
 
 
 def quote_path(path: str) -> str:
@@ -115,6 +117,9 @@ resolve() {  # t= the file a write to $1 replaces: $1, or the end of its symlink
   if [ -L "$1" ]; then t=$(readlink -f -- "$1"; echo .); t=${t%??}; else t=$1; fi
 }
 dir_of() { case $1 in */*) d=${1%/*}; [ -n "$d" ] || d=/ ;; *) d=. ;; esac; }  # d= its directory
+digest() {  # h= the sha256 of file $1, or "absent" when there is none
+  if [ -e "$1" ]; then h=$(sha256sum < "$1") || return 1; h=${h%% *}; else h=absent; fi
+}
 """
 )
 
@@ -128,13 +133,17 @@ resolve "$p"
 dir_of "$t"; b=${t##*/}
 [ -d "$d" ] || { echo "directory $d does not exist" >&2; exit 66; }
 [ ! -d "$t" ] || { echo "$p is a directory" >&2; exit 66; }
-if [ "$expected" = absent ]; then
-  [ ! -e "$t" ] || exit 45
-elif [ "$expected" != - ]; then
-  [ -e "$t" ] || exit 45
-  set -- $(sha256sum < "$t")
-  [ "$1" = "$expected" ] || exit 45
-fi
+digest "$t" || { echo "$t cannot be read" >&2; exit 66; }
+seen=$h
+[ "$expected" = - ] || [ "$seen" = "$expected" ] || { printf '%s' "$seen"; exit 45; }
+for f in "$t" "$d"; do  # what refuses the rename, ruled out before any node renames
+  [ -e "$f" ] || continue
+  a=$(lsattr -d -- "$f" 2>/dev/null) || continue  # no lsattr, or a filesystem without flags
+  case ${a%% *} in
+    *[ia]*) echo "$f is immutable or append-only (lsattr ${a%% *}): it cannot be replaced" >&2
+            exit 70 ;;
+  esac
+done
 for old in "$d/.$b.spark-ops."*; do  # staged files of a killed run, older than 10 minutes
   case ${old##*.spark-ops.} in ??????) ;; *) continue ;; esac
   if [ -f "$old" ] && [ -n "$(find "$old" -maxdepth 0 -mmin +10 2>/dev/null)" ]; then
@@ -143,16 +152,27 @@ for old in "$d/.$b.spark-ops."*; do  # staged files of a killed run, older than 
 done
 tmp=$(mktemp "$d/.$b.spark-ops.XXXXXX")
 trap 'rm -f -- "$tmp"' EXIT
-cat > "$tmp"
-set -- $(sha256sum < "$tmp")
-[ "$1" = "$want" ] || { echo "staged content does not match (got $1)" >&2; exit 65; }
+cat > "$tmp"  # a full disk fails here or at the sync: the trap removes the staged file
+digest "$tmp"
+[ "$h" = "$want" ] || { echo "staged content does not match (got $h)" >&2; exit 65; }
 if [ -e "$t" ]; then
   chmod --reference="$t" -- "$tmp"
   chown --reference="$t" -- "$tmp" 2>/dev/null || true
 fi
 sync -- "$tmp"
+dir_of "$p"; pd=$d; dir_of "$t"
+if [ -e "$t" ] && [ "$pd" != "$d" ]; then  # an undo would copy the backup back beside $t
+  need=$(( $(wc -c < "$t") / 1024 + 8 ))
+  free=$(df -Pk -- "$d" 2>/dev/null | awk 'NR == 2 { print $4 }') || free=
+  case $free in
+    ''|*[!0-9]*) ;;
+    *) [ "$free" -ge "$need" ] || {
+         echo "$d has $free KiB free; putting $t back if the write had to be undone needs $need" >&2
+         exit 71; } ;;
+  esac
+fi
 trap - EXIT
-printf '%s\0%s' "$tmp" "$t"
+printf '%s\0%s\0%s' "$tmp" "$t" "$seen"
 """
 )
 
@@ -160,7 +180,7 @@ COMMIT_SH = (
     COMMON_SH
     + r"""
 set -eu
-p=$1; tmp=$2; t0=$3; keep=$4; label=$5
+p=$1; tmp=$2; t0=$3; keep=$4; label=$5; old=$6
 [ -f "$tmp" ] || { echo "staged file $tmp vanished" >&2; exit 67; }
 resolve "$p"
 [ "$t" = "$t0" ] || { rm -f -- "$tmp"; echo "$p now points to $t, not $t0" >&2; exit 45; }
@@ -175,8 +195,16 @@ if [ -e "$t" ]; then
       exit 69
     fi
   fi
-  printf 'backup=%s\0' "$bk"
 fi
+# Compare-and-swap: the file is still the one staging saw. What is left open is the time from
+# this digest to mv's rename (one fork and exec): an edit landing there is not seen.
+digest "$t" || h=unreadable
+if [ "$h" != "$old" ]; then
+  rm -f -- "$tmp" ${bk:+"$bk"}
+  printf 'found=%s\0' "$h"
+  exit 45
+fi
+[ -z "$bk" ] || printf 'backup=%s\0' "$bk"
 if ! mv -f -- "$tmp" "$t"; then
   rm -f -- "$tmp" ${bk:+"$bk"}
   echo "cannot rename the staged file over $t" >&2
@@ -196,17 +224,36 @@ UNDO_SH = (
     COMMON_SH
     + r"""
 set -eu
-p=$1; t=$2; bk=$3
-dir_of "$t"
-if [ -n "$bk" ]; then
-  u=$(mktemp "$d/.${t##*/}.spark-ops.XXXXXX")
-  cp -p -- "$bk" "$u"
-  mv -f -- "$u" "$t"
-  rm -f -- "$bk"
-else
+p=$1; t=$2; bk=$3; new=$4; old=$5
+digest "$t" || h=unreadable
+[ "$h" = "$new" ] || { printf 'found=%s\0' "$h"; exit 45; }  # changed again: left as it is
+dir_of "$p"; pd=$d; dir_of "$t"
+if [ -z "$bk" ]; then
   rm -f -- "$t"
+elif [ "$pd" = "$d" ]; then  # the backup is the old file itself, or a copy beside it
+  mv -f -- "$bk" "$t"  # a rename: needs no space
+else  # a symlink to another directory: the backup is a copy beside the link
+  u=$(mktemp "$d/.${t##*/}.spark-ops.XXXXXX")
+  trap 'rm -f -- "$u"' EXIT
+  cp -p -- "$bk" "$u"
+  digest "$u"
+  [ "$h" = "$old" ] || { echo "the copy of $bk is not whole (got $h)" >&2; exit 65; }
+  sync -- "$u"
+  mv -f -- "$u" "$t"
+  trap - EXIT
+  rm -f -- "$bk"
 fi
 sync -- "$d" 2>/dev/null || sync
+"""
+)
+
+DIGEST_SH = (
+    COMMON_SH
+    + r"""
+set -eu
+resolve "$1"
+digest "$t"
+printf '%s' "$h"
 """
 )
 
