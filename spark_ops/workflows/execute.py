@@ -14,6 +14,7 @@ from spark_ops.errors import (
     BootError,
     Interrupted,
     SparkOpsError,
+    WriteError,
 )
 from spark_ops.readiness import BootEvent, BootReport, BootTracker, history_key, wait_for_boot
 from spark_ops.readiness import record as record_boot
@@ -205,7 +206,12 @@ async def _write(op: Operation, plan: Plan, run: StepRunner, journal: RunJournal
                   label=label)
         for ch in plan.changes
     ]  # fmt: skip
-    done = await op.session.write_atomic(writes)
+    try:
+        done = await op.session.write_atomic(writes)
+    except WriteError as exc:  # an undo that could not finish: what it left written
+        plan.facts["written"] = list(exc.written)
+        await journal.note("write", "failed", written=list(exc.written), detail=exc.message[:1000])
+        raise
     plan.facts["written"] = [f"{d.host}:{d.path}" for d in done]  # named by the audit entry
     plan.facts["write_backups"] = [d.to_dict() for d in done]
     run.finish("write", "; ".join(f"{d.host}: backup {d.backup}" for d in done))

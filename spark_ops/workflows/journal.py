@@ -94,8 +94,8 @@ class Run:
     @property
     def written(self) -> list[str]:
         """host:path of every recipe copy the run's write step committed."""
-        rec = self.step("write")
-        return list(rec.get("written") or []) if rec and rec.get("status") == "done" else []
+        rec = self.step("write") or {}  # a failed write names what its undo could not put back
+        return list(rec.get("written") or [])
 
     def restart_windows(self) -> list[RestartWindow]:
         """Every planned restart it triggered (apply's, a rollback's) and its clock window."""
