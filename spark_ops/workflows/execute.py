@@ -54,7 +54,8 @@ async def execute(
     run = StepRunner(plan, on_step)
     failure: BaseException | None = None
     try:
-        await _execute(op, plan, opts, out, run, on_event, journal)
+        with interrupt.listening(lambda sig: _note_where(plan, sig)):
+            await _execute(op, plan, opts, out, run, on_event, journal)
     except (asyncio.CancelledError, KeyboardInterrupt):
         interrupt.absorb()
         failure = interrupted(plan, out, opts, run)
@@ -92,17 +93,29 @@ def intent_of(plan: Plan, opts: ApplyOptions) -> dict[str, Any]:
 def interrupted(plan: Plan, out: Outcome, opts: ApplyOptions, run: StepRunner) -> Interrupted:
     """The Interrupted error of a run stopped by a signal: the step, and where things stand."""
     why = f"interrupted ({interrupt.received() or 'KeyboardInterrupt'})"
-    at = next((s.name for s in plan.steps if s.status == "running"), None)
     for s in plan.steps:
         if s.status == "running":
             run.fail(s.name, why)
-    if at is None:
-        at = next((s.name for s in plan.steps if s.detail.startswith("interrupted")), "start")
+    where = plan.facts.get("interrupted_at") or _where(plan)
     return Interrupted(
-        f"{why} at the {at} step",
+        f"{why} {where}",
         standing=standing(plan, out, opts.command or f"spark-ops {plan.operation}"),
         hint="run the same command again: it compares the engine with the recipe and finishes",
     )
+
+
+def _where(plan: Plan) -> str:
+    """Where the plan stands now: at the step running, or after the last one that ran."""
+    running = [s.name for s in plan.steps if s.status == "running"]
+    if running:
+        return f"at the {running[0]} step"
+    began = [s.name for s in plan.steps if s.status != "pending"]
+    return f"after the {began[-1]} step" if began else "before the first step"
+
+
+def _note_where(plan: Plan, signame: str) -> None:
+    """Remember where the first signal found the run (later steps are its clean-up)."""
+    plan.facts.setdefault("interrupted_at", _where(plan))
 
 
 def _args(opts: ApplyOptions | None) -> dict[str, Any]:

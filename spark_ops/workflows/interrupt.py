@@ -11,18 +11,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
 
 _received: list[str] = []  # the signals seen by this process, in order
+_listeners: list[Callable[[str], None]] = []  # told first, e.g. to note the step in progress
 
 
 def request(task: asyncio.Task[object], signame: str) -> None:
     """Cancel the running operation for a signal (called from the CLI's signal handler)."""
     _received.append(signame)
+    for listener in list(_listeners):
+        listener(signame)
     task.cancel()
+
+
+@contextlib.contextmanager
+def listening(listener: Callable[[str], None]) -> Iterator[None]:
+    """Call `listener(signal name)` when a signal arrives while the block runs."""
+    _listeners.append(listener)
+    try:
+        yield
+    finally:
+        _listeners.remove(listener)
 
 
 def received() -> str:
