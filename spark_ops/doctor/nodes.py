@@ -7,7 +7,7 @@ import shlex
 from spark_ops.doctor.report import Checker
 from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
 from spark_ops.inventory import Node
-from spark_ops.lock import PROBE, describe_holder
+from spark_ops.lock import PROBE, describe_holder, key_args
 from spark_ops.remote import sh_program
 
 # $1 a directory that must exist or be creatable and writable (the state dir: cluster lock, audit
@@ -78,9 +78,7 @@ class NodeChecks(Checker):
         if not self.up(self.head):
             return
         c = self.cluster
-        res = await self.session.run(
-            self.head, sh_program(PROBE, c.state_dir, c.recipe.path), check=False
-        )
+        res = await self.session.run(self.head, sh_program(PROBE, *key_args(c)), check=False)
         first, _, rest = res.stdout.partition("\n")
         state, _, lock = first.strip().partition(" ")
         if state != "held":
