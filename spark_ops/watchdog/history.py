@@ -1004,18 +1004,32 @@ def note_planned(
     """Record in the journal that ``stamp`` is a planned restart, unless a record already says so.
 
     For a watchdog that keeps no journal, this is how ``prune --planned`` later finds the stamp of
-    a planned restart whose prune did not happen (the tool killed, the boot interrupted).
+    a planned restart whose prune did not happen (the tool killed, the boot interrupted, the lock
+    held too long). When the history's locks stay held past the timeout, the record is appended
+    anyway, without them (issue 20 #9): a journal is append-only for every writer (history.py
+    appends one line per O_APPEND write, which the kernel never interleaves with another
+    appender's), so the line lands whole, and nothing here rewrites the history. The answer says
+    so (`locked: false`, and the busy lock).
     """
     journal = journal or default_journal(path)
-    with history_locked(path, lock, lock_timeout):
+    busy: LockTimeout | None = None
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(history_locked(path, lock, lock_timeout))
+        except LockTimeout as exc:
+            busy = exc
         records, _ = read_journal(journal)
         known = any(_is_planned(rec, planned_by) and rec.get("stamp") == stamp for rec in records)
         if not known:
-            _append_journal(
-                journal,
-                [_journal_line(stamp=stamp, action="restart", reason=reason, forced=True, by=by)],
+            extra = {"lock_busy": busy.details.get("lock")} if busy is not None else {}
+            line = _journal_line(
+                stamp=stamp, action="restart", reason=reason, forced=True, by=by, **extra
             )
-    return {"ok": True, "journal": journal, "stamp": stamp, "written": not known}
+            _append_journal(journal, [line])
+    out = {"ok": True, "journal": journal, "stamp": stamp, "written": not known}
+    if busy is not None:
+        out.update(locked=False, lock=busy.details.get("lock"), message=busy.message)
+    return out
 
 
 def _select(
