@@ -458,13 +458,14 @@ def _flock_takers(st: os.stat_result) -> set[int]:
 
 
 def _command_of(pid: int) -> str:
-    """A process's command line, cut to 200 characters ('' when it cannot be read)."""
+    """A process's command line on one printable line, cut to 160 characters ('' if unreadable)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             raw = f.read(4096)
     except OSError:
         return ""
-    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
+    text = " ".join(raw.replace(b"\0", b" ").decode("utf-8", "replace").split())
+    return "".join(c if c.isprintable() else "?" for c in text)[:160]
 
 
 def _alive(pid: int) -> bool:
