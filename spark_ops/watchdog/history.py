@@ -7,6 +7,13 @@ Two formats: ``stamps`` (one Unix time per line, as a bash watchdog writes them)
 (one JSON object per line with a numeric ``ts`` key). Lines that parse in neither are kept verbatim
 and reported, never dropped. Exit codes: 0 ok, 2 usage, 3 lock timeout, 4 unreadable / IO error,
 5 a stamp asked for with ``--strict`` is absent (nothing changed).
+
+Other writers (issue 20 #7, #9): every change holds the locks of ``history_locks`` — with the
+default lock, ``<name>.lock`` beside each name of the history's symlink chain, so a watchdog that
+locks beside the link or beside the target is excluded alike; a lock timeout names the processes
+that have the lock file open (``lock_holders``). Only staged files that are provably a dead
+writer's own are ever removed (``_clean_stale_tmp``). ``note`` records a planned stamp even when
+the lock stays held (one O_APPEND line to the append-only journal).
 """
 
 from __future__ import annotations
