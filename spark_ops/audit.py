@@ -2,10 +2,12 @@
 history.
 
 The file is `<state_dir>/cluster-<key>.audit.jsonl` on the head, keyed like the cluster lock by
-the real path of the recipe there (not by an inventory's name), in the shared state dir. Each entry
-is appended as one line by a single `>>` write under `flock` on its `.lock`, with the time taken
-from the head's clock, so entries from several operators' machines never interleave and are
-ordered by one clock.
+the watchdog it drives (the real path of its restart history there: spark_ops/lock.py), not by an
+inventory's name or recipe path: two inventories driving one watchdog read and write one audit
+when they share the state dir (by default /var/tmp/spark-ops, shared by every account; the lock
+itself is always there, whatever the state dir). Each entry is appended as one line by a single
+`>>` write under `flock` on its `.lock`, with the time taken from the head's clock, so entries from
+several operators' machines never interleave and are ordered by one clock.
 """
 
 from __future__ import annotations
@@ -20,15 +22,16 @@ from spark_ops.inventory import Cluster
 from spark_ops.lock import KEY_SH, local_user
 from spark_ops.remote import ClusterSession, sh_program
 
-# $1: the state dir, $2: the recipe path (the cluster's key). The entry (one JSON object without
-# "when") arrives on stdin; the head's clock is read under the lock so that the file's order and
-# its "when" values agree. Files are created 0666 in the shared state dir: every operator appends.
+# $1: the state dir, $2: the watchdog's history path (the cluster's key). The entry (one JSON
+# object without "when") arrives on stdin; the head's clock is read under the lock so that the
+# file's order and its "when" values agree. Files are created 0666 in the shared state dir: every
+# operator appends.
 _APPEND = (
     KEY_SH
     + r"""
 set -eu
-state=$1; recipe=$2
-cluster_key "$recipe"; shared_dir "$state"
+state=$1; history=$2
+cluster_key "$history"; shared_dir "$state"
 f="$state/cluster-$key.audit.jsonl"
 entry=$(cat)
 case $entry in "{"*"}") ;; *) echo "entry is not one JSON object" >&2; exit 65;; esac
@@ -43,13 +46,13 @@ printf '{"when": %s%s%s\n' "$t" "$sep" "$rest" | put "$f" append
 """
 )
 
-# $1: the state dir, $2: the recipe path, $3: how many lines from the end. Reads under a shared
-# lock (no half line); the first line out is the file's path.
+# $1: the state dir, $2: the watchdog's history path, $3: how many lines from the end. Reads
+# under a shared lock (no half line); the first line out is the file's path.
 _READ = (
     KEY_SH
     + r"""
-state=$1; recipe=$2; n=$3
-cluster_key "$recipe"
+state=$1; history=$2; n=$3
+cluster_key "$history"
 f="$state/cluster-$key.audit.jsonl"
 printf '%s\n' "$f"
 [ -e "$f" ] || exit 44
@@ -103,7 +106,7 @@ async def record(session: ClusterSession, entry: dict[str, Any]) -> None:
     # so an entry can always be sent and appended whole
     line = json.dumps(data, default=str, ensure_ascii=True, separators=(", ", ": "))
     cluster = session.cluster
-    program = sh_program(_APPEND, cluster.state_dir, cluster.recipe.path)
+    program = sh_program(_APPEND, cluster.state_dir, cluster.watchdog.history_file)
     await session.run(cluster.head.name, program, input=line + "\n", check=True, label="audit")
 
 
@@ -112,7 +115,7 @@ async def read(session: ClusterSession, limit: int = 20) -> list[dict[str, Any]]
     if limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     cluster = session.cluster
-    program = sh_program(_READ, cluster.state_dir, cluster.recipe.path, str(limit))
+    program = sh_program(_READ, cluster.state_dir, cluster.watchdog.history_file, str(limit))
     res = await session.run(cluster.head.name, program, check=False)
     path, _, body = res.stdout.partition("\n")
     if res.exit_code == 44:

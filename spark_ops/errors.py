@@ -197,6 +197,23 @@ class HistoryError(WatchdogError):
     """The restart history cannot be read or changed safely."""
 
 
+class HistoryLockBusy(HistoryError):
+    """The history's lock stayed held past the timeout (the watchdog, or another writer)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        lock: str = "",
+        holders: Sequence[dict[str, object]] = (),
+        hint: str | None = None,
+    ) -> None:
+        """Keep the lock file and the processes the head saw with it open."""
+        super().__init__(message, hint=hint)
+        self.lock = lock
+        self.holders = list(holders)
+
+
 class TriggerFailed(RemoteError):
     """The watchdog's restart command exited non-zero (docs/exit-codes.md: 12)."""
 

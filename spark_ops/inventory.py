@@ -94,6 +94,7 @@ class WatchdogSettings:
     window_s: int = 21600
     reports_stamp: bool = False
     python: str = "python3"
+    lock_timeout_s: float = 10.0  # how long a change waits for the history's lock (history.py)
 
     @property
     def lock_path(self) -> str:
@@ -324,6 +325,7 @@ _RECIPE_KEYS = ("path", "nodes", "keep_backups")
 _WATCHDOG_KEYS = (
     "restart_command", "status_command", "history_file", "history_format", "lock_file",
     "journal_file", "pause_file", "gave_up_file", "budget", "reports_stamp", "python",
+    "lock_timeout_s",
 )  # fmt: skip
 _ENGINE_KEYS = (
     "log", "api", "boot_deadline_s", "probe_timeout_s", "worker_stall_s", "min_mem_available_gb",
@@ -379,6 +381,18 @@ def _load_nodes(sec: _Section, ssh: SSHSettings) -> tuple[Node, ...]:
     return tuple(nodes)
 
 
+def _lock_timeout(wsec: _Section, ssh: SSHSettings) -> float:
+    """watchdog.lock_timeout_s: > 0 and shorter than ssh.command_timeout (which would cut the
+    wait short with a timeout instead of the lock's own answer)."""
+    value = float(wsec.positive("lock_timeout_s", float, WatchdogSettings.lock_timeout_s))
+    if value >= ssh.command_timeout:
+        raise wsec.error(
+            wsec.path("lock_timeout_s"),
+            f"must be shorter than ssh.command_timeout ({ssh.command_timeout:g} s), got {value:g}",
+        )
+    return value
+
+
 def _load_cluster(source: str, name: str, data: Any) -> Cluster:
     """Validate one cluster mapping."""
     sec = _Section(source, f"clusters.{name}", data, _CLUSTER_KEYS)
@@ -415,6 +429,7 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
         window_s=bsec.positive("window_s", int, 21600),
         reports_stamp=wsec.get("reports_stamp", bool, False),
         python=wsec.get("python", str, "python3"),
+        lock_timeout_s=_lock_timeout(wsec, ssh),
     )
 
     esec = sec.sub("engine", _ENGINE_KEYS)

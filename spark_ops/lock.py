@@ -1,9 +1,28 @@
-"""The cluster lock: one operator at a time, held by a live SSH channel on the head.
+"""The cluster lock: one operator at a time per watchdog, held by a live SSH channel on the head.
 
 The head runs `flock` on a lock file and keeps it for as long as our channel's stdin stays open.
 When spark-ops exits, crashes or is SIGKILLed, the connection drops, the remote `cat` sees end of
 input and the lock is released by the kernel: a stale lock cannot outlive its holder. Who holds it
 is written beside it, so a second operator is told who, since when and doing what.
+
+What the lock serializes is the watchdog: two runs restarting through one watchdog at the same
+moment each take the other's restart for their own (issue 20 #8). So the lock is keyed by what
+names that watchdog on the head, never by what an inventory happens to say:
+
+- where: one fixed directory on the head, LOCK_DIR (/var/tmp/spark-ops, made sticky and
+  world-writable like /tmp, its files 0666, so every operator's account shares it). It is not the
+  inventory's `state_dir`: two inventories with two state dirs still meet in LOCK_DIR. The
+  directory lives on the head's own disk, so the head itself is part of the key.
+- which file: `cluster-<key>.lock`, key = the first 16 hex digits of sha256("history:" + the real
+  path of the watchdog's restart history on the head) — `readlink -f`, so `~/h`, `/home/a/h` and a
+  symlink to it are one watchdog; when the path cannot be resolved (a directory the SSH user may
+  not search), the path as the shell expanded it. The history is the watchdog's identity: every
+  watchdog the stamp contract knows keeps exactly one, and two watchdogs sharing one history would
+  be one budget. The recipe path, the inventory's cluster name, the restart command's text (one
+  watchdog is often driven by two spellings of it) and the state dir take no part.
+
+The audit log (spark_ops/audit.py) uses the same key, so two inventories driving one watchdog see
+one audit (its file stays in each inventory's `state_dir`, by default LOCK_DIR as well).
 """
 
 from __future__ import annotations
@@ -19,17 +38,19 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from spark_ops.errors import LockError, RemoteError
+from spark_ops.inventory import SHARED_STATE_DIR, Cluster
 from spark_ops.remote import ClusterSession, sh_program
 
-# The cluster is keyed by itself, not by an inventory's name or an SSH user's home: by the real
-# path of its recipe on the head (`readlink -f`, so ~a/r.yaml, /home/a/r.yaml and a symlink to it
-# are one cluster). Lock and audit log live in the state dir, by default /var/tmp/spark-ops: made
-# sticky and world-writable like /tmp, its files 0666, so every operator's account shares them.
+LOCK_DIR = SHARED_STATE_DIR  # the head-wide directory of cluster locks (never the state_dir)
+KEY_PREFIX = "history:"  # what the key hashes: this prefix, then the history's real path
+
+# The shell side of the key (the module docstring says why it is the watchdog's history). The
+# lock dir and the audit's state dir are made sticky and world-writable like /tmp, files 0666.
 KEY_SH = r"""
-cluster_key() {  # key= 16 hex digits naming the cluster of recipe $1 on this head
+cluster_key() {  # key= 16 hex digits naming the watchdog whose restart history is $1 here
   r=$(readlink -f -- "$1" 2>/dev/null) || r=
   [ -n "$r" ] || r=$1
-  key=$(printf '%s' "$r" | sha256sum | cut -c1-16)
+  key=$(printf 'history:%s' "$r" | sha256sum | cut -c1-16)
 }
 shared_dir() {  # create state dir $1 shareable by every account (mode 1777), if it is missing
   if [ ! -d "$1" ]; then
@@ -49,9 +70,9 @@ put() {
 _HOLD = (
     KEY_SH
     + r"""
-state=$1; recipe=$2; info=$3
-cluster_key "$recipe"; shared_dir "$state"
-lock="$state/cluster-$key.lock"; owner="$lock.owner"
+dir=$1; history=$2; info=$3
+cluster_key "$history"; shared_dir "$dir"
+lock="$dir/cluster-$key.lock"; owner="$lock.owner"
 shared_file "$lock"; shared_file "$owner"
 exec 9<"$lock" 2>/dev/null || { echo "ERROR cannot open the cluster lock $lock"; exit 73; }
 if flock -n 9; then
@@ -71,9 +92,9 @@ fi
 PROBE = (
     KEY_SH
     + r"""
-state=$1; recipe=$2
-cluster_key "$recipe"
-lock="$state/cluster-$key.lock"; owner="$lock.owner"
+dir=$1; history=$2
+cluster_key "$history"
+lock="$dir/cluster-$key.lock"; owner="$lock.owner"
 [ -e "$lock" ] || { echo "free $lock"; exit 0; }
 command -v flock >/dev/null 2>&1 || { echo "free $lock"; exit 0; }
 if ( exec 9<"$lock" && flock -n 9 ); then echo "free $lock"; exit 0; fi
@@ -82,15 +103,21 @@ echo "held $lock"; cat -- "$owner"
 )
 
 
-def cluster_key(real_recipe_path: str) -> str:
-    """The key the head computes for a recipe's real path (KEY_SH's cluster_key)."""
-    return hashlib.sha256(real_recipe_path.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+def cluster_key(real_history_path: str) -> str:
+    """The key the head computes for a restart history's real path (KEY_SH's cluster_key)."""
+    data = (KEY_PREFIX + real_history_path).encode("utf-8", "surrogateescape")
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
-def lock_paths(state_dir: str, key: str) -> tuple[str, str]:
-    """The lock file and its owner file for a cluster key, under the head's state dir."""
-    base = f"{state_dir.rstrip('/')}/cluster-{key}.lock"
+def lock_paths(key: str, lock_dir: str = LOCK_DIR) -> tuple[str, str]:
+    """The lock file and its owner file for a cluster key, in the head-wide lock dir."""
+    base = f"{lock_dir.rstrip('/')}/cluster-{key}.lock"
     return base, base + ".owner"
+
+
+def key_args(cluster: Cluster) -> tuple[str, str]:
+    """The arguments of the lock programs (HOLD, PROBE): the lock dir and the watchdog's history."""
+    return LOCK_DIR, cluster.watchdog.history_file
 
 
 def local_user() -> str:
@@ -129,15 +156,15 @@ async def cluster_lock(session: ClusterSession, operation: str) -> AsyncIterator
     """Hold the cluster lock on the head for the duration of the block, or raise LockError."""
     cluster = session.cluster
     info = holder_info(operation)
-    program = sh_program(_HOLD, cluster.state_dir, cluster.recipe.path, json.dumps(info))
+    program = sh_program(_HOLD, *key_args(cluster), json.dumps(info))
     async with session.held(cluster.head.name, program, ready="LOCKED") as lines:
         if not lines or lines[0].startswith("ERROR"):
             raise RemoteError(
                 cluster.head.name,
                 (lines[0][6:] if lines else "the lock program ended without an answer")
-                + f" (state_dir {cluster.state_dir})",
-                hint="the state dir must be a directory every operator's SSH user can write "
-                "(the default /var/tmp/spark-ops is made sticky, mode 1777)",
+                + f" (lock dir {LOCK_DIR})",
+                hint=f"{LOCK_DIR} must be a directory every operator's SSH user can write "
+                "(spark-ops makes it sticky, mode 1777, when it creates it)",
             )
         if not lines[0].startswith("LOCKED"):
             other: dict[str, Any] = {}
@@ -151,7 +178,9 @@ async def cluster_lock(session: ClusterSession, operation: str) -> AsyncIterator
             raise LockError(
                 f"cluster {cluster.name} is locked by {describe_holder(other)}"
                 + (f" ({cluster.head.name}:{where})" if where else ""),
-                hint="wait for that operation to end; the lock frees itself if its holder dies",
+                hint="wait for that operation to end; the lock frees itself if its holder dies "
+                f"(it is the lock of the watchdog whose history is {cluster.watchdog.history_file}:"
+                " every inventory driving that watchdog shares it)",
             )
         session.log.info(
             "lock taken", host=cluster.head.name, operation=operation, lock=lines[0][7:]
@@ -162,9 +191,7 @@ async def cluster_lock(session: ClusterSession, operation: str) -> AsyncIterator
 async def lock_state(session: ClusterSession) -> tuple[bool, dict[str, Any], str]:
     """Whether the cluster lock is held now, its holder's record and its file (takes nothing)."""
     cluster = session.cluster
-    res = await session.run(
-        cluster.head.name, sh_program(PROBE, cluster.state_dir, cluster.recipe.path), check=False
-    )
+    res = await session.run(cluster.head.name, sh_program(PROBE, *key_args(cluster)), check=False)
     first, _, rest = res.stdout.partition("\n")
     state, _, path = first.strip().partition(" ")
     if state != "held":

@@ -20,14 +20,18 @@ SHARED = REPO.parent / "shared"
 REQUIRE_GROUND = "SPARK_OPS_REQUIRE_GROUND"  # set by .ci/run: a skipped tier is a failure there
 
 
-def cluster_files(recipe: Path, state_dir: str = "/var/tmp/spark-ops") -> dict[str, Path]:
-    """The cluster lock, its owner file and the audit log the head keeps for a recipe file."""
-    from spark_ops.lock import cluster_key
+def cluster_files(history: Path, state_dir: str = "/var/tmp/spark-ops") -> dict[str, Path]:
+    """The cluster lock, its owner file and the audit log the head keeps for a watchdog.
 
-    key = cluster_key(os.path.realpath(recipe))
-    base = Path(state_dir) / f"cluster-{key}"
-    lock = Path(f"{base}.lock")
-    return {"lock": lock, "owner": Path(f"{lock}.owner"), "audit": Path(f"{base}.audit.jsonl")}
+    Both are keyed by the real path of the watchdog's restart history (spark_ops/lock.py); the
+    lock is always in the head-wide lock dir, the audit in the inventory's state dir.
+    """
+    from spark_ops.lock import LOCK_DIR, cluster_key, lock_paths
+
+    key = cluster_key(os.path.realpath(history))
+    lock, owner = lock_paths(key, LOCK_DIR)
+    audit = Path(state_dir) / f"cluster-{key}.audit.jsonl"
+    return {"lock": Path(lock), "owner": Path(owner), "audit": audit}
 
 
 @pytest.hookimpl(hookwrapper=True)

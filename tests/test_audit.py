@@ -42,10 +42,10 @@ def cluster_in(mini: MiniCluster, state: str) -> Cluster:
 
 
 def audit_file(mini: MiniCluster, cluster: Cluster) -> Path:
-    """The head's audit file for the cluster (keyed by its recipe's real path)."""
+    """The head's audit file for the cluster (keyed by its watchdog history's real path)."""
     state = cluster.state_dir.replace("~", str(mini.head), 1)
-    recipe = Path(cluster.recipe.path.replace("~", str(mini.head), 1))
-    return cluster_files(recipe, state)["audit"]
+    history = Path(cluster.watchdog.history_file.replace("~", str(mini.head), 1))
+    return cluster_files(history, state)["audit"]
 
 
 async def test_record_then_read(mini: MiniCluster) -> None:

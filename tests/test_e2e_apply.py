@@ -158,7 +158,7 @@ def test_second_operator_is_told_who_holds_the_lock(sim: Sim, cli_env: dict[str,
         env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        owner = cluster_files(sim.recipe)["owner"]
+        owner = cluster_files(sim.history)["owner"]
         deadline = time.monotonic() + 30
         while not (owner.exists() and owner.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -192,7 +192,7 @@ def test_same_cluster_under_another_name_shares_the_lock(
         env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        owner = cluster_files(sim.recipe)["owner"]
+        owner = cluster_files(sim.history)["owner"]
         deadline = time.monotonic() + 30
         while not (owner.exists() and owner.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -203,8 +203,100 @@ def test_same_cluster_under_another_name_shares_the_lock(
         _, err = first.communicate(timeout=240)
         link.unlink()
     assert first.returncode == 0, err[-2000:]
-    audit_lines = cluster_files(sim.recipe)["audit"].read_text().splitlines()
+    audit_lines = cluster_files(sim.history)["audit"].read_text().splitlines()
     assert any('"restart"' in line for line in audit_lines), "one audit log for the cluster"
+
+
+def test_one_watchdog_one_lock_whatever_the_inventory_says(
+    sim: Sim, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 20 #8: a second inventory with another cluster name, its own copy of the recipe and
+    its own state_dir, on the same head and driving the same watchdog, is refused while the first
+    restarts (it would restart through that watchdog at the same moment), the holder named."""
+    import yaml
+
+    data = yaml.safe_load(sim.inventory.read_text())
+    (name, cluster), *_ = data["clusters"].items()
+    copy = sim.head / "recipes" / "copy-of-the-recipe.yaml"
+    copy.write_text(sim.recipe.read_text())
+    cluster["recipe"]["path"] = str(copy)
+    cluster["state_dir"] = str(tmp_path / "colleague-state")
+    other = tmp_path / "colleague.yaml"
+    other.write_text(yaml.safe_dump({"clusters": {f"{name}-staging": cluster}}))
+    env2 = dict(cli_env, SPARK_OPS_INVENTORY=str(other))
+    first = subprocess.Popen(
+        [sys.executable, "-m", "spark_ops.cli.main", "restart", "--yes", "--no-drain"],
+        env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        owner = cluster_files(sim.history)["owner"]
+        deadline = time.monotonic() + 30
+        while not (owner.exists() and owner.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        res = spark_ops(env2, "apply", "--max-num-seqs", "64", "--yes")
+        assert res.returncode == ExitStatus.LOCKED, res.stderr[-2000:]
+        assert "locked by" in res.stderr and "restart" in res.stderr and "pid" in res.stderr
+        assert str(cluster_files(sim.history)["lock"]) in res.stderr
+    finally:
+        _, err = first.communicate(timeout=240)
+    assert first.returncode == 0, err[-2000:]
+    assert copy.read_text() == sim.recipe.read_text(), "the refused apply wrote nothing"
+
+
+# Another process on the head holding the history's lock, as a watchdog that keeps it for long
+# does: it waits for the planned restart's stamp to land, then takes the lock and keeps it.
+LOCK_HOLDER = """
+import fcntl, sys, time
+history, lock = sys.argv[1], sys.argv[2]
+first = open(history).read()
+while open(history).read() == first:
+    time.sleep(0.01)
+f = open(lock, "a")
+fcntl.flock(f, fcntl.LOCK_EX)
+print("HELD", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_history_lock_held_longer_than_spark_ops_waits(
+    sim: Sim, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 20 #9: the history lock stays held past watchdog.lock_timeout_s: the restart says
+    which lock, who holds it, that its stamp was NOT pruned and the command that removes it; the
+    stamp is recorded as planned, so `budget prune --planned` removes it once the lock is free."""
+    import yaml
+
+    data = yaml.safe_load(sim.inventory.read_text())
+    (_, cluster), *_ = data["clusters"].items()
+    cluster["watchdog"]["lock_timeout_s"] = 1
+    cluster["watchdog"]["journal_file"] = "~/spark-ops-journal.jsonl"  # the watchdog's has none
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(data))
+    env = dict(cli_env, SPARK_OPS_INVENTORY=str(inventory))
+    before = stamps(sim)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(sim.history), f"{sim.history}.lock"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        res = spark_ops(env, "restart", "--yes", "--no-drain")
+        assert holder.stdout is not None and holder.stdout.readline() == "HELD\n"
+        (stamp,) = [s for s in stamps(sim) if s not in before]
+        assert res.returncode == ExitStatus.BUDGET, res.stderr[-3000:]
+        said = " ".join(res.stderr.split())
+        assert f"history lock {sim.history}.lock" in said, said[-3000:]
+        assert f"pid {holder.pid}" in said, "the process holding the lock is named"
+        assert f"stamp {stamp} was NOT pruned" in said and "recorded as planned" in said
+        assert f"spark-ops budget prune --stamp {stamp}" in said
+    finally:
+        holder.communicate("", timeout=30)
+    journal = [
+        json.loads(x) for x in (sim.head / "spark-ops-journal.jsonl").read_text().split("\n") if x
+    ]
+    assert [r["stamp"] for r in journal if r.get("action") == "restart"] == [int(stamp)]
+    res = spark_ops(env, "budget", "prune", "--planned", "--yes", "--json")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert stamps(sim) == before, "the planned stamp is gone, nothing else"
 
 
 def test_sigkilled_holder_leaves_no_stale_lock(sim: Sim, cli_env: dict[str, str]) -> None:
@@ -215,7 +307,7 @@ def test_sigkilled_holder_leaves_no_stale_lock(sim: Sim, cli_env: dict[str, str]
         env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        owner = cluster_files(sim.recipe)["owner"]
+        owner = cluster_files(sim.history)["owner"]
         deadline = time.monotonic() + 30
         while not (owner.exists() and owner.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)

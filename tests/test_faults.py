@@ -150,7 +150,7 @@ def sim_target(s: Sim) -> Target:
         [s.recipe],
         s.history,
         state / "spark-watchdog" / "engine.pid",
-        cluster_files(s.recipe)["lock"],
+        cluster_files(s.history)["lock"],
     )
 
 
@@ -162,7 +162,7 @@ def ground_target(g: SparkGround) -> Target:
         [g.recipe_on(n) for n in g.recipe_nodes],
         g.history,
         g.head.home / ".watchdog" / "engine.pid",
-        cluster_files(g.recipe)["lock"],
+        cluster_files(g.history)["lock"],
     )
 
 
@@ -481,7 +481,7 @@ def test_input_fault(case: dict[str, Any], tmp_path: Path, request: pytest.Fixtu
             for p in t.recipes:
                 assert len(_ours(p)) == 5, _ours(p)  # keep_backups: the oldest rotated
         if case.get("audit_names"):  # the entry is written after the failure, naming the write
-            log = cluster_files(t.recipes[0])["audit"].read_text().splitlines()
+            log = cluster_files(t.history)["audit"].read_text().splitlines()
             last = json.loads(log[-1])
             assert last["outcome"].startswith("failed"), last
             assert last["detail"]["written"] == case["audit_names"], last

@@ -140,7 +140,10 @@ def test_sigkill_never_tears(tmp_path: Path) -> None:
         seen["old" if data == old else "new"] += 1
         rnd += 1
     assert seen["old"] and seen["new"], f"kills should land on both sides: {seen} ({window=:.3f}s)"
-    # The next writer removes temp files a killed writer left behind.
+    # The next writer removes the staged files the killed writers left, once they are old
+    # enough to be provably a dead writer's (their pids are in their names, and gone).
+    for staged in tmp_path.glob(".history.tmp.*"):
+        os.utime(staged, (time.time() - 2 * history.STALE_TMP_S,) * 2)
     history.prune(path, stamps=[last], write_journal=False, keep_backups=2)
     assert not list(tmp_path.glob(".history.tmp.*"))
 
@@ -173,6 +176,8 @@ def test_lock_timeout_exit_3(tmp_path: Path) -> None:
     out = json.loads(proc.stdout)
     assert out["error"] == "lock_timeout" and out["lock"] == str(lock)
     assert str(lock) in out["message"] and str(lock) in proc.stderr.decode()
+    assert [h["pid"] for h in out["holders"]] == [os.getpid()], "the holder is named"
+    assert f"pid {os.getpid()}" in out["message"]
     assert (tmp_path / "h").read_text() == "1\n2\n"
 
 
@@ -218,3 +223,93 @@ def test_waits_for_lock_then_succeeds(tmp_path: Path) -> None:
     out = history.prune(path, stamps=[2], lock_timeout=30)
     holder.wait(10)
     assert out["kept"] == 1 and Path(path).read_text() == "1\n"
+
+
+# The watchdog's way (tests/fixtures/watchdog_matrix/wd.sh `stamp`): flock on <its history>.lock,
+# one `>>` line. It appends a counter instead of `date +%s` so that every lost line is counted.
+WATCHDOG_APPENDS = r"""
+i=0
+while [ ! -e "$2" ]; do
+  i=$((i + 1))
+  ( flock -w 10 9 || exit 1; echo "$i" >> "$1" ) 9>>"$1.lock" || exit 1
+done
+echo "$i"
+"""
+
+
+def race_through_link(tmp_path: Path, seconds: float) -> tuple[int, int, list[str]]:
+    """The watchdog appends beside the target while spark-ops appends and prunes a marker through
+    a symlink; returns (watchdog appends, prune rounds, the final history's lines)."""
+    real = tmp_path / "real"
+    real.mkdir()
+    target = real / "restarts"
+    target.write_text("")
+    link = tmp_path / "restarts"
+    link.symlink_to(target)
+    stop = tmp_path / "stop"
+    dog = subprocess.Popen(
+        ["bash", "-c", WATCHDOG_APPENDS, "wd", str(target), str(stop)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    rounds, marker = 0, 10**12
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end or rounds < 20:
+            rounds += 1
+            history.append(str(link), stamp=marker + rounds, write_journal=False)
+            out = history.prune(
+                str(link), stamps=[marker + rounds], write_journal=False, keep_backups=1
+            )
+            assert out["not_found"] == [], f"round {rounds}: our own marker vanished"
+    finally:
+        stop.touch()
+        printed, _ = dog.communicate(timeout=60)
+    assert dog.returncode == 0 and link.is_symlink()
+    return int(printed), rounds, target.read_text().splitlines()
+
+
+def test_prunes_through_a_symlink_lose_no_watchdog_append(tmp_path: Path) -> None:
+    """Issue 20 #7: a history reached through a symlink is locked beside the link and beside the
+    target (where the watchdog locks it): none of the watchdog's appends made while spark-ops
+    appends and prunes through the link is lost, and no marker of ours is left."""
+    link = str(tmp_path / "restarts")
+    appended, rounds, lines = race_through_link(tmp_path, seconds=3.0)
+    lost = sorted(set(range(1, appended + 1)) - {int(x) for x in lines if int(x) < 10**12})
+    assert lost == [], f"{len(lost)} of {appended} watchdog appends lost in {rounds} prunes"
+    assert lines == [str(i) for i in range(1, appended + 1)], "exactly the watchdog's lines"
+    assert appended > 20 and rounds >= 20, "both loops really ran"
+    locks = history.history_locks(link)
+    assert sorted(locks) == sorted([link + ".lock", str(tmp_path / "real" / "restarts.lock")])
+    assert history.history_locks(link, "/run/wd.lock") == ["/run/wd.lock"], "the watchdog's own"
+    plain = str(tmp_path / "real" / "restarts")
+    assert history.history_locks(plain) == [plain + ".lock"], "no link: the one lock beside it"
+
+
+def test_only_a_dead_writers_old_staged_file_is_removed(tmp_path: Path) -> None:
+    """Issue 20 #7: the prune removes a staged file only when it is provably a dead writer's own
+    (atomic_write's name with the writer's pid, that pid gone, untouched for STALE_TMP_S); a live
+    writer's, a recent one or another program's temp file is left where it is."""
+    path = tmp_path / "h"
+    path.write_text("1\n2\n")
+    dead = subprocess.Popen(["true"])  # a pid that no longer runs
+    dead.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    old = time.time() - 2 * history.STALE_TMP_S
+    files = {
+        "dead and old": (f".h.tmp.{dead.pid}.abcd1234", old),
+        "dead but recent": (f".h.tmp.{dead.pid}.efgh5678", time.time()),
+        "old but its writer runs": (f".h.tmp.{alive.pid}.ijkl9012", old),
+        "another program's": (".h.tmp.x8Jq2_zz", old),
+        "another shape": (f".h.tmp.{dead.pid}.abcd1234.part", old),
+    }
+    try:
+        for name, when in files.values():
+            (tmp_path / name).write_text("a writer's staged content\n")
+            os.utime(tmp_path / name, (when, when))
+        history.prune(str(path), stamps=[1], write_journal=False)
+    finally:
+        alive.kill()
+        alive.wait()
+    left = {why for why, (name, _) in files.items() if (tmp_path / name).exists()}
+    assert left == set(files) - {"dead and old"}
+    assert path.read_text() == "2\n"

@@ -175,7 +175,7 @@ def test_lock_and_audit_carry_hostile_user_names(one_node: Any, user: str) -> No
         async with ClusterSession(c) as s:
             await s.connect()
             async with cluster_lock(s, f"apply {user}"):
-                owner = cluster_files(home / "r.yaml")["owner"].read_text()
+                owner = cluster_files(home / "h")["owner"].read_text()
                 assert json.loads(owner)["user"] == user
                 assert json.loads(owner)["operation"] == f"apply {user}"
             await audit.record(s, audit.make_entry(f"op {user}", outcome="ok"))

@@ -2,9 +2,9 @@
 
 On the OpenSSH ground the four sshd nodes run on one kernel, each letting in one Unix user: two
 of them stand for two operators reaching the same head as different SSH users (issue 13 #8: keyed
-by inventory name and the SSH user's $HOME, two applies ran at once). Both name the recipe by the
-same absolute path under two different cluster names; the second is refused, told who holds it,
-and both append to one audit log.
+by inventory name and the SSH user's $HOME, two applies ran at once). Both name the watchdog's
+history by the same absolute path under two different cluster names (the lock's key, issue 20 #8);
+the second is refused, told who holds it, and both append to one audit log.
 """
 
 from __future__ import annotations
@@ -26,24 +26,28 @@ from spark_ops.remote import ClusterSession
 pytestmark = pytest.mark.openssh
 
 
-def as_operator(ground: Any, node: str, name: str, recipe: str, state: str) -> Cluster:
+def as_operator(
+    ground: Any, node: str, name: str, recipe: str, state: str, history: str
+) -> Cluster:
     """The cluster as an operator logging in as `node`'s user sees it (that node its head)."""
     base = bare_cluster(ground)
     nodes = tuple(
         dataclasses.replace(n, role="head" if n.name == node else "worker") for n in base.nodes
     )
     return dataclasses.replace(
-        base, name=name, nodes=nodes, recipe=RecipeSettings(recipe, (node,)), state_dir=state
-    )
+        base, name=name, nodes=nodes, recipe=RecipeSettings(recipe, (node,)), state_dir=state,
+        watchdog=dataclasses.replace(base.watchdog, history_file=history),
+    )  # fmt: skip
 
 
 async def test_two_ssh_users_one_cluster_one_lock(openssh_cluster: Any, tmp_path: Path) -> None:
     """Operator A (node1's user) holds the lock; operator B (node2's user, another inventory
     name) is refused with A named; both entries land in the one audit log."""
     state = f"/var/tmp/spark-ops-test-{tmp_path.name}"  # made by the first account, sticky 1777
-    recipe = str(tmp_path / "recipes" / "active.yaml")  # the same absolute name for both
-    a = as_operator(openssh_cluster, "node1", "spark", recipe, state)
-    b = as_operator(openssh_cluster, "node2", "prod-4x", recipe, state)
+    recipe = str(tmp_path / "recipes" / "active.yaml")
+    history = str(tmp_path / "watchdog" / "restarts")  # one watchdog: the same name for both
+    a = as_operator(openssh_cluster, "node1", "spark", recipe, state, history)
+    b = as_operator(openssh_cluster, "node2", "prod-4x", recipe, state, history)
     try:
         async with ClusterSession(a) as sa, ClusterSession(b) as sb:
             await sa.connect([a.head.name])

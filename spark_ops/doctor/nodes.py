@@ -7,7 +7,7 @@ import shlex
 from spark_ops.doctor.report import Checker
 from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
 from spark_ops.inventory import Node
-from spark_ops.lock import describe_holder, lock_state
+from spark_ops.lock import LOCK_DIR, describe_holder, lock_state
 from spark_ops.remote import sh_program
 from spark_ops.workflows.journal import read_runs, unfinished_runs
 
@@ -161,24 +161,36 @@ class NodeChecks(Checker):
                 )
 
     async def check_state_dir(self) -> None:
-        """The head's state dir (cluster lock, audit log) exists or can be made, and is writable."""
+        """The head's lock dir (cluster lock) and state dir (audit log) exist or can be made, and
+        are writable."""
         if not self.up(self.head):
             return
         sd = self.cluster.state_dir
-        res = await self.session.run(self.head, sh_program(_STATE_DIR, sd), check=False)
-        word, _, where = res.stdout.strip().partition(" ")
-        if word == "ok":
-            self.report.add("state-dir", self.head, "ok", f"{sd} usable (lock and audit log)")
+        if sd == LOCK_DIR:
+            uses = {sd: "lock and audit log"}
         else:
-            self.report.add(
-                "state-dir",
-                self.head,
-                "fail",
-                f"{sd} cannot be created or written ({where or res.stderr.strip()} is not a "
-                "writable directory)",
-                f"create it: ssh {self.cluster.head.host} mkdir -p {sd}, or set state_dir in the "
-                "inventory to a directory the SSH user can write",
-            )
+            uses = {sd: "audit log", LOCK_DIR: "cluster lock"}
+        usable = []
+        for d, use in uses.items():
+            res = await self.session.run(self.head, sh_program(_STATE_DIR, d), check=False)
+            word, _, where = res.stdout.strip().partition(" ")
+            if word != "ok":
+                self.report.add(
+                    "state-dir",
+                    self.head,
+                    "fail",
+                    f"{d} cannot be created or written ({where or res.stderr.strip()} is not a "
+                    f"writable directory; it holds the {use})",
+                    f"create it: ssh {self.cluster.head.host} mkdir -p {d}"
+                    + (
+                        ", or set state_dir in the inventory to a directory the SSH user can write"
+                        if d == sd
+                        else f" and chmod 1777 {d} (every operator's lock is there)"
+                    ),
+                )
+                return
+            usable.append(f"{d} usable ({use})")
+        self.report.add("state-dir", self.head, "ok", "; ".join(usable))
 
 
 def _ssh_fix(err: SparkOpsError, node: Node, known_hosts: str) -> str:

@@ -19,13 +19,15 @@ from typing import Any
 from spark_ops.errors import (
     CommandTimeout,
     HistoryError,
+    HistoryLockBusy,
     RemoteError,
+    SparkOpsError,
     TriggerFailed,
     WatchdogError,
 )
 from spark_ops.lock import local_user
 from spark_ops.remote import ClusterSession, quote_path
-from spark_ops.watchdog.identify import HistEntry, Identification, fmt_stamp
+from spark_ops.watchdog.identify import HistEntry, Identification, fmt_stamp, prune_command
 from spark_ops.watchdog.identify import identify as identify_entry
 
 PLANNED_BY = "spark-ops"
@@ -228,9 +230,12 @@ class WatchdogContract:
         """The journal on the head: the watchdog's, else spark-ops' own beside the history."""
         return self.wd.journal_path
 
-    def _locking(self) -> list[str]:
-        """Lock and journal arguments for changes."""
-        return ["--lock", self.wd.lock_path, "--journal", self.journal]
+    def _locking(self, lock_timeout: float | None = None) -> list[str]:
+        """Lock and journal arguments for changes (the inventory's lock timeout by default)."""
+        wait = self.wd.lock_timeout_s if lock_timeout is None else lock_timeout
+        return [
+            "--lock", self.wd.lock_path, "--lock-timeout", f"{wait:g}", "--journal", self.journal,
+        ]  # fmt: skip
 
     async def history(
         self, command: str, *args: str, timeout: float | None = None
@@ -249,6 +254,12 @@ class WatchdogContract:
             data = {}
         if res.exit_code != 0:
             why = data.get("message") or res.stderr.strip() or _EXIT_MEANING.get(res.exit_code or 0)
+            if data.get("error") == "lock_timeout":
+                raise HistoryLockBusy(
+                    f"{self.head}: history.py {command} on {self.wd.history_file}: {why}",
+                    lock=str(data.get("lock", "")),
+                    holders=[h for h in data.get("holders", []) if isinstance(h, dict)],
+                )
             raise HistoryError(
                 f"{self.head}: history.py {command} on {self.wd.history_file} failed "
                 f"(exit {res.exit_code}): {why}"
@@ -390,14 +401,48 @@ class WatchdogContract:
             by_prefix=PLANNED_BY,
         )
 
-    async def note_planned(self, entry: HistEntry, reason: str) -> None:
+    async def note_planned(
+        self, entry: HistEntry, reason: str, *, lock_timeout: float | None = None
+    ) -> dict[str, Any]:
         """Record on the head that this stamp is a planned restart (for `prune --planned`).
 
         A watchdog that keeps no journal gets spark-ops' own record beside its history; one whose
-        journal already marks the stamp planned is left as it is.
+        journal already marks the stamp planned is left as it is. The record is written even when
+        the history's lock stays held (history.py appends it without the lock then).
         """
-        args = [*self._common(), *self._locking(), "--by", operator(), "--reason", reason]
-        await self.history("note", *args, "--stamp", _fmt(entry.stamp))
+        args = [
+            *self._common(), *self._locking(lock_timeout), "--by", operator(), "--reason", reason,
+        ]  # fmt: skip
+        return await self.history("note", *args, "--stamp", _fmt(entry.stamp))
+
+    async def prune_planned(self, entry: HistEntry, reason: str) -> dict[str, Any]:
+        """Remove the planned restart's own entry (prune's report), or say it could not.
+
+        When the history's lock stays held past watchdog.lock_timeout_s (the watchdog holding it
+        longer than spark-ops waits: issue 20 #9), the stamp is recorded as planned on the head so
+        that `budget prune --planned` finds it later, and HistoryLockBusy says which lock, who has
+        it open, that this stamp was NOT pruned, and the command that removes it.
+        """
+        try:
+            return await self.prune(raws=[entry.raw], reason=reason)
+        except HistoryLockBusy as busy:
+            try:
+                noted = await self.note_planned(entry, reason, lock_timeout=0)
+                recorded = f"it is recorded as planned in {noted.get('journal', self.journal)}"
+            except SparkOpsError as exc:
+                recorded = f"recording it as planned failed too ({exc.message})"
+            who = "; ".join(f"pid {h.get('pid')} ({h.get('command') or '?'})" for h in busy.holders)
+            raise HistoryLockBusy(
+                f"{self.head}: the history lock {busy.lock or self.wd.lock_path} stayed held for "
+                f"more than {self.wd.lock_timeout_s:g} s"
+                + (f" (open in: {who})" if who else " (by a process the head did not name)")
+                + f": the planned restart's stamp {entry.raw.strip()} was NOT pruned; {recorded}",
+                lock=busy.lock,
+                holders=busy.holders,
+                hint=f"once the lock is free, remove it with: {prune_command(entry)} "
+                "(or `spark-ops budget prune --planned`); a watchdog that holds its history lock "
+                "for long needs a longer watchdog.lock_timeout_s in the inventory",
+            ) from None
 
     async def prune(
         self,

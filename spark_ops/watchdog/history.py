@@ -7,6 +7,13 @@ Two formats: ``stamps`` (one Unix time per line, as a bash watchdog writes them)
 (one JSON object per line with a numeric ``ts`` key). Lines that parse in neither are kept verbatim
 and reported, never dropped. Exit codes: 0 ok, 2 usage, 3 lock timeout, 4 unreadable / IO error,
 5 a stamp asked for with ``--strict`` is absent (nothing changed).
+
+Other writers (issue 20 #7, #9): every change holds the locks of ``history_locks`` — with the
+default lock, ``<name>.lock`` beside each name of the history's symlink chain, so a watchdog that
+locks beside the link or beside the target is excluded alike; a lock timeout names the processes
+that have the lock file open (``lock_holders``). Only staged files that are provably a dead
+writer's own are ever removed (``_clean_stale_tmp``). ``note`` records a planned stamp even when
+the lock stays held (one O_APPEND line to the append-only journal).
 """
 
 from __future__ import annotations
@@ -359,16 +366,175 @@ def locked(lock_path: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[No
         if timeout <= 0 or not _flock_wait(fd, timeout):
             if timeout <= 0:
                 os.close(fd)
-            raise LockTimeout(
-                f"lock {lock_path} is held by another process; gave up after {timeout:g} s",
-                lock=lock_path,
-                timeout=timeout,
-            ) from None
+            raise lock_timeout_error(lock_path, timeout) from None
     try:
         yield
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def lock_timeout_error(
+    lock_path: str, timeout: float, holders: list[dict[str, Any]] | None = None
+) -> LockTimeout:
+    """The LockTimeout for lock_path: the lock, the wait and who has the lock file open."""
+    holders = lock_holders(lock_path) if holders is None else holders
+    who = "; ".join(
+        f"pid {h['pid']} ({h['command'] or '?'}){' holds it' if h['holds'] else ''}"
+        for h in holders
+    )
+    return LockTimeout(
+        f"lock {lock_path} is held by another process; gave up after {timeout:g} s"
+        + (f"; processes with it open: {who}" if who else ""),
+        lock=lock_path,
+        timeout=timeout,
+        holders=holders,
+    )
+
+
+_HOLDERS_SCAN_S = 2.0  # at most this long looking through /proc for who has the lock open
+
+
+def lock_holders(lock_path: str, limit: int = 8) -> list[dict[str, Any]]:
+    """The processes of this machine with lock_path open (a holder, or a waiter), from /proc.
+
+    `holds` is True for the process /proc/locks names as the flock's taker, when it still runs
+    (flock(1) takes the lock for its shell and exits: the shell then shows as having it open).
+    Best effort, bounded in time; empty where /proc cannot be read.
+    """
+    try:
+        st = os.stat(lock_path)
+    except OSError:
+        return []
+    takers = _flock_takers(st)
+    me = os.getpid()
+    found: dict[int, dict[str, Any]] = {}
+    give_up = time.monotonic() + _HOLDERS_SCAN_S
+    try:
+        pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    except OSError:
+        pids = []
+    for pid in pids:
+        if len(found) >= limit or time.monotonic() > give_up:
+            break
+        if pid == me:
+            continue
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                other = os.stat(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                found[pid] = {"pid": pid, "command": _command_of(pid), "holds": pid in takers}
+                break
+    for pid in takers:
+        if pid not in found and pid != me and len(found) < limit and _alive(pid):
+            found[pid] = {"pid": pid, "command": _command_of(pid), "holds": True}
+    return sorted(found.values(), key=lambda h: (not h["holds"], h["pid"]))
+
+
+def _flock_takers(st: os.stat_result) -> set[int]:
+    """The pids /proc/locks names as holding a lock on the file of st (waiters left out)."""
+    out: set[int] = set()
+    try:
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == "->":  # "N: -> FLOCK ..." is a blocked waiter
+            continue
+        dev = fields[5].split(":")
+        if len(dev) != 3 or not fields[4].lstrip("-").isdigit():
+            continue
+        try:
+            same = (int(dev[0], 16), int(dev[1], 16), int(dev[2])) == (
+                os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
+            )  # fmt: skip
+        except ValueError:
+            continue
+        if same and int(fields[4]) > 0:
+            out.add(int(fields[4]))
+    return out
+
+
+def _command_of(pid: int) -> str:
+    """A process's command line on one printable line, cut to 160 characters ('' if unreadable)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read(4096)
+    except OSError:
+        return ""
+    text = " ".join(raw.replace(b"\0", b" ").decode("utf-8", "replace").split())
+    return "".join(c if c.isprintable() else "?" for c in text)[:160]
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid runs on this machine (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: it exists, owned by someone else
+    return True
+
+
+def link_chain(path: str, limit: int = 40) -> list[str]:
+    """The names a path reaches its file by: path, then each symlink's target in turn."""
+    names = [path]
+    current = path
+    for _ in range(limit):
+        try:
+            target = os.readlink(current)
+        except OSError:
+            break  # not a link, or missing: the end of the chain
+        current = os.path.join(os.path.dirname(current), target)
+        names.append(current)
+    return names
+
+
+def history_locks(path: str, lock: str | None = None) -> list[str]:
+    """The lock files a change to the history at path takes, in the order it takes them.
+
+    A watchdog locks `<history>.lock` by the name it was given for the history. Reached through a
+    symlink, one history has several names, and a writer locking beside the link and one locking
+    beside the target would exclude nobody (issue 20 #7: appends lost during a prune). So the
+    default lock is taken beside every name of the chain (the path, each link on the way, the
+    file it ends at), each file once (by real path), in the order of their real paths: one global
+    order, so two writers naming the chain differently never deadlock. A lock named explicitly
+    (the inventory's `lock_file`, the watchdog's own) is exactly that one file.
+    """
+    if lock and lock != default_lock(path):
+        return [lock]
+    by_real: dict[str, str] = {}
+    for name in link_chain(path):
+        candidate = default_lock(name)
+        by_real.setdefault(os.path.realpath(candidate), candidate)
+    return [by_real[real] for real in sorted(by_real)]
+
+
+@contextlib.contextmanager
+def history_locked(
+    path: str, lock: str | None = None, timeout: float = DEFAULT_LOCK_TIMEOUT
+) -> Iterator[list[str]]:
+    """Hold every lock of history_locks(path, lock), within one timeout in all; yield them."""
+    locks = history_locks(path, lock)
+    give_up = time.monotonic() + timeout
+    with contextlib.ExitStack() as stack:
+        for one in locks:
+            left = max(0.0, give_up - time.monotonic()) if timeout > 0 else 0.0
+            try:
+                stack.enter_context(locked(one, left))
+            except LockTimeout as exc:  # the whole wait is shown, not what was left of it
+                raise lock_timeout_error(one, timeout, exc.details.get("holders")) from None
+        yield locks
 
 
 def _fsync_dir(directory: str) -> None:
@@ -390,23 +556,63 @@ def write_target(path: str) -> str:
 
 
 def _tmp_prefix(path: str) -> str:
-    """Return the prefix of temporary files written beside path."""
-    return "." + os.path.basename(path) + ".tmp."
+    """Return the prefix of temporary files written beside path (the writer's pid in it)."""
+    return "." + os.path.basename(path) + f".tmp.{os.getpid()}."
 
 
-def _clean_stale_tmp(path: str) -> None:
-    """Remove temp files a killed writer left beside path (call only while holding the lock)."""
+STALE_TMP_S = 600.0  # a staged file younger than this is never taken for a killed writer's
+
+
+def _staged_by(path: str, name: str) -> int | None:
+    """The writer's pid when name is one of atomic_write's staged files for path, else None.
+
+    The shape is `.<file>.tmp.<pid>.<8 characters of mkstemp>`; anything else (an older
+    spark-ops' `.<file>.tmp.<random>`, another program's temp file) is not ours.
+    """
+    m = re.match(
+        re.escape("." + os.path.basename(path) + ".tmp.") + r"([0-9]{1,10})\.[a-z0-9_]{8}$", name
+    )
+    return int(m.group(1)) if m else None
+
+
+def _clean_stale_tmp(path: str) -> list[str]:
+    """Remove the staged files killed writers left beside path; return what was removed.
+
+    Call only while holding the history's locks. A file is removed only when it is provably a
+    dead writer's own: atomic_write's name shape with a pid, a regular file owned by this user (or
+    by the owner root gives its files here), its writer no longer running, and untouched for
+    STALE_TMP_S (a writer in another pid namespace is not seen by the pid check). Every other
+    file, a recent one above all, is another writer's: it is left alone.
+    """
     target = write_target(path)
     directory = os.path.dirname(os.path.abspath(target))
-    prefix = _tmp_prefix(target)
+    owners = {os.geteuid()}
+    root_gives = _owner_for(target)
+    if root_gives is not None:
+        owners.add(root_gives[0])
     try:
         names = os.listdir(directory)
     except OSError:
-        return
+        return []
+    removed = []
+    now = time.time()
     for name in names:
-        if name.startswith(prefix):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, name))
+        pid = _staged_by(target, name)
+        if pid is None or pid == os.getpid():
+            continue
+        full = os.path.join(directory, name)
+        try:
+            st = os.lstat(full)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in owners:
+            continue
+        if now - st.st_mtime < STALE_TMP_S or _alive(pid):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(full)
+            removed.append(full)
+    return removed
 
 
 def atomic_write(path: str, data: bytes, *, mode: int | None = None) -> None:
@@ -727,9 +933,8 @@ def append(
 ) -> dict[str, Any]:
     """Append a stamp (and a journal entry) under the lock; returns the stamp and line number."""
     _check_format(fmt)
-    lock = lock or default_lock(path)
     journal = journal or default_journal(path)
-    with locked(lock, lock_timeout):
+    with history_locked(path, lock, lock_timeout):
         _clean_stale_tmp(path)
         data, _exists = _read_bytes(path)
         hist = parse_history(data, path=path, fmt=fmt)
@@ -770,8 +975,8 @@ def journal_event(
     journal: str | None = None,
     **extra: Any,
 ) -> None:
-    """Append one journal entry (e.g. a failed restart) under the history's lock."""
-    with locked(lock or default_lock(path), lock_timeout):
+    """Append one journal entry (e.g. a failed restart) under the history's locks."""
+    with history_locked(path, lock, lock_timeout):
         _append_journal(
             journal or default_journal(path),
             [
@@ -807,18 +1012,32 @@ def note_planned(
     """Record in the journal that ``stamp`` is a planned restart, unless a record already says so.
 
     For a watchdog that keeps no journal, this is how ``prune --planned`` later finds the stamp of
-    a planned restart whose prune did not happen (the tool killed, the boot interrupted).
+    a planned restart whose prune did not happen (the tool killed, the boot interrupted, the lock
+    held too long). When the history's locks stay held past the timeout, the record is appended
+    anyway, without them (issue 20 #9): a journal is append-only for every writer (history.py
+    appends one line per O_APPEND write, which the kernel never interleaves with another
+    appender's), so the line lands whole, and nothing here rewrites the history. The answer says
+    so (`locked: false`, and the busy lock).
     """
     journal = journal or default_journal(path)
-    with locked(lock or default_lock(path), lock_timeout):
+    busy: LockTimeout | None = None
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(history_locked(path, lock, lock_timeout))
+        except LockTimeout as exc:
+            busy = exc
         records, _ = read_journal(journal)
         known = any(_is_planned(rec, planned_by) and rec.get("stamp") == stamp for rec in records)
         if not known:
-            _append_journal(
-                journal,
-                [_journal_line(stamp=stamp, action="restart", reason=reason, forced=True, by=by)],
+            extra = {"lock_busy": busy.details.get("lock")} if busy is not None else {}
+            line = _journal_line(
+                stamp=stamp, action="restart", reason=reason, forced=True, by=by, **extra
             )
-    return {"ok": True, "journal": journal, "stamp": stamp, "written": not known}
+            _append_journal(journal, [line])
+    out = {"ok": True, "journal": journal, "stamp": stamp, "written": not known}
+    if busy is not None:
+        out.update(locked=False, lock=busy.details.get("lock"), message=busy.message)
+    return out
 
 
 def _select(
@@ -895,9 +1114,8 @@ def prune(
         raise UsageFailure("prune needs --stamp, --raw, --since/--until or --planned")
     if keep_backups < 1:
         raise UsageFailure(f"--keep-backups {keep_backups} is not allowed: must be >= 1")
-    lock = lock or default_lock(path)
     journal = journal or default_journal(path)
-    with locked(lock, lock_timeout):
+    with history_locked(path, lock, lock_timeout):
         _clean_stale_tmp(path)
         data, exists = _read_bytes(path)
         hist = parse_history(data, path=path, fmt=fmt, exists=exists)

@@ -577,7 +577,11 @@ async def _prune(
         run.skip(name, "the watchdog left no new stamp: nothing to prune")
         return
     entry = found.entry
-    result = await op.watchdog.prune(raws=[entry.raw], reason=f"planned restart ({op.name})")
+    try:
+        result = await op.watchdog.prune_planned(entry, reason=f"planned restart ({op.name})")
+    except SparkOpsError as exc:  # the history lock held too long: recorded, and said (#9)
+        run.fail(name, exc.message + (f" ({exc.hint})" if exc.hint else ""))
+        raise
     removed = result["removed_stamps"]
     out.pruned.extend(removed)
     if not removed:
