@@ -1,1 +1,1 @@
-"""The crash-consistency harness: kill spark-ops (or the restart command) at a point, re-run, check."""
+"""The crash-consistency harness: interrupt spark-ops at a point, run it again, check."""

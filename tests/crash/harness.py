@@ -64,7 +64,7 @@ _DESCRIPTIONS = {
 }
 
 
-# ---------------------------------------------------------------- boundaries in what the tool prints
+# ---------------------------------------------------------------- boundaries the tool prints
 
 
 def boundary_of(line: str) -> str | None:
@@ -263,7 +263,7 @@ def whole(text: str, old: str, caps: Iterable[int], others: Iterable[str] = ()) 
     if text == old or text in set(others):
         return True
     a, b = text.splitlines(), old.splitlines()
-    if len(a) != len(b) or not text.endswith("\n") == old.endswith("\n"):
+    if len(a) != len(b) or text.endswith("\n") != old.endswith("\n"):
         return False
     for x, y in zip(a, b, strict=True):
         if x != y and not (CAP_LINE.match(x) and CAP_LINE.match(y)):
@@ -330,7 +330,7 @@ class CrashCluster:
         self.names = [f"node{i}" for i in range(1, nodes + 1)]
         self.recipe_nodes = self.names[:recipe_nodes]
         inv = yaml.safe_load(Path(self.state["inventory"]).read_text())
-        (name, cluster), = inv["clusters"].items()
+        ((name, cluster),) = inv["clusters"].items()
         self.rel_recipe = cluster["recipe"]["path"].removeprefix("~/")
         cluster["recipe"]["nodes"] = self.recipe_nodes
         cluster["state_dir"] = str(self.root / "state")
@@ -428,7 +428,9 @@ class CrashCluster:
         """Recipe copies, history lines, journal length, dot-files, operator files, backups."""
         dirs = {p.parent for p in self.recipe_copies} | {self.history.parent}
         return {
-            "recipes": [p.read_bytes().decode("utf-8", "surrogateescape") for p in self.recipe_copies],
+            "recipes": [
+                p.read_bytes().decode("utf-8", "surrogateescape") for p in self.recipe_copies
+            ],
             "history": self.history.read_bytes().decode("utf-8", "surrogateescape").splitlines(),
             "journal_n": len(wd_history.read_journal(str(self.journal))[0]),
             "dotfiles": sorted(str(f) for d in dirs for f in d.iterdir() if f.name.startswith(".")),
@@ -451,9 +453,7 @@ class CrashCluster:
         """Stamps the journal marks planned (forced by spark-ops, or marked), as history lines."""
         recs = wd_history.read_journal(str(self.journal))[0]
         # the planned rule is the watchdog history's own (the one prune --planned applies)
-        return Counter(
-            str(int(r["stamp"])) for r in recs if wd_history._is_planned(r, PLANNED_BY)
-        )
+        return Counter(str(int(r["stamp"])) for r in recs if wd_history._is_planned(r, PLANNED_BY))
 
     def locks_held(self) -> list[str]:
         """Lock files still held after LOCK_WAIT_S (polled: the watchdog takes some briefly),
@@ -471,7 +471,8 @@ class CrashCluster:
                         who = [_cmdline(p) for p in pids]
                         if who and all(_watchdog_loop(w) for w in who):
                             continue
-                        held.append(f"{f} (held by {'; '.join(f'{p}: {w[:160]}' for p, w in zip(pids, who, strict=True)) or '?'})")
+                        named = [f"{p}: {w[:160]}" for p, w in zip(pids, who, strict=True)]
+                        held.append(f"{f} (held by {'; '.join(named) or '?'})")
             if not held or time.monotonic() > deadline:
                 return held
             time.sleep(0.2)
@@ -572,8 +573,11 @@ def _rollback(c: CrashCluster) -> tuple[list[str], dict[str, Any]]:
         [sys.executable, "-m", "spark_ops.cli.main", *args],
         env=c.env(), capture_output=True, text=True, check=False, timeout=240,
     )  # fmt: skip
+    c.last_audit = None  # that apply wrote its own record
     if res.returncode != 0:
-        raise RuntimeError(f"arranging rollback: apply exited {res.returncode}: {res.stderr[-800:]}")
+        raise RuntimeError(
+            f"arranging rollback: apply exited {res.returncode}: {res.stderr[-800:]}"
+        )
     return ["rollback", "--yes", "--json", "--no-drain"], {"caps": [6, 64]}
 
 
@@ -677,7 +681,6 @@ def run_case(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
     checks: dict[str, bool] = {}
 
     # (a) every copy old or new, whole; all copies agree — after the kill and after the re-run
-    old = before["recipes"][0]
     others = list(before["backups"].values()) if command == "rollback" else []
     torn = []
     for when, snap in (("killed", mid), ("rerun", after)):
@@ -686,7 +689,9 @@ def run_case(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
                 torn.append(f"{when}: {c.recipe_nodes[i]} holds neither the old nor the new text")
         if len(set(snap["recipes"])) > 1:
             caps = [cap_of(t) for t in snap["recipes"]]
-            torn.append(f"{when}: the copies disagree (caps {dict(zip(c.recipe_nodes, caps))})")
+            torn.append(
+                f"{when}: the copies disagree (caps {dict(zip(c.recipe_nodes, caps, strict=True))})"
+            )
     checks["a_recipe_whole_and_agreeing"] = not torn
     problems += torn
     if command == "apply" and rerun.code == 0 and cap_of(after["recipes"][0]) != expect["target"]:
@@ -740,7 +745,7 @@ def run_case(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
     killed_changed, rerun_changed = changed(before, mid), changed(mid, after)
     audit_after = c.audit()
     c.last_audit = audit_after
-    new_records = audit_after[len(audit_before):]
+    new_records = audit_after[len(audit_before) :]
     runs = {r.get("run") for r in new_records if isinstance(r, dict) and r.get("run")}
     have_records = len(runs) if runs else len(new_records)
     need = int(bool(killed_changed)) + int(bool(rerun_changed))
@@ -783,7 +788,8 @@ def run_case(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
         "killed_changed": killed_changed,
         "rerun_changed": rerun_changed,
         "audit_new": [
-            {k: r.get(k) for k in ("run", "outcome") if k in r} | {"op": (r.get("what") or {}).get("operation")}
+            {k: r.get(k) for k in ("run", "outcome") if k in r}
+            | {"op": (r.get("what") or {}).get("operation")}
             for r in new_records
         ],
         "boundaries_seen": killed.boundaries,
@@ -825,7 +831,9 @@ def restart_command_points(n: int, seed: int) -> list[KillPoint]:
     """The restart command SIGKILLed once it shows on the head, after a fixed-seed delay."""
     rng = random.Random(f"{seed}:restart-command")
     return [
-        KillPoint("restart:running", delay=round(rng.uniform(0.0, 1.2), 2), target="restart-command")
+        KillPoint(
+            "restart:running", delay=round(rng.uniform(0.0, 1.2), 2), target="restart-command"
+        )
         for _ in range(n)
     ]
 
