@@ -665,6 +665,21 @@ class CaseResult:
         return {**asdict(self), "ok": self.ok}
 
 
+def changes(c: CrashCluster, a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """What a run between snapshots a and b changed: recipe written, restart triggered, pruned."""
+    what = []
+    if a["recipes"] != b["recipes"]:
+        what.append("recipe written")
+    recs = c.journal_since(a["journal_n"])[: b["journal_n"] - a["journal_n"]]
+    if any(wd_history._is_planned(r, PLANNED_BY) for r in recs):
+        what.append("restart triggered")
+    if any(
+        r.get("action") == "prune" and str(r.get("by", "")).startswith(PLANNED_BY) for r in recs
+    ):
+        what.append("stamp pruned")
+    return what
+
+
 def run_case(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
     """Arrange, run interrupted at point, re-run with --yes, check (a)–(e), repair."""
     started = time.monotonic()
@@ -729,20 +744,7 @@ def run_case(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
         problems.append(f"history left {sorted(left.elements())} (planned: {sorted(planned)})")
 
     # (d) every run that changed something has an audit record
-    def changed(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-        """What a run between snapshots a and b changed (recipe, restart, prune)."""
-        what = []
-        if a["recipes"] != b["recipes"]:
-            what.append("recipe written")
-        recs = c.journal_since(a["journal_n"])[: b["journal_n"] - a["journal_n"]]
-        if any(wd_history._is_planned(r, PLANNED_BY) for r in recs):
-            what.append("restart triggered")
-        if any(r.get("action") == "prune" and str(r.get("by", "")).startswith(PLANNED_BY)
-               for r in recs):  # fmt: skip
-            what.append("stamp pruned")
-        return what
-
-    killed_changed, rerun_changed = changed(before, mid), changed(mid, after)
+    killed_changed, rerun_changed = changes(c, before, mid), changes(c, mid, after)
     audit_after = c.audit()
     c.last_audit = audit_after
     new_records = audit_after[len(audit_before) :]
