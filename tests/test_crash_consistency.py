@@ -58,7 +58,6 @@ SAMPLE: list[tuple[str, KillPoint, str | None]] = [
     ("apply", KillPoint("boot:running", signal="INT"), None),
     ("apply", KillPoint("restart:running", delay=0.4, signal="TERM"), f"{ITEM1}; {SIGTERM}"),
     ("apply", restart_command_points(1, SEED)[0], None),
-    ("restart", KillPoint("restart:done"), f"{ITEM2}; {ITEM3}"),
     ("rollback", KillPoint("boot:running"), f"{ITEM2}; {ITEM3}"),
     ("prune-planned", random_points("prune-planned", 1, SEED, max_delay=0.5)[0], None),
 ]
