@@ -834,7 +834,7 @@ def restart_command_points(n: int, seed: int) -> list[KillPoint]:
     rng = random.Random(f"{seed}:restart-command")
     return [
         KillPoint(
-            "restart:running", delay=round(rng.uniform(0.0, 1.2), 2), target="restart-command"
+            "restart:running", delay=round(rng.uniform(0.0, 0.6), 2), target="restart-command"
         )
         for _ in range(n)
     ]
