@@ -691,6 +691,10 @@ def run_case(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
     mid = c.snapshot()
     held_mid = c.locks_held()
     rerun = run_interrupted(c.env(), args, None, c.root)
+    if rerun.code != 0 and "--resume" in rerun.stderr and command == "experiment":
+        # the tool's own hint for an unfinished experiment: continue it (recorded as followed)
+        rerun = run_interrupted(c.env(), [*args, "--resume"], None, c.root)
+        rerun.stderr = "(followed the hint: --resume)\n" + rerun.stderr
     after = c.snapshot()
     problems: list[str] = []
     checks: dict[str, bool] = {}
