@@ -524,6 +524,9 @@ class CrashCluster:
             args = [a for s in extra for a in ("--stamp", s)]
             self.history_tool("prune", *args, "--by", "harness-reset", "--reason", "reset")
             done.append(f"history: removed {sorted(extra.elements())}")
+        for left in (self.home / ".local" / "state" / "spark-ops").glob("experiment-*.json"):
+            left.unlink()  # an unfinished experiment a killed case left: the next case starts anew
+            done.append(f"removed {left.name}")
         for marker in ("gave-up", "pause"):
             f = self.history.parent / marker
             if f.exists():
