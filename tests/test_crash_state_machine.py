@@ -47,7 +47,6 @@ pytestmark = pytest.mark.slow
 EXAMPLES = int(os.environ.get("SPARK_OPS_CRASH_EXAMPLES", "3"))
 STEPS = int(os.environ.get("SPARK_OPS_CRASH_STEPS", "3"))
 CAPS = [6, 8, 16, 64]
-ITEM2_3 = "issue 20 #2/#3: after a SIGKILL and a re-run the forced stamp is left, no audit record"
 
 
 class CrashMachine(RuleBasedStateMachine):
@@ -210,7 +209,6 @@ def machine_cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
         c.close()
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM2_3)
 def test_crash_state_machine(machine_cluster: CrashCluster) -> None:
     """Interleavings of commands, kills and other writers keep the cluster and records true."""
     CrashMachine.cluster = machine_cluster
