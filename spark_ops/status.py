@@ -14,7 +14,7 @@ from spark_ops.recipe import knob_values
 from spark_ops.remote import ClusterSession
 from spark_ops.workflows import Operation
 from spark_ops.workflows.converge import effective_args
-from spark_ops.workflows.journal import read_runs, unfinished_runs
+from spark_ops.workflows.journal import holds_lock, read_runs, unfinished_runs
 
 
 async def collect_status(cluster: Cluster) -> dict[str, Any]:
@@ -79,7 +79,7 @@ async def _runs(session: ClusterSession) -> dict[str, Any]:
     out: dict[str, Any] = {"lock_held": held, "holder": holder or None}
     if held:
         out["in_progress"] = describe_holder(holder)
-        runs = runs[:-1]  # the newest unfinished run is the holder's own
+        runs = [r for r in runs if not holds_lock(r, holder)]  # the holder's own run is live
     out["unfinished"] = [r.summary() for r in runs]
     return out
 

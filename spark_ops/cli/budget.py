@@ -196,6 +196,8 @@ def echo_prune_plan(plan: PrunePlan) -> None:
             click.echo(f"  {e.raw}  ({when(e.stamp)})")
     for nf in plan.not_found:
         click.secho(f"  {nf} is not in the history", fg="yellow")
+    for note in plan.notes:
+        click.secho(f"  note: {note}", fg="yellow")
     if plan.clear_gave_up:
         click.echo("Then remove the gave-up file, if the budget has room.")
 

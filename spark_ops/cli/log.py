@@ -9,6 +9,12 @@ import click
 from spark_ops.cli.common import emit_json, load_cluster, run_async, when
 
 
+def _clean(value: object) -> str:
+    """Text for one line of the log: control characters shown escaped (never a forged line)."""
+    text = str(value)
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
     """Print entries for a person, one block per entry."""
     if not entries:
@@ -26,18 +32,19 @@ def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
             continue  # a run shows once: by its end, or by its intent while it has none
         what = e.get("what") or {}
         args = what.get("args") or {}
-        arg_text = " ".join(f"{k}={v}" for k, v in args.items())
+        arg_text = " ".join(f"{_clean(k)}={_clean(v)}" for k, v in args.items())
         outcome = str(e.get("outcome", ""))
         if e.get("phase") == "intent" and run is not None:
             outcome = f"did not end (killed, or still running); last recorded: {run.last_step}"
         color = "green" if outcome in ("ok", "done") else ("red" if outcome else None)
         stamp = e.get("when")
         head = (
-            f"{when(float(stamp)) if isinstance(stamp, int | float) else '-'}  {e.get('who', '?')}"
+            f"{when(float(stamp)) if isinstance(stamp, int | float) else '-'}  "
+            f"{_clean(e.get('who', '?'))}"
         )
-        click.echo(f"{head}  {what.get('operation', '?')} {arg_text}".rstrip())
-        nodes = ", ".join(e.get("nodes") or []) or "-"
-        click.secho(f"    nodes: {nodes}  outcome: {outcome or '-'}", fg=color)
+        click.echo(f"{head}  {_clean(what.get('operation', '?'))} {arg_text}".rstrip())
+        nodes = ", ".join(_clean(n) for n in e.get("nodes") or []) or "-"
+        click.secho(f"    nodes: {nodes}  outcome: {_clean(outcome) or '-'}", fg=color)
         if diffs and e.get("diff"):
             for line in str(e["diff"]).splitlines():
                 click.echo(f"    {line}")

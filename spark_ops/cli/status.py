@@ -72,12 +72,12 @@ def echo_status(data: dict[str, Any]) -> None:
     if runs.get("in_progress"):
         click.secho(f"A run is under way: {runs['in_progress']}", fg="yellow")
     for r in runs.get("unfinished") or []:
-        click.secho(
+        text = (
             f"Unfinished run {r['run']} ({r['operation']} by {r.get('who')}): "
-            f"last recorded {r['last_step']}",
-            fg="red",
+            f"last recorded {r['last_step']}"
         )
-        click.echo(f"  finish it: {r['command']}")
+        click.secho("".join(c if c.isprintable() else "?" for c in text), fg="red")
+        click.echo("  finish it: " + "".join(c if c.isprintable() else "?" for c in r["command"]))
     b = data.get("budget") or {}
     if "used" in b:
         flags = " PAUSED" if b.get("paused") else ""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 from spark_ops.doctor.report import Checker
 from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
 from spark_ops.inventory import Node
 from spark_ops.lock import LOCK_DIR, describe_holder, lock_state
 from spark_ops.remote import sh_program
-from spark_ops.workflows.journal import read_runs, unfinished_runs
+from spark_ops.workflows.journal import holds_lock, read_runs, unfinished_runs
 
 # $1 a directory that must exist or be creatable and writable (the state dir: cluster lock, audit
 # log).
@@ -77,9 +78,9 @@ class NodeChecks(Checker):
         if not self.up(self.head):
             return
         held, holder, lock = await lock_state(self.session)
+        await self.check_unfinished_runs(holder if held else {})
         if not held:
             self.report.add("cluster-lock", self.head, "ok", f"free ({lock})")
-            await self.check_unfinished_runs()
             return
         self.report.add(
             "cluster-lock",
@@ -90,10 +91,11 @@ class NodeChecks(Checker):
             "then run doctor again",
         )
 
-    async def check_unfinished_runs(self) -> None:
-        """No run began and died without ending (the lock is free, so none is running)."""
+    async def check_unfinished_runs(self, holder: dict[str, Any]) -> None:
+        """No run began and died without ending (the lock holder's own run is live, not dead)."""
         try:
-            dead = unfinished_runs(await read_runs(self.session))
+            runs = unfinished_runs(await read_runs(self.session))
+            dead = [r for r in runs if not holds_lock(r, holder)]
         except SparkOpsError as exc:
             self.report.add("unfinished-runs", self.head, "warn", f"audit log not read: {exc}")
             return

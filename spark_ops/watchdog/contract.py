@@ -295,7 +295,7 @@ class WatchdogContract:
             "budget", *self._common(), "--max", str(self.wd.max_restarts),
             "--window", str(self.wd.window_s),
         )  # fmt: skip
-        reasons = await self._journal_by_stamp()
+        reasons = await self.journal_by_stamp()
         stamps = []
         for s in data.get("stamps", []):
             rec = reasons.get(float(s), {})
@@ -325,14 +325,16 @@ class WatchdogContract:
             flagged=list(data.get("flagged", [])),
         )
 
-    async def _journal_by_stamp(self) -> dict[float, dict[str, Any]]:
-        """The latest journal record per stamp (reasons for budget displays)."""
+    async def journal_by_stamp(self) -> dict[float, dict[str, Any]]:
+        """The latest journal record per stamp (reasons for budget displays, planned or not)."""
         text = await self.session.read_file(self.head, self.journal)
         out: dict[float, dict[str, Any]] = {}
         for line in (text or "").splitlines():
             try:
                 rec = json.loads(line)
-                if rec.get("action", "restart") == "restart" and rec.get("stamp") is not None:
+                if not isinstance(rec, dict) or rec.get("action", "restart") != "restart":
+                    continue
+                if rec.get("stamp") is not None:
                     out[float(rec["stamp"])] = rec
             except (ValueError, TypeError, AttributeError):
                 continue

@@ -65,6 +65,7 @@ class PrunePlan:
     not_found: list[Any] = field(default_factory=list)  # asked for, absent at preview
     clear_gave_up: bool = False
     settles: list[str] = field(default_factory=list)  # dead runs whose left stamps it removes
+    notes: list[str] = field(default_factory=list)  # dead runs' stamps it cannot take for planned
     command: str = ""  # the command line as run (the audit's intent names it)
 
     @property
@@ -83,6 +84,7 @@ class PrunePlan:
             "not_found": list(self.not_found),
             "clear_gave_up": self.clear_gave_up,
             "settles": list(self.settles),
+            "notes": list(self.notes),
         }
 
 
@@ -171,8 +173,10 @@ async def _dead_runs_stamps(op: Operation, plan: PrunePlan) -> None:
     if not dead:
         return
     entries = await op.watchdog.entries()
+    marks = await op.watchdog.journal_by_stamp()
     for run in dead:
-        stamps, ambiguous = left_by(run, entries)
+        stamps, ambiguous = left_by(run, entries, marks)
+        plan.notes.extend(ambiguous)
         plan.chosen.extend(e for e in stamps if e.raw not in {c.raw for c in plan.chosen})
         booted = (run.step("boot") or {}).get("status") == "done"
         if op.locked and not ambiguous and (booted or not run.written):

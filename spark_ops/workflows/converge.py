@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark_ops.errors import AmbiguousStamp, SparkOpsError
+from spark_ops.engine.identity import current_instance
+from spark_ops.errors import SparkOpsError
 from spark_ops.remote import ClusterSession, engine_log_recent
 from spark_ops.verify import check_effective_args, parse_non_default_args
-from spark_ops.watchdog.identify import HistEntry, identify, new_entries, prune_command
-from spark_ops.workflows.journal import Run, read_runs, unfinished_runs
+from spark_ops.watchdog.contract import PLANNED_BY
+from spark_ops.watchdog.identify import HistEntry, new_entries, prune_command
+from spark_ops.workflows.journal import STAMP_GRACE_S, Run, read_runs, unfinished_runs
 from spark_ops.workflows.operation import Operation
 from spark_ops.workflows.plan import Plan, Step
 
@@ -47,28 +49,94 @@ async def engine_differs(op: Operation, expected: dict[str, Any]) -> str | None:
     if check.ok and up:
         return None
     if check.ok:
+        if await _booting(op):
+            return None  # a boot of these values is under way: another restart would waste it
         return "the engine does not answer (it was last started with the recipe's values)"
     return f"the engine runs other values than the recipe: {check.detail}"
 
 
-def left_by(run: Run, entries: list[HistEntry]) -> tuple[list[HistEntry], list[str]]:
-    """The planned stamps a dead run left in its restart windows, and notes on ambiguous ones."""
+async def _booting(op: Operation) -> bool:
+    """True when the engine's instance runs (it booting, not dead), e.g. a killed run's boot."""
+    try:
+        instance = await current_instance(op.session, op.cluster)
+    except SparkOpsError:
+        return False
+    return instance is not None and instance.alive
+
+
+async def booting_note(op: Operation, expected: dict[str, Any]) -> str | None:
+    """A plan warning when the engine is still booting the recipe's values (nothing to restart)."""
+    try:
+        await op.api_url()
+        async with op.engine(timeout=5) as api:
+            if await api.health():
+                return None
+    except SparkOpsError:
+        pass
+    if not await _booting(op):
+        return None
+    return (
+        "the engine does not answer yet but its instance runs and was started with the recipe's "
+        "values: a boot is under way (`spark-ops status` follows it); no restart is planned. If it "
+        "never serves, `spark-ops restart` starts it again"
+    )
+
+
+def _kind(record: dict[str, Any] | None) -> str | None:
+    """What a journal record says of a stamp: "planned", "automatic", or None (no record)."""
+    if not record:
+        return None
+    by = record.get("by")
+    if record.get("planned") is True or (
+        record.get("forced") is True and isinstance(by, str) and by.startswith(PLANNED_BY)
+    ):
+        return "planned"
+    return "automatic"
+
+
+def left_by(
+    run: Run, entries: list[HistEntry], marks: dict[float, dict[str, Any]]
+) -> tuple[list[HistEntry], list[str]]:
+    """The planned stamps a dead run left in its restart windows, and notes on those it cannot.
+
+    The rules, in order, per window: the stamp the run identified while it lived, by value; else
+    the one new entry a journal marks planned; never one a journal marks automatic (the watchdog
+    restarting an engine that went down meanwhile); else the one unmarked new entry within
+    STAMP_GRACE_S of the restart command (its start if the run died during it, its return if
+    not). Several candidates are listed, never pruned; a later unmarked one is named with the
+    command that removes it.
+    """
     found: list[HistEntry] = []
     notes: list[str] = []
     for w in run.restart_windows():
         if w.pruned:
             continue
         before = [e for e in entries if e.stamp < w.lo - 1.0 or e.raw in w.known]
-        if not new_entries(before, entries):
+        new = [e for e in new_entries(before, entries) if w.lo - 1.0 <= e.stamp <= w.hi + 1.0]
+        new = [e for e in new if e not in found]
+        if w.stamp is not None:
+            exact = [e for e in new if abs(e.stamp - w.stamp) < 1e-6]
+            found.extend(exact[-1:])  # gone already: pruned by hand, nothing left
             continue
-        try:
-            ident = identify(before, entries, window=(w.lo, w.hi), reported=None,
-                             reports_stamp=False)  # fmt: skip
-        except AmbiguousStamp as exc:
-            notes.append(f"run {run.run}: {exc.message} ({exc.hint})")
-            continue
-        if ident.entry is not None and ident.entry not in found:
-            found.append(ident.entry)
+        kinds = [(e, _kind(marks.get(e.stamp) or e.record)) for e in new]
+        planned = [e for e, k in kinds if k == "planned"]
+        unmarked = [e for e, k in kinds if k is None]
+        near = [e for e in unmarked if e.stamp <= w.grace_end + 1.0]
+        pick = planned if planned else near
+        if len(pick) == 1:
+            found.append(pick[0])
+        elif pick:
+            notes.append(
+                f"run {run.run}: {len(pick)} new stamps in its restart window cannot be told "
+                "apart; none pruned: " + " | ".join(prune_command(e) for e in pick)
+            )
+        later = [e for e in unmarked if e not in near]
+        if later:
+            notes.append(
+                f"run {run.run}: stamp(s) {', '.join(repr(e.raw.strip()) for e in later)} came "
+                f"more than {STAMP_GRACE_S:.0f} s after its restart command and carry no record: "
+                "not taken for its own; if one is, " + " | ".join(prune_command(e) for e in later)
+            )
     return found, notes
 
 
@@ -82,29 +150,30 @@ async def dead_runs(op: Operation) -> list[Run]:
 
 
 async def plan_settle(op: Operation, plan: Plan) -> list[Run]:
-    """Put a `settle` step first when dead runs are found: it prunes the stamps they left."""
+    """Put a `settle` step first when dead runs are found: it prunes the stamps they left.
+
+    Without the lock (a preview) the step is shown all the same, with a warning that a run shown
+    unfinished may still be running; only a run under the lock executes it.
+    """
     dead = await dead_runs(op)
     if not dead:
         return []
-    if not op.locked:  # a preview: a run shown unfinished may still be running
-        for r in dead:
-            plan.warnings.append(
-                f"run {r.run} ({r.operation}) has not ended (still running, or killed); "
-                f"last recorded: {r.last_step}"
-            )
-        return dead
     entries = await op.watchdog.entries()
+    marks = await op.watchdog.journal_by_stamp()
     left: list[HistEntry] = []
+    settles: list[str] = []
     for r in dead:
-        stamps, notes = left_by(r, entries)
+        stamps, notes = left_by(r, entries, marks)
         left.extend(e for e in stamps if e not in left)
         plan.warnings.extend(notes)
+        if not notes:  # a run with a stamp in doubt stays unfinished until that is resolved
+            settles.append(r.run)
         who = r.intent.get("who", "?")
         plan.warnings.append(
             f"run {r.run} ({r.operation} by {who}) did not finish; last recorded: {r.last_step}; "
-            "this run finishes it"
+            + ("this run finishes it" if op.locked else "it may still be running (no lock taken)")
         )
-    plan.facts["settles"] = [r.run for r in dead]
+    plan.facts["settles"] = settles
     plan.facts["left_stamps"] = [e.raw for e in left]
     plan.facts["unfinished"] = [r.summary() for r in dead]
     what = (

@@ -12,6 +12,7 @@ never pruned has its head-clock window recorded, which is how its stamp is found
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from collections.abc import Sequence
@@ -21,13 +22,14 @@ from typing import Any
 from spark_ops import audit
 from spark_ops.errors import SparkOpsError
 from spark_ops.remote import ClusterSession, sha256
-from spark_ops.watchdog.identify import HistEntry, new_entries
 from spark_ops.workflows.operation import Operation
 from spark_ops.workflows.plan import Plan, Step
 
 INTENT, STEP, END = "intent", "step", "end"
-AUDIT_TAIL = 400  # entries read back to find unfinished runs (a run writes about ten)
+AUDIT_TAIL = 2000  # entries read back to find unfinished runs (a run writes about ten)
 TRIGGER_WINDOW_S = 600.0  # a killed run's restart command may have stamped until then
+STAMP_GRACE_S = 120.0  # an unmarked stamp is taken for a dead run's only this long after its
+# restart command began (or returned: an asynchronous watchdog stamps after it returns)
 
 
 def new_run_id() -> str:
@@ -41,13 +43,23 @@ class RestartWindow:
 
     step: str
     lo: float
-    hi: float
+    hi: float  # the command's return (closed), or its longest time (the run died meanwhile)
     known: list[str]
     pruned: bool
+    closed: bool = False  # the restart command returned while the run lived
+    stamp: float | None = None  # identified while the run lived
+
+    @property
+    def grace_end(self) -> float:
+        """Until when an unmarked new stamp may be this restart's."""
+        return (self.hi if self.closed else self.lo) + STAMP_GRACE_S
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
-        return {"step": self.step, "from": self.lo, "to": self.hi, "pruned": self.pruned}
+        return {
+            "step": self.step, "from": self.lo, "to": self.hi, "closed": self.closed,
+            "stamp": self.stamp, "pruned": self.pruned,
+        }  # fmt: skip
 
 
 @dataclass
@@ -87,7 +99,7 @@ class Run:
     def last_step(self) -> str:
         """The name and status of the last step recorded ('intent' when none)."""
         if not self.steps:
-            return "intent recorded, no step finished"
+            return "its intent (no step recorded: a write may have landed; the recipe tells)"
         rec = self.steps[-1]
         return f"{rec.get('step')} {rec.get('status')}"
 
@@ -98,23 +110,31 @@ class Run:
         return list(rec.get("written") or [])
 
     def restart_windows(self) -> list[RestartWindow]:
-        """Every planned restart it triggered (apply's, a rollback's) and its clock window."""
+        """Every planned restart it triggered (apply's, a rollback's) and its clock window.
+
+        A record whose values are not numbers (a hand-edited or forged line) opens no window.
+        """
         out = []
         for rec in self.steps:
             name = str(rec.get("step", ""))
             if not name.startswith("restart") or "window_from" not in rec:
                 continue
             merged = self.step(name) or rec
-            lo = float(rec["window_from"])
-            hi = merged.get("window_to")
+            lo = _number(rec.get("window_from"))
+            if lo is None:
+                continue
+            hi = _number(merged.get("window_to"))
             prune = self.step("prune" + name[len("restart") :])
+            known = rec.get("known")
             out.append(
                 RestartWindow(
                     name,
                     lo,
-                    float(hi) if hi is not None else lo + TRIGGER_WINDOW_S,
-                    [str(r) for r in rec.get("known") or []],
+                    hi if hi is not None else lo + TRIGGER_WINDOW_S,
+                    [str(r) for r in known] if isinstance(known, list) else [],
                     prune is not None and prune.get("status") in ("done", "skipped"),
+                    closed=hi is not None,
+                    stamp=_number(merged.get("stamp")),
                 )
             )
         return out
@@ -140,7 +160,12 @@ class Run:
 
 
 def runs_of(entries: Sequence[dict[str, Any]]) -> list[Run]:
-    """Group audit entries into runs (entries without a run id are older, single entries)."""
+    """Group audit entries into runs (entries without a run id are older, single entries).
+
+    A run that names dead runs in its intent (`settles`) finishes them only once it did: its
+    settle step done, or its end recorded as ok. A settler killed in turn leaves them unfinished.
+    Entries of the wrong shape (a hand-edited or forged line) are skipped.
+    """
     runs: dict[str, Run] = {}
     for e in entries:
         rid = e.get("run")
@@ -149,14 +174,27 @@ def runs_of(entries: Sequence[dict[str, Any]]) -> list[Run]:
         phase = e.get("phase")
         if phase == INTENT:
             runs[rid] = Run(rid, e)
-            for other in e.get("settles") or []:
-                if other in runs and runs[other].end is None:
-                    runs[other].settled_by = rid
-        elif rid in runs and phase == STEP:
-            runs[rid].steps.extend(e.get("steps") or [])
+        elif rid in runs and phase == STEP and isinstance(e.get("steps"), list):
+            runs[rid].steps.extend(s for s in e["steps"] if isinstance(s, dict))
         elif rid in runs and phase == END:
             runs[rid].end = e
+    for r in runs.values():
+        settles = r.intent.get("settles")
+        if not isinstance(settles, list) or not settles:
+            continue
+        settle = (r.step("settle") or {}).get("status")
+        if settle == "done" or (r.end is not None and r.end.get("outcome") == "ok"):
+            for other in settles:
+                if isinstance(other, str) and other in runs and runs[other].end is None:
+                    runs[other].settled_by = r.run
     return list(runs.values())
+
+
+def _number(value: Any) -> float | None:
+    """A finite number from a record, or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if value == value and abs(value) != float("inf") else None
 
 
 async def read_runs(session: ClusterSession, limit: int = AUDIT_TAIL) -> list[Run]:
@@ -164,29 +202,19 @@ async def read_runs(session: ClusterSession, limit: int = AUDIT_TAIL) -> list[Ru
     return runs_of(await audit.read(session, limit))
 
 
+def holds_lock(run: Run, holder: dict[str, Any]) -> bool:
+    """True when the lock's holder record names this run's process (it is live, not dead)."""
+    who = str(run.intent.get("who", ""))
+    return (
+        bool(holder)
+        and run.intent.get("pid") == holder.get("pid")
+        and who.endswith("@" + str(holder.get("host", "")))
+    )
+
+
 def unfinished_runs(runs: Sequence[Run], *, exclude: str | None = None) -> list[Run]:
     """The runs that began and never ended (killed, or lost their connection)."""
     return [r for r in runs if r.unfinished and r.run != exclude]
-
-
-def left_stamps(run: Run, entries: Sequence[HistEntry]) -> list[HistEntry]:
-    """History entries inside a dead run's unpruned restart windows that were not there before.
-
-    A window runs from the head's clock before the run's restart command to its return (or, if
-    the run died first, the command's longest time). Lines the run saw just before its restart,
-    and older ones, are not its own.
-    """
-    out: list[HistEntry] = []
-    for w in run.restart_windows():
-        if w.pruned:
-            continue
-        before = [e for e in entries if e.stamp < w.lo - 1.0 or e.raw in w.known]
-        out.extend(
-            e
-            for e in new_entries(before, list(entries))
-            if w.lo - 1.0 <= e.stamp <= w.hi + 1.0 and e not in out
-        )
-    return out
 
 
 def write_facts(plan: Plan) -> list[dict[str, Any]]:
@@ -221,7 +249,10 @@ class RunJournal:
         entry = audit.make_entry(
             self.operation, args=args, nodes=nodes, diff=diff, outcome="begun", detail=detail
         )
-        entry.update(run=self.run, phase=INTENT, command=self.command, settles=list(settles))
+        entry.update(
+            run=self.run, phase=INTENT, command=self.command, settles=list(settles),
+            pid=os.getpid(),
+        )  # fmt: skip
         await audit.record(self.op.session, entry)
 
     async def steps(self, plan: Plan, attach: dict[str, dict[str, Any]] | None = None) -> None:

@@ -11,7 +11,7 @@ from spark_ops.errors import (
 from spark_ops.recipe import edit_recipe, knob_values, render_recipe, unified_diff
 from spark_ops.remote import sha256
 from spark_ops.watchdog.history import ROLLED_BACK, backup_tag_of
-from spark_ops.workflows.converge import engine_differs, plan_settle
+from spark_ops.workflows.converge import booting_note, engine_differs, plan_settle
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, Plan
 from spark_ops.workflows.postboot import kv_pool
@@ -76,8 +76,12 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
 
 async def _restart_if_needed(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
     """The recipe holds the content already: plan a restart when the engine runs other values."""
-    why = await engine_differs(op, plan.facts.get("knobs_after") or {})
+    expected = plan.facts.get("knobs_after") or {}
+    why = await engine_differs(op, expected)
     if why is None:
+        note = await booting_note(op, expected)
+        if note:
+            plan.warnings.append(note)
         return
     plan.facts["restart_needed"] = why
     plan.warnings.append(

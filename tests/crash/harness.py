@@ -831,7 +831,10 @@ def random_points(
     points = []
     for _ in range(n):
         b, k = rng.choice(pool)
-        delay = round(rng.uniform(0.05, max_delay), 2)
+        # inside the step: only the boot (and an experiment's sweep) lasts seconds; a delay past
+        # a short step's end would land after the run ended and reach nothing
+        longest = max_delay if b.split(":")[0] in ("boot", "sweep", "bench") else 0.3
+        delay = round(rng.uniform(0.05, min(max_delay, longest)), 2)
         points.append(KillPoint(b, k, delay=delay, signal=signal_name))
     return points
 
