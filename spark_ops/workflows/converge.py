@@ -112,7 +112,8 @@ def left_by(
         if w.pruned:
             continue
         before = [e for e in entries if e.stamp < w.lo - 1.0 or e.raw in w.known]
-        new = [e for e in new_entries(before, entries) if w.lo - 1.0 <= e.stamp <= w.hi + 1.0]
+        hi = max(w.hi, w.grace_end)  # an asynchronous watchdog stamps after its command returned
+        new = [e for e in new_entries(before, entries) if w.lo - 1.0 <= e.stamp <= hi + 1.0]
         new = [e for e in new if e not in found]
         if w.stamp is not None:
             exact = [e for e in new if abs(e.stamp - w.stamp) < 1e-6]
