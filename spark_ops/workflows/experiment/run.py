@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.bench.sweep import SweepConfig, run_sweep
-from spark_ops.errors import SparkOpsError, VerifyError
+from spark_ops.errors import Interrupted, SparkOpsError, VerifyError
 from spark_ops.log import get_logger
 from spark_ops.recipe import Change, knob_values, render_recipe
 from spark_ops.workflows.execute import execute
@@ -211,9 +211,9 @@ async def run_experiment(
         if state.spec.confirm:
             await _confirm(op, state, path, settings, hooks, secrets or {})
         state.status = "finished"
-    except (asyncio.CancelledError, KeyboardInterrupt):
+    except (asyncio.CancelledError, KeyboardInterrupt, Interrupted):  # Interrupted: inside an apply
         task = asyncio.current_task()
-        if task is not None:
+        if task is not None and task.cancelling():
             task.uncancel()
         interrupted = True
         state.status = "interrupted"
@@ -266,7 +266,7 @@ async def _restore(
     hooks.note(f"restoring the starting configuration: {label(start)} (Ctrl-C again abandons it)")
     try:
         done = await _apply(op, changes_for(start), settings, hooks, f"{REASON}: restore)")
-    except (asyncio.CancelledError, KeyboardInterrupt):
+    except (asyncio.CancelledError, KeyboardInterrupt, Interrupted):
         return {"ok": False, "knobs": start, "error": "interrupted during the restore"}
     except Exception as exc:  # reported, never raised: the run's own outcome comes first
         return {"ok": False, "knobs": start, "error": getattr(exc, "message", str(exc))}
