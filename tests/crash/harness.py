@@ -754,7 +754,15 @@ def run_case(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
     killed_changed, rerun_changed = changes(c, before, mid), changes(c, mid, after)
     audit_after = c.audit()
     c.last_audit = audit_after
-    new_records = audit_after[len(audit_before) :]
+    # new = not among the records seen before the case (by their head-clock time and run id);
+    # never by count: the log shows its last 1,000 entries, and a long sweep writes more
+    seen = {
+        (r.get("when"), r.get("run"), r.get("phase")) for r in audit_before if isinstance(r, dict)
+    }
+    new_records = [
+        r for r in audit_after
+        if isinstance(r, dict) and (r.get("when"), r.get("run"), r.get("phase")) not in seen
+    ]  # fmt: skip
     runs = {r.get("run") for r in new_records if isinstance(r, dict) and r.get("run")}
     have_records = len(runs) if runs else len(new_records)
     need = int(bool(killed_changed)) + int(bool(rerun_changed))
