@@ -166,7 +166,7 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
             )
             try:
                 outcome = await execute(
-                    op, plan, opts, on_step=step_reporter(as_json), on_event=reporter
+                    op, plan, opts, on_step=step_reporter(as_json, reporter), on_event=reporter
                 )
             finally:
                 reporter.close()

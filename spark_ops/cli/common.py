@@ -9,7 +9,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import click
 
@@ -113,11 +113,24 @@ def echo_plan(plan: Plan) -> None:
 _MARK = {"done": ("✓", "green"), "failed": ("✗", "red"), "skipped": ("–", "yellow")}
 
 
-def step_reporter(as_json: bool) -> Any:
-    """A callable(step) printing each step's start and end on stderr."""
+class Closable(Protocol):
+    """Something shown on the terminal that can be closed (the boot's live view)."""
+
+    def close(self) -> None:
+        """Stop drawing, leaving the last frame."""
+
+
+def step_reporter(as_json: bool, view: Closable | None = None) -> Any:
+    """A callable(step) printing each step's start and end on stderr.
+
+    `view` (the boot's live table) is closed before a line is printed for any step but the
+    boot's own start: a step line written under a live view is erased by its next frame.
+    """
 
     def report(step: Any) -> None:
         """Print one step transition."""
+        if view is not None and not (step.name == "boot" and step.status == "running"):
+            view.close()
         if as_json:
             click.echo(json.dumps({"step": step.to_dict()}), err=True)
             return

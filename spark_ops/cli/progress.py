@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import sys
+import time
 from typing import IO, Any
 
 from spark_ops.readiness.eta import BootHistory, eta_seconds
@@ -235,10 +236,14 @@ class LiveReporter:
         console = Console(
             file=self.stream, force_terminal=self.force_terminal, width=self.width, stderr=True
         )
+        # refreshed from the caller's thread only (at most 4 times a second, and on every phase):
+        # a refresh thread beside the writers of step lines and logs misplaces the cursor and
+        # leaves half-erased frames on screen
         self._live = Live(
-            get_renderable=self.render, console=console, refresh_per_second=4, transient=False
+            get_renderable=self.render, console=console, auto_refresh=False, transient=False
         )
         self._live.start()
+        self._refreshed = 0.0
 
     def render(self) -> Any:
         """The current view as a rich renderable."""
@@ -295,8 +300,9 @@ class LiveReporter:
             # before the caller closes us) starts on a line of its own; the next boot (a
             # rollback's) opens a new view
             self.close()
-        elif event.kind != "line":
+        elif event.kind != "line" or time.monotonic() - self._refreshed >= 0.25:
             self._live.refresh()
+            self._refreshed = time.monotonic()
 
     def close(self) -> None:
         """Stop the live display, leaving the final view on screen."""
