@@ -158,3 +158,17 @@ def test_cli_not_confirmed_removes_nothing(served_head: tuple[SimNode, Path]) ->
     _, err = proc.communicate(b"n\n", timeout=120)
     assert proc.returncode != 0 and b"nothing was removed" in err
     assert hist.read_text().splitlines() == ["1764400000"]
+
+
+def test_cli_nothing_to_prune_says_so(served_head: tuple[SimNode, Path]) -> None:
+    """`--planned` with no planned stamp: "Nothing to remove", never "Would remove 0 line(s)"."""
+    node, inventory = served_head
+    hist = node.spec.home / "h"
+    _write(hist, ["1764400000"])
+    proc = _prune_cli(inventory, "--planned")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode(errors="replace")
+    text = out.decode()
+    assert "Nothing to remove: ~/h holds no stamp of a planned restart." in text, text
+    assert "Would remove" not in text and "Remove these" not in err.decode()
+    assert hist.read_text().splitlines() == ["1764400000"]

@@ -379,6 +379,14 @@ def test_rollback_restores_the_latest_backup(sim: Sim, cli_env: dict[str, str]) 
     assert again.returncode == 0, again.stderr[-2000:]
     assert sim.recipe.read_bytes() == original, "a re-run does not flip back to 48"
     assert json.loads(again.stdout)["plan"]["changes"] == []
+    # --list says when each backup was made, before what, which a rollback restores, how to undo
+    listed = spark_ops(cli_env, "rollback", "--list")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "before an apply  <- `spark-ops rollback` restores this" in listed.stdout, listed.stdout
+    assert "before a rollback" in listed.stdout and "undoes the rollback" in listed.stdout
+    doc = json.loads(spark_ops(cli_env, "rollback", "--list", "--json").stdout)
+    kinds = [(b["before"], b["default"]) for b in doc["node1"]]
+    assert kinds == [("apply", True), ("rollback", False)], kinds
 
 
 @pytest.mark.parametrize("step", ["restart", "boot"])

@@ -14,6 +14,7 @@ from spark_ops.cli.common import (
     load_cluster,
     run_async,
     step_reporter,
+    when,
 )
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
@@ -258,24 +259,40 @@ def rollback_cmd(ctx: click.Context, **kw: Any) -> int:
 
 
 def _list_backups(ctx: click.Context, as_json: bool) -> int:
-    """Print the recipe backups per node."""
+    """Show the recipe backups: when, before what, which a rollback restores, how to undo."""
     from spark_ops.workflows import Operation, list_backups
+    from spark_ops.workflows.plans import BackupInfo, describe_backups
 
     cluster = load_cluster(ctx)
 
-    async def flow() -> dict[str, list[str]]:
+    async def flow() -> dict[str, list[BackupInfo]]:
         """Read the backup names."""
         async with Operation.open(
             cluster, "rollback", lock=False, nodes=cluster.recipe.nodes
         ) as op:
-            return await list_backups(op)
+            found = await list_backups(op)
+            return {host: describe_backups(names) for host, names in found.items()}
 
     backups = run_async(flow())
     if as_json:
-        emit_json(backups)
+        emit_json({host: [b.to_dict() for b in infos] for host, infos in backups.items()})
         return 0
-    for host, names in backups.items():
+    for host, infos in backups.items():
         click.secho(f"{host}:", bold=True)
-        for name in names or ["(no backup)"]:
-            click.echo(f"  {name}")
+        if not infos:
+            click.echo("  (no backup: nothing to roll back to)")
+        for b in infos:
+            made = when(b.made_at) if b.made_at is not None else "time unknown"
+            what = "before an apply" if b.before == "apply" else "before a rollback"
+            mark = (
+                click.style("  <- `spark-ops rollback` restores this", fg="green")
+                if b.default
+                else ""
+            )
+            click.echo(f"  {b.tag}  {made}  {what}{mark}")
+            click.echo(click.style(f"      {b.path}", dim=True))
+    click.echo(
+        "\nRestore another: `spark-ops rollback --to TAG`. A rollback keeps the version it replaced"
+        "\n(`… before a rollback`): `spark-ops rollback --to` that tag undoes the rollback."
+    )
     return 0

@@ -190,10 +190,13 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
 
 def echo_prune_plan(plan: PrunePlan) -> None:
     """Print the exact lines a prune will remove."""
-    if not plan.selection.empty:
+    if plan.chosen:
         click.echo(f"Would remove {len(plan.chosen)} line(s) from {plan.history_file}:")
         for e in plan.chosen:
             click.echo(f"  {e.raw}  ({when(e.stamp)})")
+    elif not plan.selection.empty:
+        what = "stamp of a planned restart" if plan.selection.planned else "line that matches"
+        click.echo(f"Nothing to remove: {plan.history_file} holds no {what}.")
     for nf in plan.not_found:
         click.secho(f"  {nf} is not in the history", fg="yellow")
     for note in plan.notes:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+
 from spark_ops.errors import (
     KnobError,
     RecipeError,
@@ -10,7 +13,7 @@ from spark_ops.errors import (
 )
 from spark_ops.recipe import edit_recipe, knob_values, render_recipe, unified_diff
 from spark_ops.remote import sha256
-from spark_ops.watchdog.history import ROLLED_BACK, backup_tag_of
+from spark_ops.watchdog.history import BACKUP_TIME_FORMAT, ROLLED_BACK, backup_tag_of
 from spark_ops.workflows.converge import booting_note, engine_differs, plan_settle
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, Plan
@@ -157,6 +160,38 @@ async def list_backups(op: Operation) -> dict[str, list[str]]:
         if isinstance(names, SparkOpsError):
             raise names
         out[host] = names
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class BackupInfo:
+    """One recipe backup as `rollback --list` shows it."""
+
+    path: str
+    tag: str  # what `rollback --to` matches
+    made_at: float | None  # epoch seconds, from the name's UTC time
+    before: str  # "apply": the version an apply replaced; "rollback": the one a rollback replaced
+    default: bool  # what a plain `spark-ops rollback` restores
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON form."""
+        return dataclasses.asdict(self)
+
+
+def describe_backups(names: list[str]) -> list[BackupInfo]:
+    """Each backup's time, what made it, and whether a plain rollback restores it (oldest first)."""
+    default = rollback_source(names, None)
+    out = []
+    for name in names:
+        tag = backup_tag_of(name)
+        stamp = tag.removesuffix(ROLLED_BACK).split("-", 1)[0]
+        try:
+            made = dt.datetime.strptime(stamp, BACKUP_TIME_FORMAT).replace(tzinfo=dt.timezone.utc)
+            made_at: float | None = made.timestamp()
+        except ValueError:
+            made_at = None
+        before = "rollback" if tag.endswith(ROLLED_BACK) else "apply"
+        out.append(BackupInfo(name, tag, made_at, before, name == default))
     return out
 
 
