@@ -100,6 +100,7 @@ def test_init_then_doctor_green(mini: MiniCluster, tmp_path: Path) -> None:
     assert (wd.max_restarts, wd.window_s) == (2, 21600)
     assert (cluster.engine.log_kind, cluster.engine.log_target) == ("file", "~/engine.log")
     assert cluster.engine.api_url == f"http://127.0.0.1:{mini.engine_port}"
+    assert cluster.engine.model == "glm-5.3-flash", "the name the engine serves, not a model id"
 
     res = spark_ops("-i", str(out), "doctor")
     assert res.returncode == 0, res.stdout + res.stderr

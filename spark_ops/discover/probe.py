@@ -451,6 +451,11 @@ class Discovery:
                 f"{from_where}; answers through a tunnel to "
                 f"{self.head}, serving {', '.join(models)}",
             )
+            if len(models) == 1 and not self.values.get("engine.model"):
+                # the name requests must carry is the one the engine serves (its
+                # --served-model-name), not a launcher's model id (sparkrun's job records the
+                # Hugging Face id): doctor's engine-model check asks for exactly this name
+                self.values["engine.model"] = models[0]
         else:
             self.values["engine.api.url"] = url
             self.warn(
