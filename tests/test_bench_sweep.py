@@ -187,9 +187,7 @@ def _wide_result(knobs: dict[str, Any]) -> SweepResult:
 
     levels = []
     for c in (1, 6, 16, 32, 64):
-        run = stats.RunStats(
-            c, 12.5, c, 0, 300 * c, None, 24.0 * c, 20.0, None, None, None, True
-        )
+        run = stats.RunStats(c, 12.5, c, 0, 300 * c, None, 24.0 * c, 20.0, None, None, None, True)
         lv = stats.summarize_level([run, run])
         lv.steady_output_throughput, lv.engine_output_throughput = 23.0 * c, 25.0 * c
         lv.tail_pct, lv.median_ttft_ms, lv.p99_ttft_ms = 12.0, 1234.0, 56789.0

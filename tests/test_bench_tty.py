@@ -122,7 +122,9 @@ def test_piped_bench_writes_no_live_view(sim: Sim, cli_env: dict[str, str], tmp_
     assert res.returncode == 0, res.stderr
     assert "\x1b[" not in res.stderr and "bench: level" not in res.stderr
     assert [line.split(":")[0] for line in res.stderr.splitlines() if line.startswith("C=")] == [
-        "C=1", "C=2", "C=4"
+        "C=1",
+        "C=2",
+        "C=4",
     ]
     data = json.loads(res.stdout)  # stdout is the JSON document alone
     assert [lv["max_concurrency"] for lv in data["levels"]] == [1, 2, 4]

@@ -43,7 +43,7 @@ def save_partial(path: Path, config: SweepConfig, levels: list[LevelResult]) -> 
 
 
 def load_partial(path: Path, config: SweepConfig) -> list[LevelResult]:
-    """The finished levels kept in `path`; BenchError naming the file when it is not this sweep's."""
+    """The finished levels kept in `path`; BenchError naming the file if not this sweep's."""
     try:
         data: Any = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -339,7 +339,9 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _resumed(config: SweepConfig, done: Sequence[stats.LevelResult]) -> dict[int, stats.LevelResult]:
+def _resumed(
+    config: SweepConfig, done: Sequence[stats.LevelResult]
+) -> dict[int, stats.LevelResult]:
     """The finished levels a resumed sweep keeps, by concurrency; BenchError for a foreign one."""
     kept: dict[int, stats.LevelResult] = {}
     for lv in done:

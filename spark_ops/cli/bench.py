@@ -216,19 +216,18 @@ def cli(
         return None
     from rich.console import Console
 
+    from spark_ops.bench import report
     from spark_ops.bench.partial import (
         default_partial_path,
         load_partial,
         remove_partial,
         save_partial,
     )
+    from spark_ops.bench.sweep import SweepConfig, run_sweep
+    from spark_ops.bench.whatif import levels_with_caps, recheck_level
     from spark_ops.cli.common import command_line, emit_json, run_async
     from spark_ops.cli.sweep_progress import SweepDisplay
     from spark_ops.errors import ExitStatus
-
-    from spark_ops.bench import report
-    from spark_ops.bench.sweep import SweepConfig, run_sweep
-    from spark_ops.bench.whatif import levels_with_caps, recheck_level
 
     caps = parse_caps(what_if_cap)
     config = SweepConfig(

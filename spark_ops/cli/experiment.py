@@ -211,7 +211,9 @@ def render_report(outcome: ExperimentOutcome, *, width: int = 160) -> str:
     if len(outcome.reading.configs) > 1:
         console.print()
         table = compare_table(outcome.reading)
-        per_user = [str(c.header) for c in table.columns if str(c.header).endswith("per user tok/s")]
+        per_user = [
+            str(c.header) for c in table.columns if str(c.header).endswith("per user tok/s")
+        ]
         console.print(report.fit_table(table, width, ["best", *reversed(per_user)]))
     console.print()
     done, total = len(state.results), len(state.spec.measured())

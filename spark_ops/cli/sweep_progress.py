@@ -15,7 +15,7 @@ from typing import IO, Any
 
 from spark_ops.bench.stats import LevelResult
 from spark_ops.bench.sweep import RunEvent
-from spark_ops.cli.progress import _fmt_s as fmt_s
+from spark_ops.cli.progress import fmt_s
 
 
 def level_line(level: LevelResult) -> str:

@@ -260,7 +260,9 @@ class ExperimentState:
     def reading(self) -> ExperimentReading:
         """The comparison across measured and predicted configurations."""
         return read_experiment(
-            self.all_results(), slo_tok_s=self.spec.sweep.get("slo_tok_s"), confirm=self.spec.confirm
+            self.all_results(),
+            slo_tok_s=self.spec.sweep.get("slo_tok_s"),
+            confirm=self.spec.confirm,
         )
 
     def downtime_s(self) -> float:
