@@ -34,7 +34,7 @@ def bench(server: VllmServer, levels: str, tokens: int, out: Path) -> dict[int, 
     """One `spark-ops bench` sweep of server; per level its aggregate tok/s and peak running."""
     argv = [sys.executable, "-m", "spark_ops.cli.main", "bench", "--url", server.base_url]
     argv += ["--concurrency", levels, "--repeats", "1", "--output-tokens", str(tokens)]
-    argv += ["--json", str(out)]
+    argv += ["-o", str(out)]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=False)
     if res.returncode != 0:

@@ -74,7 +74,7 @@ def test_sweep_then_compare(live_server: tuple[Any, str], tmp_path: Path) -> Non
             *args,
             "--knob",
             "max_num_seqs=2",
-            "--json",
+            "-o",
             str(a),
             "--csv",
             str(tmp_path / "a.csv"),
@@ -106,7 +106,7 @@ def test_sweep_then_compare(live_server: tuple[Any, str], tmp_path: Path) -> Non
             "sustained",
             "--duration",
             "0.3",
-            "--json",
+            "-o",
             str(b),
             "--prompts",
             str(prompts),
@@ -161,7 +161,7 @@ def test_what_if_cap_adds_levels_and_reports(live_server: tuple[Any, str], tmp_p
     out = tmp_path / "w.json"
     args = ["--url", url, "--concurrency", "4", "--output-tokens", "10", "--repeats", "1"]
     res = CliRunner().invoke(
-        cli, [*args, "--knob", "max_num_seqs=2", "--what-if-cap", "1", "--json", str(out)]
+        cli, [*args, "--knob", "max_num_seqs=2", "--what-if-cap", "1", "-o", str(out)]
     )
     assert res.exit_code == 0, res.output
     assert "What-if for lower caps, read from this sweep (running cap 2)" in res.output

@@ -153,7 +153,7 @@ async def test_compare_before_after(serve: Serve) -> None:
     assert cmp.only_before == [1] and cmp.only_after == [8]
     text = report.render_compare_text(cmp)
     assert "before.json → after.json" in text and f"×{ratio:.2f}" in text
-    assert "{'max_num_seqs': 2} → {'max_num_seqs': 64}" in text
+    assert "knobs: max_num_seqs=2 → max_num_seqs=64" in text  # key=value, not a Python dict
 
 
 def test_compare_ratios_and_marks() -> None:
@@ -176,9 +176,47 @@ def test_compare_ratios_and_marks() -> None:
     assert row.ratio["output_throughput"] == pytest.approx(2.5)
     assert row.ratio["p99_ttft_ms"] == pytest.approx(2.0)
     text = report.render_compare_text(cmp)
-    assert "100 → 250 (×2.50 better)" in text
-    assert "200 → 400 (×2.00 worse)" in text
+    assert "100 → 250" in text and "×2.50 better" in text
+    assert "200 → 400" in text and "×2.00 worse" in text
     assert cmp.to_dict()["levels"][0]["ratio"]["output_throughput"] == pytest.approx(2.5)
+
+
+def _wide_result(knobs: dict[str, Any]) -> SweepResult:
+    """A five-level result with every figure of the sweep table filled in."""
+    from spark_ops.bench import stats
+
+    levels = []
+    for c in (1, 6, 16, 32, 64):
+        run = stats.RunStats(c, 12.5, c, 0, 300 * c, None, 24.0 * c, 20.0, None, None, None, True)
+        lv = stats.summarize_level([run, run])
+        lv.steady_output_throughput, lv.engine_output_throughput = 23.0 * c, 25.0 * c
+        lv.tail_pct, lv.median_ttft_ms, lv.p99_ttft_ms = 12.0, 1234.0, 56789.0
+        levels.append(lv)
+    return SweepResult(
+        "http://x", "Qwen/Qwen3-30B-A3B-FP8", "chat", "burst", 300, levels,
+        stats.read_levels(levels), knobs=knobs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("width", [80, 120, 160])
+def test_tables_fit_the_terminal(width: int) -> None:
+    """The sweep and compare tables fit 80, 120 and 160 columns; what was left out is said."""
+    before = _wide_result({"max_num_seqs": 6, "moe_backend": "marlin"})
+    after = _wide_result({"max_num_seqs": 64, "moe_backend": "marlin"})
+    sweep_text = report.render_text(before, width=width)
+    cmp = report.compare(before, after, names=("runs/before-cap-6.json", "runs/after-64.json"))
+    compare_text = report.render_compare_text(cmp, width=width)
+    for text in (sweep_text, compare_text):
+        too_wide = [line for line in text.splitlines() if len(line) > width]
+        assert not too_wide, "\n".join(too_wide)
+    sweep_text, compare_text = (" ".join(t.split()) for t in (sweep_text, compare_text))
+    assert "(max_num_seqs=6, moe_backend=marlin)" in sweep_text  # knobs as key=value
+    if width == 80:
+        assert "left out to fit 80 columns: engine tok/s" in sweep_text
+        assert "aggregate" in sweep_text and "per user" in sweep_text  # the figures that matter
+        assert "left out to fit 80 columns: mean E2E ms" in compare_text
+    if width == 160:
+        assert "left out" not in sweep_text + compare_text
 
 
 async def test_no_usage_chunk_counts_chunks_and_warns(serve: Serve) -> None:

@@ -79,6 +79,8 @@ def test_whatif(case: dict[str, Any]) -> None:
     assert result.assumptions and result.lines
     for line in case.get("lines", []):
         assert line in "\n".join(result.lines), result.lines
+    for line in case.get("warnings", []):
+        assert any(line in w for w in result.warnings), (line, result.warnings)
     if "confirm" in case:
         check_confirmation(case["confirm"], result, case.get("prompt_tokens"))
 

@@ -126,7 +126,7 @@ def _bench(s: Sim, tmp: Path, cap: int) -> dict[str, Any]:
         _env(s),
         "bench", "--url", f"http://127.0.0.1:{s.state['engine_port']}",
         "--concurrency", str(CONCURRENCY), "--repeats", "1", "--output-tokens", "192",
-        "--knob", f"max_num_seqs={cap}", "--json", str(path),
+        "--knob", f"max_num_seqs={cap}", "-o", str(path),
         timeout=300,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]

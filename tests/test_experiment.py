@@ -22,6 +22,7 @@ from conftest import start_sim
 
 from spark_ops.bench import stats
 from spark_ops.bench.sweep import SweepResult
+from spark_ops.bench.whatif import predicted_sweep
 from spark_ops.cli.experiment import render_report
 from spark_ops.errors import ExitStatus
 from spark_ops.workflows.experiment import (
@@ -71,8 +72,15 @@ def sweep(cfg: dict[str, Any], slo: float) -> SweepResult:
 def test_reading_cases(name: str) -> None:
     """Best per level, bottleneck, recommendation and the sentences an operator reads."""
     case = CASES[name]
-    results = [(c["label"], sweep(c, case["slo_tok_s"])) for c in case["configs"]]
-    reading = read_experiment(results, slo_tok_s=case["slo_tok_s"])
+    results: list[tuple[str, SweepResult]] = []
+    for c in case["configs"]:  # a config with `predict_from` is read from that measured sweep
+        base = dict(results).get(c.get("predict_from", ""))
+        made = sweep(c, case["slo_tok_s"]) if base is None else predicted_sweep(
+            base, c["max_num_seqs"], c["predict_from"])  # fmt: skip
+        results.append((c["label"], made))
+    reading = read_experiment(
+        results, slo_tok_s=case["slo_tok_s"], confirm=case.get("confirm", False)
+    )
     exp = case["expect"]
     best = {row["concurrency"]: row["best"] if row["clear"] else None for row in reading.levels}
     assert best == exp["best"]

@@ -25,6 +25,40 @@ def _num(value: float | None, fmt: str = "{:.0f}") -> str:
     return "–" if value is None else fmt.format(value)
 
 
+# the sweep table's columns left out first when a terminal is too narrow for all ten
+SWEEP_DROP = ["engine\ntok/s", "steady\ntok/s", "tail", "TTFT p99\nms", "wall\nclock"]
+COMPARE_DROP = ["mean E2E ms", "steady tok/s", "TTFT p99 ms"]
+
+
+def knobs_text(knobs: dict[str, Any] | None) -> str:
+    """Knobs as 'max_num_seqs=64, moe_backend=marlin' ('none' when there are none)."""
+    return ", ".join(f"{k}={v}" for k, v in (knobs or {}).items()) or "none"
+
+
+def fit_table(table: Table, width: int, drop: list[str]) -> Table:
+    """Leave out the columns named in `drop`, in order, until `table` fits `width` columns.
+
+    Rich wraps what is left within its cells; the caption names the columns left out (the JSON
+    and CSV files keep every figure). Headers are compared as written (with their newlines).
+    """
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    console = Console(width=10_000, file=io.StringIO())
+    left = []
+    for header in drop:
+        if Measurement.get(console, console.options, table).maximum <= width:
+            break
+        i = next((i for i, c in enumerate(table.columns) if str(c.header) == header), None)
+        if i is not None:
+            table.columns.pop(i)
+            left.append(header.replace("\n", " "))
+    if left:
+        note = f"left out to fit {width} columns: {', '.join(left)} (-o FILE keeps them)"
+        table.caption = f"{table.caption}; {note}" if table.caption else note
+    return table
+
+
 def _spread(lv: LevelResult) -> str:
     """Aggregate tok/s with its spread over repeats (± half the min–max range)."""
     base = _num(lv.output_throughput)
@@ -91,7 +125,7 @@ def sweep_table(result: SweepResult) -> Table:
     """The note's table, plus steady/engine tok/s, tail, TTFT p50/p99 and errors."""
     from rich.table import Table
 
-    knobs = ", ".join(f"{k}={v}" for k, v in (result.knobs or {}).items())
+    knobs = knobs_text(result.knobs) if result.knobs else ""
     title = f"{result.model} — {result.mode}, {result.output_tokens} output tokens"
     if knobs:
         title += f" ({knobs})"
@@ -130,7 +164,7 @@ def render_text(result: SweepResult, *, width: int = 140) -> str:
     from rich.console import Console
 
     console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
-    console.print(sweep_table(result))
+    console.print(fit_table(sweep_table(result), width, SWEEP_DROP))
     for line in reading_lines(result):
         console.print(line, highlight=False)
     return console.export_text()
@@ -262,7 +296,7 @@ def compare_table(cmp: Comparison) -> Table:
     table = Table(title=f"{cmp.before} → {cmp.after}", title_justify="left")
     table.add_column("concurrent requests", justify="right")
     for _, label, _ in COMPARED:
-        table.add_column(label, justify="right")
+        table.add_column(label, justify="right", no_wrap=True)
     for row in cmp.rows:
         cells = [str(row.max_concurrency)]
         for key, _, higher_is_better in COMPARED:
@@ -272,7 +306,7 @@ def compare_table(cmp: Comparison) -> Table:
                 mark = " better" if (ratio > 1) == higher_is_better else " worse"
             cells.append(
                 f"{_num(row.before[key])} → {_num(row.after[key])}"
-                + (f" (×{ratio:.2f}{mark})" if ratio is not None else "")
+                + (f"\n×{ratio:.2f}{mark}" if ratio is not None else "")
             )
         table.add_row(*cells)
     return table
@@ -283,9 +317,12 @@ def render_compare_text(cmp: Comparison, *, width: int = 160) -> str:
     from rich.console import Console
 
     console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
-    console.print(compare_table(cmp))
+    console.print(fit_table(compare_table(cmp), width, COMPARE_DROP))
     if cmp.knobs_before != cmp.knobs_after:
-        console.print(f"knobs: {cmp.knobs_before} → {cmp.knobs_after}", highlight=False)
+        console.print(
+            f"knobs: {knobs_text(cmp.knobs_before)} → {knobs_text(cmp.knobs_after)}",
+            highlight=False,
+        )
     if cmp.only_before:
         console.print(f"only in {cmp.before}: {cmp.only_before}", highlight=False)
     if cmp.only_after:

@@ -25,6 +25,23 @@ SCHEMA = "spark-ops.bench/1"
 LevelCallback = Callable[[stats.LevelResult], Awaitable[None] | None]
 
 
+@dataclass(frozen=True)
+class RunEvent:
+    """One run of a sweep starting (`run` None) or finished: where the sweep is, for a display."""
+
+    concurrency: int
+    repeat: int  # 1-based; 0 for the speed check run after the last level
+    repeats: int
+    level_index: int  # 1-based among the sweep's levels (len(levels) + 1: the speed check)
+    levels: int
+    done_runs: int  # runs finished before this event (of this invocation and the resumed one)
+    total_runs: int  # every run of the sweep, the speed check's included
+    run: stats.RunStats | None = None
+
+
+RunCallback = Callable[[RunEvent], None]
+
+
 @dataclass
 class SweepConfig:
     """What to sweep and how; `knobs` (e.g. {"max_num_seqs": 64}) is only reported back."""
@@ -322,9 +339,47 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-async def run_sweep(config: SweepConfig, *, on_level: LevelCallback | None = None) -> SweepResult:
-    """Run every level `repeats` times and return the figures and their reading (no printing)."""
+def _resumed(
+    config: SweepConfig, done: Sequence[stats.LevelResult]
+) -> dict[int, stats.LevelResult]:
+    """The finished levels a resumed sweep keeps, by concurrency; BenchError for a foreign one."""
+    kept: dict[int, stats.LevelResult] = {}
+    for lv in done:
+        if lv.max_concurrency not in config.levels:
+            raise BenchError(
+                f"the result to resume has level {lv.max_concurrency}, not one of the levels "
+                f"{list(config.levels)}: give the same --concurrency"
+            )
+        if lv.repeats != config.repeats:
+            raise BenchError(
+                f"the result to resume ran {lv.repeats} repeat(s) at C={lv.max_concurrency}, "
+                f"this sweep {config.repeats}: give the same --repeats"
+            )
+        kept[lv.max_concurrency] = lv
+    return kept
+
+
+async def run_sweep(
+    config: SweepConfig, *, on_level: LevelCallback | None = None,
+    on_run: RunCallback | None = None, done: Sequence[stats.LevelResult] = (),
+) -> SweepResult:  # fmt: skip
+    """Run every level `repeats` times and return the figures and their reading (no printing).
+
+    `done`: levels an interrupted sweep finished (kept, not run again); `on_run` hears every run
+    start and end.
+    """
     config.validate()
+    kept = _resumed(config, done)
+    total_runs = len(config.levels) * config.repeats + (config.recheck is not None)
+    finished = len(kept) * config.repeats
+
+    def tell(c: int, rep: int, run: stats.RunStats | None = None) -> None:
+        """Tell on_run where the sweep is."""
+        if on_run is not None:
+            index = config.levels.index(c) + 1 if rep else len(config.levels) + 1
+            on_run(RunEvent(c, rep, config.repeats, index, len(config.levels), finished,
+                            total_runs, run))  # fmt: skip
+
     log = get_logger(op="bench")
     started = _now()
     prompts = load_prompts(config.prompts_path)
@@ -369,11 +424,17 @@ async def run_sweep(config: SweepConfig, *, on_level: LevelCallback | None = Non
                     hint="check --model, --url and the server log",
                 )
         for c in config.levels:
+            if c in kept:
+                levels.append(kept[c])
+                continue
             runs: list[stats.RunStats] = []
             for rep in range(config.repeats):
+                tell(c, rep + 1)
                 run = await _run_once(
                     client, scraper, config, c, rotation, config.seed + 1000 * rep + c
                 )
+                finished += 1
+                tell(c, rep + 1, run)
                 runs.append(run)
                 total_cpu += run.client_cpu_s
                 frac = run.client_cpu_s / run.wall_s if run.wall_s > 0 else 0.0
@@ -385,7 +446,7 @@ async def run_sweep(config: SweepConfig, *, on_level: LevelCallback | None = Non
                     )
                     warnings.append(msg)
                     log.warning("bench_client_cpu", concurrency=c, cpu_fraction=round(frac, 3))
-                log.info(
+                log.debug(
                     "bench_run",
                     concurrency=c,
                     repeat=rep + 1,
@@ -407,6 +468,8 @@ async def run_sweep(config: SweepConfig, *, on_level: LevelCallback | None = Non
                 maybe = on_level(level)
                 if asyncio.iscoroutine(maybe):
                     await maybe
+        if config.recheck is not None:
+            tell(config.recheck, 0)
         speed_check = await _recheck(client, scraper, config, rotation, levels)
         metrics_available = scraper is not None and scraper.available
     knob = (config.knobs or {}).get("max_num_seqs")

@@ -196,6 +196,25 @@ def _distrust(
         untrust(point, "; ".join(reasons))
 
 
+def _beats_measured(
+    point: WhatIfPoint, levels: dict[int, LevelResult], running_cap: int | None
+) -> str | None:
+    """Why a predicted point is not to be trusted when it beats the sweep's own (higher) cap.
+
+    A lower cap only holds requests back: it cannot give more than the higher cap measured at the
+    same load. A prediction that does says the model's assumptions failed there (e.g. the higher
+    cap never filled: too few requests ran at once to gain from a queue).
+    """
+    measured = levels.get(point.concurrency)
+    if measured is None or point.aggregate_tok_s <= measured.output_throughput:
+        return None
+    higher = f"cap {running_cap}" if running_cap is not None else "the swept cap"
+    return (
+        f"predicted {point.aggregate_tok_s:.0f} tok/s beats the {measured.output_throughput:.0f} "
+        f"measured with {higher} at C={point.concurrency}: a lower cap cannot add throughput"
+    )
+
+
 def _drifted(check: SpeedCheck | None) -> str | None:
     """Why no point is to be trusted when the engine's speed moved within the sweep, or None."""
     if check is None or abs(check.drift) <= SPEED_DRIFT:
@@ -248,6 +267,8 @@ def predict_caps(
         drifted = _drifted(speed_check)
         for p in points:
             _distrust(p, by_c, cap, kv_tokens)
+            if p.source == "predicted" and (beaten := _beats_measured(p, by_c, running_cap)):
+                untrust(p, beaten)
             if loss is not None and p.source == "predicted":
                 untrust(p, f"a queue cost {-loss:.0%} at the running cap {running_cap}")
             if drifted:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +14,14 @@ if TYPE_CHECKING:
     from spark_ops.bench.stats import LevelResult
 
 DEFAULT_CONCURRENCY = "1,6,16,32,64"
-TABLE_WIDTH = 110
+PIPE_WIDTH = 160  # the width of a report written to a pipe or file (no terminal to fit)
+
+
+def report_width() -> int:
+    """The terminal's width on a TTY ($COLUMNS honoured), PIPE_WIDTH elsewhere."""
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size((PIPE_WIDTH, 24)).columns
+    return PIPE_WIDTH
 
 
 def resolve_url(url: str) -> str:
@@ -141,10 +151,20 @@ def _knob_value(text: str) -> Any:
     help="Prompt file (template, languages, tasks); default: the packaged 120 prompts.",
 )
 @click.option(
-    "--json",
+    "--json", "as_json", is_flag=True, help="Print the result as JSON on stdout (no table)."
+)
+@click.option(
+    "-o",
+    "--output",
     "json_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the result (vllm bench serve key names).",
+    help="Write the result as JSON to this file (vllm bench serve key names).",
+)
+@click.option(
+    "--resume",
+    "resume_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Continue the interrupted sweep whose finished levels this file keeps.",
 )
 @click.option(
     "--csv",
@@ -181,20 +201,33 @@ def cli(
     no_metrics: bool,
     what_if_cap: str | None,
     prompts_path: Path | None,
+    as_json: bool,
     json_path: Path | None,
+    resume_path: Path | None,
     csv_path: Path | None,
     plot_path: Path | None,
-) -> None:
-    """Sweep throughput over concurrency levels and print the note's table."""
-    if ctx.invoked_subcommand is not None:
-        return
-    import asyncio
+) -> int | None:
+    """Sweep throughput over concurrency levels and print the note's table.
 
+    After every level its figures are kept in a partial file; an interrupted sweep says which,
+    and `--resume FILE` runs only the levels it lacks.
+    """
+    if ctx.invoked_subcommand is not None:
+        return None
     from rich.console import Console
 
     from spark_ops.bench import report
+    from spark_ops.bench.partial import (
+        default_partial_path,
+        load_partial,
+        remove_partial,
+        save_partial,
+    )
     from spark_ops.bench.sweep import SweepConfig, run_sweep
     from spark_ops.bench.whatif import levels_with_caps, recheck_level
+    from spark_ops.cli.common import command_line, emit_json, run_async
+    from spark_ops.cli.sweep_progress import SweepDisplay
+    from spark_ops.errors import ExitStatus
 
     caps = parse_caps(what_if_cap)
     config = SweepConfig(
@@ -225,36 +258,43 @@ def cli(
 
         load_pyplot()
     err = Console(stderr=True)
+    done = load_partial(resume_path, config) if resume_path else []
+    partial = resume_path or default_partial_path()
+    display = SweepDisplay(list(config.levels), config.repeats, config.recheck)
+    display.keep(done)
+    finished: list[LevelResult] = list(done)
 
-    def progress(level: LevelResult) -> None:
-        """One line per finished level on stderr."""
-        err.print(
-            f"C={level.max_concurrency}: {level.output_throughput:.0f} tok/s aggregate, "
-            f"{(level.per_user_tok_s or 0):.1f} tok/s per user, {level.failed} errors",
-            highlight=False,
-        )
+    def on_level(level: LevelResult) -> None:
+        """A finished level: its line, and every finished level kept in the partial file."""
+        display.on_level(level)
+        if level not in finished:
+            finished.append(level)
+        save_partial(partial, config, finished)
 
     async def sweep() -> Any:
         """Run against --url, or against the inventory's engine (tunnel to the head if needed)."""
+        kw: dict[str, Any] = {"on_level": on_level, "on_run": display.on_run, "done": done}
         if url:
-            return await run_sweep(config, on_level=progress)
+            return await run_sweep(config, **kw)
         from spark_ops.cli.common import load_cluster
         from spark_ops.workflows import engine_endpoint
 
         async with engine_endpoint(load_cluster(ctx)) as (base_url, recipe_knobs):
             config.base_url = base_url
             config.knobs = config.knobs or recipe_knobs
-            return await run_sweep(config, on_level=progress)
+            return await run_sweep(config, **kw)
 
-    result = asyncio.run(sweep())
-    out = Console()
-    out.width = max(out.width, TABLE_WIDTH)  # ten columns: narrower terminals would truncate them
-    out.print(report.sweep_table(result))
-    for line in report.reading_lines(result):
-        out.print(line, highlight=False)
+    try:
+        result = run_async(sweep())
+    except KeyboardInterrupt:
+        display.close()
+        _interrupted(err, finished, list(config.levels), partial, resume_path, command_line())
+        return int(ExitStatus.ABORTED)
+    finally:
+        display.close()
+    remove_partial(partial)
     whatif = None
     if caps:
-        from spark_ops.bench.report import whatif_lines, whatif_table
         from spark_ops.bench.whatif import whatif_of
         from spark_ops.errors import BenchError
 
@@ -262,15 +302,13 @@ def cli(
             whatif = whatif_of(result, caps)
         except BenchError as exc:
             err.print(f"what-if: {exc.message}", highlight=False)
-        else:
-            out.print()
-            out.print(whatif_table(whatif))
-            for line in whatif_lines(whatif):
-                out.print(line, highlight=False)
+    extra = {"what_if": whatif.to_dict()} if whatif else None
+    if as_json:
+        emit_json({**result.to_dict(), **(extra or {})})
+    else:
+        _print_report(result, whatif)
     if json_path:
-        report.write_json(
-            result, json_path, extra={"what_if": whatif.to_dict()} if whatif else None
-        )
+        report.write_json(result, json_path, extra=extra)
     if csv_path:
         report.write_csv(result, csv_path)
     if plot_path:
@@ -280,6 +318,46 @@ def cli(
     for path in (json_path, csv_path, plot_path):
         if path:
             err.print(f"wrote {path}", highlight=False)
+    return None
+
+
+def _print_report(result: Any, whatif: Any) -> None:
+    """The sweep's table, its reading and the what-if, for a person on stdout."""
+    from rich.console import Console
+
+    from spark_ops.bench import report
+
+    out = Console(width=report_width())
+    out.print(report.fit_table(report.sweep_table(result), out.width, report.SWEEP_DROP))
+    for line in report.reading_lines(result):
+        out.print(line, highlight=False)
+    if whatif is not None:
+        out.print()
+        out.print(report.fit_table(report.whatif_table(whatif), out.width, []))
+        for line in report.whatif_lines(whatif):
+            out.print(line, highlight=False)
+
+
+def _interrupted(
+    err: Any, finished: list[LevelResult], levels: list[int], partial: Path,
+    resumed: Path | None, line: str,
+) -> None:  # fmt: skip
+    """What an interrupted sweep kept and the command that continues it."""
+    if not finished:
+        err.print("interrupted before any level finished: nothing kept", highlight=False)
+        return
+    words = shlex.split(line)
+    if resumed:  # the command as given, less its own --resume
+        i = words.index("--resume") if "--resume" in words else None
+        words = words[:i] + words[i + 2 :] if i is not None else [
+            w for w in words if not w.startswith("--resume=")]  # fmt: skip
+    words = [*words, "--resume", str(partial)]
+    err.print(
+        f"interrupted: {len(finished)} of {len(levels)} level(s) finished "
+        f"({','.join(str(lv.max_concurrency) for lv in finished)}), kept in {partial}\n"
+        f"continue with: {shlex.join(words)}",
+        highlight=False, markup=False,
+    )  # fmt: skip
 
 
 @cli.command(name="compare")
@@ -297,8 +375,8 @@ def compare_cmd(before: Path, after: Path, json_path: Path | None) -> None:
     cmp = report.compare(
         report.load_result(before), report.load_result(after), names=(str(before), str(after))
     )
-    out = Console()
-    out.print(report.render_compare_text(cmp, width=max(out.width, 150)), end="", highlight=False)
+    out = Console(width=report_width())
+    out.print(report.render_compare_text(cmp, width=out.width), end="", highlight=False)
     if json_path:
         from spark_ops.errors import BenchError
         from spark_ops.files import write_file

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from spark_ops.cli.bench import DEFAULT_CONCURRENCY, TABLE_WIDTH, parse_caps, parse_levels
+from spark_ops.cli.bench import DEFAULT_CONCURRENCY, parse_caps, parse_levels, report_width
 from spark_ops.cli.common import load_cluster, run_async, step_reporter
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
@@ -169,8 +169,9 @@ def compare_table(reading: Any) -> Any:
     table = Table(title="Configurations compared (ratios to the first)", title_justify="left")
     table.add_column("concurrent\nrequests", justify="right")
     for cfg in reading.configs:
-        table.add_column(f"{cfg['label']}\naggregate tok/s", justify="right")
-        table.add_column(f"{cfg['label']}\nper user tok/s", justify="right")
+        head = cfg["label"] + (" (predicted)" if cfg.get("predicted_from") else "")
+        table.add_column(f"{head}\naggregate tok/s", justify="right")
+        table.add_column(f"{head}\nper user tok/s", justify="right")
     table.add_column("best", justify="left")
     for row in reading.levels:
         cells = [str(row["concurrency"])]
@@ -197,7 +198,7 @@ def render_report(outcome: ExperimentOutcome, *, width: int = 160) -> str:
             console.print()
             console.print(f"{name}: measured to confirm the prediction (--confirm).")
         console.print()
-        console.print(report.sweep_table(result))
+        console.print(report.fit_table(report.sweep_table(result), width, report.SWEEP_DROP))
         for line in report.reading_lines(result):
             console.print(line, highlight=False)
         b = run["budget"]
@@ -206,10 +207,14 @@ def render_report(outcome: ExperimentOutcome, *, width: int = 160) -> str:
             + (" — as before." if run["budget_as_before"] else f"; new stamps {b['new_stamps']}."),
             highlight=False,
         )
-    _print_whatif(console, state)
+    _print_whatif(console, state, width)
     if len(outcome.reading.configs) > 1:
         console.print()
-        console.print(compare_table(outcome.reading))
+        table = compare_table(outcome.reading)
+        per_user = [
+            str(c.header) for c in table.columns if str(c.header).endswith("per user tok/s")
+        ]
+        console.print(report.fit_table(table, width, ["best", *reversed(per_user)]))
     console.print()
     done, total = len(state.results), len(state.spec.measured())
     if done < total:
@@ -220,13 +225,13 @@ def render_report(outcome: ExperimentOutcome, *, width: int = 160) -> str:
     return console.export_text()
 
 
-def _print_whatif(console: Any, state: ExperimentState) -> None:
+def _print_whatif(console: Any, state: ExperimentState, width: int) -> None:
     """Each measured sweep's what-if for the lower caps predicted from it, and its confirmations.
 
     A confirmation that missed marks the other caps' points not to be trusted (`!`).
     """
     from spark_ops.bench.confirm import distrust_others
-    from spark_ops.bench.report import whatif_lines, whatif_table
+    from spark_ops.bench.report import fit_table, whatif_lines, whatif_table
     from spark_ops.bench.whatif import reading_lines, whatif_of
     from spark_ops.errors import BenchError
     from spark_ops.workflows.experiment.state import label
@@ -251,7 +256,7 @@ def _print_whatif(console: Any, state: ExperimentState) -> None:
             for check in checks:
                 distrust_others(whatif, check)
             whatif.lines = reading_lines(whatif)
-            console.print(whatif_table(whatif))
+            console.print(fit_table(whatif_table(whatif), width, []))
             for line in whatif_lines(whatif):
                 console.print(line, highlight=False)
         for check in checks:
@@ -427,7 +432,7 @@ def cli(ctx: click.Context, **kw: Any) -> int:
     outcome = run_async(flow())
     if outcome is None:
         return 0
-    click.echo(render_report(outcome, width=max(TABLE_WIDTH, 160)), nl=False)
+    click.echo(render_report(outcome, width=report_width()), nl=False)
     if kw["json_path"]:
         import json
 

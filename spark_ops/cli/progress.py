@@ -20,7 +20,7 @@ from spark_ops.readiness.wait import BootEvent
 HEARTBEAT_S = 30.0
 
 
-def _fmt_s(seconds: float | None) -> str:
+def fmt_s(seconds: float | None) -> str:
     """Seconds as '9m05s' / '42s' / '-'."""
     if seconds is None:
         return "-"
@@ -274,12 +274,12 @@ class LiveReporter:
             table.add_row(
                 mark,
                 Text(phase.value, style=style),
-                _fmt_s(spent) if spent is not None else "",
-                _fmt_s(usual) if usual is not None else "",
+                fmt_s(spent) if spent is not None else "",
+                fmt_s(usual) if usual is not None else "",
             )
         eta = st.eta_s()
-        summary = f"elapsed {_fmt_s(st.elapsed_s)}"
-        summary += f"   ETA {_fmt_s(eta)}" if eta is not None else "   ETA unknown (first boot)"
+        summary = f"elapsed {fmt_s(st.elapsed_s)}"
+        summary += f"   ETA {fmt_s(eta)}" if eta is not None else "   ETA unknown (first boot)"
         if st.workers:
             summary += f"   {st.workers}"
         parts: list[Any] = [table, Text(summary)]

@@ -49,7 +49,47 @@ def _config_reading(name: str, r: SweepResult) -> dict[str, Any]:
         "aggregate": {lv.max_concurrency: lv.output_throughput for lv in r.levels},
         "per_user": {lv.max_concurrency: lv.per_user_tok_s for lv in r.levels},
         "predicted_from": (r.config or {}).get("predicted_from"),
+        "untrusted": _untrusted(r),
     }
+
+
+def _untrusted(r: SweepResult) -> dict[int, str]:
+    """A predicted sweep's levels not to be trusted, with why (empty for a measured one)."""
+    points = ((r.config or {}).get("what_if") or {}).get("points") or []
+    return {
+        int(p["concurrency"]): str(p.get("why_not") or "not to be trusted")
+        for p in points
+        if not p.get("trusted", True)
+    }
+
+
+def _figure(cfg: dict[str, Any], concurrency: int) -> str:
+    """'' for a measured figure, ' (predicted)' or ' (predicted, not to be trusted)' otherwise."""
+    if not cfg.get("predicted_from"):
+        return ""
+    return " (predicted, not to be trusted)" if concurrency in cfg["untrusted"] else " (predicted)"
+
+
+def _doubt(cfg: dict[str, Any], configs: list[dict[str, Any]], top: int) -> str | None:
+    """Why a predicted configuration is not to be recommended without --confirm, or None.
+
+    Its figure at the top level is not to be trusted, or it beats what a higher cap measured
+    there: a lower cap only holds requests back, so such a prediction is the model's failure.
+    """
+    if not cfg.get("predicted_from"):
+        return None
+    mine = cfg["aggregate"].get(top)
+    for other in configs:
+        theirs = other["aggregate"].get(top)
+        if (
+            not other.get("predicted_from") and mine is not None and theirs is not None
+            and (other["max_num_seqs"] or 0) > (cfg["max_num_seqs"] or 0) and mine > theirs
+        ):  # fmt: skip
+            return (
+                f"its predicted {mine:.0f} tok/s beats the {theirs:.0f} tok/s measured with "
+                f"{other['label']} at {_users(top)}, and a lower cap cannot add throughput"
+            )
+    return cfg["untrusted"].get(top)
 
 
 def _level_rows(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -63,7 +103,7 @@ def _level_rows(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             agg, user = cfg["aggregate"].get(c), cfg["per_user"].get(c)
             a0, u0 = first["aggregate"].get(c), first["per_user"].get(c)
             cells.append({
-                "label": cfg["label"], "aggregate": agg, "per_user": user,
+                "label": cfg["label"], "aggregate": agg, "per_user": user, "note": _figure(cfg, c),
                 "ratio_aggregate": agg / a0 if agg is not None and a0 else None,
                 "ratio_per_user": user / u0 if user is not None and u0 else None,
             })  # fmt: skip
@@ -101,6 +141,7 @@ def _bottleneck(configs: list[dict[str, Any]]) -> dict[str, Any] | None:
                 }  # fmt: skip
         if best is not None:
             best["is_bottleneck"] = best["ratio"] >= BOTTLENECK_RATIO
+            best["predicted"] = bool(low.get("predicted_from"))
             return best
     return None
 
@@ -124,14 +165,17 @@ def _level_lines(rows: list[dict[str, Any]], first: str) -> list[str]:
                 if not below
                 else f" between {', '.join(x['label'] for x in near)} (within "
                 f"{CLEAR_MARGIN - 1:.0%} of {top:.0f} tok/s); "
-                + ", ".join(f"{x['label']} gives {x['aggregate']:.0f}" for x in below)
+                + ", ".join(f"{x['label']} gives {x['aggregate']:.0f}{x['note']}" for x in below)
                 + "."
             )
             lines.append(text)
             continue
         ratio = cell["ratio_aggregate"]
         vs = f", {ratio:.2f}x {first}" if row["best"] != first and ratio else ""
-        lines.append(f"{at}: {row['best']} is best, {cell['aggregate']:.0f} tok/s aggregate{vs}.")
+        lines.append(
+            f"{at}: {row['best']} is best, {cell['aggregate']:.0f} tok/s aggregate"
+            f"{cell['note']}{vs}."
+        )
     return lines
 
 
@@ -158,6 +202,15 @@ def _cap_line(cfg: dict[str, Any]) -> str:
 def _bottleneck_line(neck: dict[str, Any]) -> str:
     """The verdict on a capped configuration against a higher cap."""
     at = f"{_users(neck['level'])} ({neck['before']:.0f} → {neck['after']:.0f} tok/s)"
+    if neck.get("predicted"):
+        return (
+            f"The cap of {neck['knob']} would be the bottleneck (predicted, not measured): "
+            f"{neck['higher']} gave {neck['ratio']:.1f}x the aggregate throughput predicted for "
+            f"{neck['capped']} at {at}."
+            if neck["is_bottleneck"]
+            else f"The cap of {neck['knob']} (predicted, not measured): {neck['higher']} gave "
+            f"{neck['ratio']:.2f}x the aggregate predicted for it at {at}."
+        )
     if neck["is_bottleneck"]:
         return (
             f"The cap of {neck['knob']} was the bottleneck: with {neck['capped']} the engine ran "
@@ -170,10 +223,20 @@ def _bottleneck_line(neck: dict[str, Any]) -> str:
     )
 
 
-def _recommendation(rec: dict[str, Any], top: int, n: int, slo: float | None) -> str:
+def _recommendation(
+    rec: dict[str, Any], top: int, n: int, slo: float | None, doubt: str | None
+) -> str:
     """The configuration to keep, the concurrency for the per-user SLO, and the knee."""
     text = f"Recommendation: {rec['label']}"
-    text += f" (highest aggregate at {_users(top)})." if n > 1 else "."
+    if rec.get("predicted_from"):
+        text += (
+            f", predicted from the sweep at {rec['predicted_from']}, not measured (highest "
+            f"predicted aggregate at {_users(top)})."
+        )
+        if doubt:
+            text += f" The prediction is not to be trusted ({doubt}): --confirm measures it now."
+    else:
+        text += f" (highest aggregate at {_users(top)})." if n > 1 else "."
     if slo is not None and rec["slo_max_concurrency"] is not None:
         text += (
             f" For interactive use keep ≤{rec['slo_max_concurrency']} concurrent users to give "
@@ -197,31 +260,55 @@ def _recommendation(rec: dict[str, Any], top: int, n: int, slo: float | None) ->
     return text
 
 
-def _recommended(configs: list[dict[str, Any]], top: int) -> dict[str, Any]:
+def _recommended(configs: list[dict[str, Any]], top: int, confirm: bool) -> dict[str, Any]:
     """Highest aggregate at the top level; within CLEAR_MARGIN of it, the highest cap wins.
 
     Configurations that close are not told apart by a sweep (noise), and the higher cap admits
-    more requests at once: so a noisy tie is decided the same way in every run.
+    more requests at once: so a noisy tie is decided the same way in every run. A prediction in
+    doubt (_doubt) is left out unless `confirm` (the run then measures it before relying on it).
     """
+    everyone = configs
+    configs = [c for c in everyone if confirm or _doubt(c, everyone, top) is None] or everyone
     best = max(c["aggregate"].get(top) or 0.0 for c in configs)
     close = [c for c in configs if (c["aggregate"].get(top) or 0.0) * CLEAR_MARGIN >= best]
     return max(close, key=lambda c: (c["max_num_seqs"] or 0, c["aggregate"].get(top) or 0.0))
 
 
+def _passed_over(configs: list[dict[str, Any]], rec: dict[str, Any], top: int) -> list[str]:
+    """A sentence for each prediction in doubt that the recommendation passed over."""
+    lines = []
+    best = rec["aggregate"].get(top) or 0.0
+    for cfg in configs:
+        doubt = _doubt(cfg, configs, top)
+        if cfg is rec or doubt is None or (cfg["aggregate"].get(top) or 0.0) <= best:
+            continue
+        lines.append(
+            f"Not recommended: {cfg['label']}, predicted {cfg['aggregate'][top]:.0f} tok/s at "
+            f"{_users(top)}, not measured; the prediction is not to be trusted ({doubt}). "
+            "experiment --confirm measures it."
+        )
+    return lines
+
+
 def read_experiment(
-    results: list[tuple[str, SweepResult]], *, slo_tok_s: float | None = None
-) -> ExperimentReading:
-    """The verdict first (bottleneck, recommendation), then the best per level and each cap."""
+    results: list[tuple[str, SweepResult]], *, slo_tok_s: float | None = None,
+    confirm: bool = False,
+) -> ExperimentReading:  # fmt: skip
+    """The verdict first (bottleneck, recommendation), then the best per level and each cap.
+
+    A predicted configuration in doubt is recommended only with `confirm` (which measures it).
+    """
     configs = [_config_reading(name, r) for name, r in results]
     if not configs:
         return ExperimentReading([], [], None, None, slo_tok_s, ["No configuration was measured."])
     rows = _level_rows(configs)
     top = rows[-1]["concurrency"]
     measured = [c for c in configs if c["aggregate"].get(top) is not None] or configs
-    rec = _recommended(measured, top)
+    rec = _recommended(measured, top, confirm)
     neck = _bottleneck(configs)
     lines = [_bottleneck_line(neck)] if neck is not None else []
-    lines.append(_recommendation(rec, top, len(configs), slo_tok_s))
+    lines.append(_recommendation(rec, top, len(configs), slo_tok_s, _doubt(rec, configs, top)))
+    lines += _passed_over(configs, rec, top)
     if len(configs) > 1:
         lines += _level_lines(rows, configs[0]["label"])
     lines += [_cap_line(cfg) for cfg in configs]

@@ -259,7 +259,11 @@ class ExperimentState:
 
     def reading(self) -> ExperimentReading:
         """The comparison across measured and predicted configurations."""
-        return read_experiment(self.all_results(), slo_tok_s=self.spec.sweep.get("slo_tok_s"))
+        return read_experiment(
+            self.all_results(),
+            slo_tok_s=self.spec.sweep.get("slo_tok_s"),
+            confirm=self.spec.confirm,
+        )
 
     def downtime_s(self) -> float:
         """Seconds of boots this experiment spent (every restart, the restore's included)."""
