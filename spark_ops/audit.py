@@ -17,9 +17,10 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from spark_ops.account import local_account
 from spark_ops.errors import RemoteError
 from spark_ops.inventory import Cluster
-from spark_ops.lock import KEY_SH, local_user
+from spark_ops.lock import KEY_SH
 from spark_ops.remote import ClusterSession, sh_program
 
 # $1: the state dir, $2: the watchdog's history path (the cluster's key). The entry (one JSON
@@ -72,7 +73,7 @@ def audit_path(state_dir: str, key: str) -> str:
 
 def who() -> str:
     """The operator as user@host of the machine spark-ops runs on."""
-    return f"{local_user()}@{socket.gethostname()}"
+    return f"{local_account()}@{socket.gethostname()}"
 
 
 def make_entry(

@@ -7,6 +7,7 @@ anywhere.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -235,7 +236,19 @@ class _Section:
                 kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
             )
             raise self.error(self.path(name), f"must be {names}, got {excerpt(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            # YAML's .nan and .inf are floats: a deadline of nan never passes, inf never ends
+            raise self.error(self.path(name), f"must be a finite number, got {value}")
         return value
+
+    def port(self, name: str, default: int) -> int:
+        """Read a TCP port: a whole number from 1 to 65535."""
+        value = self.get(name, int, default)
+        if not 0 < value < 65536:
+            raise self.error(
+                self.path(name), f"must be a whole number from 1 to 65535, got {excerpt(value)}"
+            )
+        return int(value)
 
     def positive(self, name: str, kind: type, default: Any) -> Any:
         """Read a number that must be > 0."""
@@ -301,7 +314,7 @@ def _load_ssh(sec: _Section) -> SSHSettings:
             raise sec.error(sec.path("jump"), f"{exc}, got {shown}") from None
     return SSHSettings(
         user=sec.get("user", str),
-        port=sec.positive("port", int, 22),
+        port=sec.port("port", 22),
         known_hosts=sec.get("known_hosts", str),
         identity=tuple(str(i) for i in identity),
         agent=sec.get("agent", bool, True),
@@ -369,12 +382,20 @@ def _load_nodes(sec: _Section, ssh: SSHSettings) -> tuple[Node, ...]:
             Node(
                 name=str(name),
                 host=_host(n),
-                port=n.positive("port", int, ssh.port),
+                port=n.port("port", ssh.port),
                 user=n.get("user", str, ssh.user),
                 role=n.choice("role", ROLES, "worker"),
                 sudo=n.get("sudo", bool, False),
             )
         )
+    seen: dict[tuple[str, int], str] = {}
+    for node in nodes:
+        first = seen.setdefault((node.host.lower(), node.port), node.name)
+        if first != node.name:
+            raise sec.error(
+                sec.path(node.name),
+                f"the same SSH endpoint as node {first} ({node.host}:{node.port}); each node once",
+            )
     heads = [n.name for n in nodes if n.is_head]
     if len(heads) != 1:
         raise sec.error(sec.key, f"exactly one node must have role: head, found {heads or 'none'}")

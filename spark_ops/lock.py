@@ -27,7 +27,6 @@ one audit (its file stays in each inventory's `state_dir`, by default LOCK_DIR a
 
 from __future__ import annotations
 
-import getpass
 import hashlib
 import json
 import os
@@ -37,6 +36,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from spark_ops.account import local_account
 from spark_ops.errors import LockError, RemoteError
 from spark_ops.inventory import SHARED_STATE_DIR, Cluster
 from spark_ops.remote import ClusterSession, sh_program
@@ -120,18 +120,10 @@ def key_args(cluster: Cluster) -> tuple[str, str]:
     return LOCK_DIR, cluster.watchdog.history_file
 
 
-def local_user() -> str:
-    """The operator's user name on the machine spark-ops runs on."""
-    try:
-        return getpass.getuser()
-    except Exception:
-        return os.environ.get("USER", "unknown")
-
-
 def holder_info(operation: str) -> dict[str, Any]:
     """Describe this process as a lock holder."""
     return {
-        "user": local_user(),
+        "user": local_account(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "operation": operation,

@@ -190,3 +190,21 @@ async def test_audit_entry_of_an_executed_plan(mini: MiniCluster) -> None:
         await audit.record(session, failed)
         got = await audit.read(session, 5)
     assert [e["outcome"] for e in got] == ["ok", "failed: engine log ended during WEIGHTS"]
+
+
+def test_who_is_the_account_not_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit's `who`, the lock's holder and the planned `--by` name the real account:
+    $LOGNAME and $USER (anyone's to set, even to bytes that are not UTF-8) are not asked."""
+    import pwd
+    import socket
+
+    from spark_ops import lock
+    from spark_ops.watchdog.contract import operator
+
+    real = pwd.getpwuid(os.getuid()).pw_name
+    for var in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        monkeypatch.setenv(var, "mallory\udcff")
+    assert audit.who() == f"{real}@{socket.gethostname()}"
+    assert audit.make_entry("apply")["who"] == audit.who()
+    assert operator().endswith(f":{real}")
+    assert "mallory" not in json.dumps(lock.holder_info("apply"), ensure_ascii=False)

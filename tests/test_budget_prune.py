@@ -14,10 +14,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import yaml
 from embedded import start_nodes
 
+from spark_ops.cli.budget import StampType
 from spark_ops.inventory import Cluster
 from spark_ops.sim.node import SimNode
 from spark_ops.workflows.budget import PruneSelection, execute_prune, plan_prune
@@ -172,3 +174,22 @@ def test_cli_nothing_to_prune_says_so(served_head: tuple[SimNode, Path]) -> None
     assert "Nothing to remove: ~/h holds no stamp of a planned restart." in text, text
     assert "Would remove" not in text and "Remove these" not in err.decode()
     assert hist.read_text().splitlines() == ["1764400000"]
+
+
+@pytest.mark.parametrize(
+    ("given", "taken"),
+    [
+        ("1796150875", 1796150875.0),
+        ("1796150875.5", 1796150875.5),
+        ("1764470000.25", 1764470000.25),
+    ],
+)
+def test_stamp_option_takes_exact_stamps(given: str, taken: float) -> None:
+    """--stamp takes a stamp whose decimal text a float holds exactly."""
+    assert StampType().convert(given, None, None) == taken
+
+
+def test_stamp_option_refuses_digits_a_float_drops() -> None:
+    """--stamp 1796150875.0000001 is refused (as a float it is 1796150875.0, another line)."""
+    with pytest.raises(click.BadParameter, match=r"more digits than a stamp holds exactly"):
+        StampType().convert("1796150875.0000001", None, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 from typing import TYPE_CHECKING, Any
@@ -45,9 +46,19 @@ class StampType(click.ParamType):
         if isinstance(value, float):
             value = repr(value)
         try:
-            return _unix_time(str(value), "a Unix time such as 1764470000.5")
+            stamp = _unix_time(str(value), "a Unix time such as 1764470000.5")
         except click.BadParameter as exc:
             self.fail(exc.message, param, ctx)
+        if decimal.Decimal(repr(stamp)) != decimal.Decimal(str(value).strip()):
+            # 1796150875.0000001 is the float 1796150875.0: matching it would remove the line
+            # 1796150875, which the operator did not name
+            self.fail(
+                f"{value!r} has more digits than a stamp holds exactly (it would match "
+                f"{stamp!r}); give the stamp as the history shows it, or the line with --raw",
+                param,
+                ctx,
+            )
+        return stamp
 
 
 def parse_time(value: str | None) -> tuple[float | None, float | None]:

@@ -18,6 +18,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
+from spark_ops.account import local_account
 from spark_ops.errors import (
     AuthError,
     CommandError,
@@ -405,16 +406,6 @@ def client_options(
     if ssh.config:
         opts["config"] = [os.path.expanduser(ssh.config)]
     return opts
-
-
-def local_account() -> str:
-    """This process's account name from the password database (its uid), never from $LOGNAME."""
-    import pwd
-
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:  # a uid without a passwd entry (some containers)
-        return str(os.getuid())
 
 
 @functools.lru_cache(maxsize=2)

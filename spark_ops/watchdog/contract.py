@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from spark_ops.account import local_account
 from spark_ops.errors import (
     CommandTimeout,
     HistoryError,
@@ -25,7 +26,6 @@ from spark_ops.errors import (
     TriggerFailed,
     WatchdogError,
 )
-from spark_ops.lock import local_user
 from spark_ops.remote import ClusterSession, quote_path
 from spark_ops.watchdog.identify import HistEntry, Identification, fmt_stamp, prune_command
 from spark_ops.watchdog.identify import identify as identify_entry
@@ -46,7 +46,7 @@ def history_source() -> str:
 
 def operator() -> str:
     """Who is acting, for journal entries ('spark-ops:<user>')."""
-    return f"{PLANNED_BY}:{local_user()}"
+    return f"{PLANNED_BY}:{local_account()}"
 
 
 @dataclass
