@@ -50,6 +50,8 @@ def test_new_instance_rules() -> None:
     assert is_new(EngineInstance("pid_file", "10@gone", False, 10), old, 100.0) is False
     assert is_new(EngineInstance("pid_file", "11@101.0", True, 11, 101.0), old, 100.0) is True
     assert is_new(EngineInstance("pid_file", "11@101.0", True, 11, 101.0), None, 100.0) is True
+    # a live engine on a reused pid is the new one: its start time differs from the old one's
+    assert is_new(EngineInstance("pid_file", "10@101.0", True, 10, 101.0), old, 100.0) is True
     assert is_new(EngineInstance("pid_file", "9@50.0", True, 9, 50.0), None, 100.0) is False
     # process_start_time_seconds may read up to 1 s early (whole-second boot time)
     assert started_after(99.4, 100.0, None) and not started_after(97.0, 100.0, None)
