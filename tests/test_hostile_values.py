@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from test_remote import one_node  # noqa: F401 - one embedded SSH node for the module
 
 from spark_ops import audit
+from spark_ops.account import local_account
 from spark_ops.errors import InputError, RecipeError, SparkOpsError, excerpt
 from spark_ops.lock import cluster_lock
 from spark_ops.recipe import changes_from_options, edit_recipe, render_recipe
@@ -160,9 +161,9 @@ names = st.lists(st.sampled_from([p for p in PIECES if p != "\x00"]), min_size=1
 )
 @given(user=names)
 def test_lock_and_audit_carry_hostile_user_names(one_node: Any, user: str) -> None:  # noqa: F811
-    """The operator's name (LOGNAME, as `getpass` reads it: item 1's attack) and the operation
-    reach the head's lock owner record and audit log as data over real SSH: read back exactly,
-    nothing executed."""
+    """A hostile $LOGNAME (item 1's attack) is not the operator's name: the lock owner record and
+    the audit name the account from the account database; the hostile operation name reaches
+    the head as data over real SSH, read back exactly, nothing executed."""
     node, c = one_node
     # no ssh.user: the login is the account's name (as OpenSSH takes it), $LOGNAME only the
     # operator's name written into the owner record and the audit entry
@@ -176,11 +177,11 @@ def test_lock_and_audit_carry_hostile_user_names(one_node: Any, user: str) -> No
             await s.connect()
             async with cluster_lock(s, f"apply {user}"):
                 owner = cluster_files(home / "h")["owner"].read_text()
-                assert json.loads(owner)["user"] == user
+                assert json.loads(owner)["user"] == local_account()
                 assert json.loads(owner)["operation"] == f"apply {user}"
             await audit.record(s, audit.make_entry(f"op {user}", outcome="ok"))
             last = (await audit.read(s, 1))[-1]
-            assert last["who"] == f"{user}@{socket.gethostname()}"
+            assert last["who"] == f"{local_account()}@{socket.gethostname()}"
             assert last["what"]["operation"] == f"op {user}"
 
     try:

@@ -139,8 +139,10 @@ def test_budget_flags_stamps_a_bash_watchdog_may_not_count(tmp_path: Path) -> No
 @pytest.mark.slow
 def test_hostile_reason_and_user_run_nothing_on_the_head(sim: Any, cli_env: dict[str, str]) -> None:
     """issue 13.1, end to end: LOGNAME `o'$(touch PWNED)'` and --reason `maint {by}` through the
-    reference watchdog's `--reason {reason} --by {by}`: nothing runs, both arrive as written."""
+    reference watchdog's `--reason {reason} --by {by}`: nothing runs, the reason arrives as
+    written, and `--by` names the real account (the account database, never $LOGNAME)."""
     import json
+    import pwd
 
     from ground.cluster import run_cli
 
@@ -151,7 +153,7 @@ def test_hostile_reason_and_user_run_nothing_on_the_head(sim: Any, cli_env: dict
     journal = sim.history.parent / "restarts.journal.jsonl"
     forced = [json.loads(x) for x in journal.read_text().splitlines() if '"forced": true' in x]
     assert forced[-1]["reason"] == "maint {by} `touch PWNED`"
-    assert forced[-1]["by"] == "spark-ops:o'$(touch PWNED)'"
+    assert forced[-1]["by"] == f"spark-ops:{pwd.getpwuid(os.getuid()).pw_name}"
 
 
 @pytest.mark.slow
