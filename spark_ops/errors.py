@@ -22,6 +22,9 @@ class ExitStatus(enum.IntEnum):
     BUDGET = 10  # restart history / budget problem (ambiguous stamp, unparseable file)
     CHECK_FAILED = 11  # doctor / verify found a problem
     REMOTE = 12  # a remote command failed
+    DEGRADED = 13  # status: the engine serves, but something needs a look (node down, budget ...)
+    NOT_SERVING = 14  # status: the engine does not answer
+    RESTARTING = 15  # status: a run holds the lock (a restart under way)
 
 
 class SparkOpsError(Exception):

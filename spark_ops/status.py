@@ -37,6 +37,8 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
                 }
             )
         if cluster.head.name in session.errors:
+            data["engine"] = {"up": False, "error": f"the head {cluster.head.name} is unreachable"}
+            data["verdict"] = verdict(data)
             return data
         op = Operation(session, "status")
         data["engine"] = await _engine(op)
@@ -66,7 +68,49 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
             data["engine"]["last_started_with"] = args
         data["engine"].update(await _instance(session, cluster))
     data["last_boot"] = _last_boot(cluster)
+    data["verdict"] = verdict(data)
     return data
+
+
+def verdict(data: dict[str, Any]) -> dict[str, Any]:
+    """What a script or an alert needs from a status: one state and the reasons for it.
+
+    States, most urgent first: "restarting" (a run holds the lock: wait for it), "not-serving"
+    (the engine does not answer), "degraded" (it serves, but a node is down, the budget is spent,
+    the watchdog paused or gave up, a run never finished, the dead engine left processes, the
+    recipe copies differ, or a part could not be read), "serving" (none of these).
+    """
+    reasons: list[str] = []
+    runs = data.get("runs") or {}
+    engine = data.get("engine") or {}
+    if runs.get("in_progress"):
+        return {"state": "restarting", "reasons": [f"a run is under way: {runs['in_progress']}"]}
+    down = [n["name"] for n in data.get("nodes") or [] if not n.get("reachable")]
+    if not engine.get("up"):
+        why = engine.get("error") or "the engine does not answer"
+        return {"state": "not-serving", "reasons": [str(why), *[f"{n} down" for n in down]]}
+    reasons += [f"{n} down" for n in down]
+    budget = data.get("budget") or {}
+    if "error" in budget:
+        reasons.append(f"watchdog budget unreadable: {budget['error']}")
+    elif budget.get("used") is not None and budget["used"] >= budget.get("allowed", 0):
+        reasons.append(f"restart budget spent ({budget['used']}/{budget['allowed']})")
+    if budget.get("paused"):
+        reasons.append("watchdog paused")
+    if budget.get("gave_up"):
+        reasons.append("watchdog gave up")
+    if runs.get("error"):
+        reasons.append(f"runs unreadable: {runs['error']}")
+    if runs.get("unfinished"):
+        reasons.append(f"{len(runs['unfinished'])} unfinished run(s)")
+    if engine.get("leftovers"):
+        reasons.append("processes left by a dead engine")
+    recipe = data.get("recipe") or {}
+    if "error" in recipe:
+        reasons.append(f"recipe unreadable: {recipe['error']}")
+    elif recipe and not recipe.get("same_on_all_nodes", True):
+        reasons.append("recipe copies differ between nodes")
+    return {"state": "degraded" if reasons else "serving", "reasons": reasons}
 
 
 async def _runs(session: ClusterSession) -> dict[str, Any]:

@@ -8,6 +8,14 @@ from typing import Any
 import click
 
 from spark_ops.cli.common import emit_json, load_cluster, run_async, when
+from spark_ops.errors import ExitStatus
+
+VERDICT_EXIT = {
+    "serving": ExitStatus.OK,
+    "degraded": ExitStatus.DEGRADED,
+    "not-serving": ExitStatus.NOT_SERVING,
+    "restarting": ExitStatus.RESTARTING,
+}
 
 
 def echo_status(data: dict[str, Any]) -> None:
@@ -85,6 +93,11 @@ def echo_status(data: dict[str, Any]) -> None:
         click.echo(f"Watchdog budget: {b['used']}/{b['allowed']} used{flags}")
     elif b:
         click.secho(f"Watchdog: {b.get('error')}", fg="red")
+    v = data.get("verdict") or {}
+    if v:
+        color = {"serving": "green", "degraded": "yellow"}.get(v["state"], "red")
+        why = f": {'; '.join(v['reasons'])}" if v["reasons"] else ""
+        click.secho(f"Verdict: {v['state']}{why}", fg=color, bold=True)
     own = data.get("watchdog_status")
     if own and own["answered"]:
         state = f"state {own['state']}" if own["state"] else own["text"].splitlines()[0][:120]
@@ -100,7 +113,11 @@ def echo_status(data: dict[str, Any]) -> None:
 )
 @click.pass_context
 def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
-    """Nodes reachable and latency, engine and load, recipe knobs, watchdog budget."""
+    """Nodes reachable and latency, engine and load, recipe knobs, watchdog budget.
+
+    Exit status (for scripts and alerts): 0 serving, 13 degraded (serving, but a node is down,
+    the budget spent, a run unfinished ...), 14 not serving, 15 a restart under way.
+    """
     from spark_ops.status import collect_status
 
     cluster = load_cluster(ctx)
@@ -113,5 +130,5 @@ def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
                 click.clear()
             echo_status(data)
         if not watch:
-            return
+            ctx.exit(int(VERDICT_EXIT[(data.get("verdict") or {}).get("state", "not-serving")]))
         time.sleep(watch)

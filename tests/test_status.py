@@ -1,0 +1,103 @@
+"""`status` tells a script or an alert how the cluster stands: a verdict, its reasons, an exit code.
+
+The rules are data (tests/fixtures/status/verdict.yaml, one runner); the embedded cluster shows
+the codes end to end: serving 0, a worker down 13, a colleague's run under way 15, the head down 14.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import Sim
+
+from spark_ops.errors import ExitStatus
+from spark_ops.status import verdict
+
+CASES = yaml.safe_load((Path(__file__).parent / "fixtures" / "status" / "verdict.yaml").read_text())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_verdict(case: dict[str, Any]) -> None:
+    """Each case's state, and each expected reason's words among the reasons, in order."""
+    got = verdict(case["data"])
+    assert got["state"] == case["state"], got
+    assert len(got["reasons"]) == len(case["reasons"]), got
+    for words, reason in zip(case["reasons"], got["reasons"], strict=True):
+        assert words in reason, got
+
+
+def _status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI's status."""
+    return subprocess.run(
+        [sys.executable, "-m", "spark_ops.cli.main", "status", *args],
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_status_exit_codes_on_the_embedded_cluster(sim: Sim, cli_env: dict[str, str]) -> None:
+    """Serving 0; a worker down 13 with the node named; the lock held 15 naming its holder;
+    the head down 14 — in the text and in --json alike."""
+    from spark_ops.lock import holder_info
+
+    res = _status(cli_env)
+    assert res.returncode == ExitStatus.OK, res.stdout + res.stderr
+    assert "Verdict: serving" in res.stdout
+
+    sim.stop_node("node3")
+    try:
+        res = _status(cli_env)
+        assert res.returncode == ExitStatus.DEGRADED, res.stdout + res.stderr
+        assert "Verdict: degraded: node3 down" in res.stdout, res.stdout
+        doc = _status(cli_env, "--json")
+        assert doc.returncode == ExitStatus.DEGRADED
+        assert json.loads(doc.stdout)["verdict"] == {"state": "degraded", "reasons": ["node3 down"]}
+    finally:
+        sim.start_node("node3")
+
+    # a colleague's run: the lock held by a live process, as `apply` holds it
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(sim.inventory)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        res = _status(cli_env)
+        assert res.returncode == ExitStatus.RESTARTING, res.stdout + res.stderr
+        assert "Verdict: restarting: a run is under way" in res.stdout, res.stdout
+        assert holder_info("apply")["user"] in res.stdout
+    finally:
+        holder.terminate()
+        holder.wait(timeout=60)
+
+    sim.stop_node("node1")
+    try:
+        res = _status(cli_env)
+        assert res.returncode == ExitStatus.NOT_SERVING, res.stdout + res.stderr
+        assert "Verdict: not-serving: the head node1 is unreachable" in res.stdout, res.stdout
+    finally:
+        sim.start_node("node1")
+
+
+_HOLD = """
+import asyncio, sys
+from spark_ops.inventory import load_inventory
+from spark_ops.lock import cluster_lock
+from spark_ops.remote import ClusterSession
+
+async def main():
+    cluster = load_inventory(sys.argv[1]).cluster()
+    async with ClusterSession(cluster) as s:
+        await s.connect()
+        async with cluster_lock(s, "apply"):
+            print("held", flush=True)
+            await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
