@@ -97,10 +97,11 @@ def start_sim(root: Path, **kw: object) -> Sim:
 @pytest.fixture
 def sim(tmp_path: Path) -> Iterator[Sim]:
     """A fresh embedded 4-node cluster with the engine serving (cap 6), stopped afterwards."""
-    from spark_ops.sim.control import down
+    from spark_ops.sim.control import down, wait_serving
 
     s = start_sim(tmp_path / "sim")
     try:
+        wait_serving(s.state)  # `up` returns when the nodes listen; the engine's first boot goes on
         yield s
     finally:
         down(s.root)

@@ -124,8 +124,8 @@ class FlakyConnector:
 
 
 FLAKY_INVENTORY = (
-    "clusters:\n  t:\n    nodes:\n      node1: {host: h, role: head}\n      node2: {host: h}\n"
-    "      node3: {host: h}\n    recipe: {path: r}\n"
+    "clusters:\n  t:\n    nodes:\n      node1: {host: h1, role: head}\n      node2: {host: h2}\n"
+    "      node3: {host: h3}\n    recipe: {path: r}\n"
     "    watchdog: {restart_command: x, history_file: y}\n"
 )
 

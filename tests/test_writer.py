@@ -276,10 +276,12 @@ def test_undo_that_fails_names_every_copy(pair: Pair) -> None:
 
 
 def twice(pair: Pair) -> Path:
-    """The nodes' inventory with node2 reaching node1 under another name (node1's port)."""
+    """The nodes' inventory with node2 reaching node1 under another name (`localhost`, node1's
+    port): not the same endpoint as written, so only the host key tells them apart."""
     data = yaml.safe_load((pair.root / "inventory.yaml").read_text())
     nodes = data["clusters"]["t"]["nodes"]
     nodes["node2"]["port"] = nodes["node1"]["port"]
+    nodes["node2"]["host"] = "localhost"
     path = pair.root / "twice.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -301,7 +303,7 @@ def test_one_machine_twice_is_refused_before_anything_is_read(pair: Pair) -> Non
         asyncio.run(go())
     port = cluster.node("node1").port
     message = err.value.message
-    assert message.startswith(f"{inventory}: nodes node1 (127.0.0.1:{port}) and node2 (127.0.0.1")
+    assert message.startswith(f"{inventory}: nodes node1 (127.0.0.1:{port}) and node2 (localhost")
     assert f"are one machine: both answer with SSH host key {key}" in message
     assert "correct node2's host/port" in (err.value.hint or "")
 
