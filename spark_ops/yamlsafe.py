@@ -3,6 +3,12 @@
 PyYAML's safe loader shares an aliased node, but anything that walks the result (validation,
 `repr` in an error) expands it: nine levels of `[*a, *a, …]` are gigabytes. Here an alias count
 past a small limit, or a text past a size limit, is refused at once, naming the file and line.
+
+A key written twice in one mapping (a node named twice: PyYAML keeps the last, silently) is
+refused too, naming the file, both lines and the key. A merge (`<<: *defaults`) is not a
+duplicate: the keys written beside it override the merged ones, as YAML says. Recipes pass
+`same_value_ok`: a community recipe repeats `container: vllm-node` word for word, which loses
+nothing; a repeat with another value is refused there too.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from spark_ops.errors import SparkOpsError
+from spark_ops.errors import SparkOpsError, excerpt
 
 MAX_ALIASES = 64  # real inventories and recipes use a handful (`<<: *defaults`)
 MAX_YAML_BYTES = 1 << 20  # 1 MiB: a recipe or an inventory is a few kilobytes
@@ -23,8 +29,10 @@ def load_yaml(
     error: type[SparkOpsError],
     max_aliases: int = MAX_ALIASES,
     max_bytes: int = MAX_YAML_BYTES,
+    same_value_ok: bool = False,
 ) -> Any:
-    """Parse YAML text safely; `error` naming `source` for bad YAML, too many aliases or bytes."""
+    """Parse YAML text safely; `error` naming `source` for bad YAML, a key written twice, too many
+    aliases or bytes."""
     import yaml
 
     size = len(text.encode("utf-8", "surrogatepass"))
@@ -35,13 +43,84 @@ def load_yaml(
             hint="check that the path names the right file",
         )
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~10x the pure parser
+    loader = _unique_key_loader(yaml, same_value_ok)
     try:
         if len(_ALIAS_LIKE.findall(text)) > max_aliases:  # only then count the real aliases
             _count_aliases(yaml, loader, text, source, error, max_aliases)
         return yaml.load(text, Loader=loader)
+    except DuplicateKey as dup:
+        raise error(
+            f"{source}: line {dup.line}: key {excerpt(dup.key)} is written twice in one mapping "
+            f"(first on line {dup.first}); YAML would silently keep only the last",
+            hint="remove or rename one of them",
+        ) from None
     except yaml.YAMLError as exc:
         raise error(f"{source}: not valid YAML: {exc}") from exc
+
+
+class DuplicateKey(Exception):
+    """A mapping holds the same key twice (line numbers are 1-based)."""
+
+    def __init__(self, key: object, line: int, first: int) -> None:
+        """Keep the key, the line of its repeat and of its first occurrence."""
+        super().__init__(f"line {line}: duplicate key {key!r} (first on line {first})")
+        self.key = key
+        self.line = line
+        self.first = first
+
+
+_LOADERS: dict[tuple[int, bool], Any] = {}
+
+
+def same_node(a: Any, b: Any) -> bool:
+    """True when two YAML nodes hold the same tagged text (an alias is its anchor's node)."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or a.tag != b.tag:
+        return False
+    if isinstance(a.value, str):
+        return bool(a.value == b.value)
+    if len(a.value) != len(b.value):
+        return False
+    if a.value and isinstance(a.value[0], tuple):  # a mapping's (key, value) pairs
+        return all(
+            same_node(ka, kb) and same_node(va, vb)
+            for (ka, va), (kb, vb) in zip(a.value, b.value, strict=True)
+        )
+    return all(same_node(x, y) for x, y in zip(a.value, b.value, strict=True))
+
+
+def _unique_key_loader(yaml: Any, same_value_ok: bool) -> Any:
+    """The safe loader (libyaml's when present: ~10x the pure parser) refusing duplicate keys."""
+    cached = _LOADERS.get((id(yaml), same_value_ok))
+    if cached is not None:
+        return cached
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    merge_tag = "tag:yaml.org,2002:merge"
+
+    class UniqueKeyLoader(base):  # type: ignore[misc, valid-type]
+        """Safe loading; a mapping's key written twice raises DuplicateKey."""
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            """Check the keys written in this mapping (merged ones aside), then build it."""
+            seen: dict[Any, tuple[int, Any]] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == merge_tag or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        first, earlier = seen[key]
+                        if not (same_value_ok and same_node(earlier, value_node)):
+                            raise DuplicateKey(key, line, first)
+                    seen[key] = (line, value_node)
+                except TypeError:  # an unhashable key: PyYAML refuses it itself
+                    continue
+            return super().construct_mapping(node, deep=deep)
+
+    _LOADERS[(id(yaml), same_value_ok)] = UniqueKeyLoader
+    return UniqueKeyLoader
 
 
 _ALIAS_LIKE = re.compile(r"\*[^\s,\[\]{}]")

@@ -100,3 +100,24 @@ def test_shipped_inventories_load(path: Path) -> None:
     assert inv.clusters
     for name in inv.clusters:
         assert inv.cluster(name).head.role == "head"
+
+
+@pytest.mark.parametrize(
+    ("text", "same_value_ok", "refused"),
+    [
+        ("a: 1\nb: 2\na: 1\n", False, "line 3: key 'a' is written twice"),
+        ("x: {a: 1, a: 2}\n", False, "line 1: key 'a' is written twice"),
+        ("d: &d {a: 1}\ne:\n  <<: *d\n  a: 2\n", False, None),  # a merge is overridden, not twice
+        ("container: v\nenv: {}\ncontainer: v\n", True, None),  # a recipe's word-for-word repeat
+        ("defaults: {n: 1}\ndefaults: {n: 2}\n", True, "line 2: key 'defaults' is written twice"),
+    ],
+)
+def test_yaml_key_twice(text: str, same_value_ok: bool, refused: str | None) -> None:
+    """The one YAML loader refuses a key written twice (the last would silently win)."""
+    from spark_ops.yamlsafe import load_yaml
+
+    if refused is None:
+        load_yaml(text, source="f.yaml", error=InventoryError, same_value_ok=same_value_ok)
+        return
+    with pytest.raises(InventoryError, match=re.escape(f"f.yaml: {refused}")):
+        load_yaml(text, source="f.yaml", error=InventoryError, same_value_ok=same_value_ok)

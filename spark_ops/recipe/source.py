@@ -39,7 +39,9 @@ def load_recipe_text(text: str, *, source: str) -> dict[str, Any]:
 @functools.lru_cache(maxsize=8)
 def _parsed(text: str, source: str) -> dict[str, Any]:
     """The checked mapping of a recipe text, parsed once per text (callers copy, never mutate)."""
-    data = load_yaml(text, source=source, error=RecipeError, max_bytes=MAX_RECIPE_BYTES)
+    data = load_yaml(
+        text, source=source, error=RecipeError, max_bytes=MAX_RECIPE_BYTES, same_value_ok=True
+    )
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
     if detect_dialect(data, source=source) is Dialect.SPARKRUN:
