@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from spark_ops.engine.api import CompletionProbe
 from spark_ops.engine.identity import leftovers, stop_hint
 from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
@@ -15,6 +16,8 @@ from spark_ops.remote import ClusterSession
 from spark_ops.workflows import Operation
 from spark_ops.workflows.converge import effective_args
 from spark_ops.workflows.journal import holds_lock, read_runs, unfinished_runs
+
+STATUS_PROBE_S = 10.0  # status's completion deadline (engine.probe_timeout_s when shorter)
 
 
 async def collect_status(cluster: Cluster) -> dict[str, Any]:
@@ -76,7 +79,8 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
     """What a script or an alert needs from a status: one state and the reasons for it.
 
     States, most urgent first: "restarting" (a run holds the lock: wait for it), "not-serving"
-    (the engine does not answer), "degraded" (it serves, but a node is down, the budget is spent,
+    (the engine does not answer, or answers /health but a 1-token completion does not finish:
+    wedged), "degraded" (it serves, but a node is down, the budget is spent,
     the watchdog paused or gave up, a run never finished, the dead engine left processes, the
     recipe copies differ, or a part could not be read), "serving" (none of these).
     """
@@ -89,6 +93,15 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
     if not engine.get("up"):
         why = engine.get("error") or "the engine does not answer"
         return {"state": "not-serving", "reasons": [str(why), *[f"{n} down" for n in down]]}
+    probe = engine.get("completion")
+    if isinstance(probe, dict) and not probe.get("ok", True):
+        said = CompletionProbe.from_dict(probe).describe()
+        if not probe.get("progressing"):
+            return {"state": "not-serving", "reasons": [said, *[f"{n} down" for n in down]]}
+        reasons.append(
+            f"busy: {said.removeprefix('wedged: ')} while the engine generated tokens "
+            f"({engine.get('running')} running, {engine.get('waiting')} waiting)"
+        )
     reasons += [f"{n} down" for n in down]
     budget = data.get("budget") or {}
     if "error" in budget:
@@ -176,4 +189,13 @@ async def _engine(op: Operation) -> dict[str, Any]:
         snap = await api.metrics()
         if snap is not None:
             info.update(snap.to_dict())
+        probe = await api.probe_completion(min(op.cluster.engine.probe_timeout_s, STATUS_PROBE_S))
+        info["completion"] = probe.to_dict()
+        if probe.timed_out:  # wedged, or only busy: did it generate tokens meanwhile?
+            later = await api.metrics()
+            before = snap.generation_tokens if snap is not None else None
+            after = later.generation_tokens if later is not None else None
+            info["completion"]["progressing"] = (
+                before is not None and after is not None and after > before
+            )
     return info

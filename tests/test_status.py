@@ -1,7 +1,8 @@
 """`status` tells a script or an alert how the cluster stands: a verdict, its reasons, an exit code.
 
 The rules are data (tests/fixtures/status/verdict.yaml, one runner); the embedded cluster shows
-the codes end to end: serving 0, a worker down 13, a colleague's run under way 15, the head down 14.
+the codes end to end: serving 0, the watchdog paused 13, a colleague's run under way 15, the
+engine wedged (health answers, a completion never finishes) 14, the head down 14.
 """
 
 from __future__ import annotations
@@ -42,24 +43,28 @@ def _status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 
 @pytest.mark.slow
 def test_status_exit_codes_on_the_embedded_cluster(sim: Sim, cli_env: dict[str, str]) -> None:
-    """Serving 0; a worker down 13 with the node named; the lock held 15 naming its holder;
-    the head down 14 — in the text and in --json alike."""
+    """Serving 0; the watchdog paused 13; the lock held 15 naming its holder; the engine wedged
+    14 (a worker's Ray worker lost); the head down 14 — in the text and in --json alike."""
     from spark_ops.lock import holder_info
 
     res = _status(cli_env)
     assert res.returncode == ExitStatus.OK, res.stdout + res.stderr
     assert "Verdict: serving" in res.stdout
 
-    sim.stop_node("node3")
+    pause = sim.history.parent / "pause"  # the watchdog paused: serving, but look
+    pause.write_text("maintenance\n")
     try:
         res = _status(cli_env)
         assert res.returncode == ExitStatus.DEGRADED, res.stdout + res.stderr
-        assert "Verdict: degraded: node3 down" in res.stdout, res.stdout
+        assert "Verdict: degraded: watchdog paused" in res.stdout, res.stdout
         doc = _status(cli_env, "--json")
         assert doc.returncode == ExitStatus.DEGRADED
-        assert json.loads(doc.stdout)["verdict"] == {"state": "degraded", "reasons": ["node3 down"]}
+        assert json.loads(doc.stdout)["verdict"] == {
+            "state": "degraded",
+            "reasons": ["watchdog paused"],
+        }
     finally:
-        sim.start_node("node3")
+        pause.unlink()
 
     # a colleague's run: the lock held by a live process, as `apply` holds it
     holder = subprocess.Popen(
@@ -75,6 +80,17 @@ def test_status_exit_codes_on_the_embedded_cluster(sim: Sim, cli_env: dict[str, 
     finally:
         holder.terminate()
         holder.wait(timeout=60)
+
+    # wedged: node3's Ray worker lost while serving (its SSH up); /health still answers, a
+    # completion never finishes (a whole worker down wedges a TP engine the same way)
+    sim.stop_raylet("node3")
+    res = _status(cli_env, "--json")
+    assert res.returncode == ExitStatus.NOT_SERVING, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["engine"]["up"] is True and doc["engine"]["completion"]["error"] == "timeout"
+    assert doc["verdict"]["reasons"] == [
+        "wedged: /health answers, a 1-token completion did not finish in 10 s"
+    ], doc["verdict"]
 
     sim.stop_node("node1")
     try:

@@ -31,7 +31,15 @@ def echo_status(data: dict[str, Any]) -> None:
                 f"  {n['name']:<8} {n['role']:<7} {n['address']:<22} DOWN {n['error']}", fg="red"
             )
     e = data.get("engine") or {}
-    if e.get("up"):
+    probe = e.get("completion") or {}
+    if e.get("up") and not probe.get("ok", True):
+        from spark_ops.engine.api import CompletionProbe
+
+        said = CompletionProbe.from_dict(probe).describe()
+        click.secho(
+            f"Engine: {said}; running {e.get('running')}, waiting {e.get('waiting')}", fg="red"
+        )
+    elif e.get("up"):
         click.echo(
             f"Engine: serving {', '.join(e.get('models') or [])} (vLLM {e.get('version')}); "
             f"running {e.get('running')}, waiting {e.get('waiting')}, "

@@ -141,24 +141,15 @@ class EngineChecks(Checker):
                     f"engine.model {eng.model!r} is not served (served: {models})",
                     "set engine.model to one of the served names, or remove it",
                 )
-            start = time.monotonic()
-            answered = await api.complete(eng.probe_timeout_s)
-            took = time.monotonic() - start
-        if answered:
-            self.report.add(
-                "engine-completion",
-                self.head,
-                "ok",
-                f"a 5-token completion answered in {took:.1f} s",
-            )
+            probe = await api.probe_completion(eng.probe_timeout_s)
+        if probe.ok:
+            self.report.add("engine-completion", self.head, "ok", probe.describe())
         else:
             self.report.add(
                 "engine-completion",
                 self.head,
                 "fail",
-                f"/health answers but a 5-token completion did not within "
-                f"{eng.probe_timeout_s:.0f} s "
-                "(the engine may be wedged: a Ray worker lost, NCCL hung)",
+                probe.describe() + (" (a Ray worker lost, NCCL hung)" if probe.timed_out else ""),
                 "see docs/troubleshooting.md ('/health 200 while wedged'); a restart is needed "
                 "before apply can prove its own",
             )

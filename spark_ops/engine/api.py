@@ -63,6 +63,55 @@ class EngineSnapshot:
         }
 
 
+PROBE_TOKENS = 1  # doctor's and status's completion probe: the smallest real piece of work
+
+
+@dataclass
+class CompletionProbe:
+    """One tiny real completion: whether text came back, how long it took, else what happened."""
+
+    ok: bool
+    seconds: float
+    timeout_s: float
+    max_tokens: int = PROBE_TOKENS
+    error: str = ""  # empty when ok; "timeout" when no answer came within timeout_s
+
+    @property
+    def timed_out(self) -> bool:
+        """True when the completion did not finish within its deadline (a wedged engine)."""
+        return self.error == "timeout"
+
+    def describe(self) -> str:
+        """One line for doctor's check and status's verdict."""
+        what = f"a {self.max_tokens}-token completion"
+        if self.ok:
+            return f"{what} answered in {self.seconds:.1f} s"
+        if self.timed_out:
+            return f"wedged: /health answers, {what} did not finish in {self.timeout_s:g} s"
+        return f"/health answers, {what} failed: {self.error}"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompletionProbe:
+        """Rebuild from to_dict()'s fields (status's verdict reads its data)."""
+        return cls(
+            ok=bool(data.get("ok")),
+            seconds=float(data.get("seconds") or 0.0),
+            timeout_s=float(data.get("timeout_s") or 0.0),
+            max_tokens=int(data.get("max_tokens") or PROBE_TOKENS),
+            error=str(data.get("error") or ""),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json."""
+        return {
+            "ok": self.ok,
+            "seconds": round(self.seconds, 2),
+            "timeout_s": self.timeout_s,
+            "max_tokens": self.max_tokens,
+            "error": self.error,
+        }
+
+
 def _timeout(seconds: float) -> Any:
     """An aiohttp total timeout."""
     import aiohttp
@@ -156,25 +205,45 @@ class EngineAPI:
 
     async def complete(self, timeout: float = 30.0) -> bool:
         """Ask for a tiny real completion (5 tokens); True when text came back."""
-        import aiohttp
+        return (await self.probe_completion(timeout, max_tokens=5)).ok
+
+    async def probe_completion(
+        self, timeout: float, *, max_tokens: int = PROBE_TOKENS
+    ) -> CompletionProbe:
+        """A real completion of max_tokens under a deadline: what came back, or why none did.
+
+        /health answers while an engine is wedged (a Ray worker lost, NCCL hung); only a
+        completion that finishes proves it serves. The deadline covers the model lookup too.
+        """
 
         assert self._session is not None
-        try:
+        start = time.monotonic()
+
+        def done(ok: bool, error: str = "") -> CompletionProbe:
+            """The probe's record, timed from its start."""
+            return CompletionProbe(ok, time.monotonic() - start, timeout, max_tokens, error)
+
+        async def ask() -> CompletionProbe:
+            """Find the model, post the completion, read its answer."""
             model = self.model or next(iter(await self.models()), None)
             if model is None:
-                return False
+                return done(False, "no model is served (/v1/models is empty)")
             self.model = model
-            body = {"model": model, "prompt": "ping", "max_tokens": 5, "temperature": 0}
-            t = aiohttp.ClientTimeout(total=timeout)
+            body = {"model": model, "prompt": "ping", "max_tokens": max_tokens, "temperature": 0}
             async with self._session.post(
-                self.base_url + "/v1/completions", json=body, timeout=t
+                self.base_url + "/v1/completions", json=body, timeout=_timeout(timeout)
             ) as resp:
                 if resp.status != 200:
-                    return False
+                    return done(False, f"HTTP {resp.status}")
                 data = await resp.json()
-                return bool(data.get("choices"))
-        except Exception:
-            return False
+                return done(True) if data.get("choices") else done(False, "no text came back")
+
+        try:
+            return await asyncio.wait_for(ask(), timeout)
+        except asyncio.TimeoutError:
+            return done(False, "timeout")
+        except Exception as exc:  # a refused or reset connection, a body that is not JSON
+            return done(False, f"{type(exc).__name__}: {str(exc)[:120]}".rstrip(": "))
 
     async def pause(self, timeout: float) -> bool:
         """Stop new work and let in-flight requests finish, where the engine allows it.
