@@ -9,7 +9,9 @@ A node that cannot be reached is a per-host failure, not an exception: the other
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ TIMEOUT = "timeout"
 UNREACHABLE = "unreachable"
 ERROR = "error"  # anything else (edit refused, staging failed …)
 UNCHANGED = "unchanged"  # edit mode: the line already reads as wanted
+EDIT_DEADLINE_S = 5.0  # exec --edit: a one-line regex match on a recipe takes microseconds
 
 # A connection reset or lost before login is what an sshd past its MaxStartups does (also a jump
 # host's); it is retried after a short random pause. Refused, timed out, host key, auth: never.
@@ -267,11 +270,42 @@ class LineEdit:
             ) from None
         return rx
 
-    def apply(self, host: str, text: str) -> tuple[str, str, str]:
-        """Return (new text, old line, new line); exactly one line must match."""
-        rx = self.compiled()
-        lines = text.splitlines(keepends=True)
-        hits = [i for i, line in enumerate(lines) if rx.search(line.rstrip("\r\n"))]
+    async def apply(
+        self, host: str, text: str, *, deadline_s: float = EDIT_DEADLINE_S
+    ) -> tuple[str, str, str]:
+        """Return (new text, old line, new line); exactly one line must match.
+
+        The match runs in a child process killed at deadline_s (spark_ops/linesub.py says why):
+        a pattern that backtracks for ever is refused, naming it, and nothing is written.
+        """
+        self.compiled()
+        payload = json.dumps(
+            {"pattern": self.pattern, "replacement": self.replacement, "text": text}
+        ).encode()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "spark_ops.linesub",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(payload), deadline_s)
+        except asyncio.TimeoutError:
+            raise FanoutError(
+                host,
+                f"{self.path}: pattern {excerpt(self.pattern)} did not finish matching within "
+                f"{deadline_s:g} s (it backtracks without end on this file, e.g. a nested "
+                "repetition like (a+)+); nothing was written",
+                hint="anchor the pattern (^…$) and avoid a repetition inside a repetition",
+            ) from None
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        if proc.returncode != 0:
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+            raise FanoutError(host, f"{self.path}: the edit failed: {tail[0][:300]}")
+        done = json.loads(out)
+        hits = done["hits"]
         if len(hits) != 1:
             found = (
                 "no line"
@@ -282,14 +316,9 @@ class LineEdit:
                 host,
                 f"{self.path}: {found} match {self.pattern!r}; a one-line edit needs exactly one",
             )
-        i = hits[0]
-        body = lines[i].rstrip("\r\n")
-        ending = lines[i][len(body) :]
-        new_body = rx.sub(self.replacement, body, count=1)
-        if "\n" in new_body or "\r" in new_body:
-            raise FanoutError(host, f"{self.path}: the replacement would split line {i + 1}")
-        lines[i] = new_body + ending
-        return "".join(lines), body, new_body
+        if "\n" in done["new"] or "\r" in done["new"]:
+            raise FanoutError(host, f"{self.path}: the replacement would split line {hits[0] + 1}")
+        return done["text"], done["old"], done["new"]
 
 
 async def edit_on(
@@ -316,7 +345,7 @@ async def edit_on(
             text = await session.read_file(h, edit.path, sudo=True)
             if text is None:
                 raise FanoutError(h, f"{edit.path} does not exist")
-            new, old_line, new_line = edit.apply(h, text)
+            new, old_line, new_line = await edit.apply(h, text)
             info = {"path": edit.path, "old_line": old_line, "new_line": new_line, "backup": None}
             if new == text:
                 results[h] = HostResult(h, UNCHANGED, extra=info)

@@ -123,3 +123,32 @@ def test_budget_prune_planned_after_an_experiment(quick_watchdog: Sim) -> None:
     assert len(result["removed_stamps"]) == 2
     assert history(sim) == before
     assert result["budget"]["used"] == len(before)
+
+
+def test_history_file_typo_is_said_loudly(sim: Sim, tmp_path: Path) -> None:
+    """watchdog.history_file names a file the watchdog never writes (a typo): the restart
+    serves, but the run says the setting is wrong, naming the file and the stamp the watchdog
+    printed, reports no budget, and exits 10; the real history keeps the stamp (issue 21 #6)."""
+    import yaml
+
+    from spark_ops.errors import ExitStatus
+
+    data = yaml.safe_load(sim.inventory.read_text())
+    data["clusters"]["sim"]["watchdog"]["history_file"] = "~/.local/state/spark-watchdog/restart"
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump(data))
+    before = history(sim)
+    res = spark_ops(sim, "-i", str(typo), "restart", "--yes", "--reason", "kernel update")
+    new = history(sim)[len(before) :]
+    assert len(new) == 1, (before, history(sim), res.stdout + res.stderr)
+    out = res.stdout + res.stderr
+    assert res.returncode == ExitStatus.BUDGET, out
+    assert "Done: engine serving" in out, out
+    said = (
+        f"watchdog.history_file is wrong: the watchdog printed stamp {new[0]} for this restart, "
+        "but ~/.local/state/spark-watchdog/restart on node1 did not change"
+    )
+    assert said in " ".join(out.split()), out
+    assert "Restart budget UNKNOWN" in out and "Restart budget: 0/2" not in out, out
+    assert f"spark-ops budget prune --stamp {new[0]}" in " ".join(out.split()), out
+    assert not (sim.head / ".local/state/spark-watchdog/restart").exists()

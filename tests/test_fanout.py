@@ -39,22 +39,22 @@ def put_recipe(ground: Any, text: str = RECIPE) -> None:
 # ----------------------------------------------------------------------------- pure parts
 
 
-def test_line_edit_exactly_one_line() -> None:
+async def test_line_edit_exactly_one_line() -> None:
     """A one-line edit rewrites the matching line only, keeping its line ending."""
     e = fanout.LineEdit("r.yaml", r"^max_num_seqs: .*", "max_num_seqs: 64")
-    new, old, line = e.apply("h", "a: 1\r\nmax_num_seqs: 6\r\nb: 2")
+    new, old, line = await e.apply("h", "a: 1\r\nmax_num_seqs: 6\r\nb: 2")
     assert new == "a: 1\r\nmax_num_seqs: 64\r\nb: 2"
     assert (old, line) == ("max_num_seqs: 6", "max_num_seqs: 64")
 
 
 @pytest.mark.parametrize("text", ["a: 1\n", "max_num_seqs: 1\nmax_num_seqs: 2\n"])
-def test_line_edit_refuses_zero_or_many(text: str) -> None:
+async def test_line_edit_refuses_zero_or_many(text: str) -> None:
     """No match or several matches: refused, naming the file and the pattern."""
     with pytest.raises(fanout.FanoutError, match=r"r\.yaml"):
-        fanout.LineEdit("r.yaml", "^max_num_seqs", "x").apply("h", text)
+        await fanout.LineEdit("r.yaml", "^max_num_seqs", "x").apply("h", text)
 
 
-def test_line_edit_bad_regex_and_split() -> None:
+async def test_line_edit_bad_regex_and_split() -> None:
     """An invalid regex and a replacement that adds a newline are refused."""
     with pytest.raises(InputError, match=r"not a valid regex"):
         fanout.LineEdit("r", "(", "x").compiled()
@@ -62,7 +62,18 @@ def test_line_edit_bad_regex_and_split() -> None:
         with pytest.raises(InputError, match=f"not a valid template .*{why}"):
             fanout.LineEdit("r", "^(a)", template).compiled()
     with pytest.raises(fanout.FanoutError, match="split"):
-        fanout.LineEdit("r", "^a", "a\nb").apply("h", "a\n")
+        await fanout.LineEdit("r", "^a", "a\nb").apply("h", "a\n")
+
+
+async def test_line_edit_backtracking_regex_has_a_deadline() -> None:
+    """A pattern that backtracks for ever (`(a+)+$` on a long line of a's ending otherwise) is
+    stopped at the edit's deadline and refused, naming the file and the pattern (issue 21 #9);
+    the same file with a sane pattern still edits (the child process keeps re's semantics)."""
+    text = "x: " + "a" * 60 + "!\nmax_num_seqs: 6\n"
+    with pytest.raises(fanout.FanoutError, match=r"r\.yaml: pattern '\(a\+\)\+\$' did not finish"):
+        await fanout.LineEdit("r.yaml", r"(a+)+$", "x").apply("h", text, deadline_s=1)
+    new, _, _ = await fanout.LineEdit("r.yaml", r"^(max_num_seqs:).*", r"\1 64").apply("h", text)
+    assert new.endswith("max_num_seqs: 64\n")
 
 
 def test_build_command_quotes_and_shell() -> None:

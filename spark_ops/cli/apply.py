@@ -178,7 +178,10 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
             if outcome.rolled_back:
                 return int(ExitStatus.BOOT_FAILED)
             failed = not all(c["ok"] for c in outcome.checks)
-            return int(ExitStatus.CHECK_FAILED) if failed else 0
+            if failed:
+                return int(ExitStatus.CHECK_FAILED)
+            # the engine serves, but the budget is unknown: watchdog.history_file is wrong
+            return int(ExitStatus.BUDGET) if outcome.history_problem else 0
 
     return run_async(flow())
 
@@ -205,6 +208,10 @@ def _echo_outcome(outcome: Outcome) -> None:
         click.secho(
             f"  {mark} {c['name']} [{c['host']}]: {c['detail']}", fg=None if c["ok"] else "red"
         )
+    problem = outcome.history_problem
+    if problem:
+        click.secho(f"✗ Restart budget UNKNOWN: {problem['message']}.", fg="red", bold=True)
+        click.secho(f"  fix: {problem['hint']}", fg="red")
     if outcome.budget:
         b = outcome.budget
         click.echo(

@@ -6,11 +6,12 @@ import shlex
 import time
 from typing import Any
 
-from spark_ops.doctor.report import Checker
+from spark_ops.doctor.report import Checker, parse_kv
 from spark_ops.engine.identity import leftovers, stop_hint
 from spark_ops.errors import RecipeError, SparkOpsError
 from spark_ops.recipe import load_recipe_text, render_recipe, unified_diff
-from spark_ops.remote import quote_path
+from spark_ops.remote import quote_path, sh_program
+from spark_ops.remote.shell import REPLACEABLE_SH
 from spark_ops.workflows import Operation
 
 
@@ -67,6 +68,7 @@ class EngineChecks(Checker):
                 "ok",
                 f"{rs.path} parses; model {rendered.model or '?'}, --max-num-seqs {seqs}",
             )
+            await self._check_recipe_writable(host)
         if len(texts) > 1:
             first = next(iter(texts))
             differ = [h for h, t in texts.items() if t != texts[first]]
@@ -91,6 +93,44 @@ class EngineChecks(Checker):
                     "recipe-same", ",".join(texts), "ok", f"identical on {len(texts)} nodes"
                 )
         return texts.get(self.head) or next(iter(texts.values()), None)
+
+    async def _check_recipe_writable(self, host: str) -> None:
+        """The recipe replaceable the way the atomic writer does it, as the SSH user of host:
+        a temp file created beside its target (a symlink's end), renamed over it."""
+        rs = self.cluster.recipe
+        res = await self.session.run(
+            host, sh_program(REPLACEABLE_SH, rs.path), check=False, sudo=True
+        )
+        kv = parse_kv(res.stdout)
+        target = kv.get("target", rs.path)
+        where = (target.rsplit("/", 1)[0] or "/") if "/" in target else "."
+        user = self.cluster.node(host).user or "the SSH user"
+        problems = []
+        state = kv.get("dir", "unknown")
+        if state != "writable":
+            problems.append(
+                f"its directory {where} is {state.replace('-', ' ')} for {user} (the new recipe "
+                "is written to a temp file there, then renamed over the old one)"
+            )
+        if kv.get("file") == "not-readable":
+            problems.append(f"{target} is not readable by {user}")
+        if "flags" in kv:
+            flags, _, path = kv["flags"].partition(" ")
+            problems.append(f"{path} is immutable or append-only (lsattr {flags}): no rename")
+        if not problems:
+            self.report.add(
+                "recipe-writable", host, "ok", f"{rs.path} replaceable ({where} writable)"
+            )
+            return
+        self.report.add(
+            "recipe-writable",
+            host,
+            "fail",
+            f"{host}:{rs.path}: " + "; ".join(problems),
+            f"on {host}: let {user} write {where} (chown/chmod; `chattr -i` on an immutable "
+            "file or directory; remount a read-only file system), or set sudo: true for "
+            f"{host} in the inventory",
+        )
 
     async def check_engine(self) -> None:
         """The engine's API: reachable (directly or by tunnel), version, model, a completion."""

@@ -44,6 +44,16 @@ class DoctorReport:
         }
 
 
+def parse_kv(text: str) -> dict[str, str]:
+    """key=value lines (a doctor probe's answer) into a dict."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
 class Checker:
     """What a group of checks works on: the open session, its cluster, the report it fills."""
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import shlex
 
-from spark_ops.doctor.report import Checker
+from spark_ops.discover.options import WATCHDOG_CONFIG
+from spark_ops.doctor.report import Checker, parse_kv
 from spark_ops.errors import SparkOpsError
 from spark_ops.remote import quote_path, sh_program
+from spark_ops.watchdog.config import WatchdogConfigError, parse_config
 from spark_ops.watchdog.contract import WatchdogContract
+from spark_ops.yamlsafe import load_yaml
 
 # $1 history file, $2 lock file. Prints key=value lines; changes nothing (the lock is opened read-
 # only,
@@ -55,19 +58,23 @@ def command_program(command: str) -> tuple[str | None, str | None]:
     return directory, None
 
 
+def config_argument(command: str) -> str | None:
+    """The FILE of `--config FILE` / `--config=FILE` in a watchdog command, if any."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    for i, w in enumerate(words):
+        if w == "--config" and i + 1 < len(words):
+            return words[i + 1]
+        if w.startswith("--config="):
+            return w.split("=", 1)[1]
+    return None
+
+
 def _first_word(command: str) -> str | None:
     """The program a shell command runs (see command_program)."""
     return command_program(command)[1]
-
-
-def _parse_kv(text: str) -> dict[str, str]:
-    """key=value lines into a dict."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        if "=" in line:
-            k, v = line.split("=", 1)
-            out[k.strip()] = v.strip()
-    return out
 
 
 class WatchdogChecks(Checker):
@@ -133,8 +140,8 @@ class WatchdogChecks(Checker):
         exists = data.get("exists", True)
         detail = f"{wd.history_file}: {count} stamp(s), format {data.get('format')}"
         if not exists:
-            detail = f"{wd.history_file} does not exist yet (no restart recorded)"
-        if malformed:
+            await self._history_absent()
+        elif malformed:
             first = malformed[0]
             self.report.add(
                 "history",
@@ -150,6 +157,74 @@ class WatchdogChecks(Checker):
         await self._check_writable()
         await self._check_flags()
         await self._check_status(contract)
+
+    async def _history_absent(self) -> None:
+        """A history that does not exist: a first install, or watchdog.history_file names the
+        wrong file (then the watchdog's stamps, planned ones too, are never seen nor pruned)."""
+        wd = self.cluster.watchdog
+        said, where = await self._configured_history()
+        if said is None:
+            self.report.add(
+                "history",
+                self.head,
+                "warn",
+                f"{wd.history_file} does not exist: no restart recorded yet, or not the file the "
+                f"watchdog writes ({where})",
+                "compare watchdog.history_file with the history file your watchdog's config "
+                "names; a planned restart recorded elsewhere is never pruned",
+            )
+            return
+        home = await self._home()
+        mine = home + wd.history_file[1:] if wd.history_file.startswith("~") else wd.history_file
+        if said == mine:
+            self.report.add(
+                "history",
+                self.head,
+                "warn",
+                f"{wd.history_file} does not exist yet: no restart recorded (the watchdog's "
+                f"config {where} names the same file)",
+                "nothing to do before the first restart",
+            )
+            return
+        shown = "~" + said[len(home) :] if home and said.startswith(home + "/") else said
+        self.report.add(
+            "history",
+            self.head,
+            "warn",
+            f"{wd.history_file} does not exist, and the watchdog's config {where} says its "
+            f"history is {shown}",
+            f"set watchdog.history_file: {shown} in the inventory (and lock_file / journal_file "
+            "beside it): planned restarts recorded there are not seen nor pruned",
+        )
+
+    async def _home(self) -> str:
+        """The SSH user's home on the head ('' when it cannot be told)."""
+        res = await self.session.run(self.head, 'printf %s "$HOME"', check=False)
+        return res.stdout.strip() if res.ok else ""
+
+    async def _configured_history(self) -> tuple[str | None, str]:
+        """(the history the watchdog's own config names, where that config is), when readable.
+
+        The config is the `--config FILE` of watchdog.restart_command (or status_command), else
+        the reference watchdog's default; a watchdog without one leaves it None, with why.
+        """
+        wd = self.cluster.watchdog
+        path = config_argument(wd.restart_command) or config_argument(wd.status_command or "")
+        path = path or WATCHDOG_CONFIG
+        where = f"{self.head}:{path}"
+        try:
+            text = await self.session.read_file(self.head, path, sudo=True)
+        except SparkOpsError as exc:
+            return None, f"its config {where} cannot be read: {exc.message}"
+        if text is None:
+            return None, f"no watchdog config at {where}"
+        home = await self._home()
+        source = home + path[1:] if path.startswith("~") and home else path
+        try:
+            data = load_yaml(text, source=where, error=WatchdogConfigError)
+            return parse_config(data, source=source).paths.history, where
+        except SparkOpsError as exc:
+            return None, f"its config {where} cannot be read: {exc.message}"
 
     async def _check_status(self, contract: WatchdogContract) -> None:
         """The watchdog's own status command (watchdog.status_command) answers in time."""
@@ -176,7 +251,7 @@ class WatchdogChecks(Checker):
         res = await self.session.run(
             self.head, sh_program(_WRITABLE, wd.history_file, wd.lock_path), check=False, sudo=True
         )
-        kv = _parse_kv(res.stdout)
+        kv = parse_kv(res.stdout)
         user = self.cluster.head.user or "the SSH user"
         problems = []
         if kv.get("file") == "not-writable":

@@ -123,6 +123,25 @@ digest() {  # h= the sha256 of file $1, or "absent" when there is none
 """
 )
 
+REPLACEABLE_SH = (
+    COMMON_SH
+    + r"""
+p=$1
+resolve "$p"
+[ -n "$t" ] || { echo "dir=unresolvable"; exit 0; }
+dir_of "$t"
+echo "target=$t"
+if [ -e "$t" ] && [ ! -r "$t" ]; then echo "file=not-readable"; fi
+if [ ! -d "$d" ]; then echo "dir=absent"; exit 0; fi
+if [ -w "$d" ]; then echo "dir=writable"; else echo "dir=not-writable"; fi
+for f in "$t" "$d"; do  # what refuses the rename (STAGE_SH refuses the same flags)
+  [ -e "$f" ] || continue
+  a=$(lsattr -d -- "$f" 2>/dev/null) || continue
+  case ${a%% *} in *[ia]*) echo "flags=${a%% *} $f" ;; esac
+done
+"""
+)  # doctor: can the atomic writer replace $1 (temp file beside its target, rename)? key=value
+
 STAGE_SH = (
     COMMON_SH
     + r"""

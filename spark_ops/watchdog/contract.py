@@ -94,6 +94,7 @@ class Trigger:
     stamp: float | None  # the stamp it printed; None unless the inventory says reports_stamp
     output: str
     exit_code: int | None = 0
+    printed: float | None = None  # a stamp it printed, trusted or not: a restart was recorded
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for reports."""
@@ -102,6 +103,7 @@ class Trigger:
             "after": self.after,
             "stamp": self.stamp,
             "exit_code": self.exit_code,
+            "printed": self.printed,
         }
 
 
@@ -372,9 +374,10 @@ class WatchdogContract:
         before = await self.clock()
         res = await self.session.run(self.head, command, timeout=timeout, check=False)
         after = await self.clock()
-        printed = _reported_stamp(res.stdout) if self.wd.reports_stamp else None
+        printed = _reported_stamp(res.stdout)
         output = res.stdout if res.exit_code == 0 else (res.stderr.strip() or res.stdout.strip())
-        return Trigger(before, after, printed, output[-2000:], res.exit_code)
+        trusted = printed if self.wd.reports_stamp else None
+        return Trigger(before, after, trusted, output[-2000:], res.exit_code, printed)
 
     def failure(self, trigger: Trigger) -> TriggerFailed:
         """The error of a restart command that exited non-zero."""

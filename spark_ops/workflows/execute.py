@@ -21,7 +21,13 @@ from spark_ops.readiness import record as record_boot
 from spark_ops.remote import FileWrite, engine_log_follow, quote_path, sha256
 from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.history import ROLLED_BACK
-from spark_ops.watchdog.identify import HistEntry, Identification, new_entries, prune_command
+from spark_ops.watchdog.identify import (
+    HistEntry,
+    Identification,
+    fmt_stamp,
+    new_entries,
+    prune_command,
+)
 from spark_ops.workflows import interrupt
 from spark_ops.workflows.journal import RunJournal, write_facts
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
@@ -160,6 +166,8 @@ def audit_entry(
         if result == "ok" and bad:
             names = ", ".join(sorted({f"{c.get('name')}@{c.get('host')}" for c in bad}))
             result = f"ok, checks failed: {names}"
+        if out.history_problem is not None:
+            result += f"; budget unknown: {out.history_problem['message']}"
     detail: dict[str, Any] = {}
     if out is not None:
         detail = {"stamp": out.stamp, "pruned": out.pruned}
@@ -207,7 +215,7 @@ async def _execute(
         if out.ok:
             out.checks = await verify_boot(op, plan, run, out)
     finally:
-        out.budget = await _budget_step(op, run, plan)
+        out.budget = await _budget_step(op, run, plan, out)
 
 
 async def _write(op: Operation, plan: Plan, run: StepRunner, journal: RunJournal) -> None:
@@ -296,6 +304,7 @@ async def _restart_and_wait(
         await journal.note(name, "running", window_from=clock_before, known=known)
         trigger = await op.watchdog.trigger(opts.reason)
         plan.facts["restart_at"] = trigger.before
+        plan.facts["printed_stamp"] = trigger.printed
         if trigger.exit_code != 0:
             await _trigger_failed(op, plan, run, name, trigger, before, watch, paused, suffix)
         found, stamp_error = await _identify(op, trigger, before, opts.reason)
@@ -574,6 +583,11 @@ async def _prune(
             )
             run.fail(name, error.message)
             raise error
+        printed = run.plan.facts.get("printed_stamp")
+        if printed is not None:  # the watchdog recorded a restart, but not in this file
+            out.history_problem = history_unmoved(op, printed)
+            run.fail(name, out.history_problem["message"])
+            return
         run.skip(name, "the watchdog left no new stamp: nothing to prune")
         return
     entry = found.entry
@@ -595,11 +609,41 @@ async def _prune(
     run.finish(name, f"removed {removed}; backup {result.get('backup')}")
 
 
-async def _budget_step(op: Operation, run: StepRunner, plan: Plan) -> dict[str, Any] | None:
+def history_unmoved(op: Operation, printed: float) -> dict[str, Any]:
+    """The report of a restart the watchdog recorded elsewhere: watchdog.history_file is wrong."""
+    wd = op.cluster.watchdog
+    stamp = fmt_stamp(printed)
+    return {
+        "history_file": wd.history_file,
+        "printed_stamp": printed,
+        "message": (
+            f"watchdog.history_file is wrong: the watchdog printed stamp {stamp} for this "
+            f"restart, but {wd.history_file} on {op.cluster.head.name} did not change; the "
+            f"watchdog keeps its history elsewhere, where stamp {stamp} now counts against the "
+            "budget and was not pruned"
+        ),
+        "hint": (
+            "set watchdog.history_file (and lock_file / journal_file) in the inventory to the "
+            "files the watchdog's own config names (`spark-ops doctor` shows them), then remove "
+            f"the planned stamp: spark-ops budget prune --stamp {stamp}"
+        ),
+    }
+
+
+async def _budget_step(
+    op: Operation, run: StepRunner, plan: Plan, out: Outcome
+) -> dict[str, Any] | None:
     """Report the budget as the head sees it now."""
     if "budget" not in {s.name for s in plan.steps}:
         return None
     run.start("budget")
+    if out.history_problem is not None:
+        run.fail(
+            "budget",
+            f"unknown: {op.cluster.watchdog.history_file} is not the history the watchdog "
+            "writes (see the prune step), so what it counts is not the watchdog's budget",
+        )
+        return None
     try:
         view = await op.watchdog.budget()
     except SparkOpsError as exc:

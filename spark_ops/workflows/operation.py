@@ -97,6 +97,7 @@ class Outcome:
     error: dict[str, Any] | None = None
     boots: list[dict[str, Any]] = field(default_factory=list)  # every boot followed, rollback's too
     warnings: list[str] = field(default_factory=list)  # e.g. gave-up appeared during the apply
+    history_problem: dict[str, Any] | None = None  # the history did not move: budget unknown
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
@@ -112,6 +113,7 @@ class Outcome:
             "error": self.error,
             "boots": self.boots,
             "warnings": self.warnings,
+            "history_problem": self.history_problem,
         }
 
 

@@ -1,0 +1,40 @@
+"""The one-line regex edit of `exec --edit`, run in a child process under a deadline.
+
+Python's `re` holds the interpreter while it matches: a pattern that backtracks for ever (nested
+repetition like `(a+)+$` on a long line) would freeze spark-ops whole, its event loop and its
+SSH connections with it, and no timeout could fire. So the match runs here, in a process of its
+own (`python -m spark_ops.linesub`, JSON on stdin and stdout, stdlib only), which the caller
+kills at its deadline. The semantics are exactly `re`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Any
+
+
+def sub_line(pattern: str, replacement: str, text: str) -> dict[str, Any]:
+    """The lines matching pattern (0-based), and when exactly one does, the text rewritten."""
+    rx = re.compile(pattern)
+    lines = text.splitlines(keepends=True)
+    hits = [i for i, line in enumerate(lines) if rx.search(line.rstrip("\r\n"))]
+    out: dict[str, Any] = {"hits": hits}
+    if len(hits) == 1:
+        i = hits[0]
+        body = lines[i].rstrip("\r\n")
+        new_body = rx.sub(replacement, body, count=1)
+        lines[i] = new_body + lines[i][len(body) :]
+        out.update(text="".join(lines), old=body, new=new_body)
+    return out
+
+
+def main() -> None:
+    """Read {"pattern", "replacement", "text"} as JSON on stdin; answer JSON on stdout."""
+    data = json.loads(sys.stdin.read())
+    json.dump(sub_line(data["pattern"], data["replacement"], data["text"]), sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
