@@ -152,3 +152,18 @@ def test_history_file_typo_is_said_loudly(sim: Sim, tmp_path: Path) -> None:
     assert "Restart budget UNKNOWN" in out and "Restart budget: 0/2" not in out, out
     assert f"spark-ops budget prune --stamp {new[0]}" in " ".join(out.split()), out
     assert not (sim.head / ".local/state/spark-watchdog/restart").exists()
+
+    # a restart command that prints nothing: the watchdog's journal still shows the restart
+    wd = data["clusters"]["sim"]["watchdog"]
+    wd["restart_command"] += " >/dev/null"
+    typo.write_text(yaml.safe_dump(data))
+    before = history(sim)
+    res = spark_ops(sim, "-i", str(typo), "restart", "--yes", "--reason", "kernel update")
+    new = history(sim)[len(before) :]
+    out = " ".join((res.stdout + res.stderr).split())
+    assert res.returncode == ExitStatus.BUDGET and len(new) == 1, out
+    assert (
+        f"watchdog.history_file is wrong: the watchdog's journal "
+        f"(~/.local/state/spark-watchdog/restarts.journal.jsonl) recorded stamp {new[0]}, but "
+        "~/.local/state/spark-watchdog/restart on node1 did not change"
+    ) in out, out

@@ -22,6 +22,7 @@ from spark_ops.remote import FileWrite, engine_log_follow, quote_path, sha256
 from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.history import ROLLED_BACK
 from spark_ops.watchdog.identify import (
+    SLACK_S,
     HistEntry,
     Identification,
     fmt_stamp,
@@ -583,9 +584,9 @@ async def _prune(
             )
             run.fail(name, error.message)
             raise error
-        printed = run.plan.facts.get("printed_stamp")
-        if printed is not None:  # the watchdog recorded a restart, but not in this file
-            out.history_problem = history_unmoved(op, printed)
+        evidence = await _restart_recorded(op, run.plan)
+        if evidence is not None:  # the watchdog recorded a restart, but not in this file
+            out.history_problem = history_unmoved(op, *evidence)
             run.fail(name, out.history_problem["message"])
             return
         run.skip(name, "the watchdog left no new stamp: nothing to prune")
@@ -609,16 +610,39 @@ async def _prune(
     run.finish(name, f"removed {removed}; backup {result.get('backup')}")
 
 
-def history_unmoved(op: Operation, printed: float) -> dict[str, Any]:
+async def _restart_recorded(op: Operation, plan: Plan) -> tuple[float, str] | None:
+    """(stamp, how it is known) when the watchdog recorded this restart although the history
+    did not change: the stamp its restart command printed, else a restart record its journal
+    (watchdog.journal_file) gained since the restart began."""
+    printed = plan.facts.get("printed_stamp")
+    if printed is not None:
+        return float(printed), "the watchdog printed stamp {stamp} for this restart"
+    began = plan.facts.get("restart_at")
+    try:
+        last = await op.watchdog.last_restart()
+    except SparkOpsError:
+        return None
+    if began is None or not last or last.get("stamp") is None:
+        return None
+    try:
+        stamp = float(last["stamp"])
+    except (TypeError, ValueError):
+        return None
+    if stamp < float(began) - SLACK_S:
+        return None
+    return stamp, f"the watchdog's journal ({op.watchdog.journal}) recorded stamp {{stamp}}"
+
+
+def history_unmoved(op: Operation, recorded: float, how: str) -> dict[str, Any]:
     """The report of a restart the watchdog recorded elsewhere: watchdog.history_file is wrong."""
     wd = op.cluster.watchdog
-    stamp = fmt_stamp(printed)
+    stamp = fmt_stamp(recorded)
     return {
         "history_file": wd.history_file,
-        "printed_stamp": printed,
+        "recorded_stamp": recorded,
         "message": (
-            f"watchdog.history_file is wrong: the watchdog printed stamp {stamp} for this "
-            f"restart, but {wd.history_file} on {op.cluster.head.name} did not change; the "
+            f"watchdog.history_file is wrong: {how.format(stamp=stamp)}, "
+            f"but {wd.history_file} on {op.cluster.head.name} did not change; the "
             f"watchdog keeps its history elsewhere, where stamp {stamp} now counts against the "
             "budget and was not pruned"
         ),
