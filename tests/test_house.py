@@ -205,6 +205,32 @@ class House:
                         )
         return out
 
+    def yaml_loads(self) -> list[str]:
+        """YAML parsed anywhere but the one loader (its alias and size guards skipped)."""
+        rule = RULES["yaml_loader"]
+        out: list[str] = []
+        for m, tree in self.trees.items():
+            rel = self.rel(m)
+            if rel == rule["module"]:
+                continue
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == "yaml":
+                    used = [a.name for a in node.names if a.name in rule["parsers"]]
+                elif (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "yaml"
+                    and node.attr in rule["parsers"]
+                ):
+                    used = [node.attr]
+                else:
+                    continue
+                out.extend(
+                    f"{rel}:{node.lineno}: yaml.{name} outside {rule['module']} ({rule['why']})"
+                    for name in used
+                )
+        return out
+
     def findings(self) -> list[str]:
         """Everything wrong, sorted."""
         return sorted(
@@ -213,6 +239,7 @@ class House:
             + self.forbidden()
             + self.private_imports()
             + self.untyped_parameters()
+            + self.yaml_loads()
         )
 
 
@@ -289,6 +316,11 @@ def test_no_private_name_crosses_modules(house: House) -> None:
 def test_workflow_parameters_carry_their_real_types(house: House) -> None:
     """No `op: Any` (nor plan, opts, out) in workflows/."""
     assert house.untyped_parameters() == []
+
+
+def test_yaml_is_read_through_the_one_loader(house: House) -> None:
+    """No yaml.safe_load / yaml.load outside spark_ops/yamlsafe.py: every file gets its guards."""
+    assert house.yaml_loads() == []
 
 
 def test_the_graph_is_the_one_python_sees(house: House) -> None:
