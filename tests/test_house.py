@@ -323,6 +323,48 @@ def test_yaml_is_read_through_the_one_loader(house: House) -> None:
     assert house.yaml_loads() == []
 
 
+def second_names(root: Path) -> list[str]:
+    """Imports, in tests and benchmarks, of tests/ modules by a second name (`tests.ground`).
+
+    tests/ is on sys.path (pytest puts it there, benchmarks/ insert it): the test ground is
+    `ground`, a helper module `cases`, `conftest`, `test_init`. Two names load one module twice:
+    `ground.GroundUnavailable is not tests.ground.GroundUnavailable`, and an `except` written with
+    one name misses what the other raises.
+    """
+    out: list[str] = []
+    for path in sorted([*(root / "tests").rglob("*.py"), *(root / "benchmarks").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            rel = path.relative_to(root).as_posix()
+            out.extend(
+                f"{rel}:{node.lineno}: imports {n}; import {n[6:] or 'it'} by its one name"
+                for n in names
+                if n == "tests" or n.startswith("tests.")
+            )
+    return out
+
+
+def test_the_test_ground_has_one_name(tmp_path: Path) -> None:
+    """Every test and benchmark imports tests/ground as `ground`, never as `tests.ground`."""
+    assert second_names(REPO) == []
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "tests" / "ground").mkdir(parents=True)
+    (tmp_path / "tests" / "ground" / "x.py").write_text("from . import GroundError\n")
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "from ground import GroundError\nimport tests.ground.sshd\n"
+        "def f():\n    from tests.ground import GroundUnavailable\n"
+    )
+    assert second_names(tmp_path) == [
+        "tests/test_x.py:2: imports tests.ground.sshd; import ground.sshd by its one name",
+        "tests/test_x.py:4: imports tests.ground; import ground by its one name",
+    ]
+
+
 def test_the_graph_is_the_one_python_sees(house: House) -> None:
     """Sanity: the checker sees the edges the issue named, now pointing the right way."""
     edges = house.graph()
