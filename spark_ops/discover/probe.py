@@ -17,7 +17,7 @@ from spark_ops.discover.options import (
     NodeSpec,
 )
 from spark_ops.engine import EngineAPI
-from spark_ops.errors import InventoryError, SparkOpsError
+from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import (
     DEFAULT_WORKER_CHECK,
     Cluster,
@@ -30,7 +30,7 @@ from spark_ops.inventory import (
 from spark_ops.recipe import render_recipe
 from spark_ops.remote import ClusterSession, quote_path
 from spark_ops.sim import RAYLET_CHECK, RAYLET_PORT_ENV
-from spark_ops.watchdog.config import parse_config
+from spark_ops.watchdog.config import WatchdogConfigError, parse_config
 from spark_ops.yamlsafe import load_yaml
 
 
@@ -248,8 +248,8 @@ class Discovery:
             return None
         where = f"{self.head}:{WATCHDOG_CONFIG}"
         try:
-            data = load_yaml(text, source=where, error=InventoryError)
-        except InventoryError as exc:
+            data = load_yaml(text, source=where, error=WatchdogConfigError)
+        except WatchdogConfigError as exc:
             self.warn("watchdog", f"{exc.message}; its values were not read")
             return {}
         source = f"{self.home}/{WATCHDOG_CONFIG[2:]}" if self.home else WATCHDOG_CONFIG

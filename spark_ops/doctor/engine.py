@@ -12,7 +12,7 @@ from spark_ops.errors import RecipeError, SparkOpsError
 from spark_ops.recipe import load_recipe_text, render_recipe, unified_diff
 from spark_ops.remote import quote_path, sh_program
 from spark_ops.remote.shell import REPLACEABLE_SH
-from spark_ops.workflows import Operation
+from spark_ops.workflows.operation import Operation
 
 
 class EngineChecks(Checker):

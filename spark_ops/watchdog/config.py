@@ -209,7 +209,8 @@ def load_config(path: str | os.PathLike[str]) -> WatchdogConfig:
         text = Path(source).read_text()
     except OSError as exc:
         raise WatchdogConfigError(f"{source}: cannot read the config: {exc.strerror}") from None
-    return parse_config(load_yaml(text, source=source, error=WatchdogConfigError), source=source)
+    data = load_yaml(text, source=source, error=WatchdogConfigError)
+    return parse_config(data, source=source)
 
 
 def parse_config(data: Any, *, source: str = "<config>") -> WatchdogConfig:
