@@ -10,10 +10,11 @@ from typing import Any
 
 from spark_ops.errors import InventoryError
 from spark_ops.inventory import host_problem
+from spark_ops.watchdog.config import USER_CONFIG
 
 TODO = "# TODO(spark-ops init):"
 RECIPE_DIRS = ("~/spark-vllm-docker/recipes", "~/recipes", "/opt/spark-vllm-docker/recipes")
-WATCHDOG_CONFIG = "~/.config/spark-watchdog.yaml"
+WATCHDOG_CONFIG = USER_CONFIG
 WATCHDOG_STATE = "~/.local/state/spark-watchdog"
 BASH_WATCHDOGS = (
     "~/spark-vllm-docker/watchdog.sh",

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import shlex
 
-from spark_ops.discover.options import WATCHDOG_CONFIG
 from spark_ops.doctor.report import Checker, parse_kv
 from spark_ops.errors import SparkOpsError
 from spark_ops.lock import LOCK_FREE_SH
 from spark_ops.remote import quote_path, sh_program
-from spark_ops.watchdog.config import WatchdogConfigError, parse_config
+from spark_ops.watchdog.config import USER_CONFIG, WatchdogConfigError, parse_config
 from spark_ops.watchdog.contract import WatchdogContract
 from spark_ops.yamlsafe import load_yaml
 
@@ -214,7 +213,7 @@ class WatchdogChecks(Checker):
         """
         wd = self.cluster.watchdog
         path = config_argument(wd.restart_command) or config_argument(wd.status_command or "")
-        path = path or WATCHDOG_CONFIG
+        path = path or USER_CONFIG
         where = f"{self.head}:{path}"
         try:
             text = await self.session.read_file(self.head, path, sudo=True)

@@ -13,6 +13,7 @@ from spark_ops.watchdog.history import default_journal, default_lock
 from spark_ops.yamlsafe import load_yaml
 
 DEFAULT_CONFIG = "/etc/spark-watchdog/config.yaml"
+USER_CONFIG = "~/.config/spark-watchdog.yaml"  # where init and doctor look on the head
 DEFAULT_STATE_DIR = "/var/lib/spark-watchdog"
 ACTION_KINDS = ("recipe", "launcher", "systemd", "docker", "command", "sparkrun")
 PROBE_ENDPOINTS = ("completions", "chat")
