@@ -195,7 +195,13 @@ def _echo_outcome(outcome: Outcome) -> None:
         if total is None:
             click.secho("Done: the unfinished run(s) are finished.", fg="green", bold=True)
         else:
-            click.secho(f"Done: engine serving (boot {total:.1f} s).", fg="green", bold=True)
+            boot = outcome.boot or {}
+            how = "from the engine's start" if boot.get("engine_started_at") else "of waiting"
+            cmd = boot.get("restart_command_s")
+            apart = f"; restart command {cmd:.1f} s" if cmd is not None else ""
+            click.secho(
+                f"Done: engine serving (boot {total:.1f} s {how}{apart}).", fg="green", bold=True
+            )
     elif outcome.ok:
         click.secho("The new engine serves, but checks failed:", fg="red", bold=True)
     for warning in getattr(outcome, "warnings", []):
