@@ -8,6 +8,8 @@ the wait with the processes it left named).
 
 from __future__ import annotations
 
+import contextlib
+
 from spark_ops.engine.api import EngineAPI
 from spark_ops.engine.identity import (
     EngineInstance,
@@ -96,10 +98,8 @@ class EngineWatch:
         engine under a wrapper, the container's start), else its API server's start time."""
         inst = self.seen
         if self.source is not None:
-            try:
+            with contextlib.suppress(SparkOpsError):
                 inst = await self.current() or inst
-            except SparkOpsError:
-                pass
         if inst is not None and is_new(inst, self.old, self.restart_at):
             started = inst.engine_started_at
             if started is not None:
