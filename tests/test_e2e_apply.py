@@ -60,6 +60,14 @@ def test_apply_max_num_seqs_64_end_to_end(sim: Sim, cli_env: dict[str, str]) -> 
     before_recipe = sim.recipe.read_text()
     before_stamps = stamps(sim)
     assert len(before_stamps) == 1, "the embedded cluster starts with one earlier automatic restart"
+    # a typo in --set is refused before anything is written (vLLM's argparse would take the
+    # abbreviation, restart, and verify fail: a wasted restart)
+    tree = tree_digest(sim.root)
+    res = spark_ops(cli_env, "apply", "--set", "max_num_seq=48", "--yes")
+    assert res.returncode == ExitStatus.RECIPE, res.stderr[-2000:]
+    assert "did you mean --max-num-seqs?" in res.stderr and "nothing was written" in res.stderr
+    assert tree_digest(sim.root) == tree and stamps(sim) == before_stamps
+
     write_vllm_shim(sim.head, wrapper=True)
     inventory = sim.inventory.read_text()
     sim.inventory.write_text(inventory.replace("--by {by}", "--by {by} && sleep 3", 1))

@@ -59,6 +59,12 @@ def knob_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Have the head's own vLLM parse the new command line before anything stops.",
         ),
         click.option("--preflight-timeout", type=float, default=60.0, show_default=True),
+        click.option(
+            "--trust-keys",
+            is_flag=True,
+            help="Write --set/--flag keys even when the head's vLLM parser cannot be asked "
+            "(an unknown key or an abbreviation is refused when it can).",
+        ),
     ]
     for opt in reversed(options):
         fn = opt(fn)
@@ -128,6 +134,7 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
         reason=kw["reason"] or f"planned restart (spark-ops {operation})",
         preflight=kw.get("preflight", "auto"),
         preflight_timeout_s=kw.get("preflight_timeout", 60.0),
+        trust_keys=kw.get("trust_keys", False),
         command=command_line(),
     )
 
