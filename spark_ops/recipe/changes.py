@@ -216,6 +216,6 @@ def refuse_unknown_options(
     if bad:
         raise KnobError(
             f"{parser} does not take: " + "; ".join(bad),
-            hint="nothing was written and the engine was not restarted; write the option in "
-            "full as `vllm serve --help=all` lists it",
+            hint="nothing was written; write the option in full, as `vllm serve --help=all` "
+            "lists it",
         )

