@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -80,8 +81,9 @@ def test_apply_max_num_seqs_64_end_to_end(sim: Sim, cli_env: dict[str, str]) -> 
 
     pid = int((sim.head / ".local/state/spark-watchdog/engine.pid").read_text())
     boot = out["boot"]
-    assert "engine pid" in boot["engine_start_from"], boot
-    assert str(pid) not in boot["engine_start_from"], "the wrapper shell is not the engine"
+    named = re.fullmatch(r"pid (\d+), engine pid (\d+) under it", boot["engine_start_from"])
+    assert named is not None, boot
+    assert int(named[1]) == pid and int(named[2]) != pid, "the wrapper shell is not the engine"
     assert boot["restart_command_s"] >= 3.0
     # the engine started before the command's 3 s sleep, the wait only after it
     assert boot["total_s"] >= boot["wait_s"] + 1.5, boot

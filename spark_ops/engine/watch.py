@@ -103,10 +103,7 @@ class EngineWatch:
         if inst is not None and is_new(inst, self.old, self.restart_at):
             started = inst.engine_started_at
             if started is not None:
-                what = (
-                    f"engine pid {inst.engine_pid}" if inst.source == "pid_file" else inst.label()
-                )
-                return started, f"{what} started"
+                return started, inst.label()
         start = await api.start_time() if api is not None else None
         if start is not None and started_after(start, self.restart_at, self.old_api_start):
             return start, "its API server's process_start_time_seconds"

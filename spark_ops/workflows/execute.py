@@ -380,8 +380,8 @@ def boot_text(report: BootReport, watch: EngineWatch) -> str:
         else ""
     )
     return (
-        f"ready {report.total_s:.1f} s after the engine started ({report.engine_start_from}); "
-        f"{command}then {report.wait_s:.1f} s of waiting ({watch_label(watch)})"
+        f"ready {report.total_s:.1f} s after the new engine started ({report.engine_start_from}); "
+        f"{command}then {report.wait_s:.1f} s of waiting"
     )
 
 

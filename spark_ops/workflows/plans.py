@@ -116,7 +116,13 @@ async def _check_keys(op: Operation, opts: ApplyOptions, plan: Plan, head_text: 
             hint="nothing was written; if you are sure of the names, --trust-keys writes them "
             "unchecked",
         )
-    refuse_unknown_options(requested, found.options, f"vLLM {found.version} on {head}")
+    version = str(found.version)
+    parser = (
+        f"the sim engine (vLLM {version.removeprefix('sim ')}) on {head}"
+        if found.method.endswith("sim")
+        else f"vLLM {version} on {head}"
+    )
+    refuse_unknown_options(requested, found.options, parser)
 
 
 async def _restart_if_needed(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
