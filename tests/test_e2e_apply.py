@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -48,15 +49,48 @@ def stamps(sim: Sim) -> list[str]:
 
 
 def test_apply_max_num_seqs_64_end_to_end(sim: Sim, cli_env: dict[str, str]) -> None:
-    """The README's story: recipe changed, engine restarted with 64, >6 running, no stamp left."""
+    """The README's story: recipe changed, engine restarted with 64, >6 running, no stamp left.
+
+    On the way (issue 21): the engine runs under a wrapper shell (the pid file names the shell,
+    the engine is its child) and the watchdog's restart command returns 3 s after it started the
+    engine: verify still reads the engine's own args, and the boot is timed from its start.
+    """
+    from spark_ops.readiness import BootHistory
+    from spark_ops.sim.cluster import write_vllm_shim
+
     before_recipe = sim.recipe.read_text()
     before_stamps = stamps(sim)
     assert len(before_stamps) == 1, "the embedded cluster starts with one earlier automatic restart"
+    # a typo in --set is refused before anything is written (vLLM's argparse would take the
+    # abbreviation, restart, and verify fail: a wasted restart)
+    tree = tree_digest(sim.root)
+    res = spark_ops(cli_env, "apply", "--set", "max_num_seq=48", "--yes")
+    assert res.returncode == ExitStatus.RECIPE, res.stderr[-2000:]
+    assert "did you mean --max-num-seqs?" in res.stderr and "nothing was written" in res.stderr
+    assert tree_digest(sim.root) == tree and stamps(sim) == before_stamps
+
+    write_vllm_shim(sim.head, wrapper=True)
+    inventory = sim.inventory.read_text()
+    sim.inventory.write_text(inventory.replace("--by {by}", "--by {by} && sleep 3", 1))
+    assert sim.inventory.read_text() != inventory
 
     res = spark_ops(cli_env, "apply", "--max-num-seqs", "64", "--yes", "--json")
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout)
     assert out["ok"] is True
+
+    pid = int((sim.head / ".local/state/spark-watchdog/engine.pid").read_text())
+    boot = out["boot"]
+    named = re.fullmatch(r"pid (\d+), engine pid (\d+) under it", boot["engine_start_from"])
+    assert named is not None, boot
+    assert int(named[1]) == pid and int(named[2]) != pid, "the wrapper shell is not the engine"
+    assert boot["restart_command_s"] >= 3.0
+    # the engine started before the command's 3 s sleep, the wait only after it
+    assert boot["total_s"] >= boot["wait_s"] + 1.5, boot
+    recorded = [
+        r for recs in BootHistory().load().values() for r in recs if r["at"] == boot["started_at"]
+    ]
+    assert [r["total_s"] for r in recorded] == [pytest.approx(boot["total_s"], abs=0.01)]
 
     after_recipe = sim.recipe.read_text()
     changed = [

@@ -41,6 +41,12 @@ def test_identity(case: dict[str, Any]) -> None:
         assert inst.pgid == case["pgid"]
     if "members" in case:
         assert [p.label() for p in inst.members] == case["members"]
+    if "engine" in case:  # the one rule verify, identity and leftovers use (engine_process)
+        assert (inst.engine.pid if inst.engine else None) == case["engine"]
+        assert inst.engine_pid == (case["engine"] or inst.pid)
+        assert inst.label() == case["label"]
+    if "engine_started_at" in case:
+        assert inst.engine_started_at == case["engine_started_at"]
 
 
 def test_new_instance_rules() -> None:

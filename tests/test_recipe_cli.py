@@ -71,6 +71,28 @@ def test_set_unknown_moe_for_version(recipe: Path) -> None:
     assert "not a backend vLLM 0.22.0 knows" in out.output
 
 
+@pytest.mark.parametrize(
+    ("version", "status", "says"),
+    [
+        ("0.32.0", ExitStatus.RECIPE, "--max-num-seq is not an option (vLLM would expand the "
+         "abbreviation to --max-num-seqs); did you mean --max-num-seqs?"),
+        ("0.31.0", 0, "warning: --set max_num_seq: not checked against vLLM's parser"),
+    ],
+)  # fmt: skip
+def test_set_key_typo(
+    recipe: Path, version: str, status: int, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A --set key vLLM lacks is refused when the version's option list is known here (the
+    shipped 0.32.0 list), else written with a warning that apply checks it on the head."""
+    monkeypatch.setenv("HOME", str(recipe.parent))  # no cached lists of this machine's heads
+    before = recipe.read_bytes()
+    args = ["set", str(recipe), "--set", "max_num_seq=48", "--vllm-version", version, "--yes"]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == status, out.output
+    assert says in out.output
+    assert (recipe.read_bytes() == before) is (status != 0)
+
+
 def test_set_generic_and_nothing_to_do(recipe: Path) -> None:
     """--set/--flag/--unset-flag work; an edit to the current value writes nothing."""
     args = ["set", str(recipe), "--set", "max_model_len=65536", "--flag", "--enable-prefix-caching"]

@@ -59,6 +59,12 @@ def knob_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Have the head's own vLLM parse the new command line before anything stops.",
         ),
         click.option("--preflight-timeout", type=float, default=60.0, show_default=True),
+        click.option(
+            "--trust-keys",
+            is_flag=True,
+            help="Write --set/--flag keys even when the head's vLLM parser cannot be asked "
+            "(an unknown key or an abbreviation is refused when it can).",
+        ),
     ]
     for opt in reversed(options):
         fn = opt(fn)
@@ -128,6 +134,7 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
         reason=kw["reason"] or f"planned restart (spark-ops {operation})",
         preflight=kw.get("preflight", "auto"),
         preflight_timeout_s=kw.get("preflight_timeout", 60.0),
+        trust_keys=kw.get("trust_keys", False),
         command=command_line(),
     )
 
@@ -198,7 +205,13 @@ def _echo_outcome(outcome: Outcome) -> None:
         if total is None:
             click.secho("Done: the unfinished run(s) are finished.", fg="green", bold=True)
         else:
-            click.secho(f"Done: engine serving (boot {total:.1f} s).", fg="green", bold=True)
+            boot = outcome.boot or {}
+            how = "from the engine's start" if boot.get("engine_started_at") else "of waiting"
+            cmd = boot.get("restart_command_s")
+            apart = f"; restart command {cmd:.1f} s" if cmd is not None else ""
+            click.secho(
+                f"Done: engine serving (boot {total:.1f} s {how}{apart}).", fg="green", bold=True
+            )
     elif outcome.ok:
         click.secho("The new engine serves, but checks failed:", fg="red", bold=True)
     for warning in getattr(outcome, "warnings", []):

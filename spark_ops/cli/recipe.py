@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -67,6 +68,7 @@ def set_cmd(
             raise RecipeError(
                 "nothing to change: give a knob option, --set, --flag or --unset-flag"
             )
+        _check_keys(file, changes, vllm_version)
         landed = edit_file(file, changes, vllm_version=vllm_version)
         result, target = landed.edit, Path(landed.target)
         for warning in result.warnings:
@@ -86,6 +88,37 @@ def set_cmd(
         click.echo(f"wrote {target} (backup {backup.name})")
     except SparkOpsError as err:
         _fail(err)
+
+
+def _check_keys(file: Path, changes: list[Any], vllm_version: str | None) -> None:
+    """Refuse --set/--flag keys the serve parser of the recipe's vLLM does not know exactly, when
+    that parser's options are known here (a head's cached answer, the shipped 0.32.0 list);
+    else say they are unchecked (apply checks them against the head's own vLLM)."""
+    from spark_ops.recipe.changes import refuse_unknown_options, requested_flags
+    from spark_ops.recipe.editor import resolve_version
+    from spark_ops.recipe.source import load_recipe_text
+    from spark_ops.workflows.preflight import local_serve_options
+
+    try:
+        text = file.read_text(encoding="utf-8")
+        defaults = load_recipe_text(text, source=str(file)).get("defaults")
+        version, unknown = resolve_version(text, str(file), vllm_version)
+    except (OSError, UnicodeDecodeError, SparkOpsError):
+        return  # the edit itself names what is wrong with the file
+    requested = requested_flags(changes, defaults if isinstance(defaults, dict) else {})
+    if not requested:
+        return
+    found = None if unknown else local_serve_options(version)
+    given = ", ".join(g for g, _ in requested)
+    if found is None or found.options is None:
+        why = "its vLLM version is unknown" if unknown else f"no option list of vLLM {version} here"
+        click.echo(
+            f"warning: {given}: not checked against vLLM's parser ({why}); spark-ops apply "
+            "checks them against the head's vLLM before writing",
+            err=True,
+        )
+        return
+    refuse_unknown_options(requested, found.options, f"vLLM {found.version} ({found.detail})")
 
 
 @cli.command("render")

@@ -30,11 +30,16 @@ def cli() -> None:
 @click.option("--boot-scale", type=float, default=4.0, show_default=True,
               help="Stretch the boot phases so they can be watched.")  # fmt: skip
 @click.option("--fault", help="Engine fault to inject (exit_during_weights, kv_alloc_fail, …).")
+@click.option(
+    "--engine-wrapper",
+    is_flag=True,
+    help="Start the engine under a wrapper shell (the pid file names the shell).",
+)
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Return once the engine serves, not when the nodes listen.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 def up(root: Path, nodes: int, max_num_seqs: int, time_scale: float, boot_scale: float,
-       fault: str | None, wait: bool, as_json: bool) -> None:  # fmt: skip
+       fault: str | None, engine_wrapper: bool, wait: bool, as_json: bool) -> None:  # fmt: skip
     """Lay out and start the embedded cluster in the background."""
     from spark_ops.sim.cluster import SimOptions
     from spark_ops.sim.control import up as sim_up
@@ -42,7 +47,7 @@ def up(root: Path, nodes: int, max_num_seqs: int, time_scale: float, boot_scale:
 
     opts = SimOptions(
         nodes=nodes, time_scale=time_scale, boot_scale=boot_scale, fault=fault,
-        max_num_seqs=max_num_seqs,
+        max_num_seqs=max_num_seqs, engine_wrapper=engine_wrapper,
     )  # fmt: skip
     state = sim_up(root, opts)
     if wait and not fault:

@@ -258,4 +258,9 @@ class EngineChecks(Checker):
                 "if they are not this cluster's engine, stop them before the next boot",
             )  # fmt: skip
         else:
-            self.report.add("engine-leftovers", self.head, "ok", "no engine process left over")
+            engine = (
+                f"; the engine: {instance.engine.label()}" if instance and instance.engine else ""
+            )
+            self.report.add(
+                "engine-leftovers", self.head, "ok", f"no engine process left over{engine}"
+            )

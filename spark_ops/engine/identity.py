@@ -17,6 +17,7 @@ An instance is told apart by what the head knows of it, per how the inventory ru
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,8 @@ from spark_ops.inventory import Cluster
 from spark_ops.remote import ClusterSession, quote_path, sh_program
 
 START_SLACK_S = 1.5  # process_start_time_seconds reads up to 1 s early (whole-second btime)
+# A command line that runs vLLM's server: `vllm serve`, `python -m vllm.entrypoints…`, the sim's.
+ENGINE_COMMAND = re.compile(r"vllm serve|vllm\.entrypoints|sim\.engine serve")
 
 
 @dataclass(frozen=True)
@@ -36,10 +39,42 @@ class Proc:
     state: str
     started_at: float
     name: str
+    args: str = ""  # its command line (cut), as ps shows it
 
     def label(self) -> str:
         """`1234 (VLLM::EngineCore)`."""
         return f"{self.pid} ({self.name})"
+
+
+def engine_process(procs: tuple[Proc, ...] | list[Proc], root: int | None) -> Proc | None:
+    """The engine's own process in the tree of `root` (the pid a pid file names): the deepest
+    process there whose command line runs vLLM's server (a wrapper shell `sh -c 'vllm serve …'`
+    is its parent; vLLM's titled children `VLLM::EngineCore` are not it); None when none does.
+
+    Verify (whose log lines are the engine's), identity (the engine's start) and leftovers (which
+    process is the engine) all name the engine by this one rule.
+    """
+    if root is None:
+        return None
+    parent = {p.pid: p.ppid for p in procs}
+
+    def depth(pid: int) -> int | None:
+        """Steps from root down to pid; None when pid is not in root's tree."""
+        steps = 0
+        while pid != root:
+            if pid not in parent or steps > len(parent):
+                return None
+            pid, steps = parent[pid], steps + 1
+        return steps
+
+    best: tuple[int, int, Proc] | None = None
+    for p in procs:
+        if p.name.startswith("VLLM::") or not ENGINE_COMMAND.search(p.args):
+            continue
+        d = depth(p.pid)
+        if d is not None and (best is None or (d, -p.pid) > best[:2]):
+            best = (d, -p.pid, p)
+    return best[2] if best else None
 
 
 @dataclass(frozen=True)
@@ -53,13 +88,29 @@ class EngineInstance:
     started_at: float | None = None  # Unix seconds, head clock
     pgid: int | None = None
     members: tuple[Proc, ...] = field(default_factory=tuple)  # live processes of its tree / group
+    engine: Proc | None = None  # the engine's own process in the pid's tree (engine_process)
+
+    @property
+    def engine_pid(self) -> int | None:
+        """The pid of the engine's own process (its log lines carry it): a wrapper's child, or
+        the pid itself."""
+        return self.engine.pid if self.engine is not None else self.pid
+
+    @property
+    def engine_started_at(self) -> float | None:
+        """When the engine's own process started (head clock; whole seconds for a child)."""
+        if self.engine is not None and self.engine.pid != self.pid:
+            return self.engine.started_at
+        return self.started_at
 
     def label(self) -> str:
-        """How the operator sees this instance named."""
+        """How the operator sees this instance named (and the engine process under a wrapper)."""
         if self.source == "docker":
             return f"container {self.key.split('@')[0][:12]}"
         if self.source == "systemd":
             return f"unit invocation {self.key[:12]}"
+        if self.engine is not None and self.engine.pid != self.pid:
+            return f"pid {self.pid}, engine pid {self.engine.pid} under it"
         return f"pid {self.pid}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -71,6 +122,8 @@ class EngineInstance:
             "pid": self.pid,
             "started_at": self.started_at,
             "members": [p.label() for p in self.members],
+            "engine_pid": self.engine_pid,
+            "engine": self.engine.label() if self.engine is not None else None,
         }
 
 
@@ -140,8 +193,9 @@ def _parse_pid_probe(text: str, previous: EngineInstance | None) -> EngineInstan
             if len(parts) >= 6 and not parts[3].startswith(("Z", "X")):
                 n, pp, g = int(parts[0]), int(parts[1]), int(parts[2])
                 started = round(now - float(parts[4]), 0)
-                name = _full_name(parts[5], parts[6] if len(parts) > 6 else "")
-                procs.append(Proc(n, pp, g, parts[3], started, name))
+                args = parts[6] if len(parts) > 6 else ""
+                name = _full_name(parts[5], args)
+                procs.append(Proc(n, pp, g, parts[3], started, name, args[:300]))
     if pid is None:
         return None
     alive = start is not None
@@ -154,7 +208,8 @@ def _parse_pid_probe(text: str, previous: EngineInstance | None) -> EngineInstan
         pgid = previous.pgid if same and previous is not None else None
         if pgid is None and any(p.pgid == pid for p in procs):
             pgid = pid  # a dead leader's group, still holding its children
-    return EngineInstance("pid_file", key, alive, pid, start, pgid, tuple(procs))
+    engine = engine_process(procs, pid) if alive else None
+    return EngineInstance("pid_file", key, alive, pid, start, pgid, tuple(procs), engine)
 
 
 _DOCKER_FMT = (

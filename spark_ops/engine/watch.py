@@ -8,6 +8,8 @@ the wait with the processes it left named).
 
 from __future__ import annotations
 
+import contextlib
+
 from spark_ops.engine.api import EngineAPI
 from spark_ops.engine.identity import (
     EngineInstance,
@@ -85,11 +87,27 @@ class EngineWatch:
             new=new,
             alive=inst.alive,
             label=inst.label(),
-            log_pid=inst.pid if self.source == "pid_file" else None,
+            log_pid=inst.engine_pid if self.source == "pid_file" else None,
             survivors=left,
             stop_hint=hint,
         )
         return self.latest
+
+    async def engine_start(self, api: EngineAPI | None) -> tuple[float | None, str]:
+        """When the new engine itself started (head clock) and what says so: its process (the
+        engine under a wrapper, the container's start), else its API server's start time."""
+        inst = self.seen
+        if self.source is not None:
+            with contextlib.suppress(SparkOpsError):
+                inst = await self.current() or inst
+        if inst is not None and is_new(inst, self.old, self.restart_at):
+            started = inst.engine_started_at
+            if started is not None:
+                return started, inst.label()
+        start = await api.start_time() if api is not None else None
+        if start is not None and started_after(start, self.restart_at, self.old_api_start):
+            return start, "its API server's process_start_time_seconds"
+        return None, "no start time of the new engine known"
 
     async def check_answer(self, api: EngineAPI) -> None:
         """Raise OutgoingEngineAnswered unless the API that answers is the new engine's."""

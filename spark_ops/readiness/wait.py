@@ -101,6 +101,26 @@ class BootReport:
     metrics: dict[str, float] = field(default_factory=dict)  # weights_load_s, graph_capture_s, ...
     skipped: list[str] = field(default_factory=list)  # phases not expected (eager, no Ray)
     warnings: list[str] = field(default_factory=list)  # fatal-looking lines of a boot that served
+    # Timed from the new engine's own start (see from_engine_start): total_s then runs from it,
+    # wait_s is the wait alone, restart_command_s the watchdog's restart command.
+    wait_s: float | None = None
+    restart_command_s: float | None = None
+    engine_started_at: float | None = None  # head clock
+    engine_start_from: str | None = None  # what told the engine's start (its process, the API)
+
+    def from_engine_start(self, engine_started_at: float, ready_at: float, source: str) -> None:
+        """Time the boot from the engine's own start (both head clock): total_s runs from it,
+        the first phase (starting) begins then, wait_s keeps the wait's own figure."""
+        lead = (ready_at - self.total_s) - engine_started_at  # engine start -> wait began
+        self.wait_s = self.total_s
+        self.total_s = max(0.0, ready_at - engine_started_at)
+        self.engine_started_at = engine_started_at
+        self.engine_start_from = source
+        times = {k: (0.0 if k == "starting" else max(0.0, v + lead))
+                 for k, v in self.phase_times.items()}  # fmt: skip
+        ordered = sorted(times.items(), key=lambda kv: kv[1])
+        self.phase_times = dict(ordered)
+        self.durations = {a: max(0.0, tb - ta) for (a, ta), (_, tb) in itertools.pairwise(ordered)}
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json and the ETA state file."""
@@ -119,6 +139,12 @@ class BootReport:
             "metrics": self.metrics,
             "skipped": self.skipped,
             "warnings": self.warnings,
+            "wait_s": None if self.wait_s is None else round(self.wait_s, 3),
+            "restart_command_s": (
+                None if self.restart_command_s is None else round(self.restart_command_s, 3)
+            ),
+            "engine_started_at": self.engine_started_at,
+            "engine_start_from": self.engine_start_from,
         }
 
 

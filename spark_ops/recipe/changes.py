@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from spark_ops.errors import KnobError, excerpt
@@ -16,6 +17,7 @@ from spark_ops.recipe.knobs import (
     parse_max_num_seqs,
 )
 from spark_ops.recipe.source import normalize_flag
+from spark_ops.recipe.sparkrun_maps import VLLM_FLAG_MAP
 
 _KEY = re.compile(r"^[A-Za-z_]\w*$")
 _FLAG = re.compile(r"^--?[A-Za-z0-9][\w.-]*$")
@@ -162,3 +164,58 @@ def changes_from_options(
     for item in unset_flags:
         changes.append(Change.flag(item.strip(), remove=True))
     return changes
+
+
+def requested_flags(
+    changes: Iterable[Change], defaults_keys: Collection[str] = ()
+) -> list[tuple[str, str]]:
+    """The vLLM options a user's `--set` / `--flag` keys name: (as given, option), in order.
+
+    A `--set` key the recipe holds in `defaults` (or a key sparkrun maps to a flag) is a recipe
+    key, not an option; knobs and removals are not checked (a knob's flag is fixed; removing an
+    option vLLM lacks is a fix).
+    """
+    out: list[tuple[str, str]] = []
+    for change in changes:
+        if change.kind == "flag" and not change.remove:
+            out.append((f"--flag {change.name}", change.name))
+        elif change.kind == "setting" and change.name not in {*defaults_keys, *VLLM_FLAG_MAP}:
+            out.append((f"--set {change.name}", normalize_flag("--" + change.name)))
+    return out
+
+
+def option_problem(option: str, options: Collection[str]) -> str | None:
+    """Why `option` is not one of the serve parser's `options` (None: it is one): unknown, or an
+    abbreviation vLLM's argparse would silently expand; with "did you mean" when one is near."""
+    if option.startswith("-O") and not option.startswith("--"):
+        return None if "--optimization-level" in options else "no -O (optimization level) here"
+    name = option.split("=", 1)[0]
+    base = name.split(".", 1)[0]  # `--compilation-config.mode`: a field of --compilation-config
+    if base in options:
+        return None
+    longs = sorted(o for o in options if o.startswith("--"))
+    hits = [o for o in longs if o.startswith(base)] if base.startswith("--") else []
+    if hits:
+        expands = (
+            f"vLLM would expand the abbreviation to {hits[0]}"
+            if len(hits) == 1
+            else f"an abbreviation of {len(hits)} options"
+        )
+        return f"{base} is not an option ({expands}); did you mean {' or '.join(hits[:3])}?"
+    near = difflib.get_close_matches(base, longs, n=3, cutoff=0.6)
+    guess = f"; did you mean {' or '.join(near)}?" if near else ""
+    return f"{base} is not an option{guess}"
+
+
+def refuse_unknown_options(
+    requested: Iterable[tuple[str, str]], options: Collection[str], parser: str
+) -> None:
+    """KnobError naming every requested key the parser does not know exactly (nothing written)."""
+    known = set(options)
+    bad = [f"{given}: {why}" for given, opt in requested if (why := option_problem(opt, known))]
+    if bad:
+        raise KnobError(
+            f"{parser} does not take: " + "; ".join(bad),
+            hint="nothing was written; write the option in full, as `vllm serve --help=all` "
+            "lists it",
+        )

@@ -58,6 +58,9 @@ class SimOptions:
     # the one the whole cluster process runs in (SSH ports, tunnels, watchdog, engine), a worker's
     # is where that node's commands run (`ip netns exec NS bash -c …`). Empty: no namespaces.
     netns: dict[str, str] = field(default_factory=dict)
+    # the head's `vllm` runs the engine as its child instead of exec'ing it: the pid file then
+    # names a wrapper shell, as a site's `sh -c 'vllm serve …'` start script does
+    engine_wrapper: bool = False
 
 
 def asset(name: str) -> str:
@@ -104,9 +107,7 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
         key = asyncssh.generate_private_key("ssh-ed25519", comment=f"sim-{name}")
         key.write_private_key(str(keys / f"host_{name}"))
         key.write_public_key(str(keys / f"host_{name}.pub"))
-    shim = head / "bin" / "vllm"
-    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m spark_ops.sim.engine "$@"\n')
-    shim.chmod(0o755)
+    write_vllm_shim(head, wrapper=opts.engine_wrapper)
     wd = head / "bin" / "spark-watchdog"
     wd.write_text(f'#!/bin/sh\nexec {sys.executable} -m spark_ops.watchdog.daemon "$@"\n')
     wd.chmod(0o755)
@@ -138,6 +139,16 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
     layout = {"root": str(root), "names": names, "engine_port": engine_port, "netns": opts.netns}
     (root / "layout.json").write_text(json.dumps(layout, indent=2))
     return layout
+
+
+def write_vllm_shim(head: Path, *, wrapper: bool = False) -> Path:
+    """The head's `vllm` (read at every engine start): execs the sim engine, or with wrapper
+    runs it as a child of the shell, which stays the process the pid file names."""
+    shim = head / "bin" / "vllm"
+    run = "" if wrapper else "exec "
+    shim.write_text(f'#!/bin/sh\n{run}{sys.executable} -m spark_ops.sim.engine "$@"\n')
+    shim.chmod(0o755)
+    return shim
 
 
 def _engine_overlay(opts: SimOptions) -> str:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 from spark_ops.sim.engine_config import cfg_get, moe_backend_choices
@@ -89,57 +92,97 @@ def _coerce(text: str) -> Any:
     return text
 
 
+@functools.cache
+def real_options() -> tuple[str, ...]:
+    """Every option string of the real `vllm serve` parser the sim answers for: captured from
+    vLLM 0.32.0's CPU build into spark_ops/data/sim/vllm-serve-options.json (its `source` says
+    how)."""
+    text = resources.files("spark_ops.data").joinpath("sim", "vllm-serve-options.json")
+    return tuple(json.loads(text.read_text(encoding="utf-8"))["options"])
+
+
+def serve_options(cfg: dict[str, Any]) -> list[str]:
+    """The option strings this sim engine accepts: the real parser's (without --moe-backend
+    before vLLM 0.18, like the emulated version), plus the sim's own --sim-config."""
+    drop = set() if moe_backend_choices(cfg) is not None else {"--moe-backend"}
+    return sorted({*real_options(), "--sim-config"} - drop)
+
+
+def _dashed(name: str) -> str:
+    """`--a_b.c_d` -> `--a-b.c_d`: underscores before the first dot as dashes, like vLLM."""
+    head, dot, tail = name[2:].partition(".")
+    return "--" + head.replace("_", "-") + dot + tail
+
+
 def _split_unknown(
-    parser: argparse.ArgumentParser, argv: list[str]
+    parser: argparse.ArgumentParser, cfg: dict[str, Any], argv: list[str]
 ) -> tuple[list[str], dict[str, Any]]:
-    """Separate flags the parser does not know (nor abbreviates) and their values."""
-    known_opts = [o for a in parser._actions for o in a.option_strings]
+    """Separate flags of the real parser this sim does not model (echoed with their values) from
+    its own; a flag the real parser lacks, or an abbreviation of several, exits 2 as vLLM does
+    (a unique abbreviation is taken as the flag it abbreviates, as argparse does)."""
+    own = {o for a in parser._actions for o in a.option_strings}
+    known = set(serve_options(cfg))
     kept: list[str] = []
     extras: dict[str, Any] = {}
+    unrecognized: list[str] = []
     i = 0
     while i < len(argv):
         tok = argv[i]
-        name = tok.split("=", 1)[0]
-        if (
-            tok.startswith("--")
-            and len(tok) > 2
-            and not any(o.startswith(name) for o in known_opts)
-        ):
-            key = name[2:].replace("-", "_")
-            if "=" in tok:
-                extras[key] = _coerce(tok.split("=", 1)[1])
-            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                extras[key] = _coerce(argv[i + 1])
+        name, eq, value = tok.partition("=")
+        if tok.startswith("--") and len(tok) > 2:
+            name = _dashed(name)
+            base = name.split(".", 1)[0]
+            if base not in known and "." not in name:
+                hits = [o for o in known if o.startswith(name)]
+                if len(hits) > 1:
+                    parser.error(f"ambiguous option: {name} could match {', '.join(sorted(hits))}")
+                name = base = hits[0] if hits else name
+            if name in own:  # the sim's parser takes it and its values (nargs) from here
+                kept.append(name + eq + value)
                 i += 1
-            elif key.startswith("no_"):
-                extras[key[3:]] = False
+                continue
+            has_value = bool(eq) or (i + 1 < len(argv) and not argv[i + 1].startswith("--"))
+            if not eq and has_value:
+                value, i = argv[i + 1], i + 1
+            if base not in known:
+                unrecognized += [tok] if eq or not has_value else [tok, value]
             else:
-                extras[key] = True
+                key = name[2:].replace("-", "_")
+                if has_value:
+                    extras[key] = _coerce(value)
+                elif key.startswith("no_"):
+                    extras[key[3:]] = False
+                else:
+                    extras[key] = True
             i += 1
             continue
-        if (
-            tok.startswith("-")
-            and not tok.startswith("--")
-            and len(tok) > 1
-            and tok not in known_opts
-            and not tok[1:].replace(".", "", 1).isdigit()
-        ):
-            extras[tok[1:]] = True  # e.g. -O3: echoed, not interpreted
+        if tok.startswith("-O"):  # vLLM reads -O3, -O=3 and -O 3 as --optimization-level
+            level = tok[2:].lstrip("=")
+            if not level and i + 1 < len(argv) and argv[i + 1] in ("0", "1", "2", "3"):
+                level, i = argv[i + 1], i + 1
+            extras["optimization_level"] = _coerce(level or "3")
+            i += 1
+            continue
+        number = tok[1:].replace(".", "", 1).isdigit()
+        if tok.startswith("-") and len(tok) > 1 and tok not in own and not number:
+            if tok in known:
+                extras[tok[1:]] = True  # e.g. -q: echoed, not interpreted
+            else:
+                unrecognized.append(tok)
             i += 1
             continue
         kept.append(tok)
         i += 1
+    if unrecognized:
+        parser.error(f"unrecognized arguments: {' '.join(unrecognized)}")
     return kept, extras
 
 
 def parse_serve_args(cfg: dict[str, Any], argv: list[str]) -> ServeArgs:
     """Parse `vllm serve` arguments (argparse exits 2 on a bad known flag, like vLLM)."""
     parser = build_parser(cfg)
-    kept, extras = _split_unknown(parser, argv)
+    kept, extras = _split_unknown(parser, cfg, argv)
     ns = parser.parse_args(kept)
-    if "moe_backend" in extras and moe_backend_choices(cfg) is None:
-        value = extras["moe_backend"]
-        parser.error(f"unrecognized arguments: --moe-backend {value}")  # flag added in 0.18
     values = vars(ns)
     sim_config = values.pop("sim_config")
     values["model"] = values["model_tag"]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from spark_ops import audit
+from spark_ops.engine.identity import START_SLACK_S
 from spark_ops.engine.watch import EngineWatch
 from spark_ops.errors import (
     AmbiguousStamp,
@@ -319,10 +321,11 @@ async def _restart_and_wait(
         run.start("boot" + suffix)
         try:
             report = await _wait(op, opts, start_at, on_event, watch)
+            await _time_from_engine(op, report, watch, trigger)
             out.boot = report.to_dict()
             out.boots.append({"step": "boot" + suffix, **out.boot})
-            record_boot(history_key(c), report)
-            run.finish("boot" + suffix, f"ready in {report.total_s:.1f} s ({watch_label(watch)})")
+            record_boot(history_key(c), report)  # the ETA learns the engine's own boot time
+            run.finish("boot" + suffix, boot_text(report, watch))
         except BaseException as exc:
             boot_error = exc
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
@@ -349,6 +352,47 @@ async def _restart_and_wait(
         await interrupt.atomic(_prune_step(op, run, out, found, stamp_error, suffix, journal))
     if boot_error is not None:
         raise boot_error
+
+
+async def _time_from_engine(
+    op: Operation, report: BootReport, watch: EngineWatch, trigger: Trigger | None
+) -> None:
+    """Time the boot from the new engine's own start, and keep the restart command's time apart.
+
+    The wait begins when the restart command returns, which may be long after the engine began
+    (a watchdog that stops, starts and then waits): the head's clock, read now, places the
+    moment the engine answered on the same clock as the engine's start.
+    """
+    if trigger is not None:
+        report.restart_command_s = max(0.0, trigger.after - trigger.before)
+    ready_local = report.started_at + report.total_s
+    try:
+        head_now = await op.watchdog.clock()
+        ready_head = head_now - max(0.0, time.time() - ready_local)
+        async with op.engine(timeout=5) as api:
+            started, source = await watch.engine_start(api)
+    except SparkOpsError as exc:
+        op.log.warning("boot not timed from the engine's start", error=exc.message)
+        return
+    if started is None or (trigger is not None and started < trigger.before - START_SLACK_S):
+        op.log.warning("boot not timed from the engine's start", why=source, started=started)
+        return
+    report.from_engine_start(started, ready_head, source)
+
+
+def boot_text(report: BootReport, watch: EngineWatch) -> str:
+    """The boot step's detail: the engine's own boot time, the restart command's time apart."""
+    if report.engine_started_at is None or report.wait_s is None:
+        return f"ready in {report.total_s:.1f} s of waiting ({watch_label(watch)})"
+    command = (
+        f"restart command {report.restart_command_s:.1f} s, "
+        if report.restart_command_s is not None
+        else ""
+    )
+    return (
+        f"ready {report.total_s:.1f} s after the new engine started ({report.engine_start_from}); "
+        f"{command}then {report.wait_s:.1f} s of waiting"
+    )
 
 
 def watch_label(watch: EngineWatch) -> str:

@@ -42,6 +42,7 @@ class ApplyOptions:
     reason: str = "planned restart (spark-ops apply)"
     preflight: str = "auto"  # auto | vllm | sim | docker | off
     preflight_timeout_s: float = 60.0
+    trust_keys: bool = False  # write --set/--flag keys the head's vLLM parser could not check
     command: str = ""  # the command line as run, for "run it again" and the audit
 
     def __post_init__(self) -> None:

