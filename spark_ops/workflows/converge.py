@@ -176,6 +176,7 @@ async def plan_settle(op: Operation, plan: Plan) -> list[Run]:
         )
     plan.facts["settles"] = settles
     plan.facts["left_stamps"] = [e.raw for e in left]
+    plan.facts["left_stamp_values"] = [e.stamp for e in left]  # the budget gate counts without
     plan.facts["unfinished"] = [r.summary() for r in dead]
     what = (
         "remove the planned stamp(s) they left: " + ", ".join(repr(e.raw.strip()) for e in left)

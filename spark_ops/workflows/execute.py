@@ -23,6 +23,7 @@ from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.history import ROLLED_BACK
 from spark_ops.watchdog.identify import HistEntry, Identification, new_entries, prune_command
 from spark_ops.workflows import interrupt
+from spark_ops.workflows.gate import budget_refusal
 from spark_ops.workflows.journal import RunJournal, write_facts
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
 from spark_ops.workflows.plan import Plan, Step, StepRunner
@@ -47,6 +48,9 @@ async def execute(
     stops the run there); SIGINT / SIGTERM end the run after the atomic unit in progress and
     raise Interrupted, which says where the cluster stands and what converges it.
     """
+    refused = budget_refusal(plan)  # the CLI refuses before its prompt; any other caller here
+    if refused is not None:
+        raise refused
     out = Outcome(plan, ok=False)
     journal = RunJournal(op, plan.operation, opts.command)
     await journal.intent(**intent_of(plan, opts))
@@ -85,6 +89,7 @@ def intent_of(plan: Plan, opts: ApplyOptions) -> dict[str, Any]:
             "restart": "restart" in steps,
             "steps": steps,
             "left_stamps": plan.facts.get("left_stamps", []),
+            "budget": plan.facts.get("budget"),
         },
         "settles": plan.facts.get("settles", []),
     }
@@ -127,6 +132,8 @@ def _args(opts: ApplyOptions | None) -> dict[str, Any]:
         args["reason"] = opts.reason
     if opts is not None and opts.force:
         args["force"] = True
+    if opts is not None and opts.over_budget:
+        args["over_budget"] = True
     return args
 
 
