@@ -71,6 +71,7 @@ def test_spent_budget_refuses_every_restart_path(sim: Sim, cli_env: dict[str, st
     gate = out["plan"]["facts"]["budget"]
     assert gate["spent"] is True and gate["over_budget_given"] is True
     assert any(w.startswith("--over-budget given: ") for w in out["plan"]["warnings"])
+    assert any("no slot left" in w for w in out["warnings"]), "the end says so, no green ✓"
     assert sim.history.read_text() == history, "the planned stamp is pruned all the same"
     intents = [r for r in audit_records(sim) if r.get("phase") == "intent"]
     assert intents and intents[-1]["what"]["args"].get("over_budget") is True, intents[-1:]

@@ -214,7 +214,7 @@ async def _execute(
         if out.ok:
             out.checks = await verify_boot(op, plan, run, out)
     finally:
-        out.budget = await _budget_step(op, run, plan)
+        out.budget = await _budget_step(op, run, plan, out)
 
 
 async def _write(op: Operation, plan: Plan, run: StepRunner, journal: RunJournal) -> None:
@@ -602,8 +602,10 @@ async def _prune(
     run.finish(name, f"removed {removed}; backup {result.get('backup')}")
 
 
-async def _budget_step(op: Operation, run: StepRunner, plan: Plan) -> dict[str, Any] | None:
-    """Report the budget as the head sees it now."""
+async def _budget_step(
+    op: Operation, run: StepRunner, plan: Plan, out: Outcome
+) -> dict[str, Any] | None:
+    """Report the budget as the head sees it now (none left is a warning, never a green ✓)."""
     if "budget" not in {s.name for s in plan.steps}:
         return None
     run.start("budget")
@@ -612,7 +614,16 @@ async def _budget_step(op: Operation, run: StepRunner, plan: Plan) -> dict[str, 
     except SparkOpsError as exc:
         run.fail("budget", exc.message)
         return None
-    run.finish("budget", f"{view.used}/{view.allowed} used in the window")
+    text = f"{view.used}/{view.allowed} used in the window"
+    if view.used < view.allowed:
+        run.finish("budget", text)
+        return view.to_dict()
+    spent = (
+        f"restart budget {text}: no slot left, the watchdog cannot restart the engine if it "
+        "fails now"
+    )
+    out.warnings.append(spent)
+    run.skip("budget", spent)
     return view.to_dict()
 
 

@@ -35,6 +35,8 @@ COMPARED_FACTS = {
     "settles": "the unfinished runs this run finishes",
     "left_stamps": "the stamps unfinished runs left",
 }
+# Facts read with a short timeout: None is "not known", compared only when both are known.
+KNOWN_ONLY = {"vllm_version"}
 # Warnings on unfinished runs say whether the plan was made under the lock: compared as facts.
 UNFINISHED_MARK = " did not finish; last recorded: "
 NOTHING = "; nothing was changed"
@@ -168,6 +170,8 @@ def plan_differences(shown: Plan, now: Plan) -> list[str]:
         out.extend(f"step now planned: {d}" for _, d in new)
     for fact, label in COMPARED_FACTS.items():
         a, b = shown.facts.get(fact), now.facts.get(fact)
+        if fact in KNOWN_ONLY and (a is None or b is None):
+            continue  # not known once (the engine slow to answer): nothing to compare
         if a != b:
             out.append(f"{label}: {_short(a)} -> {_short(b)}")
     out.extend(_budget_difference(shown.facts.get("budget"), now.facts.get("budget")))
