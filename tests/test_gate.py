@@ -22,8 +22,28 @@ from test_e2e_apply import spark_ops, tree_digest
 
 from spark_ops.errors import ExitStatus
 
-pytestmark = pytest.mark.slow
-SPENT = yaml.safe_load((REPO / "tests" / "fixtures" / "gate" / "spent.yaml").read_text())
+FIXTURES = REPO / "tests" / "fixtures" / "gate"
+SPENT = yaml.safe_load((FIXTURES / "spent.yaml").read_text())
+DIFFERENCES = yaml.safe_load((FIXTURES / "differences.yaml").read_text())
+
+
+@pytest.mark.parametrize("case", DIFFERENCES, ids=[c["name"] for c in DIFFERENCES])
+def test_plan_differences(case: dict[str, Any]) -> None:
+    """What makes the plan under the lock another plan than the one shown (and what does not)."""
+    from spark_ops.workflows.gate import plan_differences
+    from spark_ops.workflows.plan import Plan
+
+    def plan(side: dict[str, Any]) -> Plan:
+        """A restart plan with the case's facts and warnings."""
+        p = Plan("restart", "sim", facts=dict(side.get("facts", {})))
+        p.warnings = list(side.get("warnings", []))
+        p.add("restart", "force a restart")
+        return p
+
+    found = plan_differences(plan(case["shown"]), plan(case["now"]))
+    assert len(found) == len(case["expect"]), found
+    for line, words in zip(found, case["expect"], strict=True):
+        assert words in line, found
 
 
 def audit_records(sim: Sim) -> list[dict[str, Any]]:
@@ -32,6 +52,7 @@ def audit_records(sim: Sim) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow
 def test_spent_budget_refuses_every_restart_path(sim: Sim, cli_env: dict[str, str]) -> None:
     """2/2 used: plan, apply, restart, rollback and experiment refuse (exit 16) with the next slot,
     write nothing, take no lock; `restart --over-budget` goes ahead and says so everywhere."""
@@ -107,6 +128,7 @@ def _restart_elsewhere(sim: Sim) -> str:
     return "the restart budget: 1/2 used -> 2/2 used"
 
 
+@pytest.mark.slow
 def test_prompt_waits_without_the_lock_and_runs_only_the_plan_shown(
     sim: Sim, cli_env: dict[str, str]
 ) -> None:

@@ -177,8 +177,7 @@ def plan_differences(shown: Plan, now: Plan) -> list[str]:
     out.extend(_budget_difference(shown.facts.get("budget"), now.facts.get("budget")))
     warn_a = {w for w in shown.warnings if UNFINISHED_MARK not in w}
     warn_b = {w for w in now.warnings if UNFINISHED_MARK not in w}
-    out.extend(f"warning no longer given: {w}" for w in sorted(warn_a - warn_b))
-    out.extend(f"new warning: {w}" for w in sorted(warn_b - warn_a))
+    out.extend(f"new warning: {w}" for w in sorted(warn_b - warn_a))  # one gone: more caution seen
     return out
 
 
@@ -189,7 +188,8 @@ def _budget_difference(a: dict[str, Any] | None, b: dict[str, Any] | None) -> li
         return [] if (a is None) == (b is None) else ["the restart budget: read only once"]
     if ("error" in a) != ("error" in b) or a.get("allowed") != b.get("allowed"):
         return [f"the restart budget: {_budget_text(a)} -> {_budget_text(b)}"]
-    if "error" not in a and (int(b["used"]) > int(a["used"]) or a.get("spent") != b.get("spent")):
+    more = int(b["used"]) > int(a["used"]) or (b.get("spent") and not a.get("spent"))
+    if "error" not in a and more:
         return [f"the restart budget: {_budget_text(a)} -> {_budget_text(b)}"]
     return []
 
