@@ -92,7 +92,7 @@ def echo_plan(plan: ExperimentPlan, n_done: int) -> None:
     took = f", ~{boot:.0f} s by the boots watched from here" if boot else ""
     click.echo(
         f"  restarts: {plan.restarts} planned (each a full boot{took}; each stamp pruned, the "
-        "budget unchanged); the cluster lock is held throughout"
+        "budget unchanged); the cluster lock is held from the answer to the end"
     )
     click.echo("  " + downtime_line(plan.restarts, plan.restarts_if_all_measured, boot))
     click.echo("  Ctrl-C stops the run, restores the starting configuration; --resume continues.")
