@@ -37,6 +37,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the test ground, by its one name `ground`
 
 from sim_engine import sim_engine  # noqa: E402
 
@@ -67,7 +68,7 @@ GROUNDS: dict[str, dict[str, Any]] = {
 @contextlib.asynccontextmanager
 async def vllm_engine(cap: int, model: str, workdir: Path) -> AsyncIterator[str]:
     """A real vLLM CPU server at --max-num-seqs cap (the ground's wiring); yields its base URL."""
-    from tests.ground.vllm import VllmFactory
+    from ground.vllm import VllmFactory
 
     factory = VllmFactory(workdir)
     try:

@@ -88,16 +88,26 @@ fi
 """
 )
 
+# The one probe of a flock in sh (the cluster lock here, the watchdog's history lock in doctor):
+# exit 0 when nobody holds file $1's lock right now. It takes the lock on a read-only descriptor in
+# a subshell, which lets it go at once (flock works on read-only descriptors, so a lock file this
+# account may not write can still be probed). The caller says what a missing file, a missing
+# flock(1) or an unreadable file mean.
+LOCK_FREE_SH = r"""
+lock_free() { ( exec 9<"$1" && flock -n 9 ) 2>/dev/null; }
+"""
+
 # "free LOCK" or "held LOCK" and the owner record: the lock's state, taking nothing (doctor)
 PROBE = (
     KEY_SH
+    + LOCK_FREE_SH
     + r"""
 dir=$1; history=$2
 cluster_key "$history"
 lock="$dir/cluster-$key.lock"; owner="$lock.owner"
 [ -e "$lock" ] || { echo "free $lock"; exit 0; }
 command -v flock >/dev/null 2>&1 || { echo "free $lock"; exit 0; }
-if ( exec 9<"$lock" && flock -n 9 ); then echo "free $lock"; exit 0; fi
+if lock_free "$lock"; then echo "free $lock"; exit 0; fi
 echo "held $lock"; cat -- "$owner"
 """
 )

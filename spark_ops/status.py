@@ -12,9 +12,9 @@ from spark_ops.lock import describe_holder, lock_state
 from spark_ops.readiness import BootHistory, history_key
 from spark_ops.recipe import knob_values
 from spark_ops.remote import ClusterSession
-from spark_ops.workflows import Operation
 from spark_ops.workflows.converge import effective_args
 from spark_ops.workflows.journal import holds_lock, read_runs, unfinished_runs
+from spark_ops.workflows.operation import Operation
 
 
 async def collect_status(cluster: Cluster) -> dict[str, Any]:

@@ -34,6 +34,23 @@ def cluster_files(history: Path, state_dir: str = "/var/tmp/spark-ops") -> dict[
     return {"lock": Path(lock), "owner": Path(owner), "audit": audit}
 
 
+HEAVY_MARKS = ("realvllm", "realray", "docker")  # tests that boot real engines or Ray (CPU-bound)
+HEAVY_FIXTURES = ("real_vllm", "real_vllm_factory", "real_ray", "node_daemons")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, as README and .ci/run say): one group per
+    module, so a module's shared fixtures start once; every test that boots real vLLM, Ray or
+    Docker in one group ("heavy"), so two CPU-bound boots never share the two cores while the
+    embedded-cluster tests, which mostly wait, run beside them on the other worker."""
+    for item in items:
+        heavy = any(item.get_closest_marker(m) is not None for m in HEAVY_MARKS) or any(
+            f in HEAVY_FIXTURES for f in getattr(item, "fixturenames", ())
+        )
+        group = "heavy" if heavy else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """Under SPARK_OPS_REQUIRE_GROUND=1 a skip (sshd, vLLM or Ray missing) fails instead."""

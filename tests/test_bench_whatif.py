@@ -96,6 +96,8 @@ def check_confirmation(spec: dict[str, Any], result: WhatIf, prompt_tokens: int 
         if other.cap != spec["cap"]:
             bad = [p.concurrency for p in other.points if not p.trusted]
             assert bad == spec["untrusted"].get(other.cap, []), other.cap
+            if bad and "why" in spec:
+                assert all(spec["why"] in (p.why_not or "") for p in other.points), other.cap
     for line in spec["lines"]:
         assert line in "\n".join(done.lines()), done.lines()
     assert done.to_dict()["missed"] == spec["missed"]

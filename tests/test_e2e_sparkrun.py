@@ -28,15 +28,15 @@ from typing import Any
 import pytest
 import yaml
 from conftest import Sim
+from ground import GroundUnavailable
+from ground.docker import IMAGE, LABEL, REPO
+from ground.dockerd import NodeDaemons
+from ground.sparkrun_venv import offline_env, run_sparkrun, sparkrun_bin
+from test_e2e_apply import spark_ops, stamps
 
 from spark_ops.discover.sparkrun import HEAD_LOG_COMMAND
 from spark_ops.sim.cluster import SimError
 from spark_ops.sim.control import restart_watchdog, wait_serving
-from tests.ground import GroundUnavailable
-from tests.ground.docker import IMAGE, LABEL, REPO
-from tests.ground.dockerd import NodeDaemons
-from tests.ground.sparkrun_venv import offline_env, run_sparkrun, sparkrun_bin
-from tests.test_e2e_apply import spark_ops, stamps
 
 pytestmark = pytest.mark.slow
 

@@ -192,3 +192,64 @@ def test_lock_and_audit_carry_hostile_user_names(one_node: Any, user: str) -> No
         else:
             os.environ["LOGNAME"] = saved
     assert not (home / MARK).exists() and not Path(MARK).exists(), "nothing was executed"
+
+
+def _prompt_file(path: Path) -> object:
+    """bench's reader of the operator's prompt file (`bench --prompts FILE`)."""
+    from spark_ops.bench.workload import load_prompts
+
+    return load_prompts(path)
+
+
+def _watchdog_config(path: Path) -> object:
+    """The reference watchdog's reader of its config (`spark-watchdog --config FILE`)."""
+    from spark_ops.watchdog.config import load_config
+
+    return load_config(path)
+
+
+def _sparkrun_cluster(path: Path) -> object:
+    """`init --from-sparkrun NAME`: sparkrun's cluster file, here the one at path."""
+    from spark_ops.discover.sparkrun import read_sparkrun
+
+    clusters = path.parent / ".config" / "sparkrun" / "clusters"
+    clusters.mkdir(parents=True)
+    path.rename(clusters / "c.yaml")
+    return read_sparkrun("c", path.parent)
+
+
+def _sim_config(path: Path) -> object:
+    """The simulated engine's config ($SPARK_SIM_CONFIG)."""
+    from spark_ops.sim.engine_config import load_config
+
+    return load_config(path)
+
+
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(9)
+)
+
+
+@pytest.mark.parametrize(
+    "reader",
+    [_prompt_file, _watchdog_config, _sparkrun_cluster, _sim_config],
+    ids=lambda f: f.__name__,
+)
+@pytest.mark.parametrize(
+    ("text", "refusal"),
+    [
+        (ALIAS_BOMB, "more than 64 YAML aliases"),
+        ("x: " + "y" * (1 << 20), "refused before parsing"),
+    ],
+    ids=["alias-bomb", "huge"],
+)
+def test_every_yaml_file_an_operator_gives_gets_the_loaders_guards(
+    reader: Any, text: str, refusal: str, tmp_path: Path
+) -> None:
+    """The prompt file, the watchdog's config, sparkrun's cluster file and the sim's config: each
+    refused by the one loader (spark_ops/yamlsafe.py), naming the file, before anything expands."""
+    path = tmp_path / "given.yaml"
+    path.write_text(text, "utf-8")
+    with pytest.raises(SparkOpsError, match=refusal) as info:
+        reader(path)
+    assert ".yaml" in info.value.message

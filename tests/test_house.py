@@ -1,10 +1,14 @@
 """The house holds: the import graph is visible (module level) and acyclic, and points one way.
 
 Read from the sources with ast, nothing imported: no function-level import of the project's own
-modules outside cli/, no cycle among module-level imports (a package's `__init__` counted as the
-module it is), no forbidden direction (tests/fixtures/house/rules.yaml, each with its reason), no
-private name imported across modules, no `op: Any` in workflow code. The checker itself is first
-run on the small broken trees of tests/fixtures/house/cases.yaml, so that a check gone blind fails.
+modules outside cli/ (`importlib.import_module("…")` and `__import__` count as imports; one with a
+computed name is refused), no cycle among module-level imports (a package's `__init__` counted as
+the module it is; only the branch of `if TYPE_CHECKING:` that never runs is skipped), no forbidden
+direction and no arrow between the package's parts that tests/fixtures/house/rules.yaml does not
+list with its reason, no private name imported across modules or used as `module._x`, no
+`op: Any` (nor `typing.Any`, nor Any renamed) where the parameter's class exists, and no YAML parsed
+outside the one loader. The checker itself is first run on the small broken trees of
+tests/fixtures/house/cases.yaml, so that a check gone blind fails.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import ast
 from collections import deque
 from dataclasses import dataclass
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +47,38 @@ def module_name(rel: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _type_checking(node: ast.If) -> bool:
-    """An `if TYPE_CHECKING:` block (its imports never run)."""
-    return "TYPE_CHECKING" in ast.unparse(node.test)
+def _is_type_checking(node: ast.expr) -> bool:
+    """`TYPE_CHECKING` or `typing.TYPE_CHECKING` itself (nothing more)."""
+    if isinstance(node, ast.Name):
+        return node.id == "TYPE_CHECKING"
+    return isinstance(node, ast.Attribute) and node.attr == "TYPE_CHECKING"
+
+
+def _branches_that_run(node: ast.If) -> list[ast.stmt]:
+    """The statements of an `if` that may run: all of them, but the body of `if TYPE_CHECKING:`
+    and the else of `if not TYPE_CHECKING:` (imports there are for the type checker only)."""
+    if _is_type_checking(node.test):
+        return node.orelse
+    if (
+        isinstance(node.test, ast.UnaryOp)
+        and isinstance(node.test.op, ast.Not)
+        and _is_type_checking(node.test.operand)
+    ):
+        return node.body
+    return [*node.body, *node.orelse]
+
+
+# Calls that import a module named by a string: an edge of the graph like any import statement.
+_DYNAMIC_IMPORTS = {"import_module", "__import__"}
+
+
+def _dynamic_import(node: ast.Call) -> ast.expr | None:
+    """The module-name argument of importlib.import_module(...) / __import__(...), else None."""
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in _DYNAMIC_IMPORTS or not node.args:
+        return None
+    return node.args[0]
 
 
 def _sites(tree: ast.Module, rel: str, here: str, modules: set[str]) -> list[ImportSite]:
@@ -54,15 +88,15 @@ def _sites(tree: ast.Module, rel: str, here: str, modules: set[str]) -> list[Imp
     def visit(node: ast.AST, in_function: bool) -> None:
         """Walk, noting whether we are inside a function body."""
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _type_checking(child):
-                for stmt in child.orelse:
-                    visit_stmt(stmt, in_function)
-                continue
             visit_stmt(child, in_function)
 
     def visit_stmt(child: ast.AST, in_function: bool) -> None:
-        """One node: record an import, or descend."""
-        if isinstance(child, ast.Import):
+        """One node: record an import, or descend (into the branches of an `if` that run)."""
+        if isinstance(child, ast.If):
+            visit_stmt(child.test, in_function)
+            for stmt in _branches_that_run(child):
+                visit_stmt(stmt, in_function)
+        elif isinstance(child, ast.Import):
             for alias in child.names:
                 out.append(
                     ImportSite(
@@ -83,6 +117,18 @@ def _sites(tree: ast.Module, rel: str, here: str, modules: set[str]) -> list[Imp
                 target = sub if sub in modules else base
                 out.append(ImportSite(rel, child.lineno, target, (name,), base, not in_function))
         else:
+            if isinstance(child, ast.Call) and (arg := _dynamic_import(child)) is not None:
+                target = arg.value if isinstance(arg, ast.Constant) else None
+                out.append(
+                    ImportSite(
+                        rel,
+                        child.lineno,
+                        target if isinstance(target, str) else DYNAMIC,
+                        (),
+                        None,
+                        module_level=not in_function,
+                    )
+                )
             inner = in_function or isinstance(
                 child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
             )
@@ -90,6 +136,14 @@ def _sites(tree: ast.Module, rel: str, here: str, modules: set[str]) -> list[Imp
 
     visit(tree, False)
     return out
+
+
+DYNAMIC = "<a module named at run time>"  # import_module(name) with a computed name
+
+
+def _part(module: str, base: str) -> str:
+    """The part of the package a module belongs to: base.x for base.x.y.z (base for base)."""
+    return ".".join(module.split(".")[:2]) if _within(module, base) else module
 
 
 def _within(module: str, prefix: str) -> bool:
@@ -100,9 +154,10 @@ def _within(module: str, prefix: str) -> bool:
 class House:
     """The sources under root/spark_ops, parsed once."""
 
-    def __init__(self, root: Path) -> None:
-        """Parse every module of the package."""
+    def __init__(self, root: Path, rules: dict[str, Any] | None = None) -> None:
+        """Parse every module of the package; check it against rules (rules.yaml's by default)."""
         self.root = root
+        self.rules = RULES if rules is None else rules
         files = sorted((root / "spark_ops").rglob("*.py"))
         self.paths = {module_name(p.relative_to(root)): p for p in files}
         self.trees = {m: ast.parse(p.read_text("utf-8"), str(p)) for m, p in self.paths.items()}
@@ -117,7 +172,7 @@ class House:
 
     def lazy_imports(self) -> list[str]:
         """Function-level imports of the project's own modules outside the allowed places."""
-        allowed = tuple(RULES["lazy_imports_allowed"])
+        allowed = tuple(self.rules["lazy_imports_allowed"])
         found = {
             f"{s.path}:{s.line}: function-level import of {s.target}"
             for m in self.sites
@@ -126,6 +181,16 @@ class House:
             if not s.path.startswith(allowed)
         }
         return sorted(found)
+
+    def dynamic_imports(self) -> list[str]:
+        """import_module(name) with a name computed at run time: an edge no reader can see."""
+        allowed = tuple(self.rules["lazy_imports_allowed"])
+        return sorted(
+            f"{s.path}:{s.line}: import of a module named at run time (name it in an import)"
+            for sites in self.sites.values()
+            for s in sites
+            if s.target == DYNAMIC and not s.path.startswith(allowed)
+        )
 
     def graph(self) -> dict[str, set[str]]:
         """Module-level edges; importing a.b.c also runs a and a.b unless we are inside them."""
@@ -161,7 +226,7 @@ class House:
     def forbidden(self) -> list[str]:
         """Imports (any level) that point the wrong way, per rules.yaml."""
         out: list[str] = []
-        for rule in RULES["forbidden"]:
+        for rule in self.rules["forbidden"]:
             for m, sites in self.sites.items():
                 if not _within(m, rule["importer"]):
                     continue
@@ -170,6 +235,29 @@ class House:
                 for s in sites:
                     if _within(s.target, rule["imports"]) and not _within(s.target, m):
                         out.append(f"{s.path}:{s.line}: {m} imports {s.target} ({rule['why']})")
+        return out
+
+    def new_arrows(self) -> list[str]:
+        """Imports (any level) from one part of the package into another that rules.yaml lacks."""
+        if self.rules.get("arrows") is None:
+            return []
+        base = "spark_ops"
+        free = {f"{base}.{p}" for p in self.rules["foundation"]}
+        out: list[str] = []
+        for m, sites in self.sites.items():
+            here = _part(m, base)
+            allowed = self.rules["arrows"].get(here.removeprefix(base + "."), {}).get("to", [])
+            for s in sites:
+                there = _part(s.target, base)
+                if not _within(s.target, base) or there in (here, base) or there in free:
+                    continue
+                if "*" in allowed or any(_within(s.target, f"{base}.{a}") for a in allowed):
+                    continue
+                out.append(
+                    f"{s.path}:{s.line}: {m} imports {s.target}: "
+                    f"{here.removeprefix(base + '.')} -> {there.removeprefix(base + '.')} "
+                    "is no arrow of rules.yaml (list it there with its reason)"
+                )
         return out
 
     def private_imports(self) -> list[str]:
@@ -183,14 +271,50 @@ class House:
             if name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
         ]
 
-    def untyped_parameters(self) -> list[str]:
-        """Workflow parameters (op, plan, …) annotated Any although their class exists."""
-        rule = RULES["typed_parameters"]
+    def private_attributes(self) -> list[str]:
+        """`module._name` where module is another module of ours (imported as a module)."""
         out: list[str] = []
         for m, tree in self.trees.items():
+            aliases = self._module_aliases(tree, m)
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.Attribute) or not _private(node.attr):
+                    continue
+                owner = _dotted(node.value)
+                if owner is None:
+                    continue
+                first, _, rest = owner.partition(".")
+                module = aliases.get(first, first) + (f".{rest}" if rest else "")
+                if module in self.paths and module != m:
+                    out.append(
+                        f"{self.rel(m)}:{node.lineno}: private name {node.attr} used as an "
+                        f"attribute of {module}"
+                    )
+        return sorted(out)
+
+    def _module_aliases(self, tree: ast.Module, here: str) -> dict[str, str]:
+        """The local names a module gives our modules: `import a.b as x`, `from a import b`."""
+        out: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.asname and a.name in self.paths:
+                        out[a.asname] = a.name
+            elif isinstance(node, ast.ImportFrom):
+                for site in _sites(ast.Module([node], []), self.rel(here), here, set(self.paths)):
+                    name = site.names[0]
+                    alias = next(a.asname or a.name for a in node.names if a.name == name)
+                    if site.target in self.paths and site.target.endswith("." + name):
+                        out[alias] = site.target
+        return out
+
+    def untyped_parameters(self) -> list[str]:
+        """Parameters (op, session, cluster, plan, …) annotated Any although their class exists."""
+        out: list[str] = []
+        for rule, (m, tree) in product(self.rules["typed_parameters"], self.trees.items()):
             rel = self.rel(m)
             if not rel.startswith(rule["under"]):
                 continue
+            anys = _any_names(tree)
             for node in ast.walk(tree):
                 if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                     continue
@@ -198,11 +322,37 @@ class House:
                 for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
                     real = rule["names"].get(arg.arg)
                     text = _annotation(arg.annotation)
-                    if real and text is not None and "Any" in _names(text):
+                    if real and text is not None and _says_any(text, anys):
                         out.append(
                             f"{rel}:{node.lineno}: {node.name}({arg.arg}: {text}): "
                             f"give it its real type, {real}"
                         )
+        return out
+
+    def yaml_loads(self) -> list[str]:
+        """YAML parsed anywhere but the one loader (its alias and size guards skipped)."""
+        rule = self.rules["yaml_loader"]
+        out: list[str] = []
+        for m, tree in self.trees.items():
+            rel = self.rel(m)
+            if rel == rule["module"]:
+                continue
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == "yaml":
+                    used = [a.name for a in node.names if a.name in rule["parsers"]]
+                elif (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "yaml"
+                    and node.attr in rule["parsers"]
+                ):
+                    used = [node.attr]
+                else:
+                    continue
+                out.extend(
+                    f"{rel}:{node.lineno}: yaml.{name} outside {rule['module']} ({rule['why']})"
+                    for name in used
+                )
         return out
 
     def findings(self) -> list[str]:
@@ -211,9 +361,28 @@ class House:
             self.lazy_imports()
             + self.cycles()
             + self.forbidden()
+            + self.new_arrows()
             + self.private_imports()
+            + self.private_attributes()
             + self.untyped_parameters()
+            + self.yaml_loads()
+            + self.dynamic_imports()
         )
+
+
+def _private(name: str) -> bool:
+    """_x is private; __x__ (a dunder) is not."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """a.b.c for a chain of names and attributes, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return None if inner is None else f"{inner}.{node.attr}"
+    return None
 
 
 def _annotation(node: ast.expr | None) -> str | None:
@@ -225,9 +394,26 @@ def _annotation(node: ast.expr | None) -> str | None:
     return ast.unparse(node)
 
 
-def _names(text: str) -> set[str]:
-    """The bare names an annotation expression uses."""
-    return {n.id for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)}
+def _any_names(tree: ast.Module) -> set[str]:
+    """The names `typing.Any` goes by in a module: Any, and any `from typing import Any as X`."""
+    names = {"Any"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in ("typing", "typing_extensions"):
+            names.update(a.asname for a in node.names if a.name == "Any" and a.asname)
+    return names
+
+
+def _says_any(text: str, anys: set[str]) -> bool:
+    """Whether an annotation uses Any: bare, renamed, or as an attribute (`typing.Any`, `t.Any`)."""
+    try:
+        expr = ast.parse(text, mode="eval")
+    except SyntaxError:
+        return False
+    return any(
+        (isinstance(n, ast.Name) and n.id in anys)
+        or (isinstance(n, ast.Attribute) and n.attr == "Any")
+        for n in ast.walk(expr)
+    )
 
 
 def _shortest_cycle(edges: dict[str, set[str]], start: str) -> list[str] | None:
@@ -250,11 +436,12 @@ def _shortest_cycle(edges: dict[str, set[str]], start: str) -> list[str] | None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_checker_sees_each_broken_rule(case: dict[str, Any], tmp_path: Path) -> None:
-    """On a small tree breaking one rule, the checker reports exactly that."""
+    """On a small tree breaking one rule, the checker reports exactly that (the arrows between
+    parts checked only where the case gives its own)."""
     for rel, text in case["files"].items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text, "utf-8")
-    findings = House(tmp_path).findings()
+    findings = House(tmp_path, {**RULES, "arrows": case.get("arrows")}).findings()
     assert len(findings) == len(case["findings"]), findings
     for want in case["findings"]:
         assert any(want in f for f in findings), (want, findings)
@@ -281,14 +468,72 @@ def test_imports_point_one_way(house: House) -> None:
     assert house.forbidden() == []
 
 
+def test_every_arrow_between_parts_is_listed(house: House) -> None:
+    """An import from one part of the package into another is an arrow rules.yaml gives a reason."""
+    assert house.new_arrows() == []
+
+
+def test_no_module_is_imported_by_a_computed_name(house: House) -> None:
+    """import_module(name) outside cli/ names its module, so the graph shows the edge."""
+    assert house.dynamic_imports() == []
+
+
 def test_no_private_name_crosses_modules(house: House) -> None:
-    """A name used by another module is public, under a real name."""
+    """A name used by another module is public, under a real name (imported or as `mod._x`)."""
     assert house.private_imports() == []
+    assert house.private_attributes() == []
 
 
 def test_workflow_parameters_carry_their_real_types(house: House) -> None:
-    """No `op: Any` (nor plan, opts, out) in workflows/."""
+    """No `op: Any` (nor session, cluster, plan; opts and out in workflows/), however spelled."""
     assert house.untyped_parameters() == []
+
+
+def test_yaml_is_read_through_the_one_loader(house: House) -> None:
+    """No yaml.safe_load / yaml.load outside spark_ops/yamlsafe.py: every file gets its guards."""
+    assert house.yaml_loads() == []
+
+
+def second_names(root: Path) -> list[str]:
+    """Imports, in tests and benchmarks, of tests/ modules by a second name (`tests.ground`).
+
+    tests/ is on sys.path (pytest puts it there, benchmarks/ insert it): the test ground is
+    `ground`, a helper module `cases`, `conftest`, `test_init`. Two names load one module twice:
+    `ground.GroundUnavailable is not tests.ground.GroundUnavailable`, and an `except` written with
+    one name misses what the other raises.
+    """
+    out: list[str] = []
+    for path in sorted([*(root / "tests").rglob("*.py"), *(root / "benchmarks").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            rel = path.relative_to(root).as_posix()
+            out.extend(
+                f"{rel}:{node.lineno}: imports {n}; import {n[6:] or 'it'} by its one name"
+                for n in names
+                if n == "tests" or n.startswith("tests.")
+            )
+    return out
+
+
+def test_the_test_ground_has_one_name(tmp_path: Path) -> None:
+    """Every test and benchmark imports tests/ground as `ground`, never as `tests.ground`."""
+    assert second_names(REPO) == []
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "tests" / "ground").mkdir(parents=True)
+    (tmp_path / "tests" / "ground" / "x.py").write_text("from . import GroundError\n")
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "from ground import GroundError\nimport tests.ground.sshd\n"
+        "def f():\n    from tests.ground import GroundUnavailable\n"
+    )
+    assert second_names(tmp_path) == [
+        "tests/test_x.py:2: imports tests.ground.sshd; import ground.sshd by its one name",
+        "tests/test_x.py:4: imports tests.ground; import ground by its one name",
+    ]
 
 
 def test_the_graph_is_the_one_python_sees(house: House) -> None:

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ground import GroundUnavailable
+from ground.sparkrun_venv import run_sparkrun, sparkrun_bin
+from test_init import spark_ops
 
 from spark_ops.errors import InventoryError
 from spark_ops.inventory import load_inventory
 from spark_ops.watchdog.actions import sparkrun_argv
 from spark_ops.watchdog.config import WatchdogConfigError, parse_config
-from tests.ground import GroundUnavailable
-from tests.ground.sparkrun_venv import run_sparkrun, sparkrun_bin
-from tests.test_init import spark_ops
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES / "doctor"))
@@ -179,8 +179,9 @@ def test_sparkrun_action_runs_the_real_cli_and_reports_its_refusal(tmp_path: Pat
     network namespace of their own): stop's failure is recorded and ignored, run's failure is the
     action's error, and sparkrun's own words are in the engine log.
     """
+    from ground.sparkrun_venv import VENV, no_network_prefix, offline_env, prepare_home
+
     from spark_ops.watchdog.actions import restart_engine
-    from tests.ground.sparkrun_venv import VENV, no_network_prefix, offline_env, prepare_home
 
     try:
         sparkrun_bin()

@@ -165,3 +165,49 @@ def inventory_text(cluster: Cluster, root: Path) -> str:
         }
     }
     return json.dumps(data)
+
+
+def test_one_lock_probe_free_held_and_read_only(tmp_path: Path) -> None:
+    """lock.LOCK_FREE_SH, the one sh probe of a flock (status' and doctor's cluster-lock state,
+    doctor's history-lock check), on real sh and flock(1): free, then held by another process,
+    then free again; a read-only lock file is probed too. No other module writes `flock -n`."""
+    import subprocess
+
+    from spark_ops.lock import LOCK_FREE_SH
+
+    def free(path: Path) -> bool:
+        """Whether the probe says path's lock is free."""
+        script = LOCK_FREE_SH + 'lock_free "$1"'
+        return subprocess.run(["sh", "-c", script, "sh", str(path)], check=False).returncode == 0
+
+    lock = tmp_path / "odd name $(touch PWNED).lock"
+    lock.write_text("")
+    lock.chmod(0o444)
+    assert free(lock)
+    holder = subprocess.Popen(  # one process holds it: once reaped, the lock is gone
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+            str(lock),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert not free(lock)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert free(lock)
+    assert not (tmp_path / "PWNED").exists() and not Path("PWNED").exists()
+
+    package = Path(__file__).resolve().parents[1] / "spark_ops"
+    writers = sorted(
+        p.relative_to(package).as_posix()
+        for p in package.rglob("*.py")
+        if "flock -n" in p.read_text("utf-8")
+    )
+    assert writers == ["lock.py"], "probe a lock with lock.LOCK_FREE_SH, not a copy of it"

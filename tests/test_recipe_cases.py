@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cases import changes_of
 
 from spark_ops import errors
 from spark_ops.recipe import edit_recipe, render_recipe
 from spark_ops.recipe.diff import changed_line_pairs, lines_outside
-from tests.cases import changes_of
 
 CASES = Path(__file__).parent / "fixtures" / "recipes"
 NAMES = sorted(p.name for p in CASES.iterdir() if (p / "case.yaml").is_file())

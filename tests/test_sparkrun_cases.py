@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 import yaml
+from cases import changes_of
+from ground import GroundUnavailable
+from ground.sparkrun_venv import bash_words, run_oracle, sparkrun_bin
 
 from spark_ops import errors
 from spark_ops.recipe import render_recipe
 from spark_ops.recipe.diff import lines_outside
 from spark_ops.recipe.files import edit_file
 from spark_ops.recipe.sparkrun_render import sibling_reader
-from tests.cases import changes_of
-from tests.ground import GroundUnavailable
-from tests.ground.sparkrun_venv import bash_words, run_oracle, sparkrun_bin
 
 CASES = Path(__file__).parent / "fixtures" / "sparkrun"
 NAMES = sorted(p.name for p in CASES.iterdir() if (p / "case.yaml").is_file())

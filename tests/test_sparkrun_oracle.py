@@ -12,6 +12,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from ground import GroundUnavailable
+from ground.sparkrun_venv import bash_words, flag_maps, run_oracle, sparkrun_bin
 
 from spark_ops.errors import UnsupportedRecipe
 from spark_ops.recipe import Change, edit_recipe, knob_values, render_recipe
@@ -21,8 +23,6 @@ from spark_ops.recipe.sparkrun_maps import (
     VLLM_FLAG_MAP,
     VLLM_NEGATABLE_KEYS,
 )
-from tests.ground import GroundUnavailable
-from tests.ground.sparkrun_venv import bash_words, flag_maps, run_oracle, sparkrun_bin
 
 CORPUS = next(
     (

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import BenchError
+from spark_ops.yamlsafe import load_yaml
 
 APIS = ("chat", "completions")
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -35,13 +36,8 @@ def _read_prompt_file(path: Path | None) -> tuple[str, str]:
 
 def load_prompts(path: Path | None = None) -> list[Prompt]:
     """Expand the prompt file (template x tasks x languages) into unique prompts, task-major."""
-    import yaml
-
     text, name = _read_prompt_file(path)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise BenchError(f"{name}: not valid YAML: {exc}") from exc
+    data = load_yaml(text, source=name, error=BenchError)
     if not isinstance(data, dict):
         raise BenchError(f"{name}: expected a mapping with keys template, languages, tasks")
     template = data.get("template")

@@ -30,7 +30,8 @@ from spark_ops.inventory import (
 from spark_ops.recipe import render_recipe
 from spark_ops.remote import ClusterSession, quote_path
 from spark_ops.sim import RAYLET_CHECK, RAYLET_PORT_ENV
-from spark_ops.watchdog.config import parse_config
+from spark_ops.watchdog.config import WatchdogConfigError, parse_config
+from spark_ops.yamlsafe import load_yaml
 
 
 def bare_cluster(nodes: list[NodeSpec], opts: InitOptions) -> Cluster:
@@ -242,16 +243,14 @@ class Discovery:
 
     async def read_watchdog_config(self) -> dict[str, Any] | None:
         """The reference watchdog's config on the head as {inventory key: value}; None if absent."""
-        import yaml
-
         text = await self.session.read_file(self.head, WATCHDOG_CONFIG)
         if text is None:
             return None
         where = f"{self.head}:{WATCHDOG_CONFIG}"
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            self.warn("watchdog", f"{where} is not valid YAML ({exc}); its values were not read")
+            data = load_yaml(text, source=where, error=WatchdogConfigError)
+        except WatchdogConfigError as exc:
+            self.warn("watchdog", f"{exc.message}; its values were not read")
             return {}
         source = f"{self.home}/{WATCHDOG_CONFIG[2:]}" if self.home else WATCHDOG_CONFIG
         try:

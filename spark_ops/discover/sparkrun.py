@@ -19,6 +19,7 @@ from typing import Any
 
 from spark_ops.discover.options import Finding, InitOptions, NodeSpec, name_nodes
 from spark_ops.errors import InventoryError
+from spark_ops.yamlsafe import load_yaml
 
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 #: OpenSSH client options that take a value as the next word.
@@ -60,18 +61,13 @@ class SparkrunSetup:
 
 def _yaml(path: Path) -> dict[str, Any] | None:
     """A YAML mapping file, None when absent; InventoryError for anything unreadable."""
-    import yaml
-
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
         raise InventoryError(f"{path}: cannot read: {exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InventoryError(f"{path}: not valid YAML: {exc}") from exc
+    data = load_yaml(text, source=str(path), error=InventoryError)
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -11,7 +11,7 @@ from spark_ops.engine.identity import leftovers, stop_hint
 from spark_ops.errors import RecipeError, SparkOpsError
 from spark_ops.recipe import load_recipe_text, render_recipe, unified_diff
 from spark_ops.remote import quote_path
-from spark_ops.workflows import Operation
+from spark_ops.workflows.operation import Operation
 
 
 class EngineChecks(Checker):

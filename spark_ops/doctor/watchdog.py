@@ -6,13 +6,16 @@ import shlex
 
 from spark_ops.doctor.report import Checker
 from spark_ops.errors import SparkOpsError
+from spark_ops.lock import LOCK_FREE_SH
 from spark_ops.remote import quote_path, sh_program
 from spark_ops.watchdog.contract import WatchdogContract
 
-# $1 history file, $2 lock file. Prints key=value lines; changes nothing (the lock is opened read-
-# only,
-# and only when it exists; a missing lock file only needs a writable directory to be created in).
-_WRITABLE = r"""
+# $1 history file, $2 lock file. Prints key=value lines; changes nothing (the lock is probed by
+# lock.py's one probe, on a read-only descriptor, and only when it exists; a missing lock file only
+# needs a writable directory to be created in).
+_WRITABLE = (
+    LOCK_FREE_SH
+    + r"""
 h=$1; l=$2
 hd=$(dirname -- "$h"); ld=$(dirname -- "$l")
 if [ -e "$h" ]; then
@@ -24,11 +27,12 @@ elif [ -e "$hd" ]; then echo "dir=not-a-directory"; else echo "dir=absent"; fi
 command -v flock >/dev/null 2>&1 || { echo "lock=no-flock"; exit 0; }
 if [ -e "$l" ]; then
   if [ ! -r "$l" ]; then echo "lock=unreadable"
-  elif ( exec 9<"$l" && flock -n 9 ); then echo "lock=free"; else echo "lock=held"; fi
+  elif lock_free "$l"; then echo "lock=free"; else echo "lock=held"; fi
   if [ -w "$l" ]; then echo "lockfile=writable"; else echo "lockfile=not-writable"; fi
 elif [ -d "$ld" ] && [ -w "$ld" ]; then echo "lock=absent-creatable"
 else echo "lock=absent-not-creatable"; fi
 """
+)
 
 
 def command_program(command: str) -> tuple[str | None, str | None]:

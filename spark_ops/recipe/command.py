@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from spark_ops.errors import RecipeError, UnsupportedRecipe
 from spark_ops.recipe.render import Option, parse_options, serve_index
 from spark_ops.recipe.source import Entry, RecipeText, scan_shell
+from spark_ops.yamlsafe import load_yaml
 
 Edit = tuple[int, int, str]
 
@@ -138,15 +139,13 @@ class CommandView:
 
 def yaml_scalar(value: str, old_raw: str | None) -> str:
     """Spell a string value as a YAML scalar that reads back as exactly `value`."""
-    import yaml
-
     if old_raw and old_raw[0] == "'":
         return "'" + value.replace("'", "''") + "'"
     if old_raw and old_raw[0] == '"':
         return json.dumps(value, ensure_ascii=False)
     try:
-        loaded = yaml.safe_load(f"k: {value}")
-    except yaml.YAMLError:
+        loaded = load_yaml(f"k: {value}", source="the new value", error=RecipeError)
+    except RecipeError:
         loaded = None
     ok = isinstance(loaded, dict) and not isinstance(loaded.get("k"), bool)
     if ok and loaded is not None and str(loaded.get("k")) == value and "#" not in value:

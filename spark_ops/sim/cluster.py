@@ -27,6 +27,7 @@ from spark_ops.log import configure
 from spark_ops.sim import RAYLET_CHECK
 from spark_ops.sim.node import NodeSpec, SimNode
 from spark_ops.watchdog import history
+from spark_ops.yamlsafe import load_yaml
 
 STATE = "state.json"
 CONTROL = "control.sock"
@@ -158,9 +159,9 @@ def _engine_overlay(opts: SimOptions) -> str:
 
 def _shipped_boot() -> dict[str, Any]:
     """The boot phase durations of the shipped engine config."""
-    import yaml
-
-    data = yaml.safe_load(asset("engine.yaml"))
+    data = load_yaml(
+        asset("engine.yaml"), source="spark_ops/data/sim/engine.yaml", error=SparkOpsError
+    )
     return dict(data.get("boot", {}))
 
 

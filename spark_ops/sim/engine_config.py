@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import SparkOpsError
+from spark_ops.yamlsafe import load_yaml
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "recipes" / "sim" / "engine.yaml"
 # Installed without the repo: the copy shipped as package data (a symlink in the repo).
@@ -38,16 +39,13 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def load_config(path: str | Path | None = None) -> dict[str, Any]:
     """Load the sim YAML (path, else $SPARK_SIM_CONFIG, else the repo's recipes/sim/engine.yaml)."""
-    import yaml
-
     default = DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else PACKAGED_CONFIG
     chosen = Path(path or os.environ.get("SPARK_SIM_CONFIG") or default)
     try:
-        data = yaml.safe_load(chosen.read_text(encoding="utf-8")) or {}
+        text = chosen.read_text(encoding="utf-8")
     except OSError as exc:
         raise SimConfigError(f"{chosen}: cannot read sim config: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise SimConfigError(f"{chosen}: not valid YAML: {exc}") from exc
+    data = load_yaml(text, source=str(chosen), error=SimConfigError) or {}
     if not isinstance(data, dict):
         raise SimConfigError(f"{chosen}: top level must be a mapping")
     base = data.pop("base", None)

@@ -10,6 +10,7 @@ from typing import Any
 
 from spark_ops.errors import WatchdogError
 from spark_ops.watchdog.history import default_journal, default_lock
+from spark_ops.yamlsafe import load_yaml
 
 DEFAULT_CONFIG = "/etc/spark-watchdog/config.yaml"
 DEFAULT_STATE_DIR = "/var/lib/spark-watchdog"
@@ -203,17 +204,12 @@ def _resolve(base: Path, value: str | None, default: str) -> str:
 
 def load_config(path: str | os.PathLike[str]) -> WatchdogConfig:
     """Load and validate the YAML configuration at path."""
-    import yaml
-
     source = str(path)
     try:
         text = Path(source).read_text()
     except OSError as exc:
         raise WatchdogConfigError(f"{source}: cannot read the config: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise WatchdogConfigError(f"{source}: not valid YAML: {exc}") from None
+    data = load_yaml(text, source=source, error=WatchdogConfigError)
     return parse_config(data, source=source)
 
 

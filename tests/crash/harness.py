@@ -683,6 +683,16 @@ def changes(c: CrashCluster, a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return what
 
 
+def _lasting(paths: list[str], settle_s: float = 3.0) -> list[str]:
+    """The staged files still there after settle_s: a live writer's (the watchdog rewriting its
+    state file as the snapshot was taken) is renamed away within moments; a leftover stays."""
+    end = time.monotonic() + settle_s
+    while paths and time.monotonic() < end:
+        time.sleep(0.2)
+        paths = [p for p in paths if os.path.lexists(p)]
+    return paths
+
+
 def run_case(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
     """Arrange, run interrupted at point, re-run with --yes, check (a)–(e), repair."""
     started = time.monotonic()
@@ -785,7 +795,7 @@ def run_case(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
     if touched:
         problems.append(f"operator's file touched beside {touched}")
     strays = sorted(set(after["dotfiles"]) - set(before["dotfiles"]))
-    strays = [s for s in strays if ".spark-ops." in s or ".tmp." in s]
+    strays = _lasting([s for s in strays if ".spark-ops." in s or ".tmp." in s])
     checks["no_staged_left"] = not strays
     if strays:
         problems.append(f"staged files left: {strays}")

@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.ground import GroundUnavailable
+from . import GroundUnavailable
 
 VENV = Path(os.environ.get("SPARK_SPARKRUN_VENV", "/opt/spark-ops-sparkrun"))
 ORACLE = Path(__file__).with_name("sparkrun_oracle.py")
