@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -70,12 +71,13 @@ def test_spent_budget_refuses_every_restart_path(sim: Sim, cli_env: dict[str, st
             assert words in res.stdout, said
         for words in case.get("stderr", []):
             assert words in res.stderr, said
+        assert re.search(SPENT["next_slot"], res.stdout + res.stderr), said
         if "json_stdout" in case:
             doc = json.loads(res.stdout)
             assert doc["ok"] is case["json_stdout"]["ok"], said
             assert doc["refused"]["error"] == case["json_stdout"]["refused"], said
             assert doc["plan"]["facts"]["budget"]["spent"] is True, said
-            assert SPENT["next_slot"] in doc["refused"]["message"], said
+            assert re.search(SPENT["next_slot"], doc["refused"]["message"]), said
         if "json_stderr" in case:
             err = json.loads(res.stderr.strip().splitlines()[-1])
             assert err["error"] == case["json_stderr"]["error"], said

@@ -35,11 +35,10 @@ COMPARED_FACTS = {
     "settles": "the unfinished runs this run finishes",
     "left_stamps": "the stamps unfinished runs left",
 }
-# Facts read with a short timeout: None is "not known", compared only when both are known.
-KNOWN_ONLY = {"vllm_version"}
+# Facts read with a short timeout (None: not known, or none): compared only when both are known.
+KNOWN_ONLY = {"vllm_version", "engine"}
 # Warnings on unfinished runs say whether the plan was made under the lock: compared as facts.
 UNFINISHED_MARK = " did not finish; last recorded: "
-NOTHING = "; nothing was changed"
 
 
 def in_words(seconds: float) -> str:
@@ -130,14 +129,30 @@ async def check_budget(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
     """Record in a restart's plan the budget it meets and the engine it replaces."""
     gate = await read_gate(op, opts.over_budget, plan.facts.get("left_stamp_values", ()))
     plan.facts["budget"] = gate
-    refusal = gate_refusal(gate, ignore_option=True)
-    if refusal is not None and opts.over_budget:
-        plan.warnings.append(f"--over-budget given: {refusal.message.removesuffix(NOTHING)}")
+    if opts.over_budget and gate_refusal(gate, ignore_option=True) is not None:
+        plan.warnings.append(over_budget_warning(gate))
     try:
         inst = await current_instance(op.session, op.cluster)
     except SparkOpsError:
         inst = None
     plan.facts["engine"] = None if inst is None else {"instance": inst.key, "alive": inst.alive}
+
+
+def over_budget_warning(gate: dict[str, Any]) -> str:
+    """The plan's warning when --over-budget lets a restart through (no relative time in it:
+    the plan made again under the lock must read the same)."""
+    if "error" in gate:
+        why = f"the restart budget cannot be read ({gate['error']})"
+    else:
+        at = dt.datetime.fromtimestamp(float(gate["next_free_at"]), dt.timezone.utc)
+        why = (
+            f"the watchdog's restart budget is spent ({gate['used']}/{gate['allowed']} in the last "
+            f"{float(gate['window_s']) / 3600:g} h; the next slot frees at {at:%H:%M} UTC)"
+        )
+    return (
+        f"--over-budget given: {why}; if this boot fails, the engine stays down until someone "
+        "restarts it"
+    )
 
 
 def budget_refusal(plan: Plan) -> OverBudget | None:
