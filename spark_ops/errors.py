@@ -25,6 +25,8 @@ class ExitStatus(enum.IntEnum):
     DEGRADED = 13  # status: the engine serves, but something needs a look (node down, budget ...)
     NOT_SERVING = 14  # status: the engine does not answer
     RESTARTING = 15  # status: a run holds the lock (a restart under way)
+    OVER_BUDGET = 16  # a restart refused: the watchdog's restart budget is spent (--over-budget)
+    PLAN_CHANGED = 17  # the cluster changed between the plan shown and the answer: nothing run
 
 
 class SparkOpsError(Exception):
@@ -223,6 +225,42 @@ class TriggerFailed(RemoteError):
 
 class AmbiguousStamp(WatchdogError):
     """More than one new stamp appeared around a planned restart: none is pruned."""
+
+
+class OverBudget(SparkOpsError):
+    """A planned restart refused: the watchdog's budget has no slot left (or cannot be read)."""
+
+    exit_status = ExitStatus.OVER_BUDGET
+
+    def __init__(
+        self, message: str, *, budget: dict[str, object] | None = None, hint: str | None = None
+    ) -> None:
+        """Keep the budget the refusal was made on (used, allowed, next free slot)."""
+        super().__init__(message, hint=hint)
+        self.budget = dict(budget or {})
+
+    def to_dict(self) -> dict[str, object]:
+        """Serialize with the budget."""
+        data = super().to_dict()
+        data["budget"] = self.budget
+        return data
+
+
+class PlanChanged(SparkOpsError):
+    """The cluster changed between the plan shown and the answer: the run executes nothing."""
+
+    exit_status = ExitStatus.PLAN_CHANGED
+
+    def __init__(self, message: str, *, changes: Sequence[str], hint: str | None = None) -> None:
+        """Keep one line per difference between the plan shown and the plan now."""
+        super().__init__(message, hint=hint)
+        self.changes = list(changes)
+
+    def to_dict(self) -> dict[str, object]:
+        """Serialize with what changed."""
+        data = super().to_dict()
+        data["changes"] = self.changes
+        return data
 
 
 class BootError(SparkOpsError):

@@ -153,6 +153,17 @@ def describe_holder(info: dict[str, Any]) -> str:
     )
 
 
+def locked_error(cluster: Cluster, holder: dict[str, Any], where: str) -> LockError:
+    """The refusal while someone else holds the cluster lock: who, since when, doing what."""
+    return LockError(
+        f"cluster {cluster.name} is locked by {describe_holder(holder)}"
+        + (f" ({cluster.head.name}:{where})" if where else ""),
+        hint="wait for that operation to end; the lock frees itself if its holder dies "
+        f"(it is the lock of the watchdog whose history is {cluster.watchdog.history_file}:"
+        " every inventory driving that watchdog shares it)",
+    )
+
+
 @asynccontextmanager
 async def cluster_lock(session: ClusterSession, operation: str) -> AsyncIterator[dict[str, Any]]:
     """Hold the cluster lock on the head for the duration of the block, or raise LockError."""
@@ -177,13 +188,7 @@ async def cluster_lock(session: ClusterSession, operation: str) -> AsyncIterator
                 except ValueError:
                     continue
             where = lines[0].partition(" ")[2] if lines else ""
-            raise LockError(
-                f"cluster {cluster.name} is locked by {describe_holder(other)}"
-                + (f" ({cluster.head.name}:{where})" if where else ""),
-                hint="wait for that operation to end; the lock frees itself if its holder dies "
-                f"(it is the lock of the watchdog whose history is {cluster.watchdog.history_file}:"
-                " every inventory driving that watchdog shares it)",
-            )
+            raise locked_error(cluster, other, where)
         session.log.info(
             "lock taken", host=cluster.head.name, operation=operation, lock=lines[0][7:]
         )
@@ -203,3 +208,14 @@ async def lock_state(session: ClusterSession) -> tuple[bool, dict[str, Any], str
     except ValueError:
         holder = {}
     return True, holder if isinstance(holder, dict) else {}, path
+
+
+async def refuse_if_locked(session: ClusterSession) -> None:
+    """Raise the LockError cluster_lock would, when someone holds the lock now (takes nothing).
+
+    A run asks this before it plans and asks its question, so that nobody confirms a plan that
+    cannot run; the lock itself is taken only after the answer.
+    """
+    held, holder, path = await lock_state(session)
+    if held:
+        raise locked_error(session.cluster, holder, path)

@@ -18,8 +18,10 @@ from spark_ops.cli.common import (
 )
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
+    from spark_ops.errors import OverBudget
     from spark_ops.recipe import Change
     from spark_ops.workflows import Outcome
+    from spark_ops.workflows.plan import Plan
 
 
 def knob_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -71,6 +73,14 @@ def knob_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+over_budget_option = click.option(
+    "--over-budget",
+    is_flag=True,
+    help="Restart even when the watchdog's restart budget has no slot left (a failed boot then "
+    "stays down: the watchdog cannot restart it).",
+)
+
+
 def restart_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by apply and restart."""
     options = [
@@ -83,6 +93,7 @@ def restart_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--deadline", type=float, help="Boot deadline in seconds (inventory's by default)."
         ),
         click.option("--reason", help="Reason recorded in the watchdog's journal."),
+        over_budget_option,
     ]
     for opt in reversed(options):
         fn = opt(fn)
@@ -108,6 +119,7 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
     """connect → lock → plan → show → confirm → execute → report."""
     from spark_ops.cli.progress import make_reporter
     from spark_ops.errors import Aborted, ExitStatus
+    from spark_ops.lock import refuse_if_locked
     from spark_ops.readiness import history_key
     from spark_ops.workflows import (
         ApplyOptions,
@@ -117,6 +129,7 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
         plan_restart,
         plan_rollback,
     )
+    from spark_ops.workflows.gate import budget_refusal, ensure_same
 
     changes = _changes(kw) if operation == "apply" else []
     if operation == "apply" and not changes:
@@ -136,17 +149,24 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
         preflight_timeout_s=kw.get("preflight_timeout", 60.0),
         trust_keys=kw.get("trust_keys", False),
         command=command_line(),
+        over_budget=kw.get("over_budget", False),
     )
 
+    async def make_plan(op: Operation, shown: Plan | None) -> Plan:
+        """The plan of this operation, as the cluster stands now."""
+        if operation == "apply":
+            return await plan_apply(op, opts, shown)
+        if operation == "rollback":
+            return await plan_rollback(op, opts, kw.get("to"))
+        return await plan_restart(op, opts)
+
     async def flow() -> int:
-        """The whole operation inside one event loop."""
-        async with Operation.open(cluster, operation, lock=not kw["dry_run"]) as op:
-            if operation == "apply":
-                plan = await plan_apply(op, opts)
-            elif operation == "rollback":
-                plan = await plan_rollback(op, opts, kw.get("to"))
-            else:
-                plan = await plan_restart(op, opts)
+        """Plan without the lock, show, confirm; then lock, plan again, run only the plan shown."""
+        async with Operation.open(cluster, operation, lock=False) as op:
+            if not kw["dry_run"]:
+                await refuse_if_locked(op.session)  # before the plan and the question, not after
+            plan = await make_plan(op, None)
+            refusal = budget_refusal(plan)
             if not as_json:
                 echo_plan(plan)
             if not plan.steps:
@@ -159,38 +179,57 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
                     )
                 return 0
             if kw["dry_run"]:
-                if as_json:
-                    emit_json({"ok": True, "dry_run": True, "plan": plan.to_dict()})
-                else:
-                    click.echo("\nDry run: nothing was changed.")
-                return 0
+                return _dry_run(plan, refusal, as_json, operation)
+            if refusal is not None:
+                raise refusal
             if not kw["yes"] and not click.confirm("\nProceed?", default=False, err=True):
                 raise Aborted("not confirmed; nothing was changed")
-            reporter = make_reporter(
-                cluster.name,
-                json_lines=as_json,
-                history=history_key(cluster),
-                workers_expected=len(cluster.workers),
+            async with op.hold_lock():
+                final = await make_plan(op, plan)
+                ensure_same(plan, final)  # the plan shown, or nothing
+                return await run(op, final)
+
+    async def run(op: Operation, plan: Plan) -> int:
+        """Execute the plan under the lock and report it."""
+        reporter = make_reporter(
+            cluster.name,
+            json_lines=as_json,
+            history=history_key(cluster),
+            workers_expected=len(cluster.workers),
+        )
+        try:
+            outcome = await execute(
+                op, plan, opts, on_step=step_reporter(as_json, reporter), on_event=reporter
             )
-            try:
-                outcome = await execute(
-                    op, plan, opts, on_step=step_reporter(as_json, reporter), on_event=reporter
-                )
-            finally:
-                reporter.close()
-            if as_json:
-                emit_json(outcome.to_dict())
-            else:
-                _echo_outcome(outcome)
-            if outcome.rolled_back:
-                return int(ExitStatus.BOOT_FAILED)
-            failed = not all(c["ok"] for c in outcome.checks)
-            if failed:
-                return int(ExitStatus.CHECK_FAILED)
-            # the engine serves, but the budget is unknown: watchdog.history_file is wrong
-            return int(ExitStatus.BUDGET) if outcome.history_problem else 0
+        finally:
+            reporter.close()
+        if as_json:
+            emit_json(outcome.to_dict())
+        else:
+            _echo_outcome(outcome)
+        if outcome.rolled_back:
+            return int(ExitStatus.BOOT_FAILED)
+        if not all(c["ok"] for c in outcome.checks):
+            return int(ExitStatus.CHECK_FAILED)
+        # the engine serves, but the budget is unknown: watchdog.history_file is wrong
+        return int(ExitStatus.BUDGET) if outcome.history_problem else 0
 
     return run_async(flow())
+
+
+def _dry_run(plan: Plan, refusal: OverBudget | None, as_json: bool, operation: str) -> int:
+    """Show what the run would do (refuse, when the budget is spent); its code is the run's."""
+    if as_json:
+        doc: dict[str, Any] = {"ok": refusal is None, "dry_run": True, "plan": plan.to_dict()}
+        if refusal is not None:
+            doc["refused"] = refusal.to_dict()
+        emit_json(doc)
+    else:
+        if refusal is not None:
+            click.secho(f"\n{operation} would refuse: {refusal.message}", fg="red", bold=True)
+            click.echo(f"hint: {refusal.hint}")
+        click.echo("\nDry run: nothing was changed.")
+    return int(refusal.exit_status) if refusal is not None else 0
 
 
 def _echo_outcome(outcome: Outcome) -> None:
@@ -248,6 +287,7 @@ def apply_cmd(ctx: click.Context, **kw: Any) -> int:
 
 @click.command("plan")
 @knob_options
+@over_budget_option
 @click.option("--json", "as_json", is_flag=True, help="The plan as JSON on stdout.")
 @click.pass_context
 def plan_cmd(ctx: click.Context, **kw: Any) -> int:

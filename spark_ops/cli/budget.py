@@ -150,11 +150,13 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
     exactly those are removed: a stamp the watchdog appends meanwhile is kept (and reported).
     """
     from spark_ops.errors import Aborted
+    from spark_ops.lock import refuse_if_locked
     from spark_ops.workflows.budget import (
         PruneSelection,
         execute_prune,
         plan_prune,
         resolve_times,
+        settle_under_lock,
     )
     from spark_ops.workflows.operation import Operation
 
@@ -169,8 +171,10 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
     async def flow() -> tuple[PrunePlan, BudgetView, PruneReport | None]:
         """Plan, show, confirm, execute exactly the plan."""
         async with Operation.open(
-            cluster, "budget prune", lock=not kw["dry_run"], nodes=[cluster.head.name]
+            cluster, "budget prune", lock=False, nodes=[cluster.head.name]
         ) as op:
+            if not kw["dry_run"]:
+                await refuse_if_locked(op.session)  # before the question; taken after it
             lo, hi = await resolve_times(op, since, since_ago, until, until_ago)
             selection = PruneSelection(kw["stamps"], kw["raws"], lo, hi, kw["planned"])
             plan = await plan_prune(op, selection, clear_gave_up=kw["clear_gave_up"])
@@ -182,7 +186,9 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
             asked = plan.chosen and not kw["yes"]
             if asked and not click.confirm(f"Remove these {len(plan.chosen)}?", err=True):
                 raise Aborted("not confirmed; nothing was removed")
-            report = await execute_prune(op, plan)
+            async with op.hold_lock():
+                await settle_under_lock(op, plan)
+                report = await execute_prune(op, plan)
             return plan, report.budget or await op.watchdog.budget(), report
 
     plan, budget_now, report = run_async(flow())

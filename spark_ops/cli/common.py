@@ -108,6 +108,32 @@ def echo_plan(plan: Plan) -> None:
         click.secho("Steps:", bold=True)
         for i, s in enumerate(plan.steps, 1):
             click.echo(f"  {i}. {s.description}")
+    gate = plan.facts.get("budget")
+    if gate and any(s.name == "restart" for s in plan.steps):
+        echo_gate(gate)
+
+
+def echo_gate(gate: dict[str, Any]) -> None:
+    """The restart budget the plan's restart meets, and whether it may go ahead."""
+    from spark_ops.workflows.gate import next_slot
+
+    if "error" in gate:
+        text, color = f"cannot be read: {gate['error']}", "red"
+    elif gate.get("spent"):
+        text = (
+            f"{gate['used']}/{gate['allowed']} used in the last {gate['window_s'] / 3600:g} h: "
+            f"no slot left, the next frees {next_slot(gate)}"
+        )
+        color = "red"
+    else:
+        text = (
+            f"{gate['used']}/{gate['allowed']} used in the last {gate['window_s'] / 3600:g} h, "
+            f"{gate['remaining']} left (this restart's stamp is pruned after its boot)"
+        )
+        color = None
+    if color and gate.get("over_budget_given"):
+        text, color = text + "; --over-budget given: the restart goes ahead", "yellow"
+    click.secho(f"Restart budget: {text}", fg=color)
 
 
 _MARK = {"done": ("✓", "green"), "failed": ("✗", "red"), "skipped": ("–", "yellow")}

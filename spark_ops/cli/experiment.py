@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from spark_ops.cli.bench import DEFAULT_CONCURRENCY, parse_caps, parse_levels, report_width
-from spark_ops.cli.common import load_cluster, run_async, step_reporter
+from spark_ops.cli.common import echo_gate, load_cluster, run_async, step_reporter
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
     from spark_ops.workflows.experiment.run import ExperimentOutcome
@@ -92,7 +92,7 @@ def echo_plan(plan: ExperimentPlan, n_done: int) -> None:
     took = f", ~{boot:.0f} s by the boots watched from here" if boot else ""
     click.echo(
         f"  restarts: {plan.restarts} planned (each a full boot{took}; each stamp pruned, the "
-        "budget unchanged); the cluster lock is held throughout"
+        "budget unchanged); the cluster lock is held from the answer to the end"
     )
     click.echo("  " + downtime_line(plan.restarts, plan.restarts_if_all_measured, boot))
     click.echo("  Ctrl-C stops the run, restores the starting configuration; --resume continues.")
@@ -354,6 +354,11 @@ def _ending(outcome: ExperimentOutcome) -> str:
 )
 @click.option("--deadline", type=float, help="Boot deadline in seconds (inventory's by default).")
 @click.option("--force", is_flag=True, help="Overwrite recipe copies that differ.")
+@click.option(
+    "--over-budget",
+    is_flag=True,
+    help="Restart even when the watchdog's restart budget has no slot left.",
+)
 @click.option("--no-restore", is_flag=True, help="Leave the last configuration in place.")
 @click.option("--resume", is_flag=True, help="Continue the experiment recorded in the state file.")
 @click.option(
@@ -371,6 +376,7 @@ def _ending(outcome: ExperimentOutcome) -> str:
 def cli(ctx: click.Context, **kw: Any) -> int:
     """Apply each configuration, sweep it, compare them, then restore the starting one."""
     from spark_ops.errors import Aborted, ExitStatus
+    from spark_ops.lock import refuse_if_locked
     from spark_ops.workflows import Operation
     from spark_ops.workflows.experiment import (
         ApplySettings,
@@ -382,6 +388,7 @@ def cli(ctx: click.Context, **kw: Any) -> int:
         run_experiment,
         start_state,
     )
+    from spark_ops.workflows.gate import facts_differences, gate_refusal, read_gate, refuse_changes
 
     axes = _axes(kw)
     if not axes and not kw["resume"]:
@@ -408,30 +415,57 @@ def cli(ctx: click.Context, **kw: Any) -> int:
         cluster.name, axes, sweep, restore=not kw["no_restore"], what_if_caps=what_if,
         measure_all=kw["measure_all"], confirm=kw["confirm"],
     )  # fmt: skip
-    settings = ApplySettings(drain=not kw["no_drain"], deadline_s=kw["deadline"], force=kw["force"])
+    settings = ApplySettings(
+        drain=not kw["no_drain"], deadline_s=kw["deadline"], force=kw["force"],
+        over_budget=kw["over_budget"],
+    )  # fmt: skip
     progress = _Progress(cluster.name, len(cluster.workers))
     hooks = Hooks(progress.on_config, progress.on_step, progress.on_event, progress.on_level,
                   progress.on_note)  # fmt: skip
 
+    async def plan_now(op: Operation) -> tuple[Any, Any, bool, dict[str, Any] | None]:
+        """The state, the plan and the budget its restarts meet, as the cluster stands now."""
+        knobs = await current_knobs(op)
+        state, resumed = start_state(spec, knobs, path, resume=kw["resume"])
+        plan = plan_experiment(state, knobs, path, resumed)
+        gate = await read_gate(op, kw["over_budget"]) if plan.restarts else None
+        return state, plan, resumed, gate
+
     async def flow() -> Any:
-        """Lock, plan, confirm, run, all under one Operation."""
-        async with Operation.open(cluster, "experiment", lock=not kw["dry_run"]) as op:
-            knobs = await current_knobs(op)
-            state, resumed = start_state(spec, knobs, path, resume=kw["resume"])
-            echo_plan(plan_experiment(state, knobs, path, resumed), len(state.results))
+        """Plan without the lock, confirm; then lock, plan again, run only the plan shown."""
+        async with Operation.open(cluster, "experiment", lock=False) as op:
+            if not kw["dry_run"]:
+                await refuse_if_locked(op.session)
+            state, plan, _, gate = await plan_now(op)
+            echo_plan(plan, len(state.results))
+            if gate is not None:
+                echo_gate(gate)
+            refusal = gate_refusal(gate)
             if kw["dry_run"]:
+                if refusal is not None:
+                    click.secho(f"\nexperiment would refuse: {refusal.message}", fg="red")
+                    click.echo(f"hint: {refusal.hint}")
                 click.echo("\nDry run: nothing was changed.")
-                return None
+                return int(refusal.exit_status) if refusal is not None else None
+            if refusal is not None:
+                raise refusal
             if not kw["yes"] and not click.confirm("\nProceed?", default=False, err=True):
                 raise Aborted("not confirmed; nothing was changed")
-            secrets = {"api_key": kw["api_key"]} if kw["api_key"] else {}
-            return await run_experiment(
-                op, state, path, settings=settings, hooks=hooks, secrets=secrets
-            )
+            async with op.hold_lock():
+                state, again, _, gate_now = await plan_now(op)
+                refuse_changes(
+                    facts_differences(
+                        {**plan.to_dict(), "budget": gate}, {**again.to_dict(), "budget": gate_now}
+                    )
+                )
+                secrets = {"api_key": kw["api_key"]} if kw["api_key"] else {}
+                return await run_experiment(
+                    op, state, path, settings=settings, hooks=hooks, secrets=secrets
+                )
 
     outcome = run_async(flow())
-    if outcome is None:
-        return 0
+    if outcome is None or isinstance(outcome, int):
+        return outcome or 0
     click.echo(render_report(outcome, width=report_width()), nl=False)
     if kw["json_path"]:
         import json

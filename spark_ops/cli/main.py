@@ -111,6 +111,11 @@ def _report_error(exc: SparkOpsError, as_json: bool) -> None:
         click.echo("  log lines that show why:", err=True)
         for line in lines[-12:]:
             click.echo(f"    {line}", err=True)
+    changes = getattr(exc, "changes", None)
+    if changes:
+        click.echo("  what changed since the plan was shown:", err=True)
+        for line in changes[:20]:
+            click.echo(f"    {line}", err=True)
     standing = getattr(exc, "standing", None)
     if standing:
         click.echo("  where the cluster stands:", err=True)

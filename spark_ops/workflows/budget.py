@@ -65,6 +65,7 @@ class PrunePlan:
     not_found: list[Any] = field(default_factory=list)  # asked for, absent at preview
     clear_gave_up: bool = False
     settles: list[str] = field(default_factory=list)  # dead runs whose left stamps it removes
+    dead: list[str] = field(default_factory=list)  # dead runs whose stamps the preview looked at
     notes: list[str] = field(default_factory=list)  # dead runs' stamps it cannot take for planned
     command: str = ""  # the command line as run (the audit's intent names it)
 
@@ -175,6 +176,7 @@ async def _dead_runs_stamps(op: Operation, plan: PrunePlan) -> None:
     entries = await op.watchdog.entries()
     marks = await op.watchdog.journal_by_stamp()
     for run in dead:
+        plan.dead.append(run.run)
         stamps, ambiguous = left_by(run, entries, marks)
         plan.notes.extend(ambiguous)
         plan.chosen.extend(e for e in stamps if e.raw not in {c.raw for c in plan.chosen})
@@ -183,6 +185,19 @@ async def _dead_runs_stamps(op: Operation, plan: PrunePlan) -> None:
             plan.settles.append(run.run)  # nothing but its stamp was left; a write is apply's
     chosen = Counter(e.raw for e in plan.chosen)
     plan.kept_raws = list((Counter(plan.kept_raws) - chosen).elements())
+
+
+async def settle_under_lock(op: Operation, plan: PrunePlan) -> None:
+    """Once the lock is held (after the question), which dead runs this prune finishes.
+
+    Only a run the preview showed counts, and only as the lock sees it now: a run is settled
+    when nothing but its stamp was left (its lines are the ones confirmed; nothing is added).
+    """
+    if not (plan.selection.planned and plan.dead) or not op.locked:
+        return
+    fresh = PrunePlan(plan.history_file, plan.selection)
+    await _dead_runs_stamps(op, fresh)
+    plan.settles = [r for r in fresh.settles if r in plan.dead]
 
 
 async def execute_prune(op: Operation, plan: PrunePlan) -> PruneReport:

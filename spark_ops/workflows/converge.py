@@ -153,8 +153,8 @@ async def dead_runs(op: Operation) -> list[Run]:
 async def plan_settle(op: Operation, plan: Plan) -> list[Run]:
     """Put a `settle` step first when dead runs are found: it prunes the stamps they left.
 
-    Without the lock (a preview) the step is shown all the same, with a warning that a run shown
-    unfinished may still be running; only a run under the lock executes it.
+    Without the lock (the plan shown before the question) the step is shown all the same, with a
+    warning that it runs under the lock only (a run still alive holds it: this one is then refused).
     """
     dead = await dead_runs(op)
     if not dead:
@@ -172,10 +172,16 @@ async def plan_settle(op: Operation, plan: Plan) -> list[Run]:
         who = r.intent.get("who", "?")
         plan.warnings.append(
             f"run {r.run} ({r.operation} by {who}) did not finish; last recorded: {r.last_step}; "
-            + ("this run finishes it" if op.locked else "it may still be running (no lock taken)")
+            + (
+                "this run finishes it"
+                if op.locked
+                else "this run finishes it once it holds the cluster lock (a run still alive holds "
+                "that lock, and this one is then refused)"
+            )
         )
     plan.facts["settles"] = settles
     plan.facts["left_stamps"] = [e.raw for e in left]
+    plan.facts["left_stamp_values"] = [e.stamp for e in left]  # the budget gate counts without
     plan.facts["unfinished"] = [r.summary() for r in dead]
     what = (
         "remove the planned stamp(s) they left: " + ", ".join(repr(e.raw.strip()) for e in left)

@@ -32,6 +32,7 @@ from spark_ops.watchdog.identify import (
     prune_command,
 )
 from spark_ops.workflows import interrupt
+from spark_ops.workflows.gate import budget_refusal
 from spark_ops.workflows.journal import RunJournal, write_facts
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
 from spark_ops.workflows.plan import Plan, Step, StepRunner
@@ -56,6 +57,9 @@ async def execute(
     stops the run there); SIGINT / SIGTERM end the run after the atomic unit in progress and
     raise Interrupted, which says where the cluster stands and what converges it.
     """
+    refused = budget_refusal(plan)  # the CLI refuses before its prompt; any other caller here
+    if refused is not None:
+        raise refused
     out = Outcome(plan, ok=False)
     journal = RunJournal(op, plan.operation, opts.command)
     await journal.intent(**intent_of(plan, opts))
@@ -94,6 +98,7 @@ def intent_of(plan: Plan, opts: ApplyOptions) -> dict[str, Any]:
             "restart": "restart" in steps,
             "steps": steps,
             "left_stamps": plan.facts.get("left_stamps", []),
+            "budget": plan.facts.get("budget"),
         },
         "settles": plan.facts.get("settles", []),
     }
@@ -136,6 +141,8 @@ def _args(opts: ApplyOptions | None) -> dict[str, Any]:
         args["reason"] = opts.reason
     if opts is not None and opts.force:
         args["force"] = True
+    if opts is not None and opts.over_budget:
+        args["over_budget"] = True
     return args
 
 
@@ -701,7 +708,7 @@ def history_unmoved(op: Operation, recorded: float, how: str) -> dict[str, Any]:
 async def _budget_step(
     op: Operation, run: StepRunner, plan: Plan, out: Outcome
 ) -> dict[str, Any] | None:
-    """Report the budget as the head sees it now."""
+    """Report the budget as the head sees it now (none left is a warning, never a green ✓)."""
     if "budget" not in {s.name for s in plan.steps}:
         return None
     run.start("budget")
@@ -717,7 +724,16 @@ async def _budget_step(
     except SparkOpsError as exc:
         run.fail("budget", exc.message)
         return None
-    run.finish("budget", f"{view.used}/{view.allowed} used in the window")
+    text = f"{view.used}/{view.allowed} used in the window"
+    if view.used < view.allowed:
+        run.finish("budget", text)
+        return view.to_dict()
+    spent = (
+        f"restart budget {text}: no slot left, the watchdog cannot restart the engine if it "
+        "fails now"
+    )
+    out.warnings.append(spent)
+    run.skip("budget", spent)
     return view.to_dict()
 
 

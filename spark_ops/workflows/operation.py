@@ -44,6 +44,7 @@ class ApplyOptions:
     preflight_timeout_s: float = 60.0
     trust_keys: bool = False  # write --set/--flag keys the head's vLLM parser could not check
     command: str = ""  # the command line as run, for "run it again" and the audit
+    over_budget: bool = False  # restart even when the watchdog's budget has no slot left
 
     def __post_init__(self) -> None:
         """Refuse, before anything connects, a value that could not be sent or written whole.
@@ -145,6 +146,16 @@ class Operation:
             op = cls(session, name)
             op.locked = lock
             yield op
+
+    @asynccontextmanager
+    async def hold_lock(self) -> AsyncIterator[None]:
+        """Take the cluster lock for the block (after the confirmation: never while it waits)."""
+        async with cluster_lock(self.session, self.name):
+            self.locked = True
+            try:
+                yield
+            finally:
+                self.locked = False
 
     async def api_url(self) -> str:
         """The engine API's base URL from here: direct, or through a tunnel to the head."""

@@ -17,10 +17,11 @@ from spark_ops.recipe.source import load_recipe_text
 from spark_ops.remote import sha256
 from spark_ops.watchdog.history import BACKUP_TIME_FORMAT, ROLLED_BACK, backup_tag_of
 from spark_ops.workflows.converge import booting_note, engine_differs, plan_settle
+from spark_ops.workflows.gate import check_budget
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, Plan
 from spark_ops.workflows.postboot import kv_pool
-from spark_ops.workflows.preflight import preflight, serve_options
+from spark_ops.workflows.preflight import PreflightResult, preflight, serve_options
 
 
 def _drift(texts: dict[str, str], path: str) -> list[str]:
@@ -34,8 +35,12 @@ def _drift(texts: dict[str, str], path: str) -> list[str]:
     ]
 
 
-async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
-    """Read the recipe everywhere, check drift, edit it, and lay out the steps of apply."""
+async def plan_apply(op: Operation, opts: ApplyOptions, shown: Plan | None = None) -> Plan:
+    """Read the recipe everywhere, check drift, edit it, and lay out the steps of apply.
+
+    `shown`: the plan the operator saw; its preflight answer is kept when the command line it
+    checked is the same (planning again under the lock then costs no second vLLM start-up).
+    """
     cluster = op.cluster
     plan = Plan("apply", cluster.name)
     texts = await op.read_recipes()
@@ -69,14 +74,14 @@ async def plan_apply(op: Operation, opts: ApplyOptions) -> Plan:
     plan.facts["knobs_after"] = jsonable(knob_values(new_text, source="recipe"))
     if not plan.changes:
         await _restart_if_needed(op, opts, plan)
-        await plan_settle(op, plan)
+        await _settle_and_gate(op, opts, plan)
         return plan
-    await _preflight(op, opts, plan, new_text)
+    await _preflight(op, opts, plan, new_text, shown)
     warning = await _kv_capacity(op, new_text)
     if warning:
         plan.warnings.append(warning)
     _restart_steps(plan, op, opts, write=True)
-    await plan_settle(op, plan)
+    await _settle_and_gate(op, opts, plan)
     return plan
 
 
@@ -141,16 +146,23 @@ async def _restart_if_needed(op: Operation, opts: ApplyOptions, plan: Plan) -> N
     _restart_steps(plan, op, opts, write=False)
 
 
-async def _preflight(op: Operation, opts: ApplyOptions, plan: Plan, new_text: str) -> None:
+async def _preflight(
+    op: Operation, opts: ApplyOptions, plan: Plan, new_text: str, shown: Plan | None
+) -> None:
     """Have the head's own vLLM parse the edited command line; a refusal stops the plan."""
     head = op.cluster.head.name
     source = f"{head}:{op.cluster.recipe.path}"
     rendered = render_recipe(new_text, source=source)
-    check = await preflight(
-        op.session, head, rendered.argv, dict(rendered.env),
-        how=opts.preflight, timeout=opts.preflight_timeout_s,
-    )  # fmt: skip
-    plan.facts["preflight"] = check.to_dict()
+    digest = sha256(new_text)
+    earlier = (shown.facts.get("preflight") if shown is not None else None) or {}
+    if earlier.get("recipe_sha256") == digest and earlier.get("ok") is not False:
+        check = PreflightResult(**{k: v for k, v in earlier.items() if k != "recipe_sha256"})
+    else:
+        check = await preflight(
+            op.session, head, rendered.argv, dict(rendered.env),
+            how=opts.preflight, timeout=opts.preflight_timeout_s,
+        )  # fmt: skip
+    plan.facts["preflight"] = {**check.to_dict(), "recipe_sha256": digest}
     if check.ok is False:
         raise KnobError(
             f"{source}: vLLM {check.vllm_version} on {head} refuses the edited command line "
@@ -193,7 +205,7 @@ async def plan_restart(op: Operation, opts: ApplyOptions) -> Plan:
         knob_values(head_text, source="recipe")
     )
     _restart_steps(plan, op, opts, write=False)
-    await plan_settle(op, plan)
+    await _settle_and_gate(op, opts, plan)
     return plan
 
 
@@ -291,8 +303,15 @@ async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None
         _restart_steps(plan, op, opts, write=True)
     else:
         await _restart_if_needed(op, opts, plan)
-    await plan_settle(op, plan)
+    await _settle_and_gate(op, opts, plan)
     return plan
+
+
+async def _settle_and_gate(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
+    """Finish dead runs first (plan_settle), then weigh the restart against the budget left."""
+    await plan_settle(op, plan)
+    if any(s.name == "restart" for s in plan.steps):
+        await check_budget(op, opts, plan)
 
 
 def _restart_steps(plan: Plan, op: Operation, opts: ApplyOptions, *, write: bool) -> None:

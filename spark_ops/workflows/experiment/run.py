@@ -55,6 +55,7 @@ class ApplySettings:
     drain_timeout_s: float = 120.0
     deadline_s: float | None = None
     force: bool = False
+    over_budget: bool = False  # restart even when the watchdog's budget has no slot left
 
 
 async def current_knobs(op: Operation) -> dict[str, Any]:
@@ -79,7 +80,7 @@ async def _apply(
     opts = ApplyOptions(
         changes=changes, force=settings.force, drain=settings.drain,
         drain_timeout_s=settings.drain_timeout_s, deadline_s=settings.deadline_s, reason=reason,
-        command="spark-ops experiment --resume",
+        command="spark-ops experiment --resume", over_budget=settings.over_budget,
     )  # fmt: skip
     plan = await plan_apply(op, opts)
     if not plan.steps:  # the recipe holds it and the engine runs it (convergence by state)

@@ -1,0 +1,249 @@
+"""What stands between a plan and its execution: the restart budget, and "the plan shown is run".
+
+The budget gate: a planned restart is refused while the watchdog's restart budget has no slot
+left (used >= allowed in its window, as the history's `budget` computes it), because if that
+boot failed the watchdog could not restart the engine. `--over-budget` lets it through, and the
+plan, its JSON and the run's journal say so. The rule and its reason: docs/watchdog.md.
+
+The plan check: the CLI plans without the cluster lock, shows the plan, asks, then takes the lock
+and plans again; `plan_differences` lists what differs between the two (recipe copies, steps,
+knobs, the engine instance, the budget, warnings). Any difference refuses the run (PlanChanged):
+the CLI executes exactly the plan it showed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from spark_ops.engine.identity import current_instance
+from spark_ops.errors import OverBudget, PlanChanged, SparkOpsError
+from spark_ops.watchdog.history import budget_of
+from spark_ops.workflows.operation import ApplyOptions, Operation
+from spark_ops.workflows.plan import Plan
+
+# Facts compared between the plan shown and the plan made under the lock (with their labels).
+COMPARED_FACTS = {
+    "knobs_before": "the recipe's knobs",
+    "knobs_after": "the knobs after the change",
+    "vllm_version": "the engine's vLLM version",
+    "restart_needed": "why a restart is needed",
+    "engine": "the running engine",
+    "backups": "the backup a rollback restores",
+    "settles": "the unfinished runs this run finishes",
+    "left_stamps": "the stamps unfinished runs left",
+}
+# Facts read with a short timeout (None: not known, or none): compared only when both are known.
+KNOWN_ONLY = {"vllm_version", "engine"}
+# Warnings on unfinished runs say whether the plan was made under the lock: compared as facts.
+UNFINISHED_MARK = " did not finish; last recorded: "
+
+
+def in_words(seconds: float) -> str:
+    """A wait as a person reads it: "47 min", "2 h 5 min", "less than a minute"."""
+    if seconds < 60:
+        return "less than a minute"
+    minutes = math.ceil(seconds / 60)
+    hours, rest = divmod(minutes, 60)
+    if not hours:
+        return f"{minutes} min"
+    return f"{hours} h {rest} min" if rest else f"{hours} h"
+
+
+def next_slot(budget: dict[str, Any]) -> str:
+    """When the next restart slot frees, relative and in UTC: "in 47 min (at 03:12 UTC)"."""
+    wait = float(budget["next_free_at"]) - float(budget["now"])
+    at = dt.datetime.fromtimestamp(float(budget["next_free_at"]), dt.timezone.utc)
+    return f"in {in_words(wait)} (at {at:%H:%M} UTC)"
+
+
+async def read_gate(
+    op: Operation, over_budget: bool, settled: Sequence[float] = ()
+) -> dict[str, Any]:
+    """The budget a planned restart meets, as the history's own `budget` computes it.
+
+    No slot left is used >= allowed (the watchdog's rule, WatchdogContract.budget). `settled`:
+    stamps this run removes before its restart (left by dead runs): the window is counted again
+    without them, by the history's own `budget_of`. A budget that cannot be read is kept as its
+    error and refused alike (the restart's stamp could not be pruned).
+    """
+    try:
+        view = await op.watchdog.budget()
+    except SparkOpsError as exc:
+        return {"error": exc.message, "over_budget_given": over_budget}
+    stamps = [float(s["stamp"]) for s in view.stamps]
+    gone = [s for s in stamps if any(abs(s - x) < 1e-6 for x in settled)]
+    counted = budget_of(
+        [s for s in stamps if s not in gone],
+        allowed=view.allowed,
+        window=view.window_s,
+        now=view.now,
+    )
+    return {
+        "used": counted["used"],
+        "allowed": view.allowed,
+        "remaining": counted["remaining"],
+        "window_s": view.window_s,
+        "now": view.now,
+        "next_free_at": counted["next_free_at"],
+        "history_file": view.history_file,
+        "spent": counted["over_budget"],
+        "settled": len(gone),  # left by dead runs, removed first: not counted
+        "over_budget_given": over_budget,
+    }
+
+
+def gate_refusal(gate: dict[str, Any] | None, *, ignore_option: bool = False) -> OverBudget | None:
+    """The refusal a restart meets at this budget, or None (a slot left, or --over-budget)."""
+    if not gate or (gate.get("over_budget_given") and not ignore_option):
+        return None
+    if "error" in gate:
+        return OverBudget(
+            f"the restart budget cannot be read ({gate['error']}): the restart's stamp could not "
+            "be pruned, nor a failed boot restarted by the watchdog; nothing was changed",
+            budget=gate,
+            hint="fix the history first (`spark-ops doctor`), or pass --over-budget",
+        )
+    if not gate.get("spent"):
+        return None
+    mine = (
+        f", not counting {gate['settled']} left by unfinished runs" if gate.get("settled") else ""
+    )
+    return OverBudget(
+        f"the watchdog's restart budget is spent: {gate['used']}/{gate['allowed']} restarts in "
+        f"the last {float(gate['window_s']) / 3600:g} h{mine} (history {gate['history_file']}); "
+        "if this "
+        "restart's boot failed, the watchdog could not restart the engine. The next slot frees "
+        f"{next_slot(gate)}; nothing was changed",
+        budget=gate,
+        hint="wait for the slot; or remove planned stamps left by earlier runs (`spark-ops "
+        "budget` shows them, `spark-ops budget prune --planned` removes them); or pass "
+        "--over-budget to restart anyway, knowing a failed boot then stays down until someone "
+        "restarts it",
+    )
+
+
+async def check_budget(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
+    """Record in a restart's plan the budget it meets and the engine it replaces."""
+    gate = await read_gate(op, opts.over_budget, plan.facts.get("left_stamp_values", ()))
+    plan.facts["budget"] = gate
+    if opts.over_budget and gate_refusal(gate, ignore_option=True) is not None:
+        plan.warnings.append(over_budget_warning(gate))
+    try:
+        inst = await current_instance(op.session, op.cluster)
+    except SparkOpsError:
+        inst = None
+    plan.facts["engine"] = None if inst is None else {"instance": inst.key, "alive": inst.alive}
+
+
+def over_budget_warning(gate: dict[str, Any]) -> str:
+    """The plan's warning when --over-budget lets a restart through (no relative time in it:
+    the plan made again under the lock must read the same)."""
+    if "error" in gate:
+        why = f"the restart budget cannot be read ({gate['error']})"
+    else:
+        at = dt.datetime.fromtimestamp(float(gate["next_free_at"]), dt.timezone.utc)
+        why = (
+            f"the watchdog's restart budget is spent ({gate['used']}/{gate['allowed']} in the last "
+            f"{float(gate['window_s']) / 3600:g} h; the next slot frees at {at:%H:%M} UTC)"
+        )
+    return (
+        f"--over-budget given: {why}; if this boot fails, the engine stays down until someone "
+        "restarts it"
+    )
+
+
+def budget_refusal(plan: Plan) -> OverBudget | None:
+    """The refusal of a plan whose restart meets a spent (or unreadable) budget, or None."""
+    if "restart" not in {s.name for s in plan.steps}:
+        return None
+    return gate_refusal(plan.facts.get("budget"))
+
+
+def plan_differences(shown: Plan, now: Plan) -> list[str]:
+    """What differs between the plan shown to the operator and the one made under the lock."""
+    out: list[str] = []
+    before = {(c.host, c.path): c for c in shown.changes}
+    after = {(c.host, c.path): c for c in now.changes}
+    for key in sorted(set(before) | set(after)):
+        a, b = before.get(key), after.get(key)
+        where = f"{key[0]}:{key[1]}"
+        if a is None or b is None:
+            out.append(f"{where}: {'no longer' if b is None else 'now'} to be written")
+        elif a.old_sha != b.old_sha:
+            out.append(f"{where}: the recipe changed (sha256 {a.old_sha[:12]} -> {b.old_sha[:12]})")
+        elif a.diff != b.diff:
+            out.append(f"{where}: the change to write differs")
+    steps_a = [(s.name, s.description) for s in shown.steps]
+    steps_b = [(s.name, s.description) for s in now.steps]
+    if steps_a != steps_b:
+        gone = [d for d in steps_a if d not in steps_b]
+        new = [d for d in steps_b if d not in steps_a]
+        out.extend(f"step no longer planned: {d}" for _, d in gone)
+        out.extend(f"step now planned: {d}" for _, d in new)
+    for fact, label in COMPARED_FACTS.items():
+        a, b = shown.facts.get(fact), now.facts.get(fact)
+        if fact in KNOWN_ONLY and (a is None or b is None):
+            continue  # not known once (the engine slow to answer): nothing to compare
+        if a != b:
+            out.append(f"{label}: {_short(a)} -> {_short(b)}")
+    out.extend(_budget_difference(shown.facts.get("budget"), now.facts.get("budget")))
+    warn_a = {w for w in shown.warnings if UNFINISHED_MARK not in w}
+    warn_b = {w for w in now.warnings if UNFINISHED_MARK not in w}
+    out.extend(f"new warning: {w}" for w in sorted(warn_b - warn_a))  # one gone: more caution seen
+    return out
+
+
+def _budget_difference(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
+    """The budget's difference: more restarts used, or readable/spent no more (an aged-out
+    stamp that only frees room is no difference)."""
+    if not a or not b or a == b:
+        return [] if (a is None) == (b is None) else ["the restart budget: read only once"]
+    if ("error" in a) != ("error" in b) or a.get("allowed") != b.get("allowed"):
+        return [f"the restart budget: {_budget_text(a)} -> {_budget_text(b)}"]
+    more = int(b["used"]) > int(a["used"]) or (b.get("spent") and not a.get("spent"))
+    if "error" not in a and more:
+        return [f"the restart budget: {_budget_text(a)} -> {_budget_text(b)}"]
+    return []
+
+
+def _budget_text(gate: dict[str, Any]) -> str:
+    """A budget fact in a few words."""
+    if "error" in gate:
+        return f"unreadable ({gate['error']})"
+    return f"{gate['used']}/{gate['allowed']} used"
+
+
+def _short(value: Any) -> str:
+    """A fact as a difference line shows it (cut, never whole)."""
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "…"
+
+
+def ensure_same(shown: Plan, now: Plan) -> None:
+    """Refuse (PlanChanged) when the plan made under the lock is not the plan shown."""
+    refuse_changes(plan_differences(shown, now))
+
+
+def facts_differences(shown: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What differs between two plans given as dicts (e.g. an experiment's), budget included."""
+    out = [
+        f"{key}: {_short(shown.get(key))} -> {_short(now.get(key))}"
+        for key in sorted(set(shown) | set(now))
+        if key != "budget" and shown.get(key) != now.get(key)
+    ]
+    return out + _budget_difference(shown.get("budget"), now.get("budget"))
+
+
+def refuse_changes(changes: list[str]) -> None:
+    """Raise PlanChanged naming each difference; nothing when there is none."""
+    if not changes:
+        return
+    raise PlanChanged(
+        f"the cluster changed while the plan waited for an answer; the plan shown is not what "
+        f"would run now ({len(changes)} difference(s)); nothing was changed",
+        changes=changes,
+        hint="run the command again: it shows the plan for the cluster as it is now",
+    )
