@@ -378,7 +378,7 @@ REAL = vllm_unavailable_reason()
 
 @pytest.mark.realvllm
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # nine cases, each a fresh import of vLLM on the head (45-50 s under load)
+@pytest.mark.timeout(900)  # nine cases, each a fresh import of vLLM (45-50 s under load)
 @pytest.mark.skipif(REAL is not None, reason=REAL or "")
 async def test_real_vllm_parser(tmp_path: Path) -> None:
     """vLLM 0.32's own serve parser, reached over SSH through the ground shim, judges each case."""
