@@ -25,6 +25,9 @@ class ExitStatus(enum.IntEnum):
     DEGRADED = 13  # status: the engine serves, but something needs a look (node down, budget ...)
     NOT_SERVING = 14  # status: the engine does not answer
     RESTARTING = 15  # status: a run holds the lock (a restart under way)
+    OUTPUT = 16  # stdout (or a file written) could not take the output: closed pipe, full disk
+    CONFLICT = 17  # local state forbids it: already running, nothing running, a run recorded
+    MISSING = 18  # an optional module this option needs is not installed
 
 
 class SparkOpsError(Exception):
@@ -258,7 +261,33 @@ class VerifyError(SparkOpsError):
 
 
 class BenchError(SparkOpsError):
-    """A throughput sweep could not run."""
+    """A throughput sweep could not run: an option, a file or a result it was given is wrong."""
+
+    exit_status = ExitStatus.USAGE
+
+
+class BenchUnreachable(BenchError):
+    """The server a sweep targets does not answer, or answers nothing usable."""
+
+    exit_status = ExitStatus.NOT_SERVING
+
+
+class MissingModule(SparkOpsError):
+    """An option needs an optional Python module that is not installed (names the extra)."""
+
+    exit_status = ExitStatus.MISSING
+
+
+class ConflictError(SparkOpsError):
+    """Local state forbids the command now (already running, nothing running, a run recorded)."""
+
+    exit_status = ExitStatus.CONFLICT
+
+
+class OutputError(SparkOpsError):
+    """stdout or an output file could not be written (a closed pipe, a full disk)."""
+
+    exit_status = ExitStatus.OUTPUT
 
 
 class Aborted(SparkOpsError):

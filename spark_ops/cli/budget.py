@@ -73,6 +73,8 @@ def parse_time(value: str | None) -> tuple[float | None, float | None]:
 
 def echo_budget(view: BudgetView) -> None:
     """Print the budget for a person."""
+    from spark_ops.watchdog.identify import fmt_stamp
+
     color = "red" if view.used >= view.allowed else "green"
     click.secho(
         f"Restarts used: {view.used}/{view.allowed} in the last {view.window_s / 3600:g} h "
@@ -84,7 +86,7 @@ def echo_budget(view: BudgetView) -> None:
         reason = s["reason"] or "(no journal entry)"
         by = f" by {s['by']}" if s["by"] else ""
         click.echo(
-            f"  {s['stamp']}  {when(float(s['stamp']))}  "
+            f"  {fmt_stamp(s['stamp'])}  {when(float(s['stamp']))}  "
             f"{s['age_s'] / 60:.0f} min ago  {reason}{by}"
         )
     if view.used >= view.allowed:
@@ -219,7 +221,9 @@ def echo_prune_plan(plan: PrunePlan) -> None:
 def echo_prune_report(report: PruneReport) -> None:
     """Print what the prune removed, and what changed since the preview."""
     if report.plan.chosen:
-        click.echo(f"Removed {report.removed_stamps}; backup at {report.backup}")
+        from spark_ops.watchdog.identify import stamps_text
+
+        click.echo(f"Removed {stamps_text(report.removed_stamps)}; backup at {report.backup}")
     for raw in report.vanished:
         click.secho(f"  {raw} was already gone when the prune ran", fg="yellow")
     for raw in report.appended_kept:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from spark_ops.cli.bench import DEFAULT_CONCURRENCY, parse_caps, parse_levels, report_width
-from spark_ops.cli.common import load_cluster, run_async, step_reporter
+from spark_ops.cli.common import emit_json, load_cluster, quiet, run_async, step_reporter
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
     from spark_ops.workflows.experiment.run import ExperimentOutcome
@@ -125,6 +127,7 @@ class _Progress:
         self.workers = workers
         self.steps = step_reporter(False)
         self.boot: Any = None
+        self.quiet = quiet()
 
     def on_step(self, step: Any) -> None:
         """Print a step; close the boot view when the boot ends."""
@@ -138,15 +141,18 @@ class _Progress:
         from spark_ops.cli.progress import make_reporter
 
         if self.boot is None:
-            self.boot = make_reporter(self.cluster, workers_expected=self.workers)
+            self.boot = make_reporter(self.cluster, workers_expected=self.workers, quiet=self.quiet)
         self.boot(event)
 
     def on_config(self, index: int, total: int, name: str) -> None:
         """A heading per configuration."""
-        click.secho(f"\n[{index}/{total}] {name}", bold=True, err=True)
+        if not self.quiet:
+            click.secho(f"\n[{index}/{total}] {name}", bold=True, err=True)
 
     def on_level(self, lv: Any) -> None:
         """One line per finished level."""
+        if self.quiet:
+            return
         click.echo(
             f"  C={lv.max_concurrency}: {lv.output_throughput:.0f} tok/s aggregate, "
             f"{(lv.per_user_tok_s or 0):.1f} tok/s per user, {lv.failed} errors", err=True
@@ -154,7 +160,8 @@ class _Progress:
 
     def on_note(self, text: str) -> None:
         """A note from the workflow."""
-        click.echo(f"note: {text}", err=True)
+        if not self.quiet:
+            click.echo(f"note: {text}", err=True)
 
 
 def _num(v: float | None, fmt: str = "{:.0f}") -> str:
@@ -362,8 +369,13 @@ def _ending(outcome: ExperimentOutcome) -> str:
     type=click.Path(dir_okay=False, path_type=Path),
     help="State file (default ~/.local/state/spark-ops/experiment-<cluster>.json).",
 )
+@click.option("--json", "as_json", is_flag=True, help="The outcome as JSON on stdout (no report).")
 @click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the report."
+    "-o",
+    "--output",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the outcome as JSON to this file.",
 )
 @click.option("--dry-run", is_flag=True, help="Show the plan and stop.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
@@ -418,9 +430,12 @@ def cli(ctx: click.Context, **kw: Any) -> int:
         async with Operation.open(cluster, "experiment", lock=not kw["dry_run"]) as op:
             knobs = await current_knobs(op)
             state, resumed = start_state(spec, knobs, path, resume=kw["resume"])
-            echo_plan(plan_experiment(state, knobs, path, resumed), len(state.results))
+            asked = not kw["yes"] and not kw["dry_run"]
+            if not quiet() or asked or kw["dry_run"]:  # -q: the plan when a prompt asks
+                with contextlib.redirect_stdout(sys.stderr if kw["as_json"] else sys.stdout):
+                    echo_plan(plan_experiment(state, knobs, path, resumed), len(state.results))
             if kw["dry_run"]:
-                click.echo("\nDry run: nothing was changed.")
+                click.echo("\nDry run: nothing was changed.", err=kw["as_json"])
                 return None
             if not kw["yes"] and not click.confirm("\nProceed?", default=False, err=True):
                 raise Aborted("not confirmed; nothing was changed")
@@ -432,7 +447,10 @@ def cli(ctx: click.Context, **kw: Any) -> int:
     outcome = run_async(flow())
     if outcome is None:
         return 0
-    click.echo(render_report(outcome, width=report_width()), nl=False)
+    if kw["as_json"]:
+        emit_json(outcome.to_dict())
+    else:
+        click.echo(render_report(outcome, width=report_width()), nl=False)
     if kw["json_path"]:
         import json
 
@@ -440,13 +458,17 @@ def cli(ctx: click.Context, **kw: Any) -> int:
 
         text = json.dumps(outcome.to_dict(), indent=2, default=str) + "\n"
         write_file(kw["json_path"], text)
-        click.echo(f"wrote {kw['json_path']}", err=True)
+        if not quiet():
+            click.echo(f"wrote {kw['json_path']}", err=True)
     if outcome.interrupted:
         return int(ExitStatus.ABORTED)
     if outcome.failure is not None:
         err = outcome.failure
-        click.secho(f"error: {err.message}", fg="red", err=True)
-        if err.hint:
-            click.echo(f"hint: {err.hint}", err=True)
+        if kw["as_json"]:
+            click.echo(json.dumps(err.to_dict()), err=True)
+        else:
+            click.secho(f"error: {err.message}", fg="red", err=True)
+            if err.hint:
+                click.echo(f"hint: {err.hint}", err=True)
         return int(outcome.failure.exit_status)
-    return 0 if outcome.ok else int(ExitStatus.ERROR)
+    return 0 if outcome.ok else int(ExitStatus.CHECK_FAILED)

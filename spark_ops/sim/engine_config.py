@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from spark_ops.errors import SparkOpsError
+from spark_ops.errors import ExitStatus, SparkOpsError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "recipes" / "sim" / "engine.yaml"
 # Installed without the repo: the copy shipped as package data (a symlink in the repo).
@@ -23,6 +23,8 @@ FAULTS = (
 
 class SimConfigError(SparkOpsError):
     """The simulator's YAML is missing, unreadable or has a bad value."""
+
+    exit_status = ExitStatus.USAGE
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

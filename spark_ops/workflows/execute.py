@@ -21,7 +21,15 @@ from spark_ops.readiness import record as record_boot
 from spark_ops.remote import FileWrite, engine_log_follow, quote_path, sha256
 from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.history import ROLLED_BACK
-from spark_ops.watchdog.identify import HistEntry, Identification, new_entries, prune_command
+from spark_ops.watchdog.identify import (
+    HistEntry,
+    Identification,
+    new_entries,
+    prune_command,
+    stamp_json,
+    stamps_json,
+    stamps_text,
+)
 from spark_ops.workflows import interrupt
 from spark_ops.workflows.journal import RunJournal, write_facts
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
@@ -162,7 +170,7 @@ def audit_entry(
             result = f"ok, checks failed: {names}"
     detail: dict[str, Any] = {}
     if out is not None:
-        detail = {"stamp": out.stamp, "pruned": out.pruned}
+        detail = {"stamp": stamp_json(out.stamp), "pruned": stamps_json(out.pruned)}
     written = plan.facts.get("written")
     if written is not None:
         detail["written"] = list(written)  # what changed, even when a later step failed
@@ -592,7 +600,7 @@ async def _prune(
         )
         run.fail(name, error.message)
         raise error
-    run.finish(name, f"removed {removed}; backup {result.get('backup')}")
+    run.finish(name, f"removed {stamps_text(removed)}; backup {result.get('backup')}")
 
 
 async def _budget_step(op: Operation, run: StepRunner, plan: Plan) -> dict[str, Any] | None:
