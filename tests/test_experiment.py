@@ -268,7 +268,7 @@ def test_experiment_6_vs_64_tells_the_notes_story(tmp_path: Path) -> None:
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
         history, recipe = s.history.read_bytes(), s.recipe.read_bytes()
         state, report = tmp_path / "exp.json", tmp_path / "report.json"
-        res = cli(env, *ARGS, "--state", str(state), "--json", str(report))
+        res = cli(env, *ARGS, "--state", str(state), "-o", str(report))
         assert res.returncode == 0, res.stderr[-3000:]
         out = res.stdout
         assert "restarts: 2 planned" in out

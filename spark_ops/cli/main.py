@@ -141,15 +141,18 @@ def _silence_stdout() -> None:
 
 
 def _usage_error(exc: click.ClickException, as_json: bool) -> None:
-    """A click usage error: click's own text, or under --json the one JSON error shape."""
-    if not as_json:
-        exc.show()
-        return
+    """A click usage error in the shape of every error: error:/hint: lines, or one JSON object."""
     data: dict[str, object] = {"error": "UsageError", "message": exc.format_message()}
     ctx = getattr(exc, "ctx", None)
     if ctx is not None:
-        data["hint"] = f"see {ctx.command_path} --help"
-    click.echo(json.dumps(data), err=True)
+        usage = ctx.get_usage().strip().removeprefix("Usage:").strip()
+        data["hint"] = f"see {ctx.command_path} --help (usage: {usage})"
+    if as_json:
+        click.echo(json.dumps(data), err=True)
+        return
+    click.secho(f"error: {data['message']}", fg="red", err=True)
+    if "hint" in data:
+        click.echo(f"hint: {data['hint']}", err=True)
 
 
 def _report_error(exc: SparkOpsError, as_json: bool) -> None:
