@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import ExitStatus
+from spark_ops.files import write_file
 from spark_ops.sim.cluster import (
     CONTROL,
     RESTART_WATCHDOG_S,
@@ -43,8 +44,6 @@ def _registry_entry(root: Path) -> Path:
 
 def record_running(root: Path, state: dict[str, Any]) -> None:
     """Record that a cluster runs in root (what `running_elsewhere` reads)."""
-    from spark_ops.files import write_file
-
     entry = {"root": str(root.resolve()), "pid": state.get("pid")}
     write_file(_registry_entry(root), json.dumps(entry) + "\n", make_parents=True)
 
