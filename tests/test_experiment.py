@@ -24,7 +24,7 @@ from spark_ops.bench import stats
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.bench.whatif import predicted_sweep
 from spark_ops.cli.experiment import render_report
-from spark_ops.errors import ExitStatus
+from spark_ops.errors import ExitStatus, RecipeError
 from spark_ops.workflows.experiment import (
     ExperimentError,
     ExperimentSpec,
@@ -150,7 +150,7 @@ def test_plan_state_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(ExperimentError, match="--max-num-seqs 6,6: a value is repeated"):
         start_state(bad, knobs, tmp_path / "other.json", resume=False)
     with pytest.raises(
-        ExperimentError, match="does not set max_num_seqs: its starting value cannot be restored"
+        RecipeError, match="does not set max_num_seqs: its starting value cannot be restored"
     ):
         start_state(
             ExperimentSpec("sim", {"max_num_seqs": [8]}, {}), {}, tmp_path / "n.json", resume=False
