@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -121,13 +122,23 @@ def _knobs(values: dict[str, Any]) -> str:
 class _Progress:
     """Steps, boot views and sweep levels on stderr; one boot view per restart."""
 
-    def __init__(self, cluster: str, workers: int | None = None) -> None:
-        """Nothing shown yet; `workers` is the inventory's worker count."""
+    def __init__(self, cluster: str, workers: int | None = None, as_json: bool = False) -> None:
+        """Nothing shown yet; `workers` is the inventory's worker count; JSON lines under --json."""
         self.cluster = cluster
         self.workers = workers
-        self.steps = step_reporter(False)
+        self.as_json = as_json
+        self.steps = step_reporter(as_json)
         self.boot: Any = None
         self.quiet = quiet()
+
+    def _line(self, shown: str, **data: Any) -> None:
+        """One line on stderr: the text, or under --json the data as a JSON line (none under -q)."""
+        if self.quiet:
+            return
+        if self.as_json:
+            click.echo(json.dumps(data, default=str), err=True)
+        else:
+            click.echo(shown, err=True)
 
     def on_step(self, step: Any) -> None:
         """Print a step; close the boot view when the boot ends."""
@@ -141,27 +152,27 @@ class _Progress:
         from spark_ops.cli.progress import make_reporter
 
         if self.boot is None:
-            self.boot = make_reporter(self.cluster, workers_expected=self.workers, quiet=self.quiet)
+            self.boot = make_reporter(
+                self.cluster, self.as_json, workers_expected=self.workers, quiet=self.quiet
+            )
         self.boot(event)
 
     def on_config(self, index: int, total: int, name: str) -> None:
         """A heading per configuration."""
-        if not self.quiet:
-            click.secho(f"\n[{index}/{total}] {name}", bold=True, err=True)
+        data = {"event": "configuration", "index": index, "total": total, "name": name}
+        self._line(click.style(f"\n[{index}/{total}] {name}", bold=True), **data)
 
     def on_level(self, lv: Any) -> None:
         """One line per finished level."""
-        if self.quiet:
-            return
-        click.echo(
+        self._line(
             f"  C={lv.max_concurrency}: {lv.output_throughput:.0f} tok/s aggregate, "
-            f"{(lv.per_user_tok_s or 0):.1f} tok/s per user, {lv.failed} errors", err=True
+            f"{(lv.per_user_tok_s or 0):.1f} tok/s per user, {lv.failed} errors",
+            event="level", level=lv.to_dict(),
         )  # fmt: skip
 
     def on_note(self, text: str) -> None:
         """A note from the workflow."""
-        if not self.quiet:
-            click.echo(f"note: {text}", err=True)
+        self._line(f"note: {text}", event="note", text=text)
 
 
 def _num(v: float | None, fmt: str = "{:.0f}") -> str:
@@ -421,7 +432,7 @@ def cli(ctx: click.Context, **kw: Any) -> int:
         measure_all=kw["measure_all"], confirm=kw["confirm"],
     )  # fmt: skip
     settings = ApplySettings(drain=not kw["no_drain"], deadline_s=kw["deadline"], force=kw["force"])
-    progress = _Progress(cluster.name, len(cluster.workers))
+    progress = _Progress(cluster.name, len(cluster.workers), kw["as_json"])
     hooks = Hooks(progress.on_config, progress.on_step, progress.on_event, progress.on_level,
                   progress.on_note)  # fmt: skip
 
@@ -452,8 +463,6 @@ def cli(ctx: click.Context, **kw: Any) -> int:
     else:
         click.echo(render_report(outcome, width=report_width()), nl=False)
     if kw["json_path"]:
-        import json
-
         from spark_ops.files import write_file
 
         text = json.dumps(outcome.to_dict(), indent=2, default=str) + "\n"
