@@ -84,7 +84,10 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except OSError as exc:
-            raise _output_error(exc) from exc
+            error = _output_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """List commands with their one-line help without importing them."""
@@ -120,14 +123,29 @@ _JSON = {"flag": False}  # --json on this command line (log lines are JSON only 
 
 
 def _output_error(exc: OSError) -> Exception:
-    """An OSError from writing stdout as an OutputError; any other OSError as it was."""
-    if exc.errno not in _OUTPUT_ERRNOS:
+    """An OSError from writing stdout as an OutputError; any other OSError as it was.
+
+    A broken pipe counts only when stdout's reader is gone (a socket's EPIPE is not stdout's).
+    """
+    if exc.errno not in _OUTPUT_ERRNOS or (exc.errno == errno.EPIPE and not _stdout_closed()):
         return exc
     _silence_stdout()
     return OutputError(
         f"stdout: cannot write the output: {_OUTPUT_ERRNOS[exc.errno]}; the output was cut short",
         hint="run again with stdout to a reader that takes it all (or a disk with room)",
     )
+
+
+def _stdout_closed() -> bool:
+    """True when stdout is a pipe whose reader has gone (poll says POLLERR)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _silence_stdout() -> None:
@@ -195,7 +213,10 @@ def main(argv: list[str] | None = None) -> Any:
             rc = cli.main(args=args, prog_name="spark-ops", standalone_mode=False)
             sys.stdout.flush()  # what is still buffered fails here, not at exit
         except OSError as exc:
-            raise _output_error(exc) from exc
+            error = _output_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
     except SparkOpsError as exc:
         _report_error(exc, as_json)
         sys.exit(int(exc.exit_status))
