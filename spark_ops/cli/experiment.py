@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from spark_ops.cli.bench import DEFAULT_CONCURRENCY, parse_caps, parse_levels, report_width
-from spark_ops.cli.common import emit_json, load_cluster, quiet, run_async, step_reporter
+from spark_ops.cli.common import (
+    SAID,
+    emit_json,
+    load_cluster,
+    quiet,
+    run_async,
+    step_reporter,
+)
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
     from spark_ops.workflows.experiment.run import ExperimentOutcome
@@ -476,7 +483,9 @@ def cli(ctx: click.Context, **kw: Any) -> int:
         if kw["as_json"]:
             click.echo(json.dumps(err.to_dict()), err=True)
         else:
-            click.secho(f"error: {err.message}", fg="red", err=True)
+            step = SAID.get(err.message)  # its ✗ line above says it: once is enough
+            said = f"the {step} step failed (the ✗ {step} line above)" if step else err.message
+            click.secho(f"error: {said}", fg="red", err=True)
             if err.hint:
                 click.echo(f"hint: {err.hint}", err=True)
         return int(outcome.failure.exit_status)
