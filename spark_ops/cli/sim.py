@@ -70,10 +70,11 @@ def up(root: Path, nodes: int, max_num_seqs: int, time_scale: float, boot_scale:
 def down(root: Path) -> int:
     """Stop the embedded cluster (nodes, watchdog, engine)."""
     from spark_ops.errors import ExitStatus
-    from spark_ops.sim.control import POINT_HINT, not_running, running_elsewhere
+    from spark_ops.sim.control import POINT_HINT, forget, not_running, running_elsewhere
     from spark_ops.sim.control import down as sim_down
 
     if sim_down(root):
+        forget(root)
         click.echo(f"stopped the embedded cluster in {root.resolve()}")
         return 0
     click.echo(not_running(root), err=True)

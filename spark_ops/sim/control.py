@@ -48,6 +48,11 @@ def record_running(root: Path, state: dict[str, Any]) -> None:
     write_file(_registry_entry(root), json.dumps(entry) + "\n", make_parents=True)
 
 
+def forget(root: Path) -> None:
+    """Remove the record `record_running` wrote for root (the cluster there was stopped)."""
+    _registry_entry(root).unlink(missing_ok=True)
+
+
 def running_elsewhere(root: Path) -> list[dict[str, Any]]:
     """The clusters `sim up` recorded that still run, in another directory than root."""
     found: list[dict[str, Any]] = []
