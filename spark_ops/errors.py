@@ -27,6 +27,9 @@ class ExitStatus(enum.IntEnum):
     RESTARTING = 15  # status: a run holds the lock (a restart under way)
     OVER_BUDGET = 16  # a restart refused: the watchdog's restart budget is spent (--over-budget)
     PLAN_CHANGED = 17  # the cluster changed between the plan shown and the answer: nothing run
+    OUTPUT = 18  # stdout (or a file written) could not take the output: closed pipe, full disk
+    CONFLICT = 19  # local state forbids it: already running, nothing running, a run recorded
+    MISSING = 20  # an optional module this option needs is not installed
 
 
 class SparkOpsError(Exception):
@@ -296,7 +299,33 @@ class VerifyError(SparkOpsError):
 
 
 class BenchError(SparkOpsError):
-    """A throughput sweep could not run."""
+    """A throughput sweep could not run: an option, a file or a result it was given is wrong."""
+
+    exit_status = ExitStatus.USAGE
+
+
+class BenchUnreachable(BenchError):
+    """The server a sweep targets does not answer, or answers nothing usable."""
+
+    exit_status = ExitStatus.NOT_SERVING
+
+
+class MissingModule(SparkOpsError):
+    """An option needs an optional Python module that is not installed (names the extra)."""
+
+    exit_status = ExitStatus.MISSING
+
+
+class ConflictError(SparkOpsError):
+    """Local state forbids the command now (already running, nothing running, a run recorded)."""
+
+    exit_status = ExitStatus.CONFLICT
+
+
+class OutputError(SparkOpsError):
+    """stdout or an output file could not be written (a closed pipe, a full disk)."""
+
+    exit_status = ExitStatus.OUTPUT
 
 
 class Aborted(SparkOpsError):

@@ -13,7 +13,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from spark_ops.errors import SparkOpsError
+from spark_ops.errors import OutputError, SparkOpsError
 from spark_ops.watchdog import history
 
 DEFAULT_KEEP_BACKUPS = history.DEFAULT_KEEP_BACKUPS
@@ -23,7 +23,7 @@ def write_file(
     path: str | os.PathLike[str],
     data: bytes | str,
     *,
-    error: type[SparkOpsError] = SparkOpsError,
+    error: type[SparkOpsError] = OutputError,
     keep_backups: int = 0,
     expect_sha256: str | None = None,
     make_parents: bool = False,

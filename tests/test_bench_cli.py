@@ -115,7 +115,7 @@ def test_sweep_then_compare(live_server: tuple[Any, str], tmp_path: Path) -> Non
     assert res.exit_code == 0, res.output
     sent = {m["content"] for body in engine.bodies[5:] for m in body["messages"]}
     assert sent == {"Write a queue in Go. Be brief.", "Write a queue in Zig. Be brief."}
-    res = runner.invoke(cli, ["compare", str(a), str(b), "--json", str(tmp_path / "c.json")])
+    res = runner.invoke(cli, ["compare", str(a), str(b), "-o", str(tmp_path / "c.json")])
     assert res.exit_code == 0, res.output
     assert "aggregate tok/s" in res.output and "×" in res.output
     cmp = json.loads((tmp_path / "c.json").read_text())

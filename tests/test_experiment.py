@@ -24,7 +24,7 @@ from spark_ops.bench import stats
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.bench.whatif import predicted_sweep
 from spark_ops.cli.experiment import render_report
-from spark_ops.errors import ExitStatus
+from spark_ops.errors import ExitStatus, RecipeError
 from spark_ops.workflows.experiment import (
     ExperimentError,
     ExperimentSpec,
@@ -150,7 +150,7 @@ def test_plan_state_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(ExperimentError, match="--max-num-seqs 6,6: a value is repeated"):
         start_state(bad, knobs, tmp_path / "other.json", resume=False)
     with pytest.raises(
-        ExperimentError, match="does not set max_num_seqs: its starting value cannot be restored"
+        RecipeError, match="does not set max_num_seqs: its starting value cannot be restored"
     ):
         start_state(
             ExperimentSpec("sim", {"max_num_seqs": [8]}, {}), {}, tmp_path / "n.json", resume=False
@@ -268,7 +268,7 @@ def test_experiment_6_vs_64_tells_the_notes_story(tmp_path: Path) -> None:
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
         history, recipe = s.history.read_bytes(), s.recipe.read_bytes()
         state, report = tmp_path / "exp.json", tmp_path / "report.json"
-        res = cli(env, *ARGS, "--state", str(state), "--json", str(report))
+        res = cli(env, *ARGS, "--state", str(state), "-o", str(report))
         assert res.returncode == 0, res.stderr[-3000:]
         out = res.stdout
         assert "restarts: 2 planned" in out

@@ -40,7 +40,7 @@ def run_experiment(tmp_path: Path, name: str, *args: str) -> tuple[str, dict[str
         report = tmp_path / f"{name}.json"
         res = subprocess.run(
             [sys.executable, "-m", "spark_ops.cli.main", "experiment", *args, *COMMON,
-             "--state", str(tmp_path / f"{name}-state.json"), "--json", str(report)],
+             "--state", str(tmp_path / f"{name}-state.json"), "-o", str(report)],
             env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         (tmp_path / f"{name}.out").write_text(res.stdout)

@@ -196,7 +196,7 @@ class StreamClient:
     def session(self) -> aiohttp.ClientSession:
         """The open session (error if used outside `async with`)."""
         if self._session is None:
-            raise BenchError("StreamClient used outside 'async with'")
+            raise RuntimeError("StreamClient used outside 'async with'")  # a bug: exit 1
         return self._session
 
     async def get_text(self, path: str, *, timeout_s: float = 10.0) -> tuple[int, str]:

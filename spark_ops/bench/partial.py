@@ -39,7 +39,7 @@ def save_partial(path: Path, config: SweepConfig, levels: list[LevelResult]) -> 
         "levels": [lv.to_dict() for lv in levels],
     }
     text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    write_file(path, text, error=BenchError, make_parents=True)
+    write_file(path, text, make_parents=True)  # a failure is an OutputError naming it
 
 
 def load_partial(path: Path, config: SweepConfig) -> list[LevelResult]:

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.bench.sweep import SweepResult
-from spark_ops.errors import BenchError
+from spark_ops.errors import BenchError, MissingModule, OutputError
 
 TITLE_MAX_LINES = 3
 
 
 def load_pyplot() -> Any:
-    """matplotlib's pyplot on the Agg backend; BenchError naming the `plot` extra when absent.
+    """matplotlib's pyplot on the Agg backend; MissingModule naming the `plot` extra when absent.
 
     `bench --plot` calls it before the first request, so that a missing extra is said at once,
     not after the whole sweep.
@@ -24,7 +24,7 @@ def load_pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise BenchError(
+        raise MissingModule(
             "--plot needs matplotlib, which is not installed",
             hint="pip install 'spark-ops[plot]' (or run without --plot)",
         ) from exc
@@ -62,7 +62,7 @@ def plot_sweep(result: SweepResult, path: Path, *, title: str | None = None) -> 
     try:
         fig.savefig(path, format="png")
     except OSError as exc:
-        raise BenchError(f"{path}: cannot write the plot: {exc.strerror}") from exc
+        raise OutputError(f"{path}: cannot write the plot: {exc.strerror}") from exc
     finally:
         plt.close(fig)
 

@@ -196,8 +196,8 @@ def write_csv(result: SweepResult, path: Path) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    """Write text to path atomically, as BenchError naming the path on failure."""
-    write_file(path, text, error=BenchError)
+    """Write text to path atomically, as OutputError naming the path on failure."""
+    write_file(path, text)
 
 
 def load_result(path: Path) -> SweepResult:

@@ -15,7 +15,7 @@ from spark_ops.bench import stats
 from spark_ops.bench.client import RequestRecord, StreamClient, ensure_fd_limit
 from spark_ops.bench.metrics import MetricsScraper, MetricsWatch
 from spark_ops.bench.workload import APIS, ENDPOINTS, Prompt, build_payload, load_prompts
-from spark_ops.errors import BenchError
+from spark_ops.errors import BenchError, BenchUnreachable
 from spark_ops.log import get_logger
 
 MODES = ("burst", "sustained", "poisson")
@@ -207,13 +207,15 @@ async def discover_model(client: StreamClient) -> str:
 
     status, text = await client.get_text("/v1/models")
     if status != 200:
-        raise BenchError(f"{client.base_url}/v1/models answered HTTP {status}: {text[:200]}")
+        raise BenchUnreachable(f"{client.base_url}/v1/models answered HTTP {status}: {text[:200]}")
     try:
         ids = [m["id"] for m in json.loads(text)["data"]]
     except (ValueError, KeyError, TypeError) as exc:
-        raise BenchError(f"{client.base_url}/v1/models: unexpected body: {text[:200]}") from exc
+        raise BenchUnreachable(
+            f"{client.base_url}/v1/models: unexpected body: {text[:200]}"
+        ) from exc
     if not ids:
-        raise BenchError(f"{client.base_url}/v1/models lists no model; pass --model")
+        raise BenchUnreachable(f"{client.base_url}/v1/models lists no model; pass --model")
     return str(ids[0])
 
 
@@ -396,14 +398,14 @@ async def run_sweep(
             if config.model:
                 await client.get_text("/v1/models")
         except (OSError, asyncio.TimeoutError) as exc:
-            raise BenchError(
+            raise BenchUnreachable(
                 f"cannot reach {config.base_url}: {exc}",
                 hint="is the server up and the URL right (scheme, host, port)?",
             ) from exc
         except BenchError:
             raise
         except Exception as exc:  # aiohttp.ClientError and friends, without importing aiohttp here
-            raise BenchError(
+            raise BenchUnreachable(
                 f"cannot reach {config.base_url}: {type(exc).__name__}: {exc}",
                 hint="is the server up and the URL right (scheme, host, port)?",
             ) from exc
@@ -419,7 +421,7 @@ async def run_sweep(
             )
             failed = [r for r in warm if not r.ok]
             if len(failed) == len(warm):
-                raise BenchError(
+                raise BenchUnreachable(
                     f"every warm-up request to {config.base_url}{path} failed: {failed[0].error}",
                     hint="check --model, --url and the server log",
                 )

@@ -12,6 +12,7 @@ from spark_ops.cli.common import (
     echo_plan,
     emit_json,
     load_cluster,
+    quiet,
     run_async,
     step_reporter,
     when,
@@ -167,12 +168,18 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
                 await refuse_if_locked(op.session)  # before the plan and the question, not after
             plan = await make_plan(op, None)
             refusal = budget_refusal(plan)
-            if not as_json:
+            asked = bool(plan.steps) and not kw["yes"] and not kw["dry_run"]
+            if as_json:
+                pass
+            elif quiet() and not (asked or kw["dry_run"]):  # -q: the plan when asked about
+                for w in plan.warnings:
+                    click.secho(f"warning: {w}", fg="yellow", err=True)
+            else:
                 echo_plan(plan)
             if not plan.steps:
                 if as_json:
                     emit_json({"ok": True, "plan": plan.to_dict(), "changed": False})
-                else:
+                elif not quiet():
                     click.echo(
                         "The recipe already has this content on every node and the engine runs "
                         "it: nothing to do."
@@ -196,6 +203,7 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
             json_lines=as_json,
             history=history_key(cluster),
             workers_expected=len(cluster.workers),
+            quiet=quiet(),
         )
         try:
             outcome = await execute(
@@ -234,14 +242,20 @@ def _dry_run(plan: Plan, refusal: OverBudget | None, as_json: bool, operation: s
 
 def _echo_outcome(outcome: Outcome) -> None:
     """Summarise an executed plan for a person."""
-    click.echo()
+    from spark_ops.watchdog.identify import stamps_text
+
+    hush = quiet()  # -q: the failures and warnings only
+    if not hush:
+        click.echo()
     if outcome.rolled_back:
         click.secho(
             "The new recipe failed to boot; the previous recipe is serving again.", fg="yellow"
         )
     elif outcome.ok and all(c["ok"] for c in outcome.checks):
         total = (outcome.boot or {}).get("total_s")
-        if total is None:
+        if hush:
+            pass
+        elif total is None:
             click.secho("Done: the unfinished run(s) are finished.", fg="green", bold=True)
         else:
             boot = outcome.boot or {}
@@ -256,6 +270,8 @@ def _echo_outcome(outcome: Outcome) -> None:
     for warning in getattr(outcome, "warnings", []):
         click.secho(f"  ! {warning}", fg="yellow")
     for c in outcome.checks:
+        if hush and c["ok"]:
+            continue
         mark = "✓" if c["ok"] else "✗"
         click.secho(
             f"  {mark} {c['name']} [{c['host']}]: {c['detail']}", fg=None if c["ok"] else "red"
@@ -264,12 +280,12 @@ def _echo_outcome(outcome: Outcome) -> None:
     if problem:
         click.secho(f"✗ Restart budget UNKNOWN: {problem['message']}.", fg="red", bold=True)
         click.secho(f"  fix: {problem['hint']}", fg="red")
-    if outcome.budget:
+    if outcome.budget and not hush:
         b = outcome.budget
         click.echo(
             f"Restart budget: {b['used']}/{b['allowed']} used in the last "
             f"{b['window_s'] / 3600:g} h; "
-            f"pruned {outcome.pruned or 'nothing'}"
+            f"pruned {stamps_text(outcome.pruned)}"
         )
 
 

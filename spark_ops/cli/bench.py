@@ -225,7 +225,7 @@ def cli(
     )
     from spark_ops.bench.sweep import SweepConfig, run_sweep
     from spark_ops.bench.whatif import levels_with_caps, recheck_level
-    from spark_ops.cli.common import command_line, emit_json, run_async
+    from spark_ops.cli.common import command_line, emit_json, quiet, run_async
     from spark_ops.cli.sweep_progress import SweepDisplay
     from spark_ops.errors import ExitStatus
 
@@ -260,7 +260,7 @@ def cli(
     err = Console(stderr=True)
     done = load_partial(resume_path, config) if resume_path else []
     partial = resume_path or default_partial_path()
-    display = SweepDisplay(list(config.levels), config.repeats, config.recheck)
+    display = SweepDisplay(list(config.levels), config.repeats, config.recheck, quiet=quiet())
     display.keep(done)
     finished: list[LevelResult] = list(done)
 
@@ -316,7 +316,7 @@ def cli(
 
         plot_sweep(result, plot_path)
     for path in (json_path, csv_path, plot_path):
-        if path:
+        if path and not quiet():
             err.print(f"wrote {path}", highlight=False)
     return None
 
@@ -363,8 +363,15 @@ def _interrupted(
 @cli.command(name="compare")
 @click.argument("before", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("after", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
-def compare_cmd(before: Path, after: Path, json_path: Path | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="As JSON on stdout (no table).")
+@click.option(
+    "-o",
+    "--output",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the comparison as JSON to this file.",
+)
+def compare_cmd(before: Path, after: Path, as_json: bool, json_path: Path | None) -> None:
     """Compare two sweep results level by level (after/before ratios)."""
     import json
 
@@ -375,10 +382,12 @@ def compare_cmd(before: Path, after: Path, json_path: Path | None) -> None:
     cmp = report.compare(
         report.load_result(before), report.load_result(after), names=(str(before), str(after))
     )
-    out = Console(width=report_width())
-    out.print(report.render_compare_text(cmp, width=out.width), end="", highlight=False)
+    if as_json:
+        click.echo(json.dumps(cmp.to_dict(), indent=2))
+    else:
+        out = Console(width=report_width())
+        out.print(report.render_compare_text(cmp, width=out.width), end="", highlight=False)
     if json_path:
-        from spark_ops.errors import BenchError
         from spark_ops.files import write_file
 
-        write_file(json_path, json.dumps(cmp.to_dict(), indent=2) + "\n", error=BenchError)
+        write_file(json_path, json.dumps(cmp.to_dict(), indent=2) + "\n")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from spark_ops.cli.common import command_line, emit_json, load_cluster, run_async, when
+from spark_ops.cli.common import command_line, emit_json, load_cluster, quiet, run_async, when
 from spark_ops.errors import excerpt
 
 if TYPE_CHECKING:
@@ -73,6 +73,8 @@ def parse_time(value: str | None) -> tuple[float | None, float | None]:
 
 def echo_budget(view: BudgetView) -> None:
     """Print the budget for a person."""
+    from spark_ops.watchdog.identify import fmt_stamp
+
     color = "red" if view.used >= view.allowed else "green"
     click.secho(
         f"Restarts used: {view.used}/{view.allowed} in the last {view.window_s / 3600:g} h "
@@ -84,7 +86,7 @@ def echo_budget(view: BudgetView) -> None:
         reason = s["reason"] or "(no journal entry)"
         by = f" by {s['by']}" if s["by"] else ""
         click.echo(
-            f"  {s['stamp']}  {when(float(s['stamp']))}  "
+            f"  {fmt_stamp(s['stamp'])}  {when(float(s['stamp']))}  "
             f"{s['age_s'] / 60:.0f} min ago  {reason}{by}"
         )
     if view.used >= view.allowed:
@@ -179,8 +181,8 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
             selection = PruneSelection(kw["stamps"], kw["raws"], lo, hi, kw["planned"])
             plan = await plan_prune(op, selection, clear_gave_up=kw["clear_gave_up"])
             plan.command = command_line()
-            if not kw["as_json"]:
-                echo_prune_plan(plan)
+            if not kw["as_json"]:  # -q: the lines only when a prompt asks about them
+                echo_prune_plan(plan, hush=quiet() and (kw["yes"] or not plan.chosen))
             if kw["dry_run"]:
                 return plan, await op.watchdog.budget(), None
             asked = plan.chosen and not kw["yes"]
@@ -202,36 +204,40 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
     if kw["as_json"]:
         emit_json({"dry_run": False, **report.to_dict()})
         return
-    echo_prune_report(report)
+    echo_prune_report(report, hush=quiet())
 
 
-def echo_prune_plan(plan: PrunePlan) -> None:
-    """Print the exact lines a prune will remove."""
-    if plan.chosen:
+def echo_prune_plan(plan: PrunePlan, *, hush: bool = False) -> None:
+    """Print the exact lines a prune will remove (`hush`, -q: only what needs a look)."""
+    if hush:
+        pass
+    elif plan.chosen:
         click.echo(f"Would remove {len(plan.chosen)} line(s) from {plan.history_file}:")
         for e in plan.chosen:
             click.echo(f"  {e.raw}  ({when(e.stamp)})")
-    elif not plan.selection.empty:
+    elif not plan.selection.empty and not hush:
         what = "stamp of a planned restart" if plan.selection.planned else "line that matches"
         click.echo(f"Nothing to remove: {plan.history_file} holds no {what}.")
     for nf in plan.not_found:
         click.secho(f"  {nf} is not in the history", fg="yellow")
     for note in plan.notes:
         click.secho(f"  note: {note}", fg="yellow")
-    if plan.clear_gave_up:
+    if plan.clear_gave_up and not hush:
         click.echo("Then remove the gave-up file, if the budget has room.")
 
 
-def echo_prune_report(report: PruneReport) -> None:
-    """Print what the prune removed, and what changed since the preview."""
-    if report.plan.chosen:
-        click.echo(f"Removed {report.removed_stamps}; backup at {report.backup}")
+def echo_prune_report(report: PruneReport, *, hush: bool = False) -> None:
+    """Print what the prune removed, and what changed since the preview (-q: the changes only)."""
+    if report.plan.chosen and not hush:
+        from spark_ops.watchdog.identify import stamps_text
+
+        click.echo(f"Removed {stamps_text(report.removed_stamps)}; backup at {report.backup}")
     for raw in report.vanished:
         click.secho(f"  {raw} was already gone when the prune ran", fg="yellow")
     for raw in report.appended_kept:
         click.secho(f"  {raw} appeared after the preview and was kept (not confirmed)", fg="yellow")
-    if report.gave_up_cleared is not None:
+    if report.gave_up_cleared is not None and not hush:
         click.echo(f"Gave-up file removed: {'yes' if report.gave_up_cleared else 'no'}")
     b = report.budget
-    if b is not None:
+    if b is not None and not hush:
         click.echo(f"Budget now: {b.used}/{b.allowed} used.")

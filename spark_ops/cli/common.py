@@ -136,6 +136,9 @@ def echo_gate(gate: dict[str, Any]) -> None:
     click.secho(f"Restart budget: {text}", fg=color)
 
 
+# failed step details already printed (detail -> step name): the final error does not repeat them
+SAID: dict[str, str] = {}
+
 _MARK = {"done": ("✓", "green"), "failed": ("✗", "red"), "skipped": ("–", "yellow")}
 
 
@@ -153,21 +156,34 @@ def step_reporter(as_json: bool, view: Closable | None = None) -> Any:
     boot's own start: a step line written under a live view is erased by its next frame.
     """
 
+    hush = quiet()
+
     def report(step: Any) -> None:
-        """Print one step transition."""
+        """Print one step transition (under -q, only a failed or skipped one)."""
         if view is not None and not (step.name == "boot" and step.status == "running"):
             view.close()
+        if hush and step.status in ("running", "done"):
+            return
         if as_json:
             click.echo(json.dumps({"step": step.to_dict()}), err=True)
             return
         if step.status == "running":
             click.echo(f"… {step.description}", err=True)
             return
+        if step.status == "failed" and step.detail:
+            SAID[str(step.detail)] = step.name
         mark, color = _MARK.get(step.status, ("?", None))
         took = f" ({step.seconds:.1f} s)" if step.seconds is not None else ""
         click.secho(f"{mark} {step.name}{took}: {step.detail}", fg=color, err=True)
 
     return report
+
+
+def quiet() -> bool:
+    """True under -q: stderr carries warnings and errors only (docs/contracts.md)."""
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx is not None else None
+    return bool(isinstance(obj, dict) and obj.get("quiet"))
 
 
 def is_tty() -> bool:

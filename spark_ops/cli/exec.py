@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from spark_ops.cli.common import emit_json, load_cluster, run_async
+from spark_ops.cli.common import emit_json, load_cluster, quiet, run_async
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
     from spark_ops.fanout import FanoutReport
@@ -46,7 +46,8 @@ def render(report: FanoutReport) -> None:
             click.secho(f"{h.host:<{width}} ✗ {h.kind}: {h.error}", fg="red", err=True)
     good = len(report.hosts) - len(report.failed)
     color = "green" if report.ok else "red"
-    click.secho(f"{good}/{len(report.hosts)} ok in {report.seconds:.2f} s", fg=color, err=True)
+    if good < len(report.hosts) or not quiet():  # -q: the count only when a host failed
+        click.secho(f"{good}/{len(report.hosts)} ok in {report.seconds:.2f} s", fg=color, err=True)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

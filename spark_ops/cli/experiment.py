@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from spark_ops.cli.bench import DEFAULT_CONCURRENCY, parse_caps, parse_levels, report_width
-from spark_ops.cli.common import echo_gate, load_cluster, run_async, step_reporter
+from spark_ops.cli.common import (
+    SAID,
+    echo_gate,
+    emit_json,
+    load_cluster,
+    quiet,
+    run_async,
+    step_reporter,
+)
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
     from spark_ops.workflows.experiment.run import ExperimentOutcome
@@ -119,12 +130,23 @@ def _knobs(values: dict[str, Any]) -> str:
 class _Progress:
     """Steps, boot views and sweep levels on stderr; one boot view per restart."""
 
-    def __init__(self, cluster: str, workers: int | None = None) -> None:
-        """Nothing shown yet; `workers` is the inventory's worker count."""
+    def __init__(self, cluster: str, workers: int | None = None, as_json: bool = False) -> None:
+        """Nothing shown yet; `workers` is the inventory's worker count; JSON lines under --json."""
         self.cluster = cluster
         self.workers = workers
-        self.steps = step_reporter(False)
+        self.as_json = as_json
+        self.steps = step_reporter(as_json)
         self.boot: Any = None
+        self.quiet = quiet()
+
+    def _line(self, shown: str, **data: Any) -> None:
+        """One line on stderr: the text, or under --json the data as a JSON line (none under -q)."""
+        if self.quiet:
+            return
+        if self.as_json:
+            click.echo(json.dumps(data, default=str), err=True)
+        else:
+            click.echo(shown, err=True)
 
     def on_step(self, step: Any) -> None:
         """Print a step; close the boot view when the boot ends."""
@@ -138,23 +160,27 @@ class _Progress:
         from spark_ops.cli.progress import make_reporter
 
         if self.boot is None:
-            self.boot = make_reporter(self.cluster, workers_expected=self.workers)
+            self.boot = make_reporter(
+                self.cluster, self.as_json, workers_expected=self.workers, quiet=self.quiet
+            )
         self.boot(event)
 
     def on_config(self, index: int, total: int, name: str) -> None:
         """A heading per configuration."""
-        click.secho(f"\n[{index}/{total}] {name}", bold=True, err=True)
+        data = {"event": "configuration", "index": index, "total": total, "name": name}
+        self._line(click.style(f"\n[{index}/{total}] {name}", bold=True), **data)
 
     def on_level(self, lv: Any) -> None:
         """One line per finished level."""
-        click.echo(
+        self._line(
             f"  C={lv.max_concurrency}: {lv.output_throughput:.0f} tok/s aggregate, "
-            f"{(lv.per_user_tok_s or 0):.1f} tok/s per user, {lv.failed} errors", err=True
+            f"{(lv.per_user_tok_s or 0):.1f} tok/s per user, {lv.failed} errors",
+            event="level", level=lv.to_dict(),
         )  # fmt: skip
 
     def on_note(self, text: str) -> None:
         """A note from the workflow."""
-        click.echo(f"note: {text}", err=True)
+        self._line(f"note: {text}", event="note", text=text)
 
 
 def _num(v: float | None, fmt: str = "{:.0f}") -> str:
@@ -367,8 +393,13 @@ def _ending(outcome: ExperimentOutcome) -> str:
     type=click.Path(dir_okay=False, path_type=Path),
     help="State file (default ~/.local/state/spark-ops/experiment-<cluster>.json).",
 )
+@click.option("--json", "as_json", is_flag=True, help="The outcome as JSON on stdout (no report).")
 @click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the report."
+    "-o",
+    "--output",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the outcome as JSON to this file.",
 )
 @click.option("--dry-run", is_flag=True, help="Show the plan and stop.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
@@ -419,7 +450,7 @@ def cli(ctx: click.Context, **kw: Any) -> int:
         drain=not kw["no_drain"], deadline_s=kw["deadline"], force=kw["force"],
         over_budget=kw["over_budget"],
     )  # fmt: skip
-    progress = _Progress(cluster.name, len(cluster.workers))
+    progress = _Progress(cluster.name, len(cluster.workers), kw["as_json"])
     hooks = Hooks(progress.on_config, progress.on_step, progress.on_event, progress.on_level,
                   progress.on_note)  # fmt: skip
 
@@ -437,15 +468,19 @@ def cli(ctx: click.Context, **kw: Any) -> int:
             if not kw["dry_run"]:
                 await refuse_if_locked(op.session)
             state, plan, _, gate = await plan_now(op)
-            echo_plan(plan, len(state.results))
-            if gate is not None:
-                echo_gate(gate)
+            asked = not kw["yes"] and not kw["dry_run"]
+            err = kw["as_json"]  # under --json, stdout carries the report only
+            if not quiet() or asked or kw["dry_run"]:  # -q: the plan when a prompt asks
+                with contextlib.redirect_stdout(sys.stderr if err else sys.stdout):
+                    echo_plan(plan, len(state.results))
+                    if gate is not None:
+                        echo_gate(gate)
             refusal = gate_refusal(gate)
             if kw["dry_run"]:
                 if refusal is not None:
-                    click.secho(f"\nexperiment would refuse: {refusal.message}", fg="red")
-                    click.echo(f"hint: {refusal.hint}")
-                click.echo("\nDry run: nothing was changed.")
+                    click.secho(f"\nexperiment would refuse: {refusal.message}", fg="red", err=err)
+                    click.echo(f"hint: {refusal.hint}", err=err)
+                click.echo("\nDry run: nothing was changed.", err=err)
                 return int(refusal.exit_status) if refusal is not None else None
             if refusal is not None:
                 raise refusal
@@ -466,21 +501,28 @@ def cli(ctx: click.Context, **kw: Any) -> int:
     outcome = run_async(flow())
     if outcome is None or isinstance(outcome, int):
         return outcome or 0
-    click.echo(render_report(outcome, width=report_width()), nl=False)
+    if kw["as_json"]:
+        emit_json(outcome.to_dict())
+    else:
+        click.echo(render_report(outcome, width=report_width()), nl=False)
     if kw["json_path"]:
-        import json
-
         from spark_ops.files import write_file
 
         text = json.dumps(outcome.to_dict(), indent=2, default=str) + "\n"
         write_file(kw["json_path"], text)
-        click.echo(f"wrote {kw['json_path']}", err=True)
+        if not quiet():
+            click.echo(f"wrote {kw['json_path']}", err=True)
     if outcome.interrupted:
         return int(ExitStatus.ABORTED)
     if outcome.failure is not None:
         err = outcome.failure
-        click.secho(f"error: {err.message}", fg="red", err=True)
-        if err.hint:
-            click.echo(f"hint: {err.hint}", err=True)
+        if kw["as_json"]:
+            click.echo(json.dumps(err.to_dict()), err=True)
+        else:
+            step = SAID.get(err.message)  # its ✗ line above says it: once is enough
+            said = f"the {step} step failed (the ✗ {step} line above)" if step else err.message
+            click.secho(f"error: {said}", fg="red", err=True)
+            if err.hint:
+                click.echo(f"hint: {err.hint}", err=True)
         return int(outcome.failure.exit_status)
-    return 0 if outcome.ok else int(ExitStatus.ERROR)
+    return 0 if outcome.ok else int(ExitStatus.CHECK_FAILED)

@@ -5,15 +5,21 @@ Only this package maps SparkOpsError to exit codes (spark_ops.errors.ExitStatus)
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
+import os
 import sys
 from typing import Any
 
 import click
 
 from spark_ops import __version__
-from spark_ops.errors import ExitStatus, SparkOpsError
+from spark_ops.errors import ExitStatus, OutputError, SparkOpsError
+
+# errors writing stdout that are the reader's or the disk's, not a bug: a short message, exit 18
+_OUTPUT_ERRNOS = {errno.EPIPE: "the reader closed it", errno.ENOSPC: "no space left on device"}
+_OUTPUT_ERRNOS[errno.EDQUOT] = "disk quota exceeded"
 
 # name -> (module, attribute, one-line help shown by --help without importing the module)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -70,6 +76,19 @@ class LazyGroup(click.Group):
         cmd.name = cmd_name
         return cmd
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the subcommand; stdout refusing the output becomes an OutputError, not a traceback.
+
+        click turns EPIPE into a silent exit 1 by itself; caught here first, it gets its own code.
+        """
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            error = _output_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """List commands with their one-line help without importing them."""
         rows = [(name, short) for name, (_, _, short) in COMMANDS.items()]
@@ -96,8 +115,62 @@ def cli(
     """Operate a vLLM cluster of DGX Spark nodes: knobs, planned restarts, budget, sweeps."""
     from spark_ops.log import configure
 
-    configure(-1 if quiet else verbose)
+    configure(-1 if quiet else verbose, json=_JSON["flag"])
     ctx.obj = {"inventory": inventory, "cluster": cluster, "verbose": verbose, "quiet": quiet}
+
+
+_JSON = {"flag": False}  # --json on this command line (log lines are JSON only then)
+
+
+def _output_error(exc: OSError) -> Exception:
+    """An OSError from writing stdout as an OutputError; any other OSError as it was.
+
+    A broken pipe counts only when stdout's reader is gone (a socket's EPIPE is not stdout's).
+    """
+    if exc.errno not in _OUTPUT_ERRNOS or (exc.errno == errno.EPIPE and not _stdout_closed()):
+        return exc
+    _silence_stdout()
+    return OutputError(
+        f"stdout: cannot write the output: {_OUTPUT_ERRNOS[exc.errno]}; the output was cut short",
+        hint="run again with stdout to a reader that takes it all (or a disk with room)",
+    )
+
+
+def _stdout_closed() -> bool:
+    """True when stdout is a pipe whose reader has gone (poll says POLLERR)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that nothing buffered fails again at exit."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _usage_error(exc: click.ClickException, as_json: bool) -> None:
+    """A click usage error in the shape of every error: error:/hint: lines, or one JSON object."""
+    data: dict[str, object] = {"error": "UsageError", "message": exc.format_message()}
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        usage = ctx.get_usage().strip().removeprefix("Usage:").strip()
+        data["hint"] = f"see {ctx.command_path} --help (usage: {usage})"
+    if as_json:
+        click.echo(json.dumps(data), err=True)
+        return
+    click.secho(f"error: {data['message']}", fg="red", err=True)
+    if "hint" in data:
+        click.echo(f"hint: {data['hint']}", err=True)
 
 
 def _report_error(exc: SparkOpsError, as_json: bool) -> None:
@@ -105,7 +178,12 @@ def _report_error(exc: SparkOpsError, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(exc.to_dict()), err=True)
         return
-    click.secho(f"error: {exc.message}", fg="red", err=True)
+    said = sys.modules.get("spark_ops.cli.common")  # loaded when a step line was printed
+    step = getattr(said, "SAID", {}).get(exc.message)
+    if step is not None:  # its ✗ line above says it: once is enough
+        click.secho(f"error: the {step} step failed (the ✗ {step} line above)", fg="red", err=True)
+    else:
+        click.secho(f"error: {exc.message}", fg="red", err=True)
     lines = getattr(exc, "lines", None)
     if lines:
         click.echo("  log lines that show why:", err=True)
@@ -126,26 +204,32 @@ def _report_error(exc: SparkOpsError, as_json: bool) -> None:
 
 
 def _json_flag(args: list[str]) -> bool:
-    """True when --json was given as a flag (not as `--json FILE`, as bench uses it)."""
-    if "--json" not in args:
-        return False
-    i = args.index("--json")
-    return i == len(args) - 1 or args[i + 1].startswith("-")
+    """True when --json was given (before any `--`): every command's --json is a flag."""
+    words = args[: args.index("--")] if "--" in args else args
+    return "--json" in words
 
 
 def main(argv: list[str] | None = None) -> Any:
     """Run the CLI, mapping errors to ExitStatus codes."""
     args = sys.argv[1:] if argv is None else argv
+    as_json = _JSON["flag"] = _json_flag(args)
     try:
-        rc = cli.main(args=args, prog_name="spark-ops", standalone_mode=False)
+        try:
+            rc = cli.main(args=args, prog_name="spark-ops", standalone_mode=False)
+            sys.stdout.flush()  # what is still buffered fails here, not at exit
+        except OSError as exc:
+            error = _output_error(exc)
+            if error is exc:
+                raise
+            raise error from exc
     except SparkOpsError as exc:
-        _report_error(exc, _json_flag(args))
+        _report_error(exc, as_json)
         sys.exit(int(exc.exit_status))
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(int(ExitStatus.ABORTED))
     except click.ClickException as exc:
-        exc.show()
+        _usage_error(exc, as_json)
         sys.exit(int(ExitStatus.USAGE))
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

@@ -320,6 +320,43 @@ class LiveReporter:
         self.close()
 
 
+class TextLinesReporter(JsonLinesReporter):
+    """The JSON lines' events as one plain line each, for a person reading a log or a pipe.
+
+    Without --json nothing on stderr is JSON: the step lines and these read as one report. A
+    failure's message is not repeated here: the boot step and the error name it.
+    """
+
+    def _write(self, data: dict[str, Any]) -> None:
+        """Write one event as a plain line."""
+        kind = str(data["event"]).removeprefix("boot-")
+        if kind in ("fatal", "timeout"):
+            text = f"  boot {kind} in {data['phase']} after {data['elapsed_s']} s"
+        elif kind == "start":
+            text = f"  boot {data.get('boot', 1)}: waiting for the new engine"
+        elif kind == "engine":
+            text = "  boot: the new engine writes its log"
+        else:
+            text = f"  boot: {data['phase']} at {data['elapsed_s']} s"
+            if data.get("workers"):
+                text += f", {data['workers']}"
+            if data.get("eta_s") is not None and data["phase"] != "READY":
+                text += f", about {data['eta_s']:.0f} s left"
+        self.stream.write(text + "\n")
+        self.stream.flush()
+        self._last_out = self.state.elapsed_s
+
+
+class NullReporter:
+    """A boot reporter that shows nothing (-q)."""
+
+    def __call__(self, event: BootEvent) -> None:
+        """Ignore the event."""
+
+    def close(self) -> None:
+        """Nothing to tear down."""
+
+
 def make_reporter(
     cluster: str,
     json_lines: bool = False,
@@ -330,8 +367,10 @@ def make_reporter(
     tty: bool | None = None,
     history: str | None = None,
     workers_expected: int | None = None,
-) -> JsonLinesReporter | LiveReporter:
-    """A reporter for a boot of `cluster`: live view on a TTY, else JSON lines on stderr.
+    quiet: bool = False,
+) -> JsonLinesReporter | LiveReporter | NullReporter:
+    """A reporter for a boot of `cluster`: live view on a TTY, JSON lines under --json, plain
+    lines otherwise, on stderr; nothing under -q.
 
     ETAs come from `estimates` or, when not given, from the boot history file under the key
     `history` (the cluster's identity, readiness.history_key; default its name).
@@ -343,10 +382,11 @@ def make_reporter(
     if tty is None:
         isatty = getattr(out, "isatty", None)
         tty = bool(isatty and isatty())
+    if quiet:
+        return NullReporter()
     if json_lines or not tty:
-        return JsonLinesReporter(
-            cluster, estimates=estimates, stream=out, workers_expected=workers_expected
-        )
+        kind = JsonLinesReporter if json_lines else TextLinesReporter
+        return kind(cluster, estimates=estimates, stream=out, workers_expected=workers_expected)
     return LiveReporter(
         cluster,
         estimates=estimates,

@@ -12,14 +12,6 @@ import click
 from spark_ops.errors import Aborted, RecipeError, SparkOpsError
 
 
-def _fail(err: SparkOpsError) -> None:
-    """Print `error: <message>` (and the hint) to stderr and exit with the error's status."""
-    click.echo(f"error: {err.message}", err=True)
-    if err.hint:
-        click.echo(f"hint: {err.hint}", err=True)
-    raise SystemExit(int(err.exit_status))
-
-
 @click.group(name="recipe")
 def cli() -> None:
     """Edit, render and inspect vLLM recipe files."""
@@ -52,6 +44,7 @@ def set_cmd(
 ) -> None:
     """Change knobs in FILE with a minimal diff; show the diff, then write atomically."""
     from spark_ops.recipe import changes_from_options
+    from spark_ops.recipe.edit import naming
     from spark_ops.recipe.files import edit_file, write_edit
 
     try:
@@ -64,30 +57,28 @@ def set_cmd(
             flags=flags,
             unset_flags=unset_flags,
         )
-        if not changes:
-            raise RecipeError(
-                "nothing to change: give a knob option, --set, --flag or --unset-flag"
-            )
-        _check_keys(file, changes, vllm_version)
-        landed = edit_file(file, changes, vllm_version=vllm_version)
-        result, target = landed.edit, Path(landed.target)
-        for warning in result.warnings:
-            click.echo(f"warning: {warning}", err=True)
-        if target != file:
-            click.echo(f"{file}: the edit lands in {target} ({'; '.join(landed.reasons)})")
-        if not result.changed:
-            click.echo(f"{target}: already as requested, nothing to write")
-            return
-        click.echo(result.diff(str(target)), nl=False)
-        if dry_run:
-            click.echo("(dry run: nothing written)")
-            return
-        if not yes and not click.confirm(f"Write {target}?", default=False):
-            raise Aborted(f"{target}: not written (declined)")
-        backup = write_edit(landed)
-        click.echo(f"wrote {target} (backup {backup.name})")
-    except SparkOpsError as err:
-        _fail(err)
+    except RecipeError as exc:  # the value is refused for this file: the message names it
+        raise naming(exc, str(file)) from exc
+    if not changes:
+        raise RecipeError("nothing to change: give a knob option, --set, --flag or --unset-flag")
+    _check_keys(file, changes, vllm_version)
+    landed = edit_file(file, changes, vllm_version=vllm_version)
+    result, target = landed.edit, Path(landed.target)
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if target != file:
+        click.echo(f"{file}: the edit lands in {target} ({'; '.join(landed.reasons)})")
+    if not result.changed:
+        click.echo(f"{target}: already as requested, nothing to write")
+        return
+    click.echo(result.diff(str(target)), nl=False)
+    if dry_run:
+        click.echo("(dry run: nothing written)")
+        return
+    if not yes and not click.confirm(f"Write {target}?", default=False):
+        raise Aborted(f"{target}: not written (declined)")
+    backup = write_edit(landed)
+    click.echo(f"wrote {target} (backup {backup.name})")
 
 
 def _check_keys(file: Path, changes: list[Any], vllm_version: str | None) -> None:
@@ -130,11 +121,7 @@ def render_cmd(file: Path, as_json: bool) -> None:
 
     from spark_ops.recipe.files import render_file
 
-    try:
-        rendered = render_file(file)
-    except SparkOpsError as err:
-        _fail(err)
-        return
+    rendered = render_file(file)  # an error is main's to report (as JSON under --json)
     if as_json:
         click.echo(json.dumps(rendered.to_dict(), indent=2))
         return
@@ -157,12 +144,8 @@ def show_cmd(file: Path, as_json: bool) -> None:
     """Show the four knobs of FILE as vLLM would see them."""
     from spark_ops.recipe.files import dialect_of, knobs_of_file
 
-    try:
-        values = knobs_of_file(file)
-        dialect = dialect_of(file)
-    except SparkOpsError as err:
-        _fail(err)
-        return
+    values = knobs_of_file(file)
+    dialect = dialect_of(file)
     if as_json:
         click.echo(json.dumps(values, indent=2))
         return

@@ -7,11 +7,12 @@ from typing import Any
 
 import click
 
-from spark_ops.cli.common import emit_json
+from spark_ops.cli.common import emit_json, quiet
 
 _DIR = click.option(
     "--dir", "root", type=click.Path(file_okay=False, path_type=Path), default=Path(".sim"),
-    show_default=True, help="Where the embedded cluster keeps its files.",
+    show_default=True, envvar="SPARK_OPS_SIM_DIR",
+    help="Where the embedded cluster keeps its files (env SPARK_OPS_SIM_DIR).",
 )  # fmt: skip
 
 
@@ -42,16 +43,17 @@ def up(root: Path, nodes: int, max_num_seqs: int, time_scale: float, boot_scale:
        fault: str | None, engine_wrapper: bool, wait: bool, as_json: bool) -> None:  # fmt: skip
     """Lay out and start the embedded cluster in the background."""
     from spark_ops.sim.cluster import SimOptions
+    from spark_ops.sim.control import record_running, wait_serving
     from spark_ops.sim.control import up as sim_up
-    from spark_ops.sim.control import wait_serving
 
     opts = SimOptions(
         nodes=nodes, time_scale=time_scale, boot_scale=boot_scale, fault=fault,
         max_num_seqs=max_num_seqs, engine_wrapper=engine_wrapper,
     )  # fmt: skip
     state = sim_up(root, opts)
+    record_running(root, state)
     if wait and not fault:
-        if not as_json:
+        if not as_json and not quiet():
             click.echo("Embedded cluster's nodes listen; waiting for the engine's first boot …")
         state["engine_ready_after_s"] = round(wait_serving(state), 1)
     if as_json:
@@ -70,11 +72,21 @@ def up(root: Path, nodes: int, max_num_seqs: int, time_scale: float, boot_scale:
 
 @cli.command()
 @_DIR
-def down(root: Path) -> None:
+def down(root: Path) -> int:
     """Stop the embedded cluster (nodes, watchdog, engine)."""
+    from spark_ops.errors import ExitStatus
+    from spark_ops.sim.control import POINT_HINT, forget, not_running, running_elsewhere
     from spark_ops.sim.control import down as sim_down
 
-    click.echo("stopped" if sim_down(root) else "no embedded cluster was running")
+    if sim_down(root):
+        forget(root)
+        click.echo(f"stopped the embedded cluster in {root.resolve()}")
+        return 0
+    click.echo(not_running(root), err=True)
+    if running_elsewhere(root):  # not the one meant: say so, and how to name it
+        click.echo(f"hint: {POINT_HINT}", err=True)
+        return int(ExitStatus.CONFLICT)
+    return 0
 
 
 @cli.command()
@@ -82,13 +94,17 @@ def down(root: Path) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def status(root: Path, as_json: bool) -> None:
     """Say whether the embedded cluster runs, and where."""
-    from spark_ops.sim.control import read_state
+    from spark_ops.sim.control import POINT_HINT, not_running, read_state, running_elsewhere
 
     state: Any = read_state(root.resolve())
     if as_json:
-        emit_json(state or {"running": False})
+        emit_json(
+            state
+            or {"running": False, "dir": str(root.resolve()), "elsewhere": running_elsewhere(root)}
+        )
     elif state is None:
-        click.echo(f"no embedded cluster is running in {root}")
+        click.echo(not_running(root))
+        click.echo(f"hint: {POINT_HINT}")
     else:
         click.echo(f"running (pid {state['pid']}); inventory {state['inventory']}")
 

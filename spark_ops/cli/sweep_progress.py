@@ -113,14 +113,18 @@ class SweepDisplay:
 
     def __init__(
         self, levels: list[int], repeats: int, recheck: int | None, *,
-        stream: IO[str] | None = None, tty: bool | None = None,
+        stream: IO[str] | None = None, tty: bool | None = None, quiet: bool = False,
     ) -> None:  # fmt: skip
-        """Nothing shown until the first event; `tty` None: stream is a terminal, not dumb."""
+        """Nothing shown until the first event; `tty` None: stream is a terminal, not dumb.
+
+        `quiet` (-q): nothing at all, neither level lines nor the live view.
+        """
         self.stream = stream if stream is not None else sys.stderr
         if tty is None:
             isatty = getattr(self.stream, "isatty", None)
             tty = bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
-        self.tty = tty
+        self.tty = tty and not quiet
+        self.quiet = quiet
         self.state = SweepState(levels, repeats, recheck)
         self._live: Any = None
         self._console: Any = None
@@ -157,7 +161,9 @@ class SweepDisplay:
         return Group(Text("bench: " + self.state.where()), bar)
 
     def _print(self, text: str) -> None:
-        """A line above the live view (or plain, off a TTY)."""
+        """A line above the live view (or plain, off a TTY); nothing under -q."""
+        if self.quiet:
+            return
         if self._console is not None:
             self._console.print(text, highlight=False, markup=False)
         else:

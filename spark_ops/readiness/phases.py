@@ -329,6 +329,16 @@ def classify_line(line: str) -> LineInfo:
     return LineInfo(message, level, phase, fatal, exception, traceback_start, data)
 
 
+def is_art(line: str) -> bool:
+    """True for a line drawn, not written: vLLM's start banner (block and box characters)."""
+    return any("\u2500" <= ch <= "\u259f" for ch in line)
+
+
+def telling(lines: list[str]) -> list[str]:
+    """The lines that can show why a boot failed: every line but banner art."""
+    return [line for line in lines if not is_art(line)]
+
+
 @dataclass
 class Fatal:
     """A fatal line and the evidence before it."""
@@ -534,7 +544,7 @@ class BootTracker:
 
         fatal: Fatal | None = None
         if fatal_kind is not None:
-            before = list(self.recent)[-(self.context_lines + 1) :]
+            before = telling(list(self.recent))[-(self.context_lines + 1) :]
             fatal = Fatal(fatal_kind, line, index, before, self.phase)
             self.fatals.append(fatal)
         return info, new_phase, fatal
@@ -559,8 +569,8 @@ class BootTracker:
         return self.fatals[0] if self.fatals else None
 
     def last_lines(self, n: int = 20) -> list[str]:
-        """The last n lines seen."""
-        return list(self.recent)[-n:]
+        """The last n lines seen that tell something (banner art left out)."""
+        return telling(list(self.recent))[-n:]
 
     def summary(self) -> dict[str, Any]:
         """What the lines so far say: phase, KV pool, effective args, the fatal line if any."""

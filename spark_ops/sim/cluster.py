@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from spark_ops.errors import SparkOpsError
+from spark_ops.errors import ExitStatus, SparkOpsError
 from spark_ops.log import configure
 from spark_ops.sim import RAYLET_CHECK
 from spark_ops.sim.node import NodeSpec, SimNode
@@ -39,7 +39,14 @@ _NODE_ACTIONS = ("stop", "start", "stop-raylet", "start-raylet")
 
 
 class SimError(SparkOpsError):
-    """The embedded cluster could not be started, reached or stopped."""
+    """The embedded cluster could not be started, reached or stopped (its exit status given)."""
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, status: ExitStatus = ExitStatus.REMOTE
+    ) -> None:
+        """Keep the message, the hint and the exit status this case maps to."""
+        super().__init__(message, hint=hint)
+        self.exit_status = status
 
 
 @dataclass

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spark_ops.errors import ExitStatus
+from spark_ops.files import write_file
 from spark_ops.sim.cluster import (
     CONTROL,
     RESTART_WATCHDOG_S,
@@ -27,6 +29,44 @@ from spark_ops.sim.cluster import (
 )
 
 DEFAULT_ROOT = Path(".sim")
+# where `sim up` records each cluster it started (one file per directory), so `sim status` and
+# `sim down` run from another directory can say where one runs
+REGISTRY = Path("~/.local/state/spark-ops/sims")
+
+
+def _registry_entry(root: Path) -> Path:
+    """The registry file naming one cluster directory."""
+    import hashlib
+
+    digest = hashlib.sha256(str(root.resolve()).encode("utf-8", "surrogateescape")).hexdigest()
+    return REGISTRY.expanduser() / f"{digest[:16]}.json"
+
+
+def record_running(root: Path, state: dict[str, Any]) -> None:
+    """Record that a cluster runs in root (what `running_elsewhere` reads)."""
+    entry = {"root": str(root.resolve()), "pid": state.get("pid")}
+    write_file(_registry_entry(root), json.dumps(entry) + "\n", make_parents=True)
+
+
+def forget(root: Path) -> None:
+    """Remove the record `record_running` wrote for root (the cluster there was stopped)."""
+    _registry_entry(root).unlink(missing_ok=True)
+
+
+def running_elsewhere(root: Path) -> list[dict[str, Any]]:
+    """The clusters `sim up` recorded that still run, in another directory than root."""
+    found: list[dict[str, Any]] = []
+    here = root.resolve()
+    for path in sorted(REGISTRY.expanduser().glob("*.json")):
+        try:
+            other = Path(json.loads(path.read_text())["root"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if other != here:
+            state = read_state(other)
+            if state is not None:
+                found.append({"root": str(other), "pid": state.get("pid")})
+    return found
 
 
 def read_state(root: Path) -> dict[str, Any] | None:
@@ -49,7 +89,9 @@ def up(
     root = root.resolve()
     if read_state(root) is not None:
         raise SimError(
-            f"an embedded cluster is already running in {root}", hint="spark-ops sim down first"
+            f"an embedded cluster is already running in {root}",
+            hint=f"spark-ops sim down --dir {root} first",
+            status=ExitStatus.CONFLICT,
         )
     if fresh and root.exists():
         shutil.rmtree(root)
@@ -70,11 +112,13 @@ def up(
         if proc.poll() is not None:
             tail = (root / "cluster.log").read_text(errors="replace")[-2000:]
             raise SimError(
-                f"the embedded cluster exited at start (code {proc.returncode}):\n{tail}"
+                f"the embedded cluster exited at start (code {proc.returncode}):\n{tail}",
+                status=ExitStatus.BOOT_FAILED,
             )
         time.sleep(0.1)
     raise SimError(
-        f"the embedded cluster did not come up within {timeout:.0f} s; see {root}/cluster.log"
+        f"the embedded cluster did not come up within {timeout:.0f} s; see {root}/cluster.log",
+        status=ExitStatus.TIMEOUT,
     )
 
 
@@ -100,6 +144,7 @@ def wait_serving(state: dict[str, Any], timeout: float = 120.0) -> float:
     raise SimError(
         f"the embedded cluster's engine did not serve within {timeout:.0f} s",
         hint=f"see {state.get('root', '.sim')}/nodes/node1/engine.log",
+        status=ExitStatus.TIMEOUT,
     )
 
 
@@ -119,6 +164,18 @@ def down(root: Path, timeout: float = 20.0) -> bool:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
     return True
+
+
+POINT_HINT = "point at another with --dir DIR or SPARK_OPS_SIM_DIR=DIR"
+
+
+def not_running(root: Path) -> str:
+    """Nothing runs in root: the directory looked in, and the clusters running elsewhere."""
+    text = f"no embedded cluster is running in {root.resolve()}"
+    others = running_elsewhere(root)
+    if others:
+        text += "; running elsewhere: " + ", ".join(f"{o['root']} (pid {o['pid']})" for o in others)
+    return text
 
 
 def _running(pid: int) -> bool:
@@ -146,7 +203,7 @@ def restart_watchdog(root: Path) -> dict[str, Any]:
 def _request(root: Path, request: str, timeout: float) -> dict[str, Any]:
     """Send one control request to the running cluster; SimError when it is refused."""
     if read_state(root.resolve()) is None:
-        raise SimError(f"no embedded cluster is running in {root}")
+        raise SimError(not_running(root), hint=POINT_HINT, status=ExitStatus.CONFLICT)
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(timeout)
         s.connect(str(root.resolve() / CONTROL))

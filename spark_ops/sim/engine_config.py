@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from spark_ops.errors import SparkOpsError
+from spark_ops.errors import ExitStatus, SparkOpsError
 from spark_ops.yamlsafe import load_yaml
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "recipes" / "sim" / "engine.yaml"
@@ -24,6 +24,8 @@ FAULTS = (
 
 class SimConfigError(SparkOpsError):
     """The simulator's YAML is missing, unreadable or has a bad value."""
+
+    exit_status = ExitStatus.USAGE
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,13 @@ from spark_ops.errors import (
     WatchdogError,
 )
 from spark_ops.remote import ClusterSession, quote_path
-from spark_ops.watchdog.identify import HistEntry, Identification, fmt_stamp, prune_command
+from spark_ops.watchdog.identify import (
+    HistEntry,
+    Identification,
+    fmt_stamp,
+    prune_command,
+    stamp_json,
+)
 from spark_ops.watchdog.identify import identify as identify_entry
 
 PLANNED_BY = "spark-ops"
@@ -101,7 +107,7 @@ class Trigger:
         return {
             "before": self.before,
             "after": self.after,
-            "stamp": self.stamp,
+            "stamp": stamp_json(self.stamp),
             "exit_code": self.exit_code,
             "printed": self.printed,
         }
@@ -303,7 +309,7 @@ class WatchdogContract:
             rec = reasons.get(float(s), {})
             stamps.append(
                 {
-                    "stamp": s,
+                    "stamp": stamp_json(s),
                     "age_s": round(float(data["now"]) - float(s), 1),
                     "reason": rec.get("reason", ""),
                     "by": rec.get("by", ""),

@@ -55,7 +55,7 @@ class HistEntry:
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for reports."""
-        return {"stamp": self.stamp, "raw": self.raw}
+        return {"stamp": stamp_json(self.stamp), "raw": self.raw}
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Identification:
     def to_dict(self) -> dict[str, Any]:
         """Serialize for reports."""
         return {
-            "stamp": self.stamp,
+            "stamp": stamp_json(self.stamp),
             "raw": self.entry.raw if self.entry else None,
             "how": self.how,
             "notes": self.notes,
@@ -86,6 +86,24 @@ class Identification:
 def fmt_stamp(stamp: float) -> str:
     """Print a stamp as the history holds it (integers without a decimal point)."""
     return str(int(stamp)) if float(stamp).is_integer() else repr(float(stamp))
+
+
+def stamp_json(stamp: float | None) -> int | float | None:
+    """A stamp as JSON holds it: the digits fmt_stamp prints (an integer has no `.0`)."""
+    if stamp is None:
+        return None
+    return int(stamp) if float(stamp).is_integer() else float(stamp)
+
+
+def stamps_json(stamps: Any) -> list[int | float | None]:
+    """Several stamps as JSON holds them (stamp_json of each)."""
+    return [stamp_json(s) for s in stamps]
+
+
+def stamps_text(stamps: Any) -> str:
+    """Several stamps for a person: fmt_stamp of each, comma-separated ("nothing" if none)."""
+    shown = [fmt_stamp(s) for s in stamps]
+    return ", ".join(shown) if shown else "nothing"
 
 
 def prune_command(entry: HistEntry) -> str:

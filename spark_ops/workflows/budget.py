@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops import audit
-from spark_ops.errors import HistoryError, Interrupted, SparkOpsError
+from spark_ops.errors import HistoryError, InputError, Interrupted, SparkOpsError
 from spark_ops.watchdog.contract import BudgetView
-from spark_ops.watchdog.identify import HistEntry
+from spark_ops.watchdog.identify import HistEntry, stamps_json, stamps_text
 from spark_ops.workflows import interrupt
 from spark_ops.workflows.converge import dead_runs, left_by
 from spark_ops.workflows.journal import RunJournal
@@ -111,7 +111,7 @@ class PruneReport:
         return {
             "plan": self.plan.to_dict(),
             "removed": [e.to_dict() for e in self.removed],
-            "removed_stamps": self.removed_stamps,
+            "removed_stamps": stamps_json(self.removed_stamps),
             "vanished": list(self.vanished),
             "appended_kept": list(self.appended_kept),
             "backup": self.backup,
@@ -143,7 +143,7 @@ async def plan_prune(
     plan = PrunePlan(op.watchdog.wd.history_file, selection, clear_gave_up=clear_gave_up)
     if selection.empty:
         if not clear_gave_up:
-            raise SparkOpsError(
+            raise InputError(
                 "choose what to prune: --stamp S, --raw LINE, --since T, --planned or "
                 "--clear-gave-up"
             )
@@ -219,7 +219,7 @@ async def execute_prune(op: Operation, plan: PrunePlan) -> PruneReport:
         outcome = f"interrupted ({interrupt.received() or 'Ctrl-C'})"
         raise Interrupted(
             f"{outcome}: the prune itself is one atomic unit on the head",
-            standing=[f"history: removed {report.removed_stamps or 'nothing'}"],
+            standing=[f"history: removed {stamps_text(report.removed_stamps)}"],
         ) from None
     except SparkOpsError as exc:
         outcome = f"failed: {exc.message}"
@@ -227,7 +227,7 @@ async def execute_prune(op: Operation, plan: PrunePlan) -> PruneReport:
     finally:
         if plan.chosen or plan.clear_gave_up:
             detail = {
-                "removed": report.removed_stamps,
+                "removed": stamps_json(report.removed_stamps),
                 "backup": report.backup,
                 "appended_kept": report.appended_kept,
                 "vanished": report.vanished,

@@ -30,6 +30,9 @@ from spark_ops.watchdog.identify import (
     fmt_stamp,
     new_entries,
     prune_command,
+    stamp_json,
+    stamps_json,
+    stamps_text,
 )
 from spark_ops.workflows import interrupt
 from spark_ops.workflows.gate import budget_refusal
@@ -180,7 +183,7 @@ def audit_entry(
             result += f"; budget unknown: {out.history_problem['message']}"
     detail: dict[str, Any] = {}
     if out is not None:
-        detail = {"stamp": out.stamp, "pruned": out.pruned}
+        detail = {"stamp": stamp_json(out.stamp), "pruned": stamps_json(out.pruned)}
     written = plan.facts.get("written")
     if written is not None:
         detail["written"] = list(written)  # what changed, even when a later step failed
@@ -658,7 +661,7 @@ async def _prune(
         )
         run.fail(name, error.message)
         raise error
-    run.finish(name, f"removed {removed}; backup {result.get('backup')}")
+    run.finish(name, f"removed {stamps_text(removed)}; backup {result.get('backup')}")
 
 
 async def _restart_recorded(op: Operation, plan: Plan) -> tuple[float, str] | None:

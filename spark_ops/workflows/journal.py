@@ -22,6 +22,7 @@ from typing import Any
 from spark_ops import audit
 from spark_ops.errors import SparkOpsError
 from spark_ops.remote import ClusterSession, sha256
+from spark_ops.watchdog.identify import stamp_json
 from spark_ops.workflows.operation import Operation
 from spark_ops.workflows.plan import Plan, Step
 
@@ -58,7 +59,7 @@ class RestartWindow:
         """Serialize for --json."""
         return {
             "step": self.step, "from": self.lo, "to": self.hi, "closed": self.closed,
-            "stamp": self.stamp, "pruned": self.pruned,
+            "stamp": stamp_json(self.stamp), "pruned": self.pruned,
         }  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from spark_ops.log import get_logger
 from spark_ops.recipe import Change, knob_values
 from spark_ops.remote import ClusterSession, check_text
 from spark_ops.watchdog.contract import WatchdogContract
+from spark_ops.watchdog.identify import stamp_json, stamps_json
 from spark_ops.workflows.plan import Plan
 
 MAX_REASON_BYTES = 1000
@@ -106,8 +107,8 @@ class Outcome:
         return {
             "ok": self.ok,
             "plan": self.plan.to_dict(),
-            "stamp": self.stamp,
-            "pruned": self.pruned,
+            "stamp": stamp_json(self.stamp),
+            "pruned": stamps_json(self.pruned),
             "boot": self.boot,
             "checks": self.checks,
             "budget": self.budget,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark_ops.errors import CommandTimeout, SparkOpsError
+from spark_ops.errors import CommandTimeout, ExitStatus, SparkOpsError
 from spark_ops.files import write_file
 from spark_ops.log import get_logger
 from spark_ops.remote import ClusterSession, Result, quote_args
@@ -60,6 +60,8 @@ _PY_PATH = re.compile(r"(/[\w./+-]*/bin/python[0-9.]*)(?![\w.])")
 
 class PreflightError(SparkOpsError):
     """preflight() got an argument it cannot use (names it and what is allowed)."""
+
+    exit_status = ExitStatus.INVENTORY  # its how and timeout come from the inventory
 
 
 @dataclass

@@ -17,6 +17,7 @@ from spark_ops.bench.sweep import SweepConfig, run_sweep
 from spark_ops.errors import Interrupted, SparkOpsError, VerifyError
 from spark_ops.log import get_logger
 from spark_ops.recipe import Change, knob_values, render_recipe
+from spark_ops.watchdog.identify import stamp_json, stamps_json, stamps_text
 from spark_ops.workflows.execute import execute
 from spark_ops.workflows.experiment.reading import ExperimentReading
 from spark_ops.workflows.experiment.state import (
@@ -98,8 +99,8 @@ async def _apply(
     return {
         "restarted": True,
         "knobs": plan.facts.get("knobs_after"),
-        "stamp": outcome.stamp,
-        "pruned": outcome.pruned,
+        "stamp": stamp_json(outcome.stamp),
+        "pruned": stamps_json(outcome.pruned),
         "boot_s": (outcome.boot or {}).get("total_s"),
     }
 
@@ -255,7 +256,10 @@ async def _prune_leftovers(op: Operation, keep: list[float], hooks: Hooks) -> li
         return []
     result = await op.watchdog.prune(stamps=ours, reason=f"{REASON}: left by an interruption)")
     removed = [float(x) for x in result["removed_stamps"]]
-    hooks.note(f"pruned {removed}: restart stamp(s) of this experiment left by an interruption")
+    hooks.note(
+        f"pruned {stamps_text(removed)}: restart stamp(s) of this experiment left by an "
+        "interruption"
+    )
     return removed
 
 

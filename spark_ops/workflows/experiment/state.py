@@ -13,7 +13,7 @@ from typing import Any
 from spark_ops.bench.confirm import Confirmation, confirm
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.bench.whatif import predicted_sweep, whatif_of
-from spark_ops.errors import BenchError, ExitStatus, SparkOpsError
+from spark_ops.errors import BenchError, ExitStatus, RecipeError, SparkOpsError
 from spark_ops.files import write_file
 from spark_ops.recipe import Change, changes_from_options, parse_kv_cache_memory
 from spark_ops.workflows.experiment.reading import ExperimentReading, read_experiment
@@ -27,6 +27,8 @@ Hook = Callable[..., Any]
 
 class ExperimentError(SparkOpsError):
     """The experiment cannot start or go on (state file, configurations, restore)."""
+
+    exit_status = ExitStatus.CONFLICT
 
 
 class ExperimentUsageError(ExperimentError):
@@ -390,7 +392,7 @@ def start_state(
     spec.validate()
     missing = [a for a in spec.axes if current_knobs.get(a) is None]
     if spec.restore and missing:
-        raise ExperimentError(
+        raise RecipeError(
             f"the recipe does not set {', '.join(missing)}: its starting value cannot be restored",
             hint="set it in the recipe first (spark-ops apply), or pass --no-restore",
         )
