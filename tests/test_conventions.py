@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import Sim
+from conftest import Sim
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = yaml.safe_load((ROOT / "tests/fixtures/cli/conventions.yaml").read_text())["cases"]
