@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import string
+import re
 from collections.abc import Sequence
 
 from spark_ops.errors import RecipeError, UnsupportedRecipe
@@ -13,13 +13,23 @@ from spark_ops.recipe.source import Entry, RecipeText, scan_shell
 Edit = tuple[int, int, str]
 
 
+#: A line feed that is not part of a CRLF.
+_LONE_LF = re.compile(r"(?<!\r)\n")
+
+
 def apply_edits(text: str, edits: list[Edit]) -> str:
-    """Apply (start, end, replacement) edits; same-start insertions keep their order."""
+    """Apply (start, end, replacement) edits; same-start insertions keep their order. In a file
+    whose lines all end in CRLF, the inserted lines end in CRLF too."""
     ordered = sorted(enumerate(edits), key=lambda item: (item[1][0], item[0]), reverse=True)
     last_start = len(text) + 1
+    crlf = "\r\n" in text and _LONE_LF.search(text) is None
     for _, (start, end, repl) in ordered:
         if end > last_start:
             raise RecipeError(f"internal: overlapping edits at offset {start}")
+        if crlf:
+            repl = _LONE_LF.sub("\r\n", repl)
+            if repl.startswith("\r\n") and text[:start].endswith("\r"):
+                repl = repl[1:]
         text = text[:start] + repl + text[end:]
         last_start = start
     return text
@@ -58,14 +68,8 @@ class CommandView:
 
     def placeholder_uses(self, key: str) -> int:
         """How many `{key}` fields the active command words use."""
-        count = 0
-        for tok in self.tokens:
-            for _, fname, _, _ in string.Formatter().parse(
-                tok.raw.replace("{{", "").replace("}}", "")
-            ):
-                if fname == key:
-                    count += 1
-        return count
+        field = re.compile(r"(?<!\{)\{" + re.escape(key) + r"\}(?!\})")
+        return sum(len(field.findall(tok.raw)) for tok in self.tokens)
 
     def insert_line(self, body: str) -> list[Edit]:
         """Edits adding `body` as a continuation line before the last line (or after the first)."""

@@ -171,13 +171,24 @@ class Editor:
         """A defaults key, or the literal flag when the recipe has no such key."""
         key, value = change.name, str(change.value)
         entry = rt.entry("defaults", key)
-        if entry is not None:
-            if CommandView(rt).placeholder_uses(key) == 0:
-                self.warn(f"{self.source}: defaults.{key} is not used by command")
-            else:
-                _plain_word(self.source, key, value)
-            return [entry_edit(rt, entry, yaml_scalar(value, entry.raw))]
         flag = "--" + key.replace("_", "-")
+        if entry is not None:
+            view = CommandView(rt)
+            if view.placeholder_uses(key) == 0 and view.find([flag]):
+                self.warn(
+                    f"{self.source}: defaults.{key} is not used by command, which sets {flag} "
+                    "itself: that flag was set"
+                )
+                return self._flag(rt, flag, value, False, set())
+            _plain_word(self.source, key, value)
+            edits = [entry_edit(rt, entry, yaml_scalar(value, entry.raw))]
+            if view.placeholder_uses(key) == 0:
+                self.warn(
+                    f"{self.source}: defaults.{key} was not used by command: added "
+                    f"{flag} {{{key}}} to it"
+                )
+                edits += view.insert_line(f"{flag} {{{key}}}")
+            return edits
         if not CommandView(rt).find([flag]):
             self.warn(f"{self.source}: no defaults.{key} and no {flag} in command: added {flag}")
         return self._flag(rt, flag, value, False, set())

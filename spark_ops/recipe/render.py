@@ -166,7 +166,10 @@ def render_recipe(text: str, *, source: str, includes: IncludeReader | None = No
     if detect_dialect(data, source=source) is Dialect.SPARKRUN:
         return render_sparkrun(text, source=source, includes=includes)
     defaults = data.get("defaults") or {}
-    command = format_command(str(data["command"]), defaults, source=source)
+    command = format_command(str(data["command"]), defaults, source=source).rstrip()
+    if command.endswith("\\"):
+        # run-recipe drops a trailing continuation (and the blank it would join) before it runs
+        command = command.rstrip("\\\n").rstrip()
     try:
         scan = scan_shell(command)
     except RecipeError as exc:
