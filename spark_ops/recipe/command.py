@@ -38,11 +38,12 @@ def apply_edits(text: str, edits: list[Edit]) -> str:
 class CommandView:
     """The command block of a recipe text: its words and options, refused if not vllm serve."""
 
-    def __init__(self, rt: RecipeText) -> None:
-        """Scan the command block and its options."""
+    def __init__(self, rt: RecipeText, *, loose: bool = False) -> None:
+        """Scan the command block and its options (`loose`: sparkrun's `\\ ` line ends)."""
         self.rt = rt
         start, end = rt.command_range()
-        self.scan = scan_shell(rt.text, start, end)
+        self.folded = rt.folded()
+        self.scan = scan_shell(rt.text, start, end, loose=loose, folded=self.folded)
         src = rt.source
         if self.scan.rest_start is not None:
             line = rt.line_of(self.scan.rest_start) + 1
@@ -86,13 +87,20 @@ class CommandView:
             line = rt.lines[last_line]
             indent = line[: len(line) - len(line.lstrip(" \t"))]
             eol = "\r\n" if line.endswith("\r\n") else "\n"
-            return [(rt.offsets[last_line], rt.offsets[last_line], f"{indent}{body} \\{eol}")]
+            cont = "" if self.folded else " \\"
+            return [(rt.offsets[last_line], rt.offsets[last_line], f"{indent}{body}{cont}{eol}")]
         line = rt.lines[first_line]
         content_end = rt.offsets[first_line] + len(line.rstrip("\r\n"))
         if self.tokens[-1].end != len(rt.text[:content_end].rstrip(" \t")):
             raise UnsupportedRecipe(
                 f"{rt.source}: line {first_line + 1}: the one-line command ends in a comment; "
                 "cannot add a continuation line safely"
+            )
+        if self.folded:
+            raise UnsupportedRecipe(
+                f"{rt.source}: line {first_line + 1}: a one-line folded command (`>-`); "
+                "spark-ops adds flags to commands of several lines",
+                hint="write the command as `command: |` with `\\` line ends",
             )
         indent = line[: len(line) - len(line.lstrip(" \t"))] + "    "
         newline = "" if line.endswith("\n") else "\n"

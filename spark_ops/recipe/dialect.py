@@ -7,7 +7,7 @@ run-recipe could not run the file and sparkrun can, which makes it sparkrun's:
 - no version, but a key only sparkrun knows (sparkrun reads a missing version as "2");
 - a version other than "1" and "2" (sparkrun reads every version but "1" as its own format;
   run-recipe accepts only "1");
-- "1" (or none), but a command that run-recipe's `str.format(**defaults)` rejects: a
+- "1", but a command that run-recipe's `str.format(**defaults)` rejects: a
   `{placeholder}` that `defaults` does not hold (sparkrun fills `{model}` from `model:`) or
   braces that are not a placeholder (JSON). sparkrun loads such a v1 file and runs it.
 """
@@ -66,11 +66,11 @@ def dialect_and_reason(data: dict[str, Any], *, source: str) -> tuple[Dialect, s
         return Dialect.SPARKRUN, (
             f"recipe_version {text!r}: run-recipe accepts only \"1\", sparkrun reads it as \"2\""
         )
-    why = _run_recipe_cannot_format(data)
+    why = _run_recipe_cannot_format(data) if text == "1" else ""
     if why:
         return Dialect.SPARKRUN, (
-            f"run-recipe cannot fill its command ({why}); sparkrun loads this "
-            f"{'v1 ' if text == '1' else ''}file and runs it, so it is read as sparkrun does"
+            f"run-recipe cannot fill its command ({why}); sparkrun loads this v1 file and runs "
+            "it, so it is read as sparkrun does"
         )
     return Dialect.EUGR, ""
 

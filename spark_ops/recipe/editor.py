@@ -64,6 +64,13 @@ class Editor:
         self.version = version
         self.warnings: list[str] = []
 
+    #: Whether a `\\` followed by blanks continues a command line (sparkrun repairs it).
+    loose = False
+
+    def view(self, rt: RecipeText) -> CommandView:
+        """The command of the current text."""
+        return CommandView(rt, loose=self.loose)
+
     def warn(self, message: str) -> None:
         """Record a warning once."""
         if message not in self.warnings:
@@ -105,7 +112,7 @@ class Editor:
         self, rt: RecipeText, flag: str, value: object, remove: bool, aliases: set[str]
     ) -> list[Edit]:
         """Set, add bare, or remove a flag in the command; placeholders edited in defaults."""
-        cmd = CommandView(rt)
+        cmd = self.view(rt)
         names = aliases | {flag}
         found = cmd.find(sorted(names))
         negated = cmd.find(["--no-" + flag[2:]]) if value is None else []
@@ -173,7 +180,7 @@ class Editor:
         entry = rt.entry("defaults", key)
         flag = "--" + key.replace("_", "-")
         if entry is not None:
-            view = CommandView(rt)
+            view = self.view(rt)
             if view.placeholder_uses(key) == 0 and view.find([flag]):
                 self.warn(
                     f"{self.source}: defaults.{key} is not used by command, which sets {flag} "
@@ -189,7 +196,7 @@ class Editor:
                 )
                 edits += view.insert_line(f"{flag} {{{key}}}")
             return edits
-        if not CommandView(rt).find([flag]):
+        if not self.view(rt).find([flag]):
             self.warn(f"{self.source}: no defaults.{key} and no {flag} in command: added {flag}")
         return self._flag(rt, flag, value, False, set())
 
@@ -197,7 +204,7 @@ class Editor:
         """Before vLLM 0.18: select the MoE backend through the recipe's env mapping."""
         validate_moe_backend(backend, self.version)
         edits: list[Edit] = []
-        cmd = CommandView(rt)
+        cmd = self.view(rt)
         for opt in cmd.find(["--moe-backend"]):
             self.warn(f"{self.source}: vLLM {self.version} has no --moe-backend flag: removed it")
             edits += cmd.remove(opt)

@@ -174,7 +174,7 @@ def _flag_of(change: Change) -> str:
 
 def _placeholder_key(layer: Layer, change: Change) -> str | None:
     """The `{key}` a flag's value reads in the command (only when every use is that key)."""
-    view = CommandView(RecipeText(layer.text, source=layer.source))
+    view = CommandView(RecipeText(layer.text, source=layer.source), loose=True)
     names = (
         set(KNOBS[change.name].aliases) | {KNOBS[change.name].flag}
         if (change.kind == "knob")
@@ -221,6 +221,8 @@ def _check_structured(change: Change, key: str | None, source: str) -> None:
 
 class _SparkrunEditor(Editor):
     """The run-recipe editor, with sparkrun's rules: no literal braces; command-less recipes."""
+
+    loose = True
 
     def __init__(
         self, text: str, source: str, version: str, chain: Chain, keys: dict[Change, str]
