@@ -79,6 +79,19 @@ def run_recipe_command(text: str) -> str:
     return command
 
 
+def serve_part(command: str) -> str:
+    """The `vllm serve` command of a command that first runs a few finished lines (each ending
+    in `;` or `&&`): bash runs those as written, then this one."""
+    lines = command.split("\n")
+    serve = [n for n, line in enumerate(lines) if re.search(r"(^|/|\s)vllm\s+serve\b", line)]
+    if len(serve) != 1 or serve[0] == 0:
+        return command
+    before = [line.rstrip().rstrip("\\").rstrip() for line in lines[: serve[0]]]
+    if all(line.endswith((";", "&&")) for line in before if line and not line.startswith("#")):
+        return "\n".join(lines[serve[0] :])
+    return command
+
+
 def bash_words_all(commands: list[str]) -> list[list[str]]:
     """The words bash makes of the first command of each (one bash for all; no globbing; the
     first command's words are printed, never run)."""
@@ -88,7 +101,9 @@ def bash_words_all(commands: list[str]) -> list[list[str]]:
     )
     proc = subprocess.run(
         [shutil.which("bash") or "/bin/bash", "--norc", "--noprofile", "-f", "-c", script],
-        input=b"".join(c.encode("utf-8", "surrogateescape") + b"\0" for c in commands),
+        input=b"".join(
+            serve_part(c).encode("utf-8", "surrogateescape") + b"\0" for c in commands
+        ),
         capture_output=True,
         env={"PATH": "/nonexistent"},
         timeout=300,
@@ -172,9 +187,10 @@ def refusal_kind(message: str) -> str:
         ("command is not `vllm serve`", "not vLLM (SGLang, TRT-LLM): the knob named with its own flag"),
         ("without 'command'", "not vLLM (SGLang, TRT-LLM): the knob named with its own flag"),
         ("env' must be a mapping", "'env' written as a list (run-recipe needs a mapping)"),
-        ("second shell command", "a second shell command inside 'command'"),
-        ("more than one shell command", "a second shell command inside 'command'"),
-        ("`vllm serve` segment", "more than one `vllm serve` in the command"),
+        ("second shell command", "a line without `\\` ends the command, another follows"),
+        ("more than one shell command", "a line without `\\` ends the command, another follows"),
+        ("bash would run more than the one command", "shell code (`$(…)`, a loop) before `vllm serve`"),
+        ("written as '>", "a folded command with a `\\`, deeper or blank line"),
     ]
     for needle, kind in kinds:
         if needle in message:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from spark_ops.errors import RecipeError, UnsupportedRecipe
 from spark_ops.recipe.render import Option, parse_options, serve_index
-from spark_ops.recipe.source import Entry, RecipeText, scan_shell
+from spark_ops.recipe.source import Entry, RecipeText, prelude_end, scan_shell
 
 Edit = tuple[int, int, str]
 
@@ -42,6 +42,7 @@ class CommandView:
         """Scan the command block and its options (`loose`: sparkrun's `\\ ` line ends)."""
         self.rt = rt
         start, end = rt.command_range()
+        start = prelude_end(rt.text, start, end)
         self.folded = rt.folded()
         self.scan = scan_shell(rt.text, start, end, loose=loose, folded=self.folded)
         src = rt.source

@@ -7,7 +7,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from spark_ops.errors import KnobError, RecipeError, excerpt
+from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe, excerpt
 from spark_ops.recipe.changes import Change, refuse_option_like
 from spark_ops.recipe.command import (
     CommandView,
@@ -200,8 +200,22 @@ class Editor:
             self.warn(f"{self.source}: no defaults.{key} and no {flag} in command: added {flag}")
         return self._flag(rt, flag, value, False, set())
 
+    #: The container image tag the version was read from, when it was not given (a guess).
+    guessed_from: str | None = None
+
     def _legacy_moe(self, rt: RecipeText, backend: str) -> list[Edit]:
         """Before vLLM 0.18: select the MoE backend through the recipe's env mapping."""
+        if self.guessed_from is not None:
+            has_flag = bool(self.view(rt).find(["--moe-backend"]))
+            raise UnsupportedRecipe(
+                f"{self.source}: the image {self.guessed_from!r} is read as vLLM {self.version} "
+                "only from its tag, and a tag is often the image's own release; before 0.18 the "
+                "MoE backend is set through VLLM_* variables "
+                + ("and the recipe's own --moe-backend line would be deleted; " if has_flag else "")
+                + "spark-ops will not pick that path on a guess; nothing written",
+                hint="give the engine's version: --vllm-version X.Y.Z (the head's `vllm "
+                "--version`; apply's preflight reads it)",
+            )
         validate_moe_backend(backend, self.version)
         edits: list[Edit] = []
         cmd = self.view(rt)

@@ -293,6 +293,30 @@ def scan_shell(
     return Scan(tokens, stop, None)
 
 
+#: A line that starts `vllm serve` (after `exec`, VAR=value words, or a path to vllm).
+_SERVE_LINE = re.compile(r"^[ \t]*(?:exec[ \t]+)?(?:[A-Za-z_]\w*=\S*[ \t]+)*(?:\S*/)?vllm[ \t]+serve\b")
+#: How a line before the serve line must end: a finished command (`;`, `&&`, optional `\\`).
+_PRELUDE_END = re.compile(r"(?:;|&&)[ \t]*(?:\\)?[ \t]*$")
+
+
+def prelude_end(text: str, start: int = 0, end: int | None = None) -> int:
+    """Where the one `vllm serve` command of text[start:end] starts, when the lines before it
+    are fixed commands that each end in `;` or `&&` (`export A=1;`, `cd /x &&`); else `start`.
+
+    Only a command with exactly one `vllm serve` line qualifies; the lines before it are run
+    as written, and the serve command is the one spark-ops reads and edits."""
+    stop = len(text) if end is None else end
+    lines = split_lines(text[start:stop])
+    serving = [n for n, line in enumerate(lines) if _SERVE_LINE.match(line)]
+    if len(serving) != 1 or serving[0] == 0:
+        return start
+    before = [line.rstrip("\r\n") for line in lines[: serving[0]]]
+    body = [line for line in before if line.strip() and not line.strip().startswith("#")]
+    if not body or "vllm serve" in "".join(before) or not all(_PRELUDE_END.search(b) for b in body):
+        return start
+    return start + sum(len(line) for line in lines[: serving[0]])
+
+
 def _blank_run(text: str, i: int, stop: int) -> int:
     """How many spaces and tabs start at text[i]."""
     n = 0
