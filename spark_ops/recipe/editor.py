@@ -114,6 +114,9 @@ class Editor:
         """Set, add bare, or remove a flag in the command; placeholders edited in defaults."""
         cmd = self.view(rt)
         names = aliases | {flag}
+        carrier = self._flag_in_default(rt, cmd, names | {"--no-" + flag[2:]})
+        if carrier is not None:
+            return self._edit_default_words(rt, carrier, flag, value, remove, names)
         found = cmd.find(sorted(names))
         negated = cmd.find(["--no-" + flag[2:]]) if value is None else []
         if remove:
@@ -137,6 +140,46 @@ class Editor:
         if not found:
             return cmd.insert_line(f"{flag} {_quote(text)}")
         return self._set_values(rt, cmd, found, flag, text)
+
+    def _flag_in_default(self, rt: RecipeText, cmd: CommandView, names: set[str]) -> str | None:
+        """The defaults key whose value (pasted into the command by its `{placeholder}`) holds
+        one of these flags among its words, if any: that value, not a new line, decides."""
+        defaults = load_recipe_text(rt.text, source=self.source).get("defaults") or {}
+        for key, val in defaults.items():
+            if not isinstance(val, str) or not cmd.placeholder_uses(str(key)):
+                continue
+            if any(word.split("=", 1)[0] in names for word in val.split()):
+                return str(key)
+        return None
+
+    def _edit_default_words(
+        self,
+        rt: RecipeText,
+        key: str,
+        flag: str,
+        value: object,
+        remove: bool,
+        names: set[str],
+    ) -> list[Edit]:
+        """Set a bare flag inside a defaults value that the command pastes in (`{key}`)."""
+        entry = rt.entry("defaults", key)
+        current = (load_recipe_text(rt.text, source=self.source).get("defaults") or {})[key]
+        if entry is None or value is not None:
+            raise UnsupportedRecipe(
+                f"{self.source}: {flag} is set inside defaults.{key} ({current!r}), which the "
+                f"command pastes in through {{{key}}}: a flag added to the command would be "
+                "overridden or doubled; nothing written",
+                hint=f"edit defaults.{key} by hand, or move {flag} out of it into the command",
+            )
+        negation = "--no-" + flag[2:]
+        words = [w for w in current.split() if w.split("=", 1)[0] not in names | {negation}]
+        if not remove:
+            words.append(flag)
+        new = " ".join(words)
+        self.warn(f"{self.source}: {flag} is set through defaults.{key} ({{{key}}}): edited there")
+        if new == current:
+            return []
+        return [entry_edit(rt, entry, yaml_scalar(new, entry.raw))]
 
     def _set_values(
         self, rt: RecipeText, cmd: CommandView, found: list[Option], flag: str, text: str
