@@ -142,7 +142,7 @@ command: |
     "text, wanted",
     [
         (SGLANG, "runtime 'sglang': spark-ops edits vLLM recipes only"),
-        ('name: t\ncommand: |\n  trtllm-serve org/m --port 1\n', "command is not `vllm serve`"),
+        ("name: t\ncommand: |\n  trtllm-serve org/m --port 1\n", "command is not `vllm serve`"),
     ],
 )
 def test_bad_value_on_non_vllm_recipe_says_not_vllm_first(

@@ -152,7 +152,11 @@ def test_folded_command_edited_without_backslashes() -> None:
 
 @pytest.mark.parametrize(
     "body",
-    ["  vllm serve m \\\n  --port 1\n", "  vllm serve m\n    --port 1\n", "  vllm serve m\n\n  --port 1\n"],
+    [
+        "  vllm serve m \\\n  --port 1\n",
+        "  vllm serve m\n    --port 1\n",
+        "  vllm serve m\n\n  --port 1\n",
+    ],
 )
 def test_folded_command_with_breaks_refused(body: str) -> None:
     """A folded command with a `\\`, a deeper line or a blank line is refused, named."""

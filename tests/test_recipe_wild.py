@@ -10,7 +10,8 @@ own loader (one process for the whole corpus) for every other file. A case is:
   every other word is unchanged, spark-ops renders the same words and `show` reports the
   value, at most two lines changed, line endings kept, a second identical edit changes nothing;
 - refused: spark-ops raised an error and wrote nothing (the reason is tallied);
-- wrong: anything else. There must be none. The counts are the table in docs/sparkrun.md.
+- wrong: anything else. There must be none. The counts are the table in docs/sparkrun.md and
+  docs/recipes.md.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from tests.ground.sparkrun_venv import run_oracle, sparkrun_bin
 
 WILD = Path(__file__).parent / "fixtures" / "recipes" / "wild"
 FILES = sorted(p for p in WILD.glob("*/*.yaml"))
-DOC = Path(__file__).resolve().parents[1] / "docs" / "sparkrun.md"
+DOCS = [
+    Path(__file__).resolve().parents[1] / "docs" / name for name in ("sparkrun.md", "recipes.md")
+]
 #: knob, value, flag, the word after the flag (None: a bare flag).
 CASES: list[tuple[str, object, str, str | None]] = [
     ("max_num_seqs", 77, "--max-num-seqs", "77"),
@@ -101,9 +104,7 @@ def bash_words_all(commands: list[str]) -> list[list[str]]:
     )
     proc = subprocess.run(
         [shutil.which("bash") or "/bin/bash", "--norc", "--noprofile", "-f", "-c", script],
-        input=b"".join(
-            serve_part(c).encode("utf-8", "surrogateescape") + b"\0" for c in commands
-        ),
+        input=b"".join(serve_part(c).encode("utf-8", "surrogateescape") + b"\0" for c in commands),
         capture_output=True,
         env={"PATH": "/nonexistent"},
         timeout=300,
@@ -133,16 +134,11 @@ def strip_flag(words: list[str], flag: str, bare: bool) -> list[str]:
 
 
 def carried(words: list[str], flag: str, value: str | None) -> int:
-    """How many times the words carry any spelling of flag (its value, or bare)."""
-    count = 0
-    for i, word in enumerate(words):
-        if value is None:
-            count += word in SPELLINGS[flag]
-        elif word in SPELLINGS[flag]:
-            count += 1
-        elif "=" in word and word.split("=", 1)[0] in SPELLINGS[flag]:
-            count += 1
-    return count
+    """How many times the words carry any spelling of flag (bare, spaced or `=`)."""
+    names = SPELLINGS[flag]
+    if value is None:
+        return sum(word in names for word in words)
+    return sum(word in names or word.split("=", 1)[0] in names for word in words)
 
 
 def last_value(words: list[str], flag: str) -> str | None:
@@ -161,7 +157,9 @@ def changed_lines(before: str, after: str) -> int:
     matcher = difflib.SequenceMatcher(
         None, before.splitlines(keepends=True), after.splitlines(keepends=True), autojunk=False
     )
-    return sum(max(i2 - i1, j2 - j1) for op, i1, i2, j1, j2 in matcher.get_opcodes() if op != "equal")
+    return sum(
+        max(i2 - i1, j2 - j1) for op, i1, i2, j1, j2 in matcher.get_opcodes() if op != "equal"
+    )
 
 
 def endings_kept(before: str, after: str) -> bool:
@@ -184,12 +182,18 @@ def refusal_kind(message: str) -> str:
     kinds = [
         ("is a vLLM knob, not a", "not vLLM (SGLang, TRT-LLM): the knob named with its own flag"),
         ("edits vLLM recipes only", "not vLLM (SGLang, TRT-LLM): the knob named with its own flag"),
-        ("command is not `vllm serve`", "not vLLM (SGLang, TRT-LLM): the knob named with its own flag"),
+        (
+            "command is not `vllm serve`",
+            "not vLLM (SGLang, TRT-LLM): the knob named with its own flag",
+        ),
         ("without 'command'", "not vLLM (SGLang, TRT-LLM): the knob named with its own flag"),
         ("env' must be a mapping", "'env' written as a list (run-recipe needs a mapping)"),
         ("second shell command", "a line without `\\` ends the command, another follows"),
         ("more than one shell command", "a line without `\\` ends the command, another follows"),
-        ("bash would run more than the one command", "shell code (`$(…)`, a loop) before `vllm serve`"),
+        (
+            "bash would run more than the one command",
+            "shell code (`$(…)`, a loop) before `vllm serve`",
+        ),
         ("written as '>", "a folded command with a `\\`, deeper or blank line"),
     ]
     for needle, kind in kinds:
@@ -217,7 +221,11 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         if oracle == "sparkrun":
             to_sparkrun.append(path)
         for number, (knob, value, flag, shown) in enumerate(CASES):
-            row: dict[str, Any] = {"path": path, "oracle": oracle, "case": (knob, value, flag, shown)}
+            row: dict[str, Any] = {
+                "path": path,
+                "oracle": oracle,
+                "case": (knob, value, flag, shown),
+            }
             rows.append(row)
             try:
                 result = edit_recipe(text, [change_of(knob, value)], source=path.name)
@@ -234,9 +242,10 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     commands: dict[Path, str] = {}
     runtimes: dict[Path, str] = {}
     for row in rows:
-        for path in (row["path"], row.get("out")):
-            if path is None or path in commands:
+        for found in (row["path"], row.get("out")):
+            if found is None or found in commands:
                 continue
+            path = Path(found)
             if row["oracle"] == "run-recipe":
                 commands[path] = run_recipe_command(path.read_bytes().decode("utf-8"))
                 runtimes[path] = "run-recipe"
@@ -362,6 +371,7 @@ def test_counts_are_docs_table(tally: dict[str, Any]) -> None:
     ]
     for (family, kind), n in sorted(tally["refused"].items()):
         rows.append(f"| {family} | {kind} | {n} |")
-    doc = DOC.read_text(encoding="utf-8")
-    missing = [row for row in rows if row not in doc]
-    assert not missing, "docs/sparkrun.md lacks the measured rows:\n" + "\n".join(missing)
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        missing = [row for row in rows if row not in text]
+        assert not missing, f"{doc.name} lacks the measured rows:\n" + "\n".join(missing)

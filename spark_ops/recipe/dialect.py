@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from spark_ops.errors import RecipeError, UnsupportedRecipe
+from spark_ops.errors import RecipeError
 
 
 class Dialect(enum.Enum):
@@ -64,7 +64,7 @@ def dialect_and_reason(data: dict[str, Any], *, source: str) -> tuple[Dialect, s
                 'other number as "2")'
             )
         return Dialect.SPARKRUN, (
-            f"recipe_version {text!r}: run-recipe accepts only \"1\", sparkrun reads it as \"2\""
+            f'recipe_version {text!r}: run-recipe accepts only "1", sparkrun reads it as "2"'
         )
     why = _run_recipe_cannot_format(data) if text == "1" else ""
     if why:

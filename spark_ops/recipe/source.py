@@ -257,10 +257,7 @@ def scan_shell(
         if ch == "\\" and text.startswith(("\n", "\r\n"), i + 1 + blanks, stop):
             close(i)
             i += 1 + blanks + (1 if text[i + 1 + blanks] == "\n" else 2)
-        elif ch in " \t\r":
-            close(i)
-            i += 1
-        elif ch == "\n" and folded:
+        elif ch in " \t\r" or (ch == "\n" and folded):
             close(i)
             i += 1
         elif ch == "\n":
@@ -294,7 +291,9 @@ def scan_shell(
 
 
 #: A line that starts `vllm serve` (after `exec`, VAR=value words, or a path to vllm).
-_SERVE_LINE = re.compile(r"^[ \t]*(?:exec[ \t]+)?(?:[A-Za-z_]\w*=\S*[ \t]+)*(?:\S*/)?vllm[ \t]+serve\b")
+_SERVE_LINE = re.compile(
+    r"^[ \t]*(?:exec[ \t]+)?(?:[A-Za-z_]\w*=\S*[ \t]+)*(?:\S*/)?vllm[ \t]+serve\b"
+)
 #: How a line before the serve line must end: a finished command (`;`, `&&`, optional `\\`).
 _PRELUDE_END = re.compile(r"(?:;|&&)[ \t]*(?:\\)?[ \t]*$")
 
