@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from conftest import Sim
 
 ROOT = Path(__file__).resolve().parents[1]

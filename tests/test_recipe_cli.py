@@ -172,3 +172,40 @@ def test_set_through_a_symlink_keeps_link_and_own_backups(recipe: Path) -> None:
     assert mine.read_text() == "mine\n"
     show = recipe_cli(["show", str(recipe), "--json"])
     assert json.loads(show.output)["max_num_seqs"] == 31
+
+
+SGLANG = """recipe_version: "2"
+model: org/m
+runtime: sglang
+container: lmsysorg/sglang:v0.5.4
+command: |
+  python3 -m sglang.launch_server --model-path {model} --port 8000
+"""
+
+
+@pytest.mark.parametrize(
+    "text, wanted",
+    [
+        (SGLANG, "runtime 'sglang': spark-ops edits vLLM recipes only"),
+        ("name: t\ncommand: |\n  trtllm-serve org/m --port 1\n", "command is not `vllm serve`"),
+    ],
+)
+def test_bad_value_on_non_vllm_recipe_says_not_vllm_first(
+    tmp_path: Path, text: str, wanted: str
+) -> None:
+    """A bad value given for a non-vLLM recipe: the recipe is named as not vLLM, not the value."""
+    path = tmp_path / "other.yaml"
+    path.write_text(text, encoding="utf-8")
+    out = recipe_cli(["set", str(path), "--max-num-seqs", "lots"])
+    assert out.exit_code == ExitStatus.RECIPE, out.output
+    assert f"{path}: " in out.output and wanted in out.output
+    assert path.read_text(encoding="utf-8") == text
+
+
+def test_bad_value_error_names_the_file(recipe: Path) -> None:
+    """A bad value for a vLLM recipe: the error names the file and the value; nothing written."""
+    before = recipe.read_bytes()
+    out = recipe_cli(["set", str(recipe), "--max-num-seqs", "lots"])
+    assert out.exit_code != 0
+    assert f"{recipe}: " in out.output and "lots" in out.output, out.output
+    assert recipe.read_bytes() == before

@@ -137,11 +137,31 @@ def test_unified_diff_marks_missing_newline() -> None:
     assert unified_diff("same\n", "same\n", "r.yaml") == ""
 
 
-def test_folded_command_refused_for_edits() -> None:
-    """Only literal block commands are edited."""
-    text = "command: >\n  vllm serve m\n  --port 1\n"
-    with pytest.raises(UnsupportedRecipe, match="literal block"):
-        edit_recipe(text, [Change.knob("max_num_seqs", 3)], source="f.yaml")
+def test_folded_command_edited_without_backslashes() -> None:
+    """A plain folded command (`>-`) takes a new line of its own, no `\\` (YAML folds it)."""
+    text = "command: >-\n  vllm serve m\n  --port 1\n"
+    result = edit_recipe(text, [Change.knob("max_num_seqs", 3)], source="f.yaml")
+    assert result.text == "command: >-\n  vllm serve m\n  --max-num-seqs 3\n  --port 1\n"
+    assert render_recipe(result.text, source="f.yaml").argv[-4:] == [
+        "--max-num-seqs",
+        "3",
+        "--port",
+        "1",
+    ]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "  vllm serve m \\\n  --port 1\n",
+        "  vllm serve m\n    --port 1\n",
+        "  vllm serve m\n\n  --port 1\n",
+    ],
+)
+def test_folded_command_with_breaks_refused(body: str) -> None:
+    """A folded command with a `\\`, a deeper line or a blank line is refused, named."""
+    with pytest.raises(UnsupportedRecipe, match="folded ones"):
+        edit_recipe("command: >\n" + body, [Change.knob("max_num_seqs", 3)], source="f.yaml")
 
 
 def test_env_created_for_legacy_moe() -> None:

@@ -45,17 +45,20 @@ def set_cmd(
     """Change knobs in FILE with a minimal diff; show the diff, then write atomically."""
     from spark_ops.recipe import changes_from_options
     from spark_ops.recipe.edit import naming
-    from spark_ops.recipe.files import edit_file, write_edit
+    from spark_ops.recipe.files import changes_for, edit_file, write_edit
 
     try:
-        changes = changes_from_options(
-            max_num_seqs=max_num_seqs,
-            kv_cache_memory=kv_cache_memory,
-            moe_backend=moe_backend,
-            enforce_eager=enforce_eager,
-            sets=sets,
-            flags=flags,
-            unset_flags=unset_flags,
+        changes = changes_for(
+            file,
+            lambda: changes_from_options(
+                max_num_seqs=max_num_seqs,
+                kv_cache_memory=kv_cache_memory,
+                moe_backend=moe_backend,
+                enforce_eager=enforce_eager,
+                sets=sets,
+                flags=flags,
+                unset_flags=unset_flags,
+            ),
         )
     except RecipeError as exc:  # the value is refused for this file: the message names it
         raise naming(exc, str(file)) from exc

@@ -3,24 +3,34 @@
 from __future__ import annotations
 
 import json
-import string
+import re
 from collections.abc import Sequence
 
 from spark_ops.errors import RecipeError, UnsupportedRecipe
 from spark_ops.recipe.render import Option, parse_options, serve_index
-from spark_ops.recipe.source import Entry, RecipeText, scan_shell
+from spark_ops.recipe.source import Entry, RecipeText, prelude_end, scan_shell
 from spark_ops.yamlsafe import load_yaml
 
 Edit = tuple[int, int, str]
 
 
+#: A line feed that is not part of a CRLF.
+_LONE_LF = re.compile(r"(?<!\r)\n")
+
+
 def apply_edits(text: str, edits: list[Edit]) -> str:
-    """Apply (start, end, replacement) edits; same-start insertions keep their order."""
+    """Apply (start, end, replacement) edits; same-start insertions keep their order. In a file
+    whose lines all end in CRLF, the inserted lines end in CRLF too."""
     ordered = sorted(enumerate(edits), key=lambda item: (item[1][0], item[0]), reverse=True)
     last_start = len(text) + 1
+    crlf = "\r\n" in text and _LONE_LF.search(text) is None
     for _, (start, end, repl) in ordered:
         if end > last_start:
             raise RecipeError(f"internal: overlapping edits at offset {start}")
+        if crlf:
+            repl = _LONE_LF.sub("\r\n", repl)
+            if repl.startswith("\r\n") and text[:start].endswith("\r"):
+                repl = repl[1:]
         text = text[:start] + repl + text[end:]
         last_start = start
     return text
@@ -29,11 +39,13 @@ def apply_edits(text: str, edits: list[Edit]) -> str:
 class CommandView:
     """The command block of a recipe text: its words and options, refused if not vllm serve."""
 
-    def __init__(self, rt: RecipeText) -> None:
-        """Scan the command block and its options."""
+    def __init__(self, rt: RecipeText, *, loose: bool = False) -> None:
+        """Scan the command block and its options (`loose`: sparkrun's `\\ ` line ends)."""
         self.rt = rt
         start, end = rt.command_range()
-        self.scan = scan_shell(rt.text, start, end)
+        start = prelude_end(rt.text, start, end)
+        self.folded = rt.folded()
+        self.scan = scan_shell(rt.text, start, end, loose=loose, folded=self.folded)
         src = rt.source
         if self.scan.rest_start is not None:
             line = rt.line_of(self.scan.rest_start) + 1
@@ -59,14 +71,8 @@ class CommandView:
 
     def placeholder_uses(self, key: str) -> int:
         """How many `{key}` fields the active command words use."""
-        count = 0
-        for tok in self.tokens:
-            for _, fname, _, _ in string.Formatter().parse(
-                tok.raw.replace("{{", "").replace("}}", "")
-            ):
-                if fname == key:
-                    count += 1
-        return count
+        field = re.compile(r"(?<!\{)\{" + re.escape(key) + r"\}(?!\})")
+        return sum(len(field.findall(tok.raw)) for tok in self.tokens)
 
     def insert_line(self, body: str) -> list[Edit]:
         """Edits adding `body` as a continuation line before the last line (or after the first)."""
@@ -83,13 +89,20 @@ class CommandView:
             line = rt.lines[last_line]
             indent = line[: len(line) - len(line.lstrip(" \t"))]
             eol = "\r\n" if line.endswith("\r\n") else "\n"
-            return [(rt.offsets[last_line], rt.offsets[last_line], f"{indent}{body} \\{eol}")]
+            cont = "" if self.folded else " \\"
+            return [(rt.offsets[last_line], rt.offsets[last_line], f"{indent}{body}{cont}{eol}")]
         line = rt.lines[first_line]
         content_end = rt.offsets[first_line] + len(line.rstrip("\r\n"))
         if self.tokens[-1].end != len(rt.text[:content_end].rstrip(" \t")):
             raise UnsupportedRecipe(
                 f"{rt.source}: line {first_line + 1}: the one-line command ends in a comment; "
                 "cannot add a continuation line safely"
+            )
+        if self.folded:
+            raise UnsupportedRecipe(
+                f"{rt.source}: line {first_line + 1}: a one-line folded command (`>-`); "
+                "spark-ops adds flags to commands of several lines",
+                hint="write the command as `command: |` with `\\` line ends",
             )
         indent = line[: len(line) - len(line.lstrip(" \t"))] + "    "
         newline = "" if line.endswith("\n") else "\n"

@@ -1,8 +1,15 @@
 """Which recipe format a file is written in: spark-vllm-docker's run-recipe, or sparkrun v2.
 
-Detected from the file's own `recipe_version`, never guessed: "1" (or no version, the
-run-recipe default) is the spark-vllm-docker format; "2" is sparkrun's. A file without a
-version that uses keys only sparkrun knows is refused with the key named.
+Detected from the file's own `recipe_version`, never guessed from its look: "2" is sparkrun's.
+"1" (or no version, the old run-recipe default) is the spark-vllm-docker format, except where
+run-recipe could not run the file and sparkrun can, which makes it sparkrun's:
+
+- no version, but a key only sparkrun knows (sparkrun reads a missing version as "2");
+- a version other than "1" and "2" (sparkrun reads every version but "1" as its own format;
+  run-recipe accepts only "1");
+- "1", but a command that run-recipe's `str.format(**defaults)` rejects: a
+  `{placeholder}` that `defaults` does not hold (sparkrun fills `{model}` from `model:`) or
+  braces that are not a placeholder (JSON). sparkrun loads such a v1 file and runs it.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from spark_ops.errors import RecipeError, UnsupportedRecipe
+from spark_ops.errors import RecipeError
 
 
 class Dialect(enum.Enum):
@@ -32,27 +39,55 @@ SPARKRUN_ONLY_KEYS = (
 
 
 def detect_dialect(data: dict[str, Any], *, source: str) -> Dialect:
-    """The dialect a parsed recipe declares; RecipeError for an unknown or unstated one."""
+    """The dialect a parsed recipe declares; RecipeError for a version neither tool reads."""
+    return dialect_and_reason(data, source=source)[0]
+
+
+def dialect_and_reason(data: dict[str, Any], *, source: str) -> tuple[Dialect, str]:
+    """The dialect and, where it is not the declared version itself, why (for `render`)."""
     version = data.get("recipe_version")
+    text = "" if version is None else str(version).strip()
+    if text == "2":
+        return Dialect.SPARKRUN, ""
     if version is None:
         stray = [key for key in SPARKRUN_ONLY_KEYS if key in data]
         if stray:
-            raise UnsupportedRecipe(
-                f"{source}: no 'recipe_version', but key {stray[0]!r} is sparkrun's; spark-ops "
-                "will not guess the format",
-                hint='add recipe_version: "2" (sparkrun) or remove the sparkrun keys '
-                '(recipe_version: "1", spark-vllm-docker run-recipe)',
+            return Dialect.SPARKRUN, (
+                f"no 'recipe_version', and key {stray[0]!r} is sparkrun's: sparkrun reads the "
+                'file as recipe_version "2"'
             )
-        return Dialect.EUGR
-    text = str(version).strip()
-    if text == "1":
-        return Dialect.EUGR
-    if text == "2":
-        return Dialect.SPARKRUN
-    raise RecipeError(
-        f"{source}: recipe_version {version!r} is not one spark-ops knows; allowed: "
-        '"1" (spark-vllm-docker run-recipe) or "2" (sparkrun)'
-    )
+    elif text != "1":
+        if not text.isdigit() or len(text) > 3:
+            raise RecipeError(
+                f"{source}: recipe_version {version!r} is not one spark-ops knows; allowed: "
+                '"1" (spark-vllm-docker run-recipe) or "2" (sparkrun; sparkrun also reads any '
+                'other number as "2")'
+            )
+        return Dialect.SPARKRUN, (
+            f'recipe_version {text!r}: run-recipe accepts only "1", sparkrun reads it as "2"'
+        )
+    why = _run_recipe_cannot_format(data) if text == "1" else ""
+    if why:
+        return Dialect.SPARKRUN, (
+            f"run-recipe cannot fill its command ({why}); sparkrun loads this v1 file and runs "
+            "it, so it is read as sparkrun does"
+        )
+    return Dialect.EUGR, ""
+
+
+def _run_recipe_cannot_format(data: dict[str, Any]) -> str:
+    """Why run-recipe's `command.format(**defaults)` fails on this file ('' when it does not)."""
+    command, defaults = data.get("command"), data.get("defaults")
+    if not isinstance(command, str) or not isinstance(defaults, (dict, type(None))):
+        return ""
+    params = {str(k): v for k, v in (defaults or {}).items()}
+    try:
+        command.format(**params)
+    except KeyError as exc:
+        return f"{{{exc.args[0]}}} is not in 'defaults'"
+    except (IndexError, ValueError, AttributeError) as exc:
+        return f"braces that are not a placeholder: {exc}"
+    return ""
 
 
 def check_sparkrun_shape(data: dict[str, Any], *, source: str) -> None:

@@ -104,6 +104,9 @@ def _took_effect(
 ) -> bool:
     """Whether the rendered result shows a change."""
     if change.kind == "setting":
+        flag = "--" + change.name.replace("_", "-")
+        if flag in args:
+            return args[flag] == str(change.value)
         if change.name in defaults:
             return str(defaults[change.name]) == str(change.value) or _same_number(
                 defaults[change.name], str(change.value)

@@ -7,7 +7,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from spark_ops.errors import KnobError, RecipeError, excerpt
+from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe, excerpt
 from spark_ops.recipe.changes import Change, refuse_option_like
 from spark_ops.recipe.command import (
     CommandView,
@@ -64,6 +64,13 @@ class Editor:
         self.version = version
         self.warnings: list[str] = []
 
+    #: Whether a `\\` followed by blanks continues a command line (sparkrun repairs it).
+    loose = False
+
+    def view(self, rt: RecipeText) -> CommandView:
+        """The command of the current text."""
+        return CommandView(rt, loose=self.loose)
+
     def warn(self, message: str) -> None:
         """Record a warning once."""
         if message not in self.warnings:
@@ -105,8 +112,11 @@ class Editor:
         self, rt: RecipeText, flag: str, value: object, remove: bool, aliases: set[str]
     ) -> list[Edit]:
         """Set, add bare, or remove a flag in the command; placeholders edited in defaults."""
-        cmd = CommandView(rt)
+        cmd = self.view(rt)
         names = aliases | {flag}
+        carrier = self._flag_in_default(rt, cmd, names | {"--no-" + flag[2:]})
+        if carrier is not None:
+            return self._edit_default_words(rt, carrier, flag, value, remove, names)
         found = cmd.find(sorted(names))
         negated = cmd.find(["--no-" + flag[2:]]) if value is None else []
         if remove:
@@ -130,6 +140,46 @@ class Editor:
         if not found:
             return cmd.insert_line(f"{flag} {_quote(text)}")
         return self._set_values(rt, cmd, found, flag, text)
+
+    def _flag_in_default(self, rt: RecipeText, cmd: CommandView, names: set[str]) -> str | None:
+        """The defaults key whose value (pasted into the command by its `{placeholder}`) holds
+        one of these flags among its words, if any: that value, not a new line, decides."""
+        defaults = load_recipe_text(rt.text, source=self.source).get("defaults") or {}
+        for key, val in defaults.items():
+            if not isinstance(val, str) or not cmd.placeholder_uses(str(key)):
+                continue
+            if any(word.split("=", 1)[0] in names for word in val.split()):
+                return str(key)
+        return None
+
+    def _edit_default_words(
+        self,
+        rt: RecipeText,
+        key: str,
+        flag: str,
+        value: object,
+        remove: bool,
+        names: set[str],
+    ) -> list[Edit]:
+        """Set a bare flag inside a defaults value that the command pastes in (`{key}`)."""
+        entry = rt.entry("defaults", key)
+        current = (load_recipe_text(rt.text, source=self.source).get("defaults") or {})[key]
+        if entry is None or value is not None:
+            raise UnsupportedRecipe(
+                f"{self.source}: {flag} is set inside defaults.{key} ({current!r}), which the "
+                f"command pastes in through {{{key}}}: a flag added to the command would be "
+                "overridden or doubled; nothing written",
+                hint=f"edit defaults.{key} by hand, or move {flag} out of it into the command",
+            )
+        negation = "--no-" + flag[2:]
+        words = [w for w in current.split() if w.split("=", 1)[0] not in names | {negation}]
+        if not remove:
+            words.append(flag)
+        new = " ".join(words)
+        self.warn(f"{self.source}: {flag} is set through defaults.{key} ({{{key}}}): edited there")
+        if new == current:
+            return []
+        return [entry_edit(rt, entry, yaml_scalar(new, entry.raw))]
 
     def _set_values(
         self, rt: RecipeText, cmd: CommandView, found: list[Option], flag: str, text: str
@@ -171,22 +221,47 @@ class Editor:
         """A defaults key, or the literal flag when the recipe has no such key."""
         key, value = change.name, str(change.value)
         entry = rt.entry("defaults", key)
-        if entry is not None:
-            if CommandView(rt).placeholder_uses(key) == 0:
-                self.warn(f"{self.source}: defaults.{key} is not used by command")
-            else:
-                _plain_word(self.source, key, value)
-            return [entry_edit(rt, entry, yaml_scalar(value, entry.raw))]
         flag = "--" + key.replace("_", "-")
-        if not CommandView(rt).find([flag]):
+        if entry is not None:
+            view = self.view(rt)
+            if view.placeholder_uses(key) == 0 and view.find([flag]):
+                self.warn(
+                    f"{self.source}: defaults.{key} is not used by command, which sets {flag} "
+                    "itself: that flag was set"
+                )
+                return self._flag(rt, flag, value, False, set())
+            _plain_word(self.source, key, value)
+            edits = [entry_edit(rt, entry, yaml_scalar(value, entry.raw))]
+            if view.placeholder_uses(key) == 0:
+                self.warn(
+                    f"{self.source}: defaults.{key} was not used by command: added "
+                    f"{flag} {{{key}}} to it"
+                )
+                edits += view.insert_line(f"{flag} {{{key}}}")
+            return edits
+        if not self.view(rt).find([flag]):
             self.warn(f"{self.source}: no defaults.{key} and no {flag} in command: added {flag}")
         return self._flag(rt, flag, value, False, set())
 
+    #: The container image tag the version was read from, when it was not given (a guess).
+    guessed_from: str | None = None
+
     def _legacy_moe(self, rt: RecipeText, backend: str) -> list[Edit]:
         """Before vLLM 0.18: select the MoE backend through the recipe's env mapping."""
+        if self.guessed_from is not None:
+            has_flag = bool(self.view(rt).find(["--moe-backend"]))
+            raise UnsupportedRecipe(
+                f"{self.source}: the image {self.guessed_from!r} is read as vLLM {self.version} "
+                "only from its tag, and a tag is often the image's own release; before 0.18 the "
+                "MoE backend is set through VLLM_* variables "
+                + ("and the recipe's own --moe-backend line would be deleted; " if has_flag else "")
+                + "spark-ops will not pick that path on a guess; nothing written",
+                hint="give the engine's version: --vllm-version X.Y.Z (the head's `vllm "
+                "--version`; apply's preflight reads it)",
+            )
         validate_moe_backend(backend, self.version)
         edits: list[Edit] = []
-        cmd = CommandView(rt)
+        cmd = self.view(rt)
         for opt in cmd.find(["--moe-backend"]):
             self.warn(f"{self.source}: vLLM {self.version} has no --moe-backend flag: removed it")
             edits += cmd.remove(opt)

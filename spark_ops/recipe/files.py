@@ -6,15 +6,15 @@ FileEdit.target says which file to write.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from spark_ops.errors import RecipeError
+from spark_ops.errors import KnobError, RecipeError, SparkOpsError, UnsupportedRecipe
 from spark_ops.files import DEFAULT_KEEP_BACKUPS, sha256_of, write_file
 from spark_ops.recipe.changes import Change
 from spark_ops.recipe.dialect import Dialect, detect_dialect
 from spark_ops.recipe.edit import edit_recipe
-from spark_ops.recipe.render import Rendered, knob_values, render_recipe
+from spark_ops.recipe.render import Rendered, knob_values, render_recipe, serve_index
 from spark_ops.recipe.source import load_recipe_text
 from spark_ops.recipe.sparkrun_edit import FileEdit, edit_sparkrun
 from spark_ops.recipe.sparkrun_render import sibling_reader
@@ -43,6 +43,36 @@ def render_file(path: Path) -> Rendered:
 def knobs_of_file(path: Path) -> dict[str, object]:
     """The four knobs of a recipe file as vLLM would see them."""
     return knob_values(read_recipe(path), source=str(path), includes=sibling_reader)
+
+
+def changes_for(path: Path, build: Callable[[], list[Change]]) -> list[Change]:
+    """The changes `build` makes from the options; when a value is bad, a recipe that is not
+    vLLM says so first (the value would not matter), and the value's error names the file."""
+    try:
+        return build()
+    except KnobError as exc:
+        refuse_non_vllm(path)
+        raise KnobError(f"{path}: {exc.message}", hint=exc.hint) from exc
+
+
+def refuse_non_vllm(path: Path) -> None:
+    """UnsupportedRecipe when the file's command is not a vLLM server (SGLang, TRT-LLM, …)."""
+    try:
+        rendered = render_file(path)
+    except SparkOpsError:
+        return  # a file that does not render is reported by the edit itself
+    if rendered.runtime != "vllm":
+        raise UnsupportedRecipe(
+            f"{path}: runtime {rendered.runtime!r}: spark-ops edits vLLM recipes only",
+            hint="edit a non-vLLM recipe by hand",
+        )
+    if rendered.dialect != Dialect.SPARKRUN.value and serve_index(rendered.argv) is None:
+        words = " ".join(rendered.argv[:2])
+        raise UnsupportedRecipe(
+            f"{path}: command is not `vllm serve` (it runs {words!r}); spark-ops edits vLLM "
+            "recipes only",
+            hint="edit this recipe by hand, or make its command a literal `vllm serve ...`",
+        )
 
 
 def edit_file(

@@ -197,6 +197,16 @@ def version_from_container(container: str) -> str | None:
     return match.group(1) if match else None
 
 
+#: Images whose tag is the vLLM release itself (vLLM's own builds); any other tag is a guess.
+_OFFICIAL_IMAGES = ("vllm/vllm-openai", "docker.io/vllm/vllm-openai")
+
+
+def version_is_guessed(container: str) -> bool:
+    """Whether a version read from this image's tag is only a guess (not vLLM's own image)."""
+    name = container.rpartition(":")[0] if ":" in container.rpartition("/")[2] else container
+    return name.lower() not in _OFFICIAL_IMAGES
+
+
 def moe_backends(version: str) -> tuple[str, ...]:
     """Names `--moe-backend` accepts in this vLLM version (empty before 0.18)."""
     parsed = parse_version(version)

@@ -12,7 +12,13 @@ from spark_ops.recipe.knobs import (
     parse_kv_cache_memory,
     parse_max_num_seqs,
 )
-from spark_ops.recipe.source import Token, load_recipe_text, normalize_flag, scan_shell
+from spark_ops.recipe.source import (
+    Token,
+    load_recipe_text,
+    normalize_flag,
+    prelude_end,
+    scan_shell,
+)
 from spark_ops.recipe.sparkrun_render import IncludeReader, build_command, load_chain
 
 _NUMBER = re.compile(r"^-\d+(\.\d+)?$")
@@ -158,6 +164,18 @@ def env_value(value: object) -> str:
     return str(value)
 
 
+def prelude_notes(command: str, source: str) -> list[str]:
+    """A note naming the fixed lines a command runs before its `vllm serve`, if any."""
+    at = prelude_end(command)
+    if not at:
+        return []
+    lines = [line.strip() for line in command[:at].splitlines() if line.strip()]
+    return [
+        f"{source}: the command runs {len(lines)} line(s) before `vllm serve` as written "
+        f"(first: {lines[0][:60]!r}); spark-ops reads and edits the `vllm serve` command only"
+    ]
+
+
 def render_recipe(text: str, *, source: str, includes: IncludeReader | None = None) -> Rendered:
     """Render a recipe of either dialect into argv as bash would split it; env, model, image.
 
@@ -166,9 +184,13 @@ def render_recipe(text: str, *, source: str, includes: IncludeReader | None = No
     if detect_dialect(data, source=source) is Dialect.SPARKRUN:
         return render_sparkrun(text, source=source, includes=includes)
     defaults = data.get("defaults") or {}
-    command = format_command(str(data["command"]), defaults, source=source)
+    command = format_command(str(data["command"]), defaults, source=source).rstrip()
+    if command.endswith("\\"):
+        # run-recipe drops a trailing continuation (and the blank it would join) before it runs
+        command = command.rstrip("\\\n").rstrip()
+    notes = prelude_notes(command, source)
     try:
-        scan = scan_shell(command)
+        scan = scan_shell(command, prelude_end(command))
     except RecipeError as exc:
         raise type(exc)(f"{source}: {exc.message}", hint=exc.hint) from None
     if scan.rest_start is not None:
@@ -188,6 +210,7 @@ def render_recipe(text: str, *, source: str, includes: IncludeReader | None = No
         model=None if model is None else str(model),
         container=None if container is None else str(container),
         defaults=dict(defaults),
+        notes=notes,
     )
 
 
@@ -196,14 +219,14 @@ def render_sparkrun(text: str, *, source: str, includes: IncludeReader | None) -
     chain = load_chain(text, source=source, reader=includes)
     data = chain.merged
     built = build_command(data, source=source)
-    scan = scan_shell(built.text)
+    scan = scan_shell(built.text, prelude_end(built.text))
     if scan.rest_start is not None:
         raise UnsupportedRecipe(
             f"{source}: command renders to more than one shell command (a line without a "
             "trailing `\\` ends it); sparkrun would run only the first as the server",
             hint="join the lines with `\\`, or move comments after the last line",
         )
-    notes = [
+    notes = prelude_notes(built.text, source) + [
         f"{source}: placeholder {{{name}}} has no value; sparkrun passes it literally"
         for name in built.literal_placeholders
     ]

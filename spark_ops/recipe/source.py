@@ -148,12 +148,42 @@ class RecipeText:
             raise RecipeError(f"{self.source}: key 'command' is missing")
         head = self.lines[block.line]
         indicator = head.split(":", 1)[1].split("#", 1)[0].strip()
+        if indicator in (">", ">-", ">+") and self._plain_fold(block):
+            return self.offsets[block.line + 1], self.offsets[block.end]
         if indicator not in ("|", "|-", "|+"):
             raise UnsupportedRecipe(
                 f"{self.source}: line {block.line + 1}: 'command' is written as {indicator!r}; "
-                "spark-ops edits only literal block commands (`command: |`)"
+                "spark-ops edits literal block commands (`command: |`) and folded ones (`>-`) "
+                "whose lines are all equally indented, without a `\\`, `#` or blank line inside",
+                hint="write the command as `command: |` with `\\` line ends",
             )
         return self.offsets[block.line + 1], self.offsets[block.end]
+
+    def folded(self) -> bool:
+        """Whether the command is a folded block (`>-`): its line ends are spaces."""
+        block = self.blocks.get("command")
+        if block is None:
+            return False
+        indicator = self.lines[block.line].split(":", 1)[1].split("#", 1)[0].strip()
+        return indicator in (">", ">-", ">+")
+
+    def _plain_fold(self, block: Block) -> bool:
+        """A folded block whose lines YAML joins with one space each and bash reads as one line:
+        equal indentation, no blank line between, no `\\` line end, no `#` line."""
+        body = [line.rstrip("\r\n") for line in self.lines[block.line + 1 : block.end]]
+        blank = next((n for n, line in enumerate(body) if not line.strip()), len(body))
+        if all(not line.strip() or line.startswith("#") for line in body[blank:]):
+            body = body[:blank]  # comments after the block, at column 0, are not its content
+        if not body:
+            return False
+        indents = {len(line) - len(line.lstrip(" ")) for line in body}
+        return (
+            len(indents) == 1
+            and all(line.strip() for line in body)
+            and not any(line.rstrip().endswith("\\") for line in body)
+            and not any(line.strip().startswith("#") for line in body)
+            and "\t" not in "".join(body)
+        )
 
 
 def _value_end(body: str, start: int) -> int:
@@ -198,8 +228,18 @@ class Scan:
     rest_start: int | None  # offset of a further command, when one follows
 
 
-def scan_shell(text: str, start: int = 0, end: int | None = None) -> Scan:
-    """Split text[start:end] into words as bash would: quotes, `\\` newline, `#` comments."""
+def scan_shell(
+    text: str,
+    start: int = 0,
+    end: int | None = None,
+    *,
+    loose: bool = False,
+    folded: bool = False,
+) -> Scan:
+    """Split text[start:end] into words as bash would: quotes, `\\` newline, `#` comments.
+
+    `loose`: a `\\` followed by blanks before the line end continues the line too (sparkrun
+    repairs those before bash reads the command); `folded`: a line end is a space (`>-`)."""
     stop = len(text) if end is None else end
     tokens: list[Token] = []
     i = start
@@ -215,10 +255,11 @@ def scan_shell(text: str, start: int = 0, end: int | None = None) -> Scan:
 
     while i < stop:
         ch = text[i]
-        if ch == "\\" and text.startswith(("\n", "\r\n"), i + 1, stop):
+        blanks = _blank_run(text, i + 1, stop) if loose and ch == "\\" else 0
+        if ch == "\\" and text.startswith(("\n", "\r\n"), i + 1 + blanks, stop):
             close(i)
-            i += 2 if text[i + 1] == "\n" else 3
-        elif ch in " \t\r":
+            i += 1 + blanks + (1 if text[i + 1 + blanks] == "\n" else 2)
+        elif ch in " \t\r" or (ch == "\n" and folded):
             close(i)
             i += 1
         elif ch == "\n":
@@ -249,6 +290,40 @@ def scan_shell(text: str, start: int = 0, end: int | None = None) -> Scan:
                 i += 1
     close(stop)
     return Scan(tokens, stop, None)
+
+
+#: A line that starts `vllm serve` (after `exec`, VAR=value words, or a path to vllm).
+_SERVE_LINE = re.compile(
+    r"^[ \t]*(?:exec[ \t]+)?(?:[A-Za-z_]\w*=\S*[ \t]+)*(?:\S*/)?vllm[ \t]+serve\b"
+)
+#: How a line before the serve line must end: a finished command (`;`, `&&`, optional `\\`).
+_PRELUDE_END = re.compile(r"(?:;|&&)[ \t]*(?:\\)?[ \t]*$")
+
+
+def prelude_end(text: str, start: int = 0, end: int | None = None) -> int:
+    """Where the one `vllm serve` command of text[start:end] starts, when the lines before it
+    are fixed commands that each end in `;` or `&&` (`export A=1;`, `cd /x &&`); else `start`.
+
+    Only a command with exactly one `vllm serve` line qualifies; the lines before it are run
+    as written, and the serve command is the one spark-ops reads and edits."""
+    stop = len(text) if end is None else end
+    lines = split_lines(text[start:stop])
+    serving = [n for n, line in enumerate(lines) if _SERVE_LINE.match(line)]
+    if len(serving) != 1 or serving[0] == 0:
+        return start
+    before = [line.rstrip("\r\n") for line in lines[: serving[0]]]
+    body = [line for line in before if line.strip() and not line.strip().startswith("#")]
+    if not body or "vllm serve" in "".join(before) or not all(_PRELUDE_END.search(b) for b in body):
+        return start
+    return start + sum(len(line) for line in lines[: serving[0]])
+
+
+def _blank_run(text: str, i: int, stop: int) -> int:
+    """How many spaces and tabs start at text[i]."""
+    n = 0
+    while i + n < stop and text[i + n] in " \t":
+        n += 1
+    return n
 
 
 # Outside quotes, these make bash run something other than one plain command line: a second

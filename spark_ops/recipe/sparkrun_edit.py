@@ -23,6 +23,7 @@ from spark_ops.recipe.knobs import (
     NEWEST_KNOWN,
     validate_moe_backend,
     version_from_container,
+    version_is_guessed,
 )
 from spark_ops.recipe.render import Rendered, render_sparkrun
 from spark_ops.recipe.source import RecipeText, normalize_flag
@@ -83,6 +84,9 @@ def edit_sparkrun(
     target_source = next(iter(targets))
     layer = next(lay for lay in chain.layers if lay.source == target_source)
     editor = _SparkrunEditor(layer.text, layer.source, version, chain, keys)
+    image = str(chain.merged.get("container") or "")
+    if not vllm_version and not version_warnings and version_is_guessed(image):
+        editor.guessed_from = image
     if any(c.kind == "knob" and c.name == "moe_backend" for c in changes):
         editor.warnings += version_warnings
     for change in changes:
@@ -174,7 +178,7 @@ def _flag_of(change: Change) -> str:
 
 def _placeholder_key(layer: Layer, change: Change) -> str | None:
     """The `{key}` a flag's value reads in the command (only when every use is that key)."""
-    view = CommandView(RecipeText(layer.text, source=layer.source))
+    view = CommandView(RecipeText(layer.text, source=layer.source), loose=True)
     names = (
         set(KNOBS[change.name].aliases) | {KNOBS[change.name].flag}
         if (change.kind == "knob")
@@ -221,6 +225,8 @@ def _check_structured(change: Change, key: str | None, source: str) -> None:
 
 class _SparkrunEditor(Editor):
     """The run-recipe editor, with sparkrun's rules: no literal braces; command-less recipes."""
+
+    loose = True
 
     def __init__(
         self, text: str, source: str, version: str, chain: Chain, keys: dict[Change, str]
