@@ -8,7 +8,10 @@ A key written twice in one mapping (a node named twice: PyYAML keeps the last, s
 refused too, naming the file, both lines and the key. A merge (`<<: *defaults`) is not a
 duplicate: the keys written beside it override the merged ones, as YAML says. Recipes pass
 `same_value_ok`: a community recipe repeats `container: vllm-node` word for word, which loses
-nothing; a repeat with another value is refused there too.
+nothing. They also pass `scalar_last_wins`: public recipes repeat an `env` variable or `container`
+with another value (5 of the 317 of tests/fixtures/recipes/wild), and their launchers (sparkrun,
+run-recipe.py: PyYAML's safe_load) use the last one, so a recipe is read as they read it; a
+repeated mapping or list (`defaults:` twice) is still refused, as is every repeat elsewhere.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ def load_yaml(
     max_aliases: int = MAX_ALIASES,
     max_bytes: int = MAX_YAML_BYTES,
     same_value_ok: bool = False,
+    scalar_last_wins: bool = False,
 ) -> Any:
     """Parse YAML text safely; `error` naming `source` for bad YAML, a key written twice, too many
     aliases or bytes."""
@@ -43,7 +47,7 @@ def load_yaml(
             hint="check that the path names the right file",
         )
 
-    loader = _unique_key_loader(yaml, same_value_ok)
+    loader = _unique_key_loader(yaml, same_value_ok, scalar_last_wins)
     try:
         if len(_ALIAS_LIKE.findall(text)) > max_aliases:  # only then count the real aliases
             _count_aliases(yaml, loader, text, source, error, max_aliases)
@@ -69,7 +73,7 @@ class DuplicateKey(Exception):
         self.first = first
 
 
-_LOADERS: dict[tuple[int, bool], Any] = {}
+_LOADERS: dict[tuple[int, bool, bool], Any] = {}
 
 
 def same_node(a: Any, b: Any) -> bool:
@@ -90,9 +94,9 @@ def same_node(a: Any, b: Any) -> bool:
     return all(same_node(x, y) for x, y in zip(a.value, b.value, strict=True))
 
 
-def _unique_key_loader(yaml: Any, same_value_ok: bool) -> Any:
+def _unique_key_loader(yaml: Any, same_value_ok: bool, scalar_last_wins: bool) -> Any:
     """The safe loader (libyaml's when present: ~10x the pure parser) refusing duplicate keys."""
-    cached = _LOADERS.get((id(yaml), same_value_ok))
+    cached = _LOADERS.get((id(yaml), same_value_ok, scalar_last_wins))
     if cached is not None:
         return cached
     base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -112,14 +116,20 @@ def _unique_key_loader(yaml: Any, same_value_ok: bool) -> Any:
                 try:
                     if key in seen:
                         first, earlier = seen[key]
-                        if not (same_value_ok and same_node(earlier, value_node)):
+                        scalars = isinstance(earlier, yaml.ScalarNode) and isinstance(
+                            value_node, yaml.ScalarNode
+                        )
+                        if not (
+                            (same_value_ok and same_node(earlier, value_node))
+                            or (scalar_last_wins and scalars)
+                        ):
                             raise DuplicateKey(key, line, first)
                     seen[key] = (line, value_node)
                 except TypeError:  # an unhashable key: PyYAML refuses it itself
                     continue
             return super().construct_mapping(node, deep=deep)
 
-    _LOADERS[(id(yaml), same_value_ok)] = UniqueKeyLoader
+    _LOADERS[(id(yaml), same_value_ok, scalar_last_wins)] = UniqueKeyLoader
     return UniqueKeyLoader
 
 

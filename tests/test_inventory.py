@@ -103,13 +103,15 @@ def test_shipped_inventories_load(path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "same_value_ok", "refused"),
+    ("text", "same_value_ok", "refused"),  # same_value_ok: a recipe (scalar_last_wins too)
     [
         ("a: 1\nb: 2\na: 1\n", False, "line 3: key 'a' is written twice"),
         ("x: {a: 1, a: 2}\n", False, "line 1: key 'a' is written twice"),
         ("d: &d {a: 1}\ne:\n  <<: *d\n  a: 2\n", False, None),  # a merge is overridden, not twice
         ("container: v\nenv: {}\ncontainer: v\n", True, None),  # a recipe's word-for-word repeat
         ("defaults: {n: 1}\ndefaults: {n: 2}\n", True, "line 2: key 'defaults' is written twice"),
+        ("env: {A: '1', A: '2'}\ncontainer: a\ncontainer: b\n", True, None),  # as launchers read
+        ("env: {A: '1'}\nenv: [A]\n", True, "line 2: key 'env' is written twice"),
     ],
 )
 def test_yaml_key_twice(text: str, same_value_ok: bool, refused: str | None) -> None:
@@ -117,7 +119,13 @@ def test_yaml_key_twice(text: str, same_value_ok: bool, refused: str | None) -> 
     from spark_ops.yamlsafe import load_yaml
 
     if refused is None:
-        load_yaml(text, source="f.yaml", error=InventoryError, same_value_ok=same_value_ok)
+        load_yaml(
+            text, source="f.yaml", error=InventoryError, same_value_ok=same_value_ok,
+            scalar_last_wins=same_value_ok,
+        )  # fmt: skip
         return
     with pytest.raises(InventoryError, match=re.escape(f"f.yaml: {refused}")):
-        load_yaml(text, source="f.yaml", error=InventoryError, same_value_ok=same_value_ok)
+        load_yaml(
+            text, source="f.yaml", error=InventoryError, same_value_ok=same_value_ok,
+            scalar_last_wins=same_value_ok,
+        )  # fmt: skip

@@ -26,12 +26,12 @@ from typing import Any
 
 import pytest
 import yaml
+from ground import GroundUnavailable
+from ground.sparkrun_venv import run_oracle, sparkrun_bin
 
 from spark_ops.errors import SparkOpsError
 from spark_ops.recipe import Change, edit_recipe, knob_values, parse_kv_cache_memory, render_recipe
 from spark_ops.recipe.knobs import LEGACY_MOE_SETTINGS, has_moe_flag
-from tests.ground import GroundUnavailable
-from tests.ground.sparkrun_venv import run_oracle, sparkrun_bin
 
 WILD = Path(__file__).parent / "fixtures" / "recipes" / "wild"
 FILES = sorted(p for p in WILD.glob("*/*.yaml"))

@@ -40,7 +40,12 @@ def load_recipe_text(text: str, *, source: str) -> dict[str, Any]:
 def _parsed(text: str, source: str) -> dict[str, Any]:
     """The checked mapping of a recipe text, parsed once per text (callers copy, never mutate)."""
     data = load_yaml(
-        text, source=source, error=RecipeError, max_bytes=MAX_RECIPE_BYTES, same_value_ok=True
+        text,
+        source=source,
+        error=RecipeError,
+        max_bytes=MAX_RECIPE_BYTES,
+        same_value_ok=True,
+        scalar_last_wins=True,
     )
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")

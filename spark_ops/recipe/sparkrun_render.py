@@ -85,7 +85,12 @@ class Chain:
 def parse_yaml(text: str, *, source: str) -> dict[str, Any]:
     """Parse a recipe file with the one safe YAML loader: a mapping, else RecipeError naming it."""
     data = load_yaml(
-        text, source=source, error=RecipeError, max_bytes=MAX_RECIPE_BYTES, same_value_ok=True
+        text,
+        source=source,
+        error=RecipeError,
+        max_bytes=MAX_RECIPE_BYTES,
+        same_value_ok=True,
+        scalar_last_wins=True,
     )
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
