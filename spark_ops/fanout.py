@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_ops.errors import (
@@ -243,6 +244,13 @@ async def run_command(
     return FanoutReport(cluster.name, command, results, time.monotonic() - start)
 
 
+# Every character str.splitlines() (and so YAML, or a reader of the recipe) takes for a line end.
+LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+# The directory that holds the spark_ops package: the line-edit child's cwd, so that
+# `python -m spark_ops.linesub` imports nothing from the directory spark-ops was started in.
+PACKAGE_HOME = str(Path(__file__).resolve().parents[1])
+
+
 @dataclass(frozen=True)
 class LineEdit:
     """A one-line edit: the one line matching regex `pattern` is rewritten by re.sub()."""
@@ -280,12 +288,18 @@ class LineEdit:
         """
         self.compiled()
         payload = json.dumps(
-            {"pattern": self.pattern, "replacement": self.replacement, "text": text}
+            {
+                "pattern": self.pattern,
+                "replacement": self.replacement,
+                "text": text,
+                "deadline_s": deadline_s,  # the child ends itself too, should spark-ops be killed
+            }
         ).encode()
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "spark_ops.linesub",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            cwd=PACKAGE_HOME,  # `-m` puts the cwd first on sys.path: never the operator's
         )  # fmt: skip
         try:
             out, err = await asyncio.wait_for(proc.communicate(payload), deadline_s)
@@ -316,7 +330,7 @@ class LineEdit:
                 host,
                 f"{self.path}: {found} match {self.pattern!r}; a one-line edit needs exactly one",
             )
-        if "\n" in done["new"] or "\r" in done["new"]:
+        if any(ch in LINE_BREAKS for ch in done["new"]):
             raise FanoutError(host, f"{self.path}: the replacement would split line {hits[0] + 1}")
         return done["text"], done["old"], done["new"]
 

@@ -4,13 +4,17 @@ Python's `re` holds the interpreter while it matches: a pattern that backtracks 
 repetition like `(a+)+$` on a long line) would freeze spark-ops whole, its event loop and its
 SSH connections with it, and no timeout could fire. So the match runs here, in a process of its
 own (`python -m spark_ops.linesub`, JSON on stdin and stdout, stdlib only), which the caller
-kills at its deadline. The semantics are exactly `re`'s.
+kills at its deadline. The semantics are exactly `re`'s. The child also arms SIGALRM at the
+deadline (plus a margin): if spark-ops itself is SIGKILLed, nobody is left to kill the child, and
+a runaway match would otherwise spin for ever.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import signal
 import sys
 from typing import Any
 
@@ -33,6 +37,8 @@ def sub_line(pattern: str, replacement: str, text: str) -> dict[str, Any]:
 def main() -> None:
     """Read {"pattern", "replacement", "text"} as JSON on stdin; answer JSON on stdout."""
     data = json.loads(sys.stdin.read())
+    deadline = float(data.get("deadline_s") or 5.0)
+    signal.alarm(max(1, math.ceil(deadline)) + 2)  # default action: the process ends
     json.dump(sub_line(data["pattern"], data["replacement"], data["text"]), sys.stdout)
 
 

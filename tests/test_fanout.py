@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,39 @@ async def test_line_edit_backtracking_regex_has_a_deadline() -> None:
         await fanout.LineEdit("r.yaml", r"(a+)+$", "x").apply("h", text, deadline_s=1)
     new, _, _ = await fanout.LineEdit("r.yaml", r"^(max_num_seqs:).*", r"\1 64").apply("h", text)
     assert new.endswith("max_num_seqs: 64\n")
+
+
+@pytest.mark.parametrize(
+    "brk", list(fanout.LINE_BREAKS), ids=[hex(ord(c)) for c in fanout.LINE_BREAKS]
+)
+async def test_line_edit_refuses_every_line_break(brk: str) -> None:
+    """A replacement holding any character a reader takes for a line end (U+2028 and \\x85 as
+    much as \\n) would write a second line through a one-line edit: refused (red team E3)."""
+    with pytest.raises(fanout.FanoutError, match="split"):
+        await fanout.LineEdit("r", "^(a:).*", f"\\1 6{brk}a: 64").apply("h", "a: 1\n")
+
+
+async def test_line_edit_child_imports_nothing_from_the_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m` puts its cwd first on sys.path: a json.py where spark-ops was started is
+    never imported by the edit's child (red team E1)."""
+    marker = tmp_path / "ran"
+    (tmp_path / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    new, _, _ = await fanout.LineEdit("r", "^(a:).*", r"\1 2").apply("h", "a: 1\n")
+    assert new == "a: 2\n" and not marker.exists()
+
+
+def test_line_edit_child_ends_alone_when_spark_ops_is_gone() -> None:
+    """The child arms its own alarm at the deadline: with nobody left to kill it (spark-ops
+    SIGKILLed), a runaway match still ends (red team E2)."""
+    payload = {"pattern": "(a+)+$", "replacement": "x", "text": "a" * 60 + "!", "deadline_s": 1}
+    proc = subprocess.run(
+        [sys.executable, "-m", "spark_ops.linesub"], input=json.dumps(payload),
+        capture_output=True, text=True, timeout=60, cwd=fanout.PACKAGE_HOME,
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGALRM
 
 
 def test_build_command_quotes_and_shell() -> None:
