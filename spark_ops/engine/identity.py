@@ -46,6 +46,20 @@ class Proc:
         return f"{self.pid} ({self.name})"
 
 
+def runs_engine(args: str) -> bool:
+    """True when a command line (as ps shows it) is vLLM's server itself: `vllm serve …`, or a
+    Python interpreter running it (`python …/vllm serve`, `python -m vllm.entrypoints…`, the
+    sim's engine). A process that merely carries the words (`grep "vllm serve"`, `sh -c '…'`,
+    `tail`) is not: its program is neither vllm nor Python."""
+    words = args.split()
+    if not words:
+        return False
+    program = words[0].rsplit("/", 1)[-1]
+    if program == "vllm":
+        return len(words) > 1 and words[1] == "serve"
+    return program.startswith("python") and bool(ENGINE_COMMAND.search(" ".join(words[1:])))
+
+
 def engine_process(procs: tuple[Proc, ...] | list[Proc], root: int | None) -> Proc | None:
     """The engine's own process in the tree of `root` (the pid a pid file names): the deepest
     process there whose command line runs vLLM's server (a wrapper shell `sh -c 'vllm serve …'`
@@ -69,7 +83,7 @@ def engine_process(procs: tuple[Proc, ...] | list[Proc], root: int | None) -> Pr
 
     best: tuple[int, int, Proc] | None = None
     for p in procs:
-        if p.name.startswith("VLLM::") or not ENGINE_COMMAND.search(p.args):
+        if p.name.startswith("VLLM::") or not runs_engine(p.args):
             continue
         d = depth(p.pid)
         if d is not None and (best is None or (d, -p.pid) > best[:2]):
