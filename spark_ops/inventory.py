@@ -371,12 +371,24 @@ def _host(n: _Section) -> str:
     return host
 
 
+def _named(sec: _Section, where: str, name: object, what: str) -> None:
+    """A node's or cluster's name is a string as written: YAML reads `1:` as a number and `"1":` as
+    text, two keys the loader keeps apart that would then be one name."""
+    if not isinstance(name, str) or not name:
+        raise sec.error(
+            f"{where}.{name}" if where else str(name),
+            f"{what}'s name must be text (YAML read {name!r} as {type(name).__name__}); "
+            f'quote it: "{name}":',
+        )
+
+
 def _load_nodes(sec: _Section, ssh: SSHSettings) -> tuple[Node, ...]:
     """Validate the nodes: mapping (exactly one head)."""
     if not sec.data:
         raise sec.error(sec.key, "must list at least one node")
     nodes = []
     for name in sec.data:
+        _named(sec, sec.key, name, "a node")
         n = _Section(sec.source, sec.path(str(name)), sec.data[name], _NODE_KEYS)
         nodes.append(
             Node(
@@ -497,7 +509,10 @@ def parse_inventory(text: str, source: str) -> Inventory:
     """Parse and validate inventory YAML text; `source` names it in errors."""
     data = load_yaml(text, source=source, error=InventoryError)
     top = _Section(source, "", data, ("clusters", "default_cluster"))
-    csec = top.sub("clusters", tuple(str(k) for k in (top.data.get("clusters") or {})))
+    given = top.data.get("clusters")
+    for name in given if isinstance(given, dict) else ():
+        _named(top, "clusters", name, "a cluster")
+    csec = top.sub("clusters", tuple(str(k) for k in (given or {})))
     if not csec.data:
         raise InventoryError(f"{source}: clusters: must define at least one cluster")
     clusters = {str(name): _load_cluster(source, str(name), csec.data[name]) for name in csec.data}

@@ -108,8 +108,14 @@ def _unique_key_loader(yaml: Any, same_value_ok: bool, scalar_last_wins: bool) -
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             """Check the keys written in this mapping (merged ones aside), then build it."""
             seen: dict[Any, tuple[int, Any]] = {}
+            merges: list[int] = []
             for key_node, value_node in node.value:
-                if key_node.tag == merge_tag or not isinstance(key_node, yaml.ScalarNode):
+                if key_node.tag == merge_tag:  # two `<<:` in one mapping: the last wins silently
+                    merges.append(key_node.start_mark.line + 1)
+                    if len(merges) > 1:
+                        raise DuplicateKey("<<", merges[1], merges[0])
+                    continue
+                if not isinstance(key_node, yaml.ScalarNode):
                     continue
                 key = self.construct_object(key_node)
                 line = key_node.start_mark.line + 1

@@ -108,6 +108,7 @@ def test_shipped_inventories_load(path: Path) -> None:
         ("a: 1\nb: 2\na: 1\n", False, "line 3: key 'a' is written twice"),
         ("x: {a: 1, a: 2}\n", False, "line 1: key 'a' is written twice"),
         ("d: &d {a: 1}\ne:\n  <<: *d\n  a: 2\n", False, None),  # a merge is overridden, not twice
+        ("x: &x {a: 1}\ny: &y {a: 2}\nz: {<<: *x, <<: *y}\n", False, "line 3: key '<<' is"),
         ("container: v\nenv: {}\ncontainer: v\n", True, None),  # a recipe's word-for-word repeat
         ("defaults: {n: 1}\ndefaults: {n: 2}\n", True, "line 2: key 'defaults' is written twice"),
         ("env: {A: '1', A: '2'}\ncontainer: a\ncontainer: b\n", True, None),  # as launchers read

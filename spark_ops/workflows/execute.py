@@ -643,7 +643,13 @@ async def _prune(
             out.history_problem = history_unmoved(op, *evidence)
             run.fail(name, out.history_problem["message"])
             return
-        run.skip(name, "the watchdog left no new stamp: nothing to prune")
+        run.skip(
+            name,
+            f"the watchdog left no new stamp in {op.cluster.watchdog.history_file}: nothing to "
+            "prune (right when the restart command bypasses the watchdog; if it goes through "
+            "it, that file is not the watchdog's history: `spark-ops doctor` names the one its "
+            "config does)",
+        )
         return
     entry = found.entry
     try:
