@@ -38,6 +38,7 @@ HEAVY_MARKS = ("realvllm", "realray", "docker")  # tests that boot real engines 
 HEAVY_FIXTURES = ("real_vllm", "real_vllm_factory", "real_ray", "node_daemons")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`-n 2 --dist loadgroup`, as README and .ci/run say): one group per
     module, so a module's shared fixtures start once; every test that boots real vLLM, Ray or
