@@ -8,6 +8,7 @@ its question while holding the lock (status shows the lock held while the prompt
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -157,3 +158,32 @@ def test_prompt_waits_without_the_lock_and_runs_only_the_plan_shown(
         assert tree_digest(sim.root) == before, "nothing written"
         assert sim.history.read_text() == history
         assert audit_records(sim) == audit, "no intent recorded"
+
+
+async def test_the_question_leaves_the_event_loop_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While `Proceed?` waits, the loop goes on (SSH keepalives answered: a prompt left a minute
+    used to drop every connection, red team); the answer then comes back as click reads it."""
+    import io
+    import os
+
+    from spark_ops.cli.common import confirm
+
+    read_end, write_end = os.pipe()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(os.fdopen(read_end, "rb")))
+    ticks = 0
+
+    async def tick() -> None:
+        """Count the loop's turns while the question waits."""
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.create_task(tick())
+    asker = asyncio.create_task(confirm("Proceed?"))
+    await asyncio.sleep(0.3)
+    assert not asker.done() and ticks > 5
+    os.write(write_end, b"y\n")
+    os.close(write_end)
+    assert await asyncio.wait_for(asker, 10) is True
+    ticker.cancel()

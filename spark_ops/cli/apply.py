@@ -9,6 +9,7 @@ import click
 
 from spark_ops.cli.common import (
     command_line,
+    confirm,
     echo_plan,
     emit_json,
     load_cluster,
@@ -117,9 +118,9 @@ def _changes(kw: dict[str, Any]) -> list[Change]:
 
 
 def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
-    """connect → lock → plan → show → confirm → execute → report."""
+    """connect → plan → show → confirm → lock → the same plan again, or nothing → execute."""
     from spark_ops.cli.progress import make_reporter
-    from spark_ops.errors import Aborted, ExitStatus
+    from spark_ops.errors import Aborted, ExitStatus, RecipeError, VerifyError
     from spark_ops.lock import refuse_if_locked
     from spark_ops.readiness import history_key
     from spark_ops.workflows import (
@@ -130,7 +131,7 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
         plan_restart,
         plan_rollback,
     )
-    from spark_ops.workflows.gate import budget_refusal, ensure_same
+    from spark_ops.workflows.gate import budget_refusal, ensure_same, replan_refused
 
     changes = _changes(kw) if operation == "apply" else []
     if operation == "apply" and not changes:
@@ -189,10 +190,13 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
                 return _dry_run(plan, refusal, as_json, operation)
             if refusal is not None:
                 raise refusal
-            if not kw["yes"] and not click.confirm("\nProceed?", default=False, err=True):
+            if not kw["yes"] and not await confirm("\nProceed?"):
                 raise Aborted("not confirmed; nothing was changed")
             async with op.hold_lock():
-                final = await make_plan(op, plan)
+                try:
+                    final = await make_plan(op, plan)
+                except (RecipeError, VerifyError) as exc:  # copies now differ, recipe broken…
+                    raise replan_refused(exc) from exc
                 ensure_same(plan, final)  # the plan shown, or nothing
                 return await run(op, final)
 

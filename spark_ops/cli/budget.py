@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from spark_ops.cli.common import command_line, emit_json, load_cluster, quiet, run_async, when
+from spark_ops.cli.common import (
+    command_line,
+    confirm,
+    emit_json,
+    load_cluster,
+    quiet,
+    run_async,
+    when,
+)
 from spark_ops.errors import excerpt
 
 if TYPE_CHECKING:
@@ -186,7 +194,7 @@ def prune_cmd(ctx: click.Context, **kw: Any) -> None:
             if kw["dry_run"]:
                 return plan, await op.watchdog.budget(), None
             asked = plan.chosen and not kw["yes"]
-            if asked and not click.confirm(f"Remove these {len(plan.chosen)}?", err=True):
+            if asked and not await confirm(f"Remove these {len(plan.chosen)}?"):
                 raise Aborted("not confirmed; nothing was removed")
             async with op.hold_lock():
                 await settle_under_lock(op, plan)

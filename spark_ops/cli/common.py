@@ -8,6 +8,7 @@ import json
 import shlex
 import signal
 import sys
+import threading
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -56,6 +57,36 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
                 loop.remove_signal_handler(sig)
 
     return asyncio.run(main())
+
+
+async def confirm(text: str, *, default: bool = False) -> bool:
+    """click.confirm without freezing the event loop: the question waits in a thread of its own
+    (a daemon, so an interrupted run never waits for an answer to end), while the SSH connections
+    keep answering their keepalives (a prompt left a minute otherwise lost them all)."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[bool] = loop.create_future()
+
+    def ask() -> None:
+        """Ask on the terminal; hand the answer (or click's Abort) back to the loop."""
+        try:
+            got = click.confirm(text, default=default, err=True)
+        except BaseException as exc:  # Abort (EOF, Ctrl-C at the prompt) goes back to the caller
+            loop.call_soon_threadsafe(_settle, answer, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, answer, got, None)
+
+    threading.Thread(target=ask, name="confirm", daemon=True).start()
+    return await answer
+
+
+def _settle(fut: asyncio.Future[bool], value: bool | None, exc: BaseException | None) -> None:
+    """Set the prompt's future once (it may have been cancelled by an interruption meanwhile)."""
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(bool(value))
 
 
 def command_line() -> str:

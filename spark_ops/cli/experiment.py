@@ -14,6 +14,7 @@ import click
 from spark_ops.cli.bench import DEFAULT_CONCURRENCY, parse_caps, parse_levels, report_width
 from spark_ops.cli.common import (
     SAID,
+    confirm,
     echo_gate,
     emit_json,
     load_cluster,
@@ -484,7 +485,7 @@ def cli(ctx: click.Context, **kw: Any) -> int:
                 return int(refusal.exit_status) if refusal is not None else None
             if refusal is not None:
                 raise refusal
-            if not kw["yes"] and not click.confirm("\nProceed?", default=False, err=True):
+            if not kw["yes"] and not await confirm("\nProceed?"):
                 raise Aborted("not confirmed; nothing was changed")
             async with op.hold_lock():
                 state, again, _, gate_now = await plan_now(op)

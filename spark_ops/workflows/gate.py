@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -162,6 +163,9 @@ def budget_refusal(plan: Plan) -> OverBudget | None:
     return gate_refusal(plan.facts.get("budget"))
 
 
+_NUMBERS = re.compile(r"\d+(?:[.:]\d+)*")
+
+
 def plan_differences(shown: Plan, now: Plan) -> list[str]:
     """What differs between the plan shown to the operator and the one made under the lock."""
     out: list[str] = []
@@ -190,9 +194,11 @@ def plan_differences(shown: Plan, now: Plan) -> list[str]:
         if a != b:
             out.append(f"{label}: {_short(a)} -> {_short(b)}")
     out.extend(_budget_difference(shown.facts.get("budget"), now.facts.get("budget")))
-    warn_a = {w for w in shown.warnings if UNFINISHED_MARK not in w}
-    warn_b = {w for w in now.warnings if UNFINISHED_MARK not in w}
-    out.extend(f"new warning: {w}" for w in sorted(warn_b - warn_a))  # one gone: more caution seen
+    # a warning is the same warning when only its figures moved (a count, a time of day): the
+    # facts above and the budget rule judge those
+    seen = {_NUMBERS.sub("#", w) for w in shown.warnings if UNFINISHED_MARK not in w}
+    fresh = [w for w in now.warnings if UNFINISHED_MARK not in w]
+    out.extend(f"new warning: {w}" for w in sorted(fresh) if _NUMBERS.sub("#", w) not in seen)
     return out
 
 
@@ -235,6 +241,17 @@ def facts_differences(shown: dict[str, Any], now: dict[str, Any]) -> list[str]:
         if key != "budget" and shown.get(key) != now.get(key)
     ]
     return out + _budget_difference(shown.get("budget"), now.get("budget"))
+
+
+def replan_refused(exc: SparkOpsError) -> PlanChanged:
+    """The plan made under the lock could not be made at all (the recipe copies now differ, the
+    recipe no longer parses…): the cluster changed since the plan shown, and nothing runs."""
+    return PlanChanged(
+        "the cluster changed while the plan waited for an answer: the plan cannot be made again "
+        "under the lock; nothing was changed",
+        changes=[exc.message],
+        hint=exc.hint or "run the command again: it shows the plan for the cluster as it is now",
+    )
 
 
 def refuse_changes(changes: list[str]) -> None:
