@@ -455,20 +455,24 @@ def cli(ctx: click.Context, **kw: Any) -> int:
     hooks = Hooks(progress.on_config, progress.on_step, progress.on_event, progress.on_level,
                   progress.on_note)  # fmt: skip
 
-    async def plan_now(op: Operation) -> tuple[Any, Any, bool, dict[str, Any] | None]:
-        """The state, the plan and the budget its restarts meet, as the cluster stands now."""
+    async def plan_now(op: Operation) -> tuple[Any, Any, dict[str, str], dict[str, Any] | None]:
+        """The state, the plan, each recipe copy's digest and the budget its restarts meet, as
+        the cluster stands now (a colleague's edit of any line is a change, not only a knob's)."""
+        from spark_ops.remote import sha256
+
         knobs = await current_knobs(op)
+        digests = {node: sha256(text) for node, text in (await op.read_recipes()).items()}
         state, resumed = start_state(spec, knobs, path, resume=kw["resume"])
         plan = plan_experiment(state, knobs, path, resumed)
         gate = await read_gate(op, kw["over_budget"]) if plan.restarts else None
-        return state, plan, resumed, gate
+        return state, plan, digests, gate
 
     async def flow() -> Any:
         """Plan without the lock, confirm; then lock, plan again, run only the plan shown."""
         async with Operation.open(cluster, "experiment", lock=False) as op:
             if not kw["dry_run"]:
                 await refuse_if_locked(op.session)
-            state, plan, _, gate = await plan_now(op)
+            state, plan, digests, gate = await plan_now(op)
             asked = not kw["yes"] and not kw["dry_run"]
             err = kw["as_json"]  # under --json, stdout carries the report only
             if not quiet() or asked or kw["dry_run"]:  # -q: the plan when a prompt asks
@@ -488,10 +492,11 @@ def cli(ctx: click.Context, **kw: Any) -> int:
             if not kw["yes"] and not await confirm("\nProceed?"):
                 raise Aborted("not confirmed; nothing was changed")
             async with op.hold_lock():
-                state, again, _, gate_now = await plan_now(op)
+                state, again, digests_now, gate_now = await plan_now(op)
                 refuse_changes(
                     facts_differences(
-                        {**plan.to_dict(), "budget": gate}, {**again.to_dict(), "budget": gate_now}
+                        {**plan.to_dict(), "recipe sha256": digests, "budget": gate},
+                        {**again.to_dict(), "recipe sha256": digests_now, "budget": gate_now},
                     )
                 )
                 secrets = {"api_key": kw["api_key"]} if kw["api_key"] else {}
