@@ -61,6 +61,12 @@ for pkg in torchvision torchaudio torchcodec; do
   fi
 done
 "$VENV/bin/python" -c 'import torch; assert "cpu" in torch.__version__ or not torch.cuda.is_available()'
+# 2b. Every Python of the venv asks Linux for AMX tiles at start-up (scripts/spark_ground_amx.py says why:
+# vLLM's CPU attention runs tile instructions in spawned workers that never asked, and dies with SIGILL).
+site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+install -m 0644 "$REPO/scripts/spark_ground_amx.py" "$site/spark_ground_amx.py"
+printf 'import spark_ground_amx\n' >"$site/spark_ground_amx.pth.tmp" && mv "$site/spark_ground_amx.pth.tmp" "$site/spark_ground_amx.pth"
+"$VENV/bin/python" -c 'import spark_ground_amx' || { log "spark_ground_amx does not import"; exit 1; }
 
 # 3. Tiny models (random weights, fixed seed, locally trained tokenizer): name, kind, layers.
 for spec in "llama llama 2" "moe moe 2" "llama-deep llama 8"; do

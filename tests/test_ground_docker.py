@@ -141,7 +141,8 @@ def test_real_vllm_serves_from_a_container(ground: DockerGround) -> None:
 def test_node_daemons_own_and_stop_only_theirs(ground: DockerGround, tmp_path: Path) -> None:
     """One dockerd per node: same container name on two nodes (as sparkrun's workers), each on its
     own daemon; stop() removes those daemons, their containers and tree, and nothing else (a
-    container of the machine's daemon stays); sweep_stale() takes only trees whose owner died."""
+    container of the machine's daemon stays); sweep_stale() takes only trees whose owner died,
+    and signals only their own dockerds."""
     from ground.dockerd import PREFIX, NodeDaemons, sweep_stale
 
     outside = ground.run(_name("outside"), ["sleep", "600"])
@@ -164,8 +165,15 @@ def test_node_daemons_own_and_stop_only_theirs(ground: DockerGround, tmp_path: P
     stale = tmp_path / f"{PREFIX}{dead.pid}-x"
     (stale / "node1").mkdir(parents=True)
     (stale / "owner").write_text(str(dead.pid))
+    bystander = subprocess.Popen(["sleep", "600"])  # the pid file names a pid reused since
+    (stale / "node1" / "docker.pid").write_text(str(bystander.pid))
     live = tmp_path / f"{PREFIX}{os.getpid()}-y"
     live.mkdir()
     (live / "owner").write_text(str(os.getpid()))
-    assert sweep_stale(tmp_path) == [stale]
-    assert not stale.exists() and live.exists()
+    try:
+        assert sweep_stale(tmp_path) == [stale]
+        assert not stale.exists() and live.exists()
+        assert bystander.poll() is None, "a process that is no dockerd of that tree is not signalled"
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -43,9 +43,25 @@ def _pid(pidfile: Path) -> int | None:
         return None
 
 
-def _stop_pid(pid: int | None, deadline_s: float = STOP_DEADLINE_S) -> None:
-    """SIGTERM a daemon we started, SIGKILL it when it outlives the deadline."""
-    if pid is None or not pid_alive(pid):
+def _serves(pid: int, socket: Path) -> bool:
+    """Tell whether `pid` is a dockerd listening on `socket` (a pid file may name a reused pid)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return bool(argv) and Path(os.fsdecode(argv[0])).name == "dockerd" and (
+        f"unix://{socket}".encode() in argv
+    )
+
+
+def _stop_pid(pid: int | None, socket: Path, deadline_s: float = STOP_DEADLINE_S) -> None:
+    """SIGTERM a daemon we started (it must still serve our socket), SIGKILL it past the deadline.
+
+    A pid file of a run that died names a pid the machine may have given to another process
+    since: the machine's own dockerd got SIGTERM that way in CI. Only a dockerd whose command
+    line holds this tree's socket is signalled.
+    """
+    if pid is None or not pid_alive(pid) or not _serves(pid, socket):
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
@@ -53,7 +69,7 @@ def _stop_pid(pid: int | None, deadline_s: float = STOP_DEADLINE_S) -> None:
     while time.monotonic() < end and pid_alive(pid):
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
-        if pid_alive(pid):
+        if pid_alive(pid) and _serves(pid, socket):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -77,7 +93,7 @@ def sweep_stale(tmp: Path | None = None) -> list[Path]:
         if pid_alive(owner):
             continue
         for pidfile in base.glob("*/docker.pid"):
-            _stop_pid(_pid(pidfile))
+            _stop_pid(_pid(pidfile), pidfile.parent / "docker.sock")
         _remove_tree(base)
         swept.append(base)
     return swept
@@ -166,7 +182,7 @@ class NodeDaemons:
                 ids = self.docker(name, "ps", "-aq", timeout=20, check=False).split()
                 if ids:
                     self.docker(name, "rm", "-f", *ids, timeout=60, check=False)
-            _stop_pid(proc.pid)
+            _stop_pid(proc.pid, self.socket(name))
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
         self.procs.clear()
