@@ -20,5 +20,5 @@ if sys.platform == "linux":
         if platform.machine() == "x86_64":
             # syscall(SYS_arch_prctl=158, ARCH_REQ_XCOMP_PERM=0x1023, XFEATURE_XTILEDATA=18)
             ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18)
-    except Exception:  # noqa: BLE001 - start-up of every interpreter: never fail it
+    except Exception:  # the start-up of every interpreter: never fail it
         pass

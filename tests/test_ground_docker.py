@@ -173,7 +173,7 @@ def test_node_daemons_own_and_stop_only_theirs(ground: DockerGround, tmp_path: P
     try:
         assert sweep_stale(tmp_path) == [stale]
         assert not stale.exists() and live.exists()
-        assert bystander.poll() is None, "a process that is no dockerd of that tree is not signalled"
+        assert bystander.poll() is None, "no dockerd of that tree: not signalled"
     finally:
         bystander.kill()
         bystander.wait()
