@@ -49,8 +49,10 @@ def _serves(pid: int, socket: Path) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return bool(argv) and Path(os.fsdecode(argv[0])).name == "dockerd" and (
-        f"unix://{socket}".encode() in argv
+    return (
+        bool(argv)
+        and Path(os.fsdecode(argv[0])).name == "dockerd"
+        and (f"unix://{socket}".encode() in argv)
     )
 
 
