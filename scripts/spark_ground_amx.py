@@ -10,15 +10,14 @@ the tiny models of the ground it often did not, and every completion killed the 
 gives every vLLM process what oneDNN would have asked for; on a CPU without AMX the call just fails.
 """
 
+import os
 import sys
 
-if sys.platform == "linux":
+if sys.platform == "linux" and os.uname().machine == "x86_64":
     try:
         import ctypes
-        import platform
 
-        if platform.machine() == "x86_64":
-            # syscall(SYS_arch_prctl=158, ARCH_REQ_XCOMP_PERM=0x1023, XFEATURE_XTILEDATA=18)
-            ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18)
+        # syscall(SYS_arch_prctl=158, ARCH_REQ_XCOMP_PERM=0x1023, XFEATURE_XTILEDATA=18)
+        ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18)
     except Exception:  # the start-up of every interpreter: never fail it
         pass

@@ -477,8 +477,10 @@ def test_real_vllm_slow_stop_and_killed_api_server(tmp_path: Path) -> None:
         g.write(g.home / ".wd" / "behaviour", "MODE=slow-stop\nSLOW_S=6\n", 0o644)
         before, old_pid = g.lines(), g.engine_pid()
         started = time.monotonic()
+        # the set-up's own forced restart and the seeded stamp spend the budget (2/2): the gate
+        # would refuse (exit 16); this test is about the slow stop, so it says --over-budget
         res = run_cli(g.env, "apply", "--max-num-seqs", "64", "--yes", "--json", "--no-drain",
-                      "--deadline", "400", timeout=600)  # fmt: skip
+                      "--deadline", "400", "--over-budget", timeout=600)  # fmt: skip
         out = json.loads(res.stdout) if res.stdout.startswith("{") else {}
         record("matrix-real-vllm-slow-stop", "sim+real vLLM", "slow stop, real vLLM 0.32",
                exit=res.returncode, seconds=round(time.monotonic() - started, 1),
@@ -492,7 +494,7 @@ def test_real_vllm_slow_stop_and_killed_api_server(tmp_path: Path) -> None:
         g.write(g.home / ".wd" / "behaviour", "MODE=sync\n", 0o644)
         code, _, err, acted, took = run_and_act(
             g.env,
-            ["restart", "--yes", "--json", "--no-drain", "--deadline", "400"],
+            ["restart", "--yes", "--json", "--no-drain", "--deadline", "400", "--over-budget"],
             lambda d: d.get("event") == "boot-phase" and d.get("phase") == "WEIGHTS_LOADING",
             lambda: os.kill(g.engine_pid(), signal.SIGKILL),
         )
