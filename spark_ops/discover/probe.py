@@ -28,7 +28,13 @@ from spark_ops.inventory import (
     WatchdogSettings,
 )
 from spark_ops.recipe import render_recipe
-from spark_ops.remote import ClusterSession, quote_path
+from spark_ops.remote import ClusterSession
+from spark_ops.remote.programs.discover import (
+    FIND_FILES,
+    FIND_RECIPES,
+    HAS_RESTART_NOW,
+    TEST_PATH,
+)
 from spark_ops.sim import RAYLET_CHECK, RAYLET_PORT_ENV
 from spark_ops.watchdog.config import WatchdogConfigError, parse_config
 from spark_ops.yamlsafe import load_yaml
@@ -112,8 +118,7 @@ class Discovery:
 
     async def exists(self, path: str, host: str | None = None, test: str = "-f") -> bool:
         """Whether a path exists on a node (`test -f` by default)."""
-        ok, _ = await self.sh(f"test {test} {quote_path(path)}", host)
-        return ok
+        return await self.session.call(host or self.head, TEST_PATH, test, path)
 
     async def run(self) -> None:
         """Look for everything, in order: recipe, watchdog, engine log, engine API."""
@@ -164,11 +169,7 @@ class Discovery:
             else:
                 self.missing("recipe.path", f"{path} ({how}) does not exist on {self.head}")
             return
-        dirs = " ".join(quote_path(d) for d in RECIPE_DIRS)
-        _, out = await self.sh(
-            f'for d in {dirs}; do [ -d "$d" ] && find "$d" -maxdepth 3 -type f '
-            "\\( -name '*.yaml' -o -name '*.yml' \\) 2>/dev/null; done | sort | head -n 100"
-        )
+        out = (await self.session.call(self.head, FIND_RECIPES, *RECIPE_DIRS)).stdout
         candidates: list[tuple[str, Any]] = []
         for p in out.splitlines():
             path = _tilde(p.strip(), self.home)
@@ -341,7 +342,7 @@ class Discovery:
                 "write your watchdog's forced-restart command (docs/adopting-a-watchdog.md)",
             )
         else:
-            ok, _ = await self.sh(f"grep -q -e '--restart-now' {quote_path(script)}")
+            ok = await self.session.call(self.head, HAS_RESTART_NOW, script)
             if ok:
                 cmd = f"{script} --restart-now --force"
                 self.found("watchdog.restart_command", cmd, f"{script} accepts --restart-now")
@@ -351,8 +352,7 @@ class Discovery:
                     f"{script} found but it has no --restart-now switch; write the command "
                     "that forces a restart through it (docs/adopting-a-watchdog.md)",
                 )
-        globs = " ".join(_glob(g) for g in HISTORY_GLOBS)
-        _, out = await self.sh(f'for f in {globs}; do [ -f "$f" ] && echo "$f"; done')
+        out = (await self.session.call(self.head, FIND_FILES, *HISTORY_GLOBS)).stdout
         found = [_tilde(p.strip(), self.home) for p in out.splitlines() if p.strip()]
         if len(found) == 1:
             self.found("watchdog.history_file", found[0], "the only restart history found")
@@ -463,11 +463,6 @@ class Discovery:
                 f"tunnel to {self.head}; written anyway, check it",
                 url,
             )
-
-
-def _glob(pattern: str) -> str:
-    """A constant glob for the remote shell, a leading ~/ written as "$HOME"/ (left unquoted)."""
-    return '"$HOME"/' + pattern[2:] if pattern.startswith("~/") else pattern
 
 
 def _api_url(args: dict[str, Any]) -> str:
