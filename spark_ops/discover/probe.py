@@ -28,13 +28,18 @@ from spark_ops.inventory import (
     WatchdogSettings,
 )
 from spark_ops.recipe import render_recipe
-from spark_ops.remote import ClusterSession
+from spark_ops.remote import ClusterSession, RemoteProgram, Result
 from spark_ops.remote.programs.discover import (
+    DOCKER_NAMES,
     FIND_FILES,
     FIND_RECIPES,
     HAS_RESTART_NOW,
     TEST_PATH,
+    VLLM_UNITS,
+    WATCHDOG_ON_PATH,
+    WORKER_KIND,
 )
+from spark_ops.remote.programs.node import HOME
 from spark_ops.sim import RAYLET_CHECK, RAYLET_PORT_ENV
 from spark_ops.watchdog.config import WatchdogConfigError, parse_config
 from spark_ops.yamlsafe import load_yaml
@@ -111,9 +116,11 @@ class Discovery:
         """Record a warning (written, but worth a look)."""
         self.findings.append(Finding(key, "warn", value, detail))
 
-    async def sh(self, command: str, host: str | None = None) -> tuple[bool, str]:
-        """Run a read-only command on the head; (exit 0, stdout)."""
-        res = await self.session.run(host or self.head, command, check=False)
+    async def sh(
+        self, program: RemoteProgram[Result], *args: str, host: str | None = None
+    ) -> tuple[bool, str]:
+        """Run a read-only program on the head (or host); (exit 0, stdout)."""
+        res = await self.session.call(host or self.head, program, *args)
         return res.ok, res.stdout
 
     async def exists(self, path: str, host: str | None = None, test: str = "-f") -> bool:
@@ -122,7 +129,8 @@ class Discovery:
 
     async def run(self) -> None:
         """Look for everything, in order: recipe, watchdog, engine log, engine API."""
-        ok, out = await self.sh('printf "%s" "$HOME"')
+        out = await self.session.call(self.head, HOME)
+        ok, out = out is not None, out or ""
         self.home = out.strip() if ok else ""
         config = await self.read_watchdog_config()
         await self.find_watchdog(config)
@@ -136,11 +144,12 @@ class Discovery:
         workers = [n.name for n in self.cluster.workers if n.name in self.session.connectors]
         if not workers:
             return
-        probe = (
-            f"if {DEFAULT_WORKER_CHECK}; then echo raylet; "
-            f'elif [ -n "${{{RAYLET_PORT_ENV}:-}}" ]; then echo sim; else echo none; fi'
-        )
-        answers = {h: (await self.sh(probe, h))[1].strip() for h in workers}
+        answers = {
+            h: (await self.sh(WORKER_KIND, DEFAULT_WORKER_CHECK, RAYLET_PORT_ENV, host=h))[
+                1
+            ].strip()
+            for h in workers
+        }
         if all(a == "sim" for a in answers.values()):
             self.found(
                 "engine.worker_check",
@@ -288,7 +297,7 @@ class Discovery:
 
     async def _reference_watchdog(self, cfg: dict[str, Any]) -> None:
         """The reference spark-watchdog: its config names every file."""
-        ok, where = await self.sh("command -v spark-watchdog")
+        ok, where = await self.sh(WATCHDOG_ON_PATH)
         base = f"spark-watchdog --config {WATCHDOG_CONFIG}"
         restart = f"{base} --restart-now --force --reason {{reason}} --by {{by}}"
         if ok:
@@ -387,7 +396,7 @@ class Discovery:
         if named and await self.exists(named):
             self.found("engine.log", {"kind": "file", "path": named}, f"from {WATCHDOG_CONFIG}")
             return
-        ok, out = await self.sh("docker ps --format '{{.Names}}' 2>/dev/null")
+        ok, out = await self.sh(DOCKER_NAMES)
         if ok and DOCKER_CONTAINER in out.split():
             self.found(
                 "engine.log",
@@ -395,9 +404,7 @@ class Discovery:
                 f"docker container {DOCKER_CONTAINER} is running",
             )
             return
-        ok, out = await self.sh(
-            "systemctl list-units --type=service --all --no-legend --plain 'vllm*' 2>/dev/null"
-        )
+        ok, out = await self.sh(VLLM_UNITS)
         units = [ln.split()[0] for ln in out.splitlines() if ln.strip()] if ok else []
         if len(units) == 1:
             self.found(

@@ -9,6 +9,7 @@ from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
 from spark_ops.inventory import Node
 from spark_ops.lock import LOCK_DIR, describe_holder, lock_state
 from spark_ops.remote.programs.doctor import STATE_DIR, TOOLS
+from spark_ops.remote.programs.node import SUDO_OK
 from spark_ops.workflows.journal import holds_lock, read_runs, unfinished_runs
 
 
@@ -135,7 +136,7 @@ class NodeChecks(Checker):
         for node in self.cluster.nodes:
             if not node.sudo or not self.up(node.name):
                 continue
-            res = await self.session.run(node.name, "sudo -n true", check=False)
+            res = await self.session.call(node.name, SUDO_OK)
             if res.ok:
                 self.report.add("sudo", node.name, "ok", "sudo -n true works without a password")
             else:

@@ -7,6 +7,7 @@ import shlex
 from spark_ops.doctor.report import Checker, parse_kv
 from spark_ops.errors import SparkOpsError
 from spark_ops.remote.programs.doctor import FIND_COMMAND, WRITABLE
+from spark_ops.remote.programs.node import HOME
 from spark_ops.watchdog.config import USER_CONFIG, WatchdogConfigError, parse_config
 from spark_ops.watchdog.contract import WatchdogContract
 from spark_ops.yamlsafe import load_yaml
@@ -171,8 +172,8 @@ class WatchdogChecks(Checker):
 
     async def _home(self) -> str:
         """The SSH user's home on the head ('' when it cannot be told)."""
-        res = await self.session.run(self.head, 'printf %s "$HOME"', check=False)
-        return res.stdout.strip() if res.ok else ""
+        home = await self.session.call(self.head, HOME)
+        return home.strip() if home is not None else ""
 
     async def _configured_history(self) -> tuple[str | None, str]:
         """(the history the watchdog's own config names, where that config is), when readable.

@@ -23,7 +23,12 @@ from spark_ops.remote.program import (
     sh_program,
 )
 from spark_ops.remote.session import ClusterSession, FileWrite, WriteOutcome
-from spark_ops.remote.shell import engine_log_follow, engine_log_recent, sha256
+from spark_ops.remote.shell import (
+    engine_log_follow,
+    engine_log_last_args,
+    engine_log_recent,
+    sha256,
+)
 
 __all__ = [
     "ClusterSession",
@@ -36,6 +41,7 @@ __all__ = [
     "WriteOutcome",
     "check_text",
     "engine_log_follow",
+    "engine_log_last_args",
     "engine_log_recent",
     "quote_args",
     "quote_path",

@@ -298,6 +298,11 @@ def engine_log_recent(engine: EngineSettings, lines: int = 5000) -> str:
     return f"timeout 5 {engine.log_target} | tail -n {lines}"
 
 
+def engine_log_last_args(engine: EngineSettings, lines: int = 5000) -> str:
+    """The shell command that prints the last `non-default args` line of the engine log."""
+    return engine_log_recent(engine, lines) + " | grep -a 'non-default args' | tail -n 1"
+
+
 def engine_log_follow(
     engine: EngineSettings, *, from_offset: int | None = None, from_time: str | None = None
 ) -> str:

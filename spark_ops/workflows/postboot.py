@@ -12,6 +12,7 @@ from typing import Any
 from spark_ops import verify
 from spark_ops.errors import SparkOpsError, VerifyError
 from spark_ops.remote.programs.engine import GPU_APPS, KERNEL_LOG
+from spark_ops.remote.programs.node import MEMINFO
 from spark_ops.workflows.operation import Operation, Outcome
 from spark_ops.workflows.plan import Plan, StepRunner
 
@@ -39,7 +40,7 @@ async def verify_boot(
         )
     )
     floor = int(c.engine.min_mem_available_gb * 1024**3)
-    mem = await op.session.run_all("cat /proc/meminfo", [n.name for n in c.workers], check=False)
+    mem = await op.session.run_all(MEMINFO.line(), [n.name for n in c.workers], check=False)
     for host, res in mem.items():
         if isinstance(res, SparkOpsError):
             checks.append(verify.Check("mem-available", host, "fail", res.message))

@@ -57,3 +57,30 @@ SPARKRUN_HEAD_LOG_COMMAND = "sh -c " + quote_word(SPARKRUN_HEAD_LOG_SH)
 def sparkrun_restart_command(recipe: str, cluster: str) -> str:
     """sparkrun's own restart, `sparkrun run RECIPE --cluster NAME --no-follow`, values quoted."""
     return f"sparkrun run {quote_word(recipe)} --cluster {quote_word(cluster)} --no-follow"
+
+
+# Whether the reference watchdog is on PATH (where)
+WATCHDOG_ON_PATH = RemoteProgram("spark-watchdog on PATH", "command -v spark-watchdog", (), result)
+
+# The running containers' names, one a line
+DOCKER_NAMES = RemoteProgram(
+    "container names", "docker ps --format '{{.Names}}' 2>/dev/null", (), result
+)
+
+# The systemd units named vllm*, one a line
+VLLM_UNITS = RemoteProgram(
+    "vllm units",
+    "systemctl list-units --type=service --all --no-legend --plain 'vllm*' 2>/dev/null",
+    (),
+    result,
+)
+
+# $1 a worker check (a command, run by sh), $2 the name of the embedded cluster's raylet-port
+# variable: "raylet" when the check passes, "sim" when the variable is set, else "none"
+WORKER_KIND = RemoteProgram(
+    "worker kind",
+    'if sh -c "$1"; then echo raylet; elif [ -n "$(printenv -- "$2")" ]; then echo sim; '
+    "else echo none; fi",
+    (text("check"), text("variable")),
+    result,
+)
