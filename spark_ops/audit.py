@@ -20,50 +20,8 @@ from typing import Any
 from spark_ops.account import local_account
 from spark_ops.errors import RemoteError
 from spark_ops.inventory import Cluster
-from spark_ops.lock import KEY_SH
-from spark_ops.remote import ClusterSession, sh_program
-
-# $1: the state dir, $2: the watchdog's history path (the cluster's key). The entry (one JSON
-# object without "when") arrives on stdin; the head's clock is read under the lock so that the
-# file's order and its "when" values agree. Files are created 0666 in the shared state dir: every
-# operator appends.
-_APPEND = (
-    KEY_SH
-    + r"""
-set -eu
-state=$1; history=$2
-cluster_key "$history"; shared_dir "$state"
-f="$state/cluster-$key.audit.jsonl"
-entry=$(cat)
-case $entry in "{"*"}") ;; *) echo "entry is not one JSON object" >&2; exit 65;; esac
-shared_file "$f"; shared_file "$f.lock"
-exec 9<"$f.lock" || { echo "cannot open the audit lock $f.lock" >&2; exit 73; }
-flock -w 10 9 || { echo "audit lock $f.lock held for more than 10 s" >&2; exit 75; }
-t=$(date +%s.%N)
-case $t in *N*) t=$(date +%s);; esac
-rest=${entry#"{"}
-case $rest in "}") sep="";; *) sep=", ";; esac
-printf '{"when": %s%s%s\n' "$t" "$sep" "$rest" | put "$f" append
-"""
-)
-
-# $1: the state dir, $2: the watchdog's history path, $3: how many lines from the end. Reads
-# under a shared lock (no half line); the first line out is the file's path.
-_READ = (
-    KEY_SH
-    + r"""
-state=$1; history=$2; n=$3
-cluster_key "$history"
-f="$state/cluster-$key.audit.jsonl"
-printf '%s\n' "$f"
-[ -e "$f" ] || exit 44
-if [ -e "$f.lock" ] && [ -r "$f.lock" ]; then
-  exec 9<"$f.lock"
-  flock -s -w 10 9 || true
-fi
-tail -n "$n" -- "$f"
-"""
-)
+from spark_ops.remote import ClusterSession
+from spark_ops.remote.programs.lock import AUDIT_APPEND, AUDIT_READ
 
 
 def audit_path(state_dir: str, key: str) -> str:
@@ -107,8 +65,11 @@ async def record(session: ClusterSession, entry: dict[str, Any]) -> None:
     # so an entry can always be sent and appended whole
     line = json.dumps(data, default=str, ensure_ascii=True, separators=(", ", ": "))
     cluster = session.cluster
-    program = sh_program(_APPEND, cluster.state_dir, cluster.watchdog.history_file)
-    await session.run(cluster.head.name, program, input=line + "\n", check=True, label="audit")
+    history = cluster.watchdog.history_file
+    await session.call(
+        cluster.head.name, AUDIT_APPEND, cluster.state_dir, history, input=line + "\n",
+        label="audit",
+    )  # fmt: skip
 
 
 async def read(session: ClusterSession, limit: int = 20) -> list[dict[str, Any]]:
@@ -116,8 +77,8 @@ async def read(session: ClusterSession, limit: int = 20) -> list[dict[str, Any]]
     if limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     cluster = session.cluster
-    program = sh_program(_READ, cluster.state_dir, cluster.watchdog.history_file, str(limit))
-    res = await session.run(cluster.head.name, program, check=False)
+    history = cluster.watchdog.history_file
+    res = await session.call(cluster.head.name, AUDIT_READ, cluster.state_dir, history, limit)
     path, _, body = res.stdout.partition("\n")
     if res.exit_code == 44:
         return []

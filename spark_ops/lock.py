@@ -39,78 +39,11 @@ from typing import Any
 from spark_ops.account import local_account
 from spark_ops.errors import LockError, RemoteError
 from spark_ops.inventory import SHARED_STATE_DIR, Cluster
-from spark_ops.remote import ClusterSession, sh_program
+from spark_ops.remote import ClusterSession
+from spark_ops.remote.programs.lock import HOLD, LOCK_PROBE
 
 LOCK_DIR = SHARED_STATE_DIR  # the head-wide directory of cluster locks (never the state_dir)
 KEY_PREFIX = "history:"  # what the key hashes: this prefix, then the history's real path
-
-# The shell side of the key (the module docstring says why it is the watchdog's history). The
-# lock dir and the audit's state dir are made sticky and world-writable like /tmp, files 0666.
-KEY_SH = r"""
-cluster_key() {  # key= 16 hex digits naming the watchdog whose restart history is $1 here
-  r=$(readlink -f -- "$1" 2>/dev/null) || r=
-  [ -n "$r" ] || r=$1
-  key=$(printf 'history:%s' "$r" | sha256sum | cut -c1-16)
-}
-shared_dir() {  # create state dir $1 shareable by every account (mode 1777), if it is missing
-  if [ ! -d "$1" ]; then
-    (umask 0; mkdir -p -- "$1") && chmod 1777 -- "$1" 2>/dev/null || true
-  fi
-}
-shared_file() { [ -e "$1" ] || (umask 0; : >> "$1") 2>/dev/null || true; }  # create 0666
-# Write stdin over (or, with `append`, onto) an existing shared file without O_CREAT: with
-# fs.protected_regular (Ubuntu's default) no account may O_CREAT-open another's file in a sticky
-# directory, even one it may write; dd's nocreat opens it as a plain writer.
-put() {
-  if [ "${2:-}" = append ]; then dd of="$1" oflag=append conv=nocreat,notrunc status=none
-  else dd of="$1" conv=nocreat status=none; fi
-}
-"""
-
-_HOLD = (
-    KEY_SH
-    + r"""
-dir=$1; history=$2; info=$3
-cluster_key "$history"; shared_dir "$dir"
-lock="$dir/cluster-$key.lock"; owner="$lock.owner"
-shared_file "$lock"; shared_file "$owner"
-exec 9<"$lock" 2>/dev/null || { echo "ERROR cannot open the cluster lock $lock"; exit 73; }
-if flock -n 9; then
-  printf '%s\n' "$info" | put "$owner" 2>/dev/null || true
-  echo "LOCKED $lock"
-  cat >/dev/null
-  : | put "$owner" 2>/dev/null || true
-else
-  echo "BUSY $lock"
-  cat -- "$owner" 2>/dev/null
-  echo '{}'
-fi
-"""
-)
-
-# The one probe of a flock in sh (the cluster lock here, the watchdog's history lock in doctor):
-# exit 0 when nobody holds file $1's lock right now. It takes the lock on a read-only descriptor in
-# a subshell, which lets it go at once (flock works on read-only descriptors, so a lock file this
-# account may not write can still be probed). The caller says what a missing file, a missing
-# flock(1) or an unreadable file mean.
-LOCK_FREE_SH = r"""
-lock_free() { ( exec 9<"$1" && flock -n 9 ) 2>/dev/null; }
-"""
-
-# "free LOCK" or "held LOCK" and the owner record: the lock's state, taking nothing (doctor)
-PROBE = (
-    KEY_SH
-    + LOCK_FREE_SH
-    + r"""
-dir=$1; history=$2
-cluster_key "$history"
-lock="$dir/cluster-$key.lock"; owner="$lock.owner"
-[ -e "$lock" ] || { echo "free $lock"; exit 0; }
-command -v flock >/dev/null 2>&1 || { echo "free $lock"; exit 0; }
-if lock_free "$lock"; then echo "free $lock"; exit 0; fi
-echo "held $lock"; cat -- "$owner"
-"""
-)
 
 
 def cluster_key(real_history_path: str) -> str:
@@ -169,7 +102,7 @@ async def cluster_lock(session: ClusterSession, operation: str) -> AsyncIterator
     """Hold the cluster lock on the head for the duration of the block, or raise LockError."""
     cluster = session.cluster
     info = holder_info(operation)
-    program = sh_program(_HOLD, *key_args(cluster), json.dumps(info))
+    program = HOLD.line(*key_args(cluster), json.dumps(info))
     async with session.held(cluster.head.name, program, ready="LOCKED") as lines:
         if not lines or lines[0].startswith("ERROR"):
             raise RemoteError(
@@ -198,7 +131,7 @@ async def cluster_lock(session: ClusterSession, operation: str) -> AsyncIterator
 async def lock_state(session: ClusterSession) -> tuple[bool, dict[str, Any], str]:
     """Whether the cluster lock is held now, its holder's record and its file (takes nothing)."""
     cluster = session.cluster
-    res = await session.run(cluster.head.name, sh_program(PROBE, *key_args(cluster)), check=False)
+    res = await session.call(cluster.head.name, LOCK_PROBE, *key_args(cluster))
     first, _, rest = res.stdout.partition("\n")
     state, _, path = first.strip().partition(" ")
     if state != "held":

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from spark_ops.remote.shell import COMMIT_SH, COMMON_SH, STAGE_SH, sh_program, sha256
+from spark_ops.remote import sh_program
+from spark_ops.remote.shell import COMMIT_SH, COMMON_SH, STAGE_SH, sha256
 from spark_ops.watchdog import history
 
 TABLE = json.loads((Path(__file__).parent / "fixtures" / "backups" / "names.json").read_text())

@@ -168,12 +168,13 @@ def inventory_text(cluster: Cluster, root: Path) -> str:
 
 
 def test_one_lock_probe_free_held_and_read_only(tmp_path: Path) -> None:
-    """lock.LOCK_FREE_SH, the one sh probe of a flock (status' and doctor's cluster-lock state,
-    doctor's history-lock check), on real sh and flock(1): free, then held by another process,
-    then free again; a read-only lock file is probed too. No other module writes `flock -n`."""
+    """remote/programs/lock.py's LOCK_FREE_SH, the one sh probe of a flock (status' and doctor's
+    cluster-lock state, doctor's history-lock check), on real sh and flock(1): free, then held by
+    another process, then free again; a read-only lock file is probed too. No other module writes
+    `flock -n`."""
     import subprocess
 
-    from spark_ops.lock import LOCK_FREE_SH
+    from spark_ops.remote.programs.lock import LOCK_FREE_SH
 
     def free(path: Path) -> bool:
         """Whether the probe says path's lock is free."""
@@ -210,4 +211,4 @@ def test_one_lock_probe_free_held_and_read_only(tmp_path: Path) -> None:
         for p in package.rglob("*.py")
         if "flock -n" in p.read_text("utf-8")
     )
-    assert writers == ["lock.py"], "probe a lock with lock.LOCK_FREE_SH, not a copy of it"
+    assert writers == ["remote/programs/lock.py"], "probe a lock with LOCK_FREE_SH, not a copy"

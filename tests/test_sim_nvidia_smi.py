@@ -28,8 +28,8 @@ def test_post_boot_gpu_process_check_on_an_idle_gpu(tmp_path: Path) -> None:
     an empty list (it used to end with the status of its loop's last test, 1)."""
     import os
 
-    from spark_ops.remote.shell import sh_program
-    from spark_ops.workflows.postboot import GPU_APPS_SH
+    from spark_ops.remote import sh_program
+    from spark_ops.remote.programs.engine import GPU_APPS_SH
 
     install(tmp_path)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}

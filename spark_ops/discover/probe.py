@@ -28,7 +28,18 @@ from spark_ops.inventory import (
     WatchdogSettings,
 )
 from spark_ops.recipe import render_recipe
-from spark_ops.remote import ClusterSession, quote_path
+from spark_ops.remote import ClusterSession, RemoteProgram, Result
+from spark_ops.remote.programs.discover import (
+    DOCKER_NAMES,
+    FIND_FILES,
+    FIND_RECIPES,
+    HAS_RESTART_NOW,
+    TEST_PATH,
+    VLLM_UNITS,
+    WATCHDOG_ON_PATH,
+    WORKER_KIND,
+)
+from spark_ops.remote.programs.node import HOME
 from spark_ops.sim import RAYLET_CHECK, RAYLET_PORT_ENV
 from spark_ops.watchdog.config import WatchdogConfigError, parse_config
 from spark_ops.yamlsafe import load_yaml
@@ -105,19 +116,21 @@ class Discovery:
         """Record a warning (written, but worth a look)."""
         self.findings.append(Finding(key, "warn", value, detail))
 
-    async def sh(self, command: str, host: str | None = None) -> tuple[bool, str]:
-        """Run a read-only command on the head; (exit 0, stdout)."""
-        res = await self.session.run(host or self.head, command, check=False)
+    async def sh(
+        self, program: RemoteProgram[Result], *args: str, host: str | None = None
+    ) -> tuple[bool, str]:
+        """Run a read-only program on the head (or host); (exit 0, stdout)."""
+        res = await self.session.call(host or self.head, program, *args)
         return res.ok, res.stdout
 
     async def exists(self, path: str, host: str | None = None, test: str = "-f") -> bool:
         """Whether a path exists on a node (`test -f` by default)."""
-        ok, _ = await self.sh(f"test {test} {quote_path(path)}", host)
-        return ok
+        return await self.session.call(host or self.head, TEST_PATH, test, path)
 
     async def run(self) -> None:
         """Look for everything, in order: recipe, watchdog, engine log, engine API."""
-        ok, out = await self.sh('printf "%s" "$HOME"')
+        out = await self.session.call(self.head, HOME)
+        ok, out = out is not None, out or ""
         self.home = out.strip() if ok else ""
         config = await self.read_watchdog_config()
         await self.find_watchdog(config)
@@ -131,11 +144,12 @@ class Discovery:
         workers = [n.name for n in self.cluster.workers if n.name in self.session.connectors]
         if not workers:
             return
-        probe = (
-            f"if {DEFAULT_WORKER_CHECK}; then echo raylet; "
-            f'elif [ -n "${{{RAYLET_PORT_ENV}:-}}" ]; then echo sim; else echo none; fi'
-        )
-        answers = {h: (await self.sh(probe, h))[1].strip() for h in workers}
+        answers = {
+            h: (await self.sh(WORKER_KIND, DEFAULT_WORKER_CHECK, RAYLET_PORT_ENV, host=h))[
+                1
+            ].strip()
+            for h in workers
+        }
         if all(a == "sim" for a in answers.values()):
             self.found(
                 "engine.worker_check",
@@ -164,11 +178,7 @@ class Discovery:
             else:
                 self.missing("recipe.path", f"{path} ({how}) does not exist on {self.head}")
             return
-        dirs = " ".join(quote_path(d) for d in RECIPE_DIRS)
-        _, out = await self.sh(
-            f'for d in {dirs}; do [ -d "$d" ] && find "$d" -maxdepth 3 -type f '
-            "\\( -name '*.yaml' -o -name '*.yml' \\) 2>/dev/null; done | sort | head -n 100"
-        )
+        out = (await self.session.call(self.head, FIND_RECIPES, *RECIPE_DIRS)).stdout
         candidates: list[tuple[str, Any]] = []
         for p in out.splitlines():
             path = _tilde(p.strip(), self.home)
@@ -287,7 +297,7 @@ class Discovery:
 
     async def _reference_watchdog(self, cfg: dict[str, Any]) -> None:
         """The reference spark-watchdog: its config names every file."""
-        ok, where = await self.sh("command -v spark-watchdog")
+        ok, where = await self.sh(WATCHDOG_ON_PATH)
         base = f"spark-watchdog --config {WATCHDOG_CONFIG}"
         restart = f"{base} --restart-now --force --reason {{reason}} --by {{by}}"
         if ok:
@@ -341,7 +351,7 @@ class Discovery:
                 "write your watchdog's forced-restart command (docs/adopting-a-watchdog.md)",
             )
         else:
-            ok, _ = await self.sh(f"grep -q -e '--restart-now' {quote_path(script)}")
+            ok = await self.session.call(self.head, HAS_RESTART_NOW, script)
             if ok:
                 cmd = f"{script} --restart-now --force"
                 self.found("watchdog.restart_command", cmd, f"{script} accepts --restart-now")
@@ -351,8 +361,7 @@ class Discovery:
                     f"{script} found but it has no --restart-now switch; write the command "
                     "that forces a restart through it (docs/adopting-a-watchdog.md)",
                 )
-        globs = " ".join(_glob(g) for g in HISTORY_GLOBS)
-        _, out = await self.sh(f'for f in {globs}; do [ -f "$f" ] && echo "$f"; done')
+        out = (await self.session.call(self.head, FIND_FILES, *HISTORY_GLOBS)).stdout
         found = [_tilde(p.strip(), self.home) for p in out.splitlines() if p.strip()]
         if len(found) == 1:
             self.found("watchdog.history_file", found[0], "the only restart history found")
@@ -387,7 +396,7 @@ class Discovery:
         if named and await self.exists(named):
             self.found("engine.log", {"kind": "file", "path": named}, f"from {WATCHDOG_CONFIG}")
             return
-        ok, out = await self.sh("docker ps --format '{{.Names}}' 2>/dev/null")
+        ok, out = await self.sh(DOCKER_NAMES)
         if ok and DOCKER_CONTAINER in out.split():
             self.found(
                 "engine.log",
@@ -395,9 +404,7 @@ class Discovery:
                 f"docker container {DOCKER_CONTAINER} is running",
             )
             return
-        ok, out = await self.sh(
-            "systemctl list-units --type=service --all --no-legend --plain 'vllm*' 2>/dev/null"
-        )
+        ok, out = await self.sh(VLLM_UNITS)
         units = [ln.split()[0] for ln in out.splitlines() if ln.strip()] if ok else []
         if len(units) == 1:
             self.found(
@@ -463,11 +470,6 @@ class Discovery:
                 f"tunnel to {self.head}; written anyway, check it",
                 url,
             )
-
-
-def _glob(pattern: str) -> str:
-    """A constant glob for the remote shell, a leading ~/ written as "$HOME"/ (left unquoted)."""
-    return '"$HOME"/' + pattern[2:] if pattern.startswith("~/") else pattern
 
 
 def _api_url(args: dict[str, Any]) -> str:

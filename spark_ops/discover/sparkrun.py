@@ -19,6 +19,7 @@ from typing import Any
 
 from spark_ops.discover.options import Finding, InitOptions, NodeSpec, name_nodes
 from spark_ops.errors import InventoryError
+from spark_ops.remote.programs.discover import SPARKRUN_HEAD_LOG_COMMAND, sparkrun_restart_command
 from spark_ops.yamlsafe import load_yaml
 
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -28,17 +29,8 @@ _SSH_VALUE_FLAGS = frozenset(
     | {"-Q", "-R", "-S", "-W", "-w"}
 )
 
-#: Prints the log of the running sparkrun head (or solo) container, then of each one that
-#: replaces it: sparkrun names containers per launch, and its serve process writes to
-#: /tmp/sparkrun_serve.log inside the container (PID 1 is `sleep infinity` or `ray start
-#: --block`, so `docker logs` never shows the engine).
-HEAD_LOG_COMMAND = (
-    "sh -c 'seen=; while :; do "
-    'c=$(docker ps --no-trunc --filter name=^sparkrun_ --format "{{.ID}} {{.Names}}" '
-    '| grep -E "_(solo|head|node_0)$" | head -n 1 | cut -d " " -f 1); '
-    'if [ -n "$c" ] && [ "$c" != "$seen" ]; then seen=$c; '
-    'docker exec "$c" tail -n +1 -F /tmp/sparkrun_serve.log 2>/dev/null; fi; sleep 1; done\''
-)
+#: Follows the running sparkrun head container's serve log (remote/programs/discover.py).
+HEAD_LOG_COMMAND = SPARKRUN_HEAD_LOG_COMMAND
 
 
 @dataclass
@@ -234,7 +226,7 @@ def _job(setup: SparkrunSetup, jobs: Path) -> None:
 
 def restart_command(setup: SparkrunSetup, recipe: str) -> str:
     """sparkrun's own restart: run the recipe on the cluster again (it replaces the job)."""
-    return f"sparkrun run {shlex.quote(recipe)} --cluster {shlex.quote(setup.name)} --no-follow"
+    return sparkrun_restart_command(recipe, setup.name)
 
 
 def adopt_sparkrun(

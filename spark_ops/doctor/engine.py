@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import time
 from typing import Any
 
@@ -10,8 +9,8 @@ from spark_ops.doctor.report import Checker, parse_kv
 from spark_ops.engine.identity import leftovers, stop_hint
 from spark_ops.errors import RecipeError, SparkOpsError
 from spark_ops.recipe import load_recipe_text, render_recipe, unified_diff
-from spark_ops.remote import quote_path, sh_program
-from spark_ops.remote.shell import REPLACEABLE_SH
+from spark_ops.remote.programs.doctor import CONTAINER_STATUS, LOG_FILE_READABLE, UNIT_EXISTS
+from spark_ops.remote.shell import REPLACEABLE
 from spark_ops.workflows.operation import Operation
 
 
@@ -98,9 +97,7 @@ class EngineChecks(Checker):
         """The recipe replaceable the way the atomic writer does it, as the SSH user of host:
         a temp file created beside its target (a symlink's end), renamed over it."""
         rs = self.cluster.recipe
-        res = await self.session.run(
-            host, sh_program(REPLACEABLE_SH, rs.path), check=False, sudo=True
-        )
+        res = await self.session.call(host, REPLACEABLE, rs.path, sudo=True)
         kv = parse_kv(res.stdout)
         target = kv.get("target", rs.path)
         where = (target.rsplit("/", 1)[0] or "/") if "/" in target else "."
@@ -200,21 +197,21 @@ class EngineChecks(Checker):
             return
         eng = self.cluster.engine
         if eng.log_kind == "file":
-            cmd, what = f"test -r {quote_path(eng.log_target)}", f"log file {eng.log_target}"
+            program, what = LOG_FILE_READABLE, f"log file {eng.log_target}"
             fix = "set engine.log.path to the file the engine writes (or kind: docker / journalctl)"
         elif eng.log_kind == "docker":
-            cmd = f"docker inspect --format '{{{{.State.Status}}}}' {shlex.quote(eng.log_target)}"
+            program = CONTAINER_STATUS
             what, fix = (
                 f"container {eng.log_target}",
                 "set engine.log.container to the engine's container",
             )
         elif eng.log_kind == "journalctl":
-            cmd = f"systemctl cat {shlex.quote(eng.log_target)} >/dev/null"
+            program = UNIT_EXISTS
             what, fix = f"systemd unit {eng.log_target}", "set engine.log.unit to the engine's unit"
         else:
             self.report.add("engine-log", self.head, "ok", f"log command: {eng.log_target}")
             return
-        res = await self.session.run(self.head, cmd, check=False, sudo=True)
+        res = await self.session.call(self.head, program, eng.log_target, sudo=True)
         if res.ok:
             self.report.add("engine-log", self.head, "ok", f"{what} readable")
         else:

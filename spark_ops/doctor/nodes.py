@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from spark_ops.doctor.report import Checker
 from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
 from spark_ops.inventory import Node
 from spark_ops.lock import LOCK_DIR, describe_holder, lock_state
-from spark_ops.remote import sh_program
+from spark_ops.remote.programs.doctor import STATE_DIR, TOOLS
+from spark_ops.remote.programs.node import SUDO_OK
 from spark_ops.workflows.journal import holds_lock, read_runs, unfinished_runs
-
-# $1 a directory that must exist or be creatable and writable (the state dir: cluster lock, audit
-# log).
-_STATE_DIR = r"""
-d=$1
-while [ ! -e "$d" ]; do d=$(dirname -- "$d"); done
-if [ -d "$d" ] && [ -w "$d" ]; then echo "ok $d"; else echo "no $d"; fi
-"""
 
 
 class NodeChecks(Checker):
@@ -51,12 +43,7 @@ class NodeChecks(Checker):
         if not self.up(self.head):
             return
         py = self.cluster.watchdog.python
-        res = await self.session.run(
-            self.head,
-            f'for t in flock {shlex.quote(py)} sha256sum mktemp; do command -v "$t" >/dev/null '
-            '2>&1 || echo "missing $t"; done',
-            check=False,
-        )
+        res = await self.session.call(self.head, TOOLS, py)
         missing = [
             ln.split(" ", 1)[1] for ln in res.stdout.splitlines() if ln.startswith("missing ")
         ]
@@ -149,7 +136,7 @@ class NodeChecks(Checker):
         for node in self.cluster.nodes:
             if not node.sudo or not self.up(node.name):
                 continue
-            res = await self.session.run(node.name, "sudo -n true", check=False)
+            res = await self.session.call(node.name, SUDO_OK)
             if res.ok:
                 self.report.add("sudo", node.name, "ok", "sudo -n true works without a password")
             else:
@@ -174,7 +161,7 @@ class NodeChecks(Checker):
             uses = {sd: "audit log", LOCK_DIR: "cluster lock"}
         usable = []
         for d, use in uses.items():
-            res = await self.session.run(self.head, sh_program(_STATE_DIR, d), check=False)
+            res = await self.session.call(self.head, STATE_DIR, d)
             word, _, where = res.stdout.strip().partition(" ")
             if word != "ok":
                 self.report.add(

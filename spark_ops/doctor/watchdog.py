@@ -6,35 +6,11 @@ import shlex
 
 from spark_ops.doctor.report import Checker, parse_kv
 from spark_ops.errors import SparkOpsError
-from spark_ops.lock import LOCK_FREE_SH
-from spark_ops.remote import quote_path, sh_program
+from spark_ops.remote.programs.doctor import FIND_COMMAND, WRITABLE
+from spark_ops.remote.programs.node import HOME
 from spark_ops.watchdog.config import USER_CONFIG, WatchdogConfigError, parse_config
 from spark_ops.watchdog.contract import WatchdogContract
 from spark_ops.yamlsafe import load_yaml
-
-# $1 history file, $2 lock file. Prints key=value lines; changes nothing (the lock is probed by
-# lock.py's one probe, on a read-only descriptor, and only when it exists; a missing lock file only
-# needs a writable directory to be created in).
-_WRITABLE = (
-    LOCK_FREE_SH
-    + r"""
-h=$1; l=$2
-hd=$(dirname -- "$h"); ld=$(dirname -- "$l")
-if [ -e "$h" ]; then
-  if [ -f "$h" ] && [ -w "$h" ]; then echo "file=writable"; else echo "file=not-writable"; fi
-else echo "file=absent"; fi
-if [ -d "$hd" ]; then
-  if [ -w "$hd" ]; then echo "dir=writable"; else echo "dir=not-writable"; fi
-elif [ -e "$hd" ]; then echo "dir=not-a-directory"; else echo "dir=absent"; fi
-command -v flock >/dev/null 2>&1 || { echo "lock=no-flock"; exit 0; }
-if [ -e "$l" ]; then
-  if [ ! -r "$l" ]; then echo "lock=unreadable"
-  elif lock_free "$l"; then echo "lock=free"; else echo "lock=held"; fi
-  if [ -w "$l" ]; then echo "lockfile=writable"; else echo "lockfile=not-writable"; fi
-elif [ -d "$ld" ] && [ -w "$ld" ]; then echo "lock=absent-creatable"
-else echo "lock=absent-not-creatable"; fi
-"""
-)
 
 
 def command_program(command: str) -> tuple[str | None, str | None]:
@@ -98,14 +74,8 @@ class WatchdogChecks(Checker):
                 "set watchdog.restart_command to your watchdog's forced-restart command",
             )
         else:
-            target = quote_path(prog) if prog.startswith("~") else shlex.quote(prog)
-            probe = f"command -v {target}"
-            if directory:
-                where = (
-                    quote_path(directory) if directory.startswith("~") else shlex.quote(directory)
-                )
-                probe = f"cd {where} && {probe}"
-            res = await self.session.run(self.head, probe, check=False)
+            where = (directory,) if directory else ()
+            res = await self.session.call(self.head, FIND_COMMAND, prog, *where)
             if res.ok and res.stdout.strip():
                 self.report.add(
                     "watchdog-command",
@@ -202,8 +172,8 @@ class WatchdogChecks(Checker):
 
     async def _home(self) -> str:
         """The SSH user's home on the head ('' when it cannot be told)."""
-        res = await self.session.run(self.head, 'printf %s "$HOME"', check=False)
-        return res.stdout.strip() if res.ok else ""
+        home = await self.session.call(self.head, HOME)
+        return home.strip() if home is not None else ""
 
     async def _configured_history(self) -> tuple[str | None, str]:
         """(the history the watchdog's own config names, where that config is), when readable.
@@ -251,9 +221,7 @@ class WatchdogChecks(Checker):
     async def _check_writable(self) -> None:
         """The history (or its directory) writable, the lock file lockable now, as the SSH user."""
         wd = self.cluster.watchdog
-        res = await self.session.run(
-            self.head, sh_program(_WRITABLE, wd.history_file, wd.lock_path), check=False, sudo=True
-        )
+        res = await self.session.call(self.head, WRITABLE, wd.history_file, wd.lock_path, sudo=True)
         kv = parse_kv(res.stdout)
         user = self.cluster.head.user or "the SSH user"
         problems = []

@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops.inventory import Cluster
-from spark_ops.remote import ClusterSession, quote_path, sh_program
+from spark_ops.remote import ClusterSession
+from spark_ops.remote.programs.engine import (
+    DOCKER_FMT,
+    DOCKER_IDENTITY,
+    ENGINE_PROCS,
+    PID_PROBE,
+    UNIT_IDENTITY,
+)
 
 START_SLACK_S = 1.5  # process_start_time_seconds reads up to 1 s early (whole-second btime)
 # A command line that runs vLLM's server: `vllm serve`, `python -m vllm.entrypoints…`, the sim's.
@@ -141,37 +148,6 @@ class EngineInstance:
         }
 
 
-# Prints "T <now> <btime> <clk_tck>", "F <pid in the pid file>", "S <its /proc stat line>", then
-# "P <pid> <ppid> <pgid> <state> <elapsed s> <name>" for the pid file's process, its descendants,
-# the processes of its group when it leads one, and the pids / group given as $2 / $3 (what an
-# instance seen earlier held: its leader may be gone, its children reparented).
-_PID_PROBE = r"""
-f=$1; keep=",${2:-},"; grp=${3:-}
-echo "T $(date +%s.%N) $(awk '/^btime /{print $2}' /proc/stat) $(getconf CLK_TCK)"
-pid=$(head -n 1 -- "$f" 2>/dev/null | tr -cd '0-9')
-echo "F ${pid:-none}"
-lead=
-if [ -n "$pid" ] && read -r line < "/proc/$pid/stat" 2>/dev/null; then
-  echo "S $line"
-  set -- ${line##*) }
-  [ "$3" = "$pid" ] && lead=$pid
-elif [ -n "$pid" ]; then
-  lead=$pid  # gone: a leader's group outlives it (started with setsid, as watchdogs do)
-fi
-ps -ww -e -o pid=,ppid=,pgid=,stat=,etimes=,comm=,args= | awk -v root="${pid:--1}" -v keep="$keep" \
-  -v grp="$grp" -v lead="$lead" '
-  { n++; id[n]=$1; pp[n]=$2; pg[n]=$3; line[n]=$0 }
-  END {
-    want[root]=1; more=1
-    while (more) { more=0
-      for (i=1; i<=n; i++) if (!(id[i] in want) && (pp[i] in want)) { want[id[i]]=1; more=1 } }
-    for (i=1; i<=n; i++)
-      if ((id[i] in want) || index(keep, "," id[i] ",") || (grp != "" && pg[i] == grp) \
-          || (lead != "" && pg[i] == lead)) print "P " line[i]
-  }'
-"""
-
-
 def _full_name(comm: str, args: str) -> str:
     """The process name: comm (cut at 15 characters by the kernel), made whole from its command
     line when that holds it (vLLM titles its processes `VLLM::EngineCore`, `VLLM::Worker_TP0`)."""
@@ -182,7 +158,7 @@ def _full_name(comm: str, args: str) -> str:
 
 
 def _parse_pid_probe(text: str, previous: EngineInstance | None) -> EngineInstance | None:
-    """Build the instance the pid file names from _PID_PROBE's output (None: no pid in it)."""
+    """Build the instance the pid file names from PID_PROBE's output (None: no pid in it)."""
     now = btime = 0.0
     hz = 100.0
     pid: int | None = None
@@ -226,12 +202,6 @@ def _parse_pid_probe(text: str, previous: EngineInstance | None) -> EngineInstan
     return EngineInstance("pid_file", key, alive, pid, start, pgid, tuple(procs), engine)
 
 
-_DOCKER_FMT = (
-    "{{json .Id}} {{json .State.StartedAt}} {{json .State.Running}} {{json .State.Pid}} "
-    "{{json .State.Status}} {{json .State.Error}}"
-)
-
-
 def _json_values(text: str) -> list[Any]:
     """The JSON values of one line, separated by blanks (a string value may hold blanks)."""
     decoder = json.JSONDecoder()
@@ -246,7 +216,7 @@ def _json_values(text: str) -> list[Any]:
 
 
 def _parse_docker(text: str) -> EngineInstance | None:
-    """Build the container's instance from `docker inspect -f _DOCKER_FMT` output.
+    """Build the container's instance from `docker inspect -f DOCKER_FMT` output.
 
     A container created and not yet started (`docker run` between create and start, for as long
     as a busy daemon takes) is not an instance yet: None, as if nothing ran, never "exited". One
@@ -316,17 +286,10 @@ async def current_instance(
     head = cluster.head.name
     source = identity_source(cluster)
     if source == "docker":
-        cmd = (
-            f"docker inspect -f {quote_path(_DOCKER_FMT)} {quote_path(eng.log_target)} 2>/dev/null"
-        )
-        res = await session.run(head, cmd, check=False, timeout=10)
-        return _parse_docker(res.stdout) if res.exit_code == 0 else None
+        text = await session.call(head, DOCKER_IDENTITY, DOCKER_FMT, eng.log_target)
+        return _parse_docker(text) if text is not None else None
     if source == "systemd":
-        cmd = (
-            "systemctl show -p MainPID -p InvocationID -p ActiveState -- "
-            f"{quote_path(eng.log_target)} 2>/dev/null"
-        )
-        res = await session.run(head, cmd, check=False, timeout=10)
+        res = await session.call(head, UNIT_IDENTITY, eng.log_target)
         return _parse_systemd(res.stdout)
     if source == "pid_file":
         assert eng.pid_file is not None
@@ -335,8 +298,7 @@ async def current_instance(
             keep = ",".join(str(p.pid) for p in previous.members)
             lead = str(previous.pgid) if previous.pgid == previous.pid else ""
             extra = [keep, lead]
-        cmd = sh_program(_PID_PROBE, eng.pid_file, *extra)
-        res = await session.run(head, cmd, check=False, timeout=10)
+        res = await session.call(head, PID_PROBE, eng.pid_file, *extra)
         return _parse_pid_probe(res.stdout, previous)
     return None
 
@@ -372,24 +334,6 @@ def survivors(instance: EngineInstance) -> list[Proc]:
     return [p for p in instance.members if p.pid != instance.pid]
 
 
-# Engine-like processes on the head: vLLM's titled processes and `vllm serve` command lines. A
-# process whose environment is readable and names another HOME belongs to another account (or,
-# on a test ground, another node sharing the kernel): it is not this cluster's.
-_ENGINE_PROCS = r"""
-echo "T $(date +%s.%N) 0 100"
-ps -ww -e -o pid=,ppid=,pgid=,stat=,etimes=,comm=,args= | awk -v me=$$ '
-  $1 != me && $2 != me \
-    && ($6 ~ /^VLLM::/ || $0 ~ /vllm serve|vllm\.entrypoints|sim\.engine serve/) {
-    print "P " $0 }' \
-| while read -r tag pid rest; do
-  if [ -r "/proc/$pid/environ" ]; then
-    tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qxF "HOME=$HOME" || continue
-  fi
-  echo "P $pid $rest"
-done
-"""
-
-
 async def leftovers(
     session: ClusterSession, cluster: Cluster
 ) -> tuple[EngineInstance | None, list[Proc], list[Proc]]:
@@ -397,7 +341,7 @@ async def leftovers(
     group: a killed API server's EngineCore and workers); other engine processes outside it (an
     earlier engine that never stopped, or one this account cannot tell is not the cluster's)."""
     instance = await current_instance(session, cluster)
-    res = await session.run(cluster.head.name, sh_program(_ENGINE_PROCS), check=False, timeout=15)
+    res = await session.call(cluster.head.name, ENGINE_PROCS)
     seen = _parse_pid_probe("F 0\n" + res.stdout, None)
     procs = list(seen.members) if seen is not None else []
     own = survivors(instance) if instance is not None else []

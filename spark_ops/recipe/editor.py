@@ -4,7 +4,6 @@ lines a knob, setting or flag lives on."""
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass, field
 
 from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe, excerpt
@@ -29,6 +28,7 @@ from spark_ops.recipe.knobs import (
 )
 from spark_ops.recipe.render import Option
 from spark_ops.recipe.source import RecipeText, load_recipe_text
+from spark_ops.remote.program import quote_word
 
 
 @dataclass
@@ -287,7 +287,7 @@ def _plain_word(source: str, key: str, value: str) -> None:
     str.format pastes defaults into the command text that bash then reads: `x; touch f`, `$(…)`
     or a space would change the command itself. A literal flag value is quoted instead.
     """
-    if value and shlex.quote(value) == value:
+    if value and quote_word(value) == value:
         refuse_option_like(f"{source}: defaults.{key} (through {{{key}}})", value)
         return
     raise KnobError(
@@ -322,7 +322,7 @@ def _value_edit(opt: Option, text: str) -> Edit:
 def _quote(text: str) -> str:
     """Quote a value for the shell when it needs it (and keep str.format braces literal)."""
     escaped = text.replace("{", "{{").replace("}", "}}")
-    return escaped if escaped == shlex.quote(escaped) else shlex.quote(escaped)
+    return escaped if escaped == quote_word(escaped) else quote_word(escaped)
 
 
 def resolve_version(text: str, source: str, vllm_version: str | None) -> tuple[str, list[str]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from collections.abc import Callable
 from copy import deepcopy
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from spark_ops.recipe.sparkrun_maps import (
     VLLM_SKIPPED_IN_LOOP,
     parse_bool,
 )
+from spark_ops.remote.program import quote_word
 from spark_ops.yamlsafe import load_yaml
 
 #: Deepest include chain sparkrun accepts.
@@ -270,9 +270,9 @@ def unfilled(template: str, values: dict[str, Any]) -> list[str]:
 def flag_value(value: object) -> str:
     """A structured flag value as sparkrun writes it: JSON for mappings/lists, else str()."""
     if isinstance(value, (dict, list, tuple)):
-        return shlex.quote(json.dumps(value, separators=(",", ":"), default=str))
+        return quote_word(json.dumps(value, separators=(",", ":"), default=str))
     if isinstance(value, str) and value.strip()[:1] in ("{", "["):
-        return shlex.quote(value.strip())
+        return quote_word(value.strip())
     return str(value)
 
 
@@ -357,7 +357,7 @@ def _structured(data: dict[str, Any], values: dict[str, Any]) -> str:
     cluster = data.get("cluster_config")
     pre_placed = isinstance(cluster, dict) and cluster.get("resolved_model_path")
     if revision and not model.startswith("/") and ":" not in model and not pre_placed:
-        parts += ["--revision", shlex.quote(str(revision))]
+        parts += ["--revision", quote_word(str(revision))]
     tp = values.get("tensor_parallel")
     if tp:
         parts += ["-tp", str(tp)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shlex
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -30,22 +29,22 @@ from spark_ops.remote.connector import (
     retrying,
     transient,
 )
+from spark_ops.remote.program import RemoteProgram, check_text, quote_word
 from spark_ops.remote.shell import (
-    COMMIT_SH,
-    DIGEST_SH,
-    LIST_BACKUPS_SH,
+    COMMIT,
+    DIGEST,
+    LIST_BACKUPS,
     MAX_READ_BYTES,
     MISMATCH_EXIT,
     MISSING_EXIT,
     NO_ROOM_EXIT,
-    READ_SH,
-    STAGE_SH,
+    READ,
+    REMOVE,
+    STAGE,
     TOO_BIG_EXIT,
-    UNDO_SH,
+    UNDO,
     UNREPLACEABLE_EXIT,
-    check_text,
     replace_undecodable,
-    sh_program,
     sha256,
 )
 
@@ -247,7 +246,7 @@ class ClusterSession:
     def _wrap(self, host: str, command: str, sudo: bool) -> str:
         """Prefix sudo where the inventory asks for it on this node."""
         if sudo and self.cluster.node(host).sudo:
-            return f"sudo -n sh -c {shlex.quote(command)}"
+            return f"sudo -n sh -c {quote_word(command)}"
         return command
 
     async def run(
@@ -282,6 +281,33 @@ class ClusterSession:
             result.command = label
         return result.check() if check else result
 
+    async def call(
+        self,
+        host: str,
+        program: RemoteProgram[T],
+        *args: str | int,
+        input: str | None = None,
+        sudo: bool = False,
+        label: str | None = None,
+        check: bool = False,
+        raw: bool = False,
+    ) -> T:
+        """Run a RemoteProgram with its arguments on one node, by its deadline; its parsed output.
+
+        `check` raises CommandError on a non-zero exit before the parser sees the result.
+        """
+        res = await self.run(
+            host,
+            program.line(*args),
+            input=input,
+            timeout=program.deadline,
+            check=check,
+            sudo=sudo,
+            label=label,
+            raw=raw,
+        )
+        return program.parse(res)
+
     async def gather(
         self, hosts: Iterable[str], fn: Callable[[str], Awaitable[T]]
     ) -> dict[str, T | SparkOpsError]:
@@ -315,7 +341,7 @@ class ClusterSession:
         """
         res = await self.run(
             host,
-            sh_program(READ_SH, path, str(max_bytes)),
+            READ.line(path, max_bytes),
             check=False,
             sudo=sudo,
             label=f"read {path}",
@@ -345,9 +371,7 @@ class ClusterSession:
 
     async def backups(self, host: str, path: str, *, sudo: bool = False) -> list[str]:
         """The backups spark-ops made of path on host, oldest first (its naming rule only)."""
-        res = await self.run(
-            host, sh_program(LIST_BACKUPS_SH, path), sudo=sudo, label=f"list backups of {path}"
-        )
+        res = await self.call(host, LIST_BACKUPS, path, sudo=sudo, label=f"list backups of {path}")
         return [name for name in res.stdout.split("\0") if name]
 
     async def stage(self, w: FileWrite) -> WriteOutcome:
@@ -358,7 +382,7 @@ class ClusterSession:
         """
         check_text(f"{w.host}:{w.path}: new content", w.content, max_bytes=MAX_READ_BYTES)
         expected = "-" if w.expected_sha is None else w.expected_sha
-        cmd = sh_program(STAGE_SH, w.path, expected, sha256(w.content))
+        cmd = STAGE.line(w.path, expected, sha256(w.content))
         res = await self.run(
             w.host, cmd, input=w.content, check=False, sudo=True, label=f"stage {w.path}"
         )
@@ -391,9 +415,9 @@ class ClusterSession:
         open is the time from that check to the rename itself (docs/reliability.md).
         """
         assert staged.staged and staged.target
-        keep = str(max(w.keep_backups, 1))
+        keep = max(w.keep_backups, 1)
         old = staged.old_sha or w.expected_sha or "-"
-        cmd = sh_program(COMMIT_SH, w.path, staged.staged, staged.target, keep, w.label, old)
+        cmd = COMMIT.line(w.path, staged.staged, staged.target, keep, w.label, old)
         res = await self.run(w.host, cmd, check=False, sudo=True, label=f"rename over {w.path}")
         fields = dict(f.partition("=")[::2] for f in res.stdout.split("\0") if "=" in f)
         if res.exit_code == MISMATCH_EXIT and "found" in fields:
@@ -409,7 +433,7 @@ class ClusterSession:
     async def discard(self, host: str, staged_path: str) -> str | None:
         """Remove a staged temp file; the reason it could not be, or None when it is gone."""
         try:
-            await self.run(host, f"rm -f -- {shlex.quote(staged_path)}", sudo=True)
+            await self.call(host, REMOVE, staged_path, sudo=True, check=True)
         except SparkOpsError as exc:
             return exc.message
         return None
@@ -472,10 +496,9 @@ class ClusterSession:
         failed: dict[str, str] = {}
         for n, out in enumerate(done):
             new = sha256(writes[n].content)
-            cmd = sh_program(
-                UNDO_SH, out.path, out.target or out.path, out.backup or "", new,
-                out.old_sha or "-",
-            )  # fmt: skip
+            cmd = UNDO.line(
+                out.path, out.target or out.path, out.backup or "", new, out.old_sha or "-"
+            )
             res = await _run_or_error(self, out.host, cmd, f"restore {out.path}")
             if isinstance(res, SparkOpsError):
                 failed[f"{out.host}:{out.path}"] = res.message.removeprefix(f"{out.host}: ")
@@ -521,7 +544,7 @@ class ClusterSession:
             w = writes[n]
             out = staged[str(n)]
             old = out.old_sha if isinstance(out, WriteOutcome) else w.expected_sha
-            cmd = sh_program(DIGEST_SH, w.path)
+            cmd = DIGEST.line(w.path)
             res = await _run_or_error(self, w.host, cmd, f"digest of {w.path}")
             if isinstance(res, SparkOpsError):
                 return f"unknown content ({res.message})"

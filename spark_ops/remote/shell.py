@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-import shlex
-from collections.abc import Iterable
 
-from spark_ops.errors import InputError, excerpt
 from spark_ops.inventory import EngineSettings
+from spark_ops.remote.program import (
+    RemoteProgram,
+    checked,
+    integer,
+    path,
+    quote_path,
+    quote_word,
+    result,
+    text,
+)
 from spark_ops.watchdog.history import (
     BACKUP_COUNTER_DIGITS,
     BACKUP_INFIX,
@@ -22,20 +29,6 @@ UNREPLACEABLE_EXIT = 70  # the file or its directory is immutable / append-only:
 NO_ROOM_EXIT = 71  # no room to put the old content back if the write had to be undone
 
 
-def quote_path(path: str) -> str:
-    """Quote a remote path for the shell, expanding a leading ~ to $HOME and nothing else."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
-
-
-def quote_args(args: Iterable[str]) -> str:
-    """Join arguments into one shell command line, each quoted."""
-    return " ".join(shlex.quote(str(a)) for a in args)
-
-
 def sha256(text: str) -> str:
     """Hex digest of UTF-8 text (what the remote side's sha256sum prints)."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -43,33 +36,6 @@ def sha256(text: str) -> str:
 
 MAX_READ_BYTES = 1 << 20  # a file read whole (recipe, backup, --edit target): 1 MiB at most
 TOO_BIG_EXIT = 47  # the file is larger than the reader accepts
-
-
-def check_text(what: str, value: str, *, max_bytes: int | None) -> str:
-    """Refuse text that cannot reach a node intact: not UTF-8-encodable, a NUL, or too large.
-
-    The error names `what` and shows only an excerpt of the value, never the value whole.
-    """
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        bad = value[exc.start]
-        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if "\udc80" <= bad <= "\udcff" else repr(bad)
-        raise InputError(
-            f"{what}: not UTF-8 text ({byte} at character {exc.start}) in "
-            f"{excerpt(value)}; nothing was sent or written",
-            hint="give the value as UTF-8 text",
-        ) from None
-    if "\x00" in value:
-        raise InputError(
-            f"{what}: holds a NUL character (at {value.index(chr(0))}) in {excerpt(value)}; "
-            "nothing was sent or written"
-        )
-    if max_bytes is not None and size > max_bytes:
-        raise InputError(
-            f"{what}: {size:,} bytes, more than the {max_bytes:,} allowed; nothing was written"
-        )
-    return value
 
 
 def replace_undecodable(text: str) -> str:
@@ -296,10 +262,28 @@ done
 )
 
 
-def sh_program(program: str, *args: str) -> str:
-    """Build `sh -c PROGRAM sh ARGS…` with every argument quoted; `~/` paths expand on the node."""
-    quoted = [quote_path(a) if a.startswith("~") else shlex.quote(a) for a in args]
-    return f"sh -c {shlex.quote(program)} sh " + " ".join(quoted)
+# The writer's programs as RemoteProgram values (session.py parses what they print: their exit
+# codes above mean more than success or failure).
+REPLACEABLE = RemoteProgram("can replace", REPLACEABLE_SH, (path("file"),), result)
+STAGE = RemoteProgram(
+    "stage", STAGE_SH, (path("file"), text("expected sha"), text("new sha")), result
+)
+COMMIT = RemoteProgram(
+    "commit",
+    COMMIT_SH,
+    (path("file"), path("staged"), path("target"), integer("keep"), text("label"), text("old sha")),
+    result,
+)
+UNDO = RemoteProgram(
+    "undo",
+    UNDO_SH,
+    (path("file"), path("target"), path("backup"), text("new sha"), text("old sha")),
+    result,
+)
+DIGEST = RemoteProgram("digest", DIGEST_SH, (path("file"),), checked)
+READ = RemoteProgram("read", READ_SH, (path("file"), integer("max bytes")), result)
+LIST_BACKUPS = RemoteProgram("list backups", LIST_BACKUPS_SH, (path("file"),), checked)
+REMOVE = RemoteProgram("remove", 'rm -f -- "$1"', (path("file"),), result)
 
 
 def engine_log_recent(engine: EngineSettings, lines: int = 5000) -> str:
@@ -312,6 +296,11 @@ def engine_log_recent(engine: EngineSettings, lines: int = 5000) -> str:
     if engine.log_kind == "docker":
         return f"docker logs --tail {lines} {target} 2>&1"
     return f"timeout 5 {engine.log_target} | tail -n {lines}"
+
+
+def engine_log_last_args(engine: EngineSettings, lines: int = 5000) -> str:
+    """The shell command that prints the last `non-default args` line of the engine log."""
+    return engine_log_recent(engine, lines) + " | grep -a 'non-default args' | tail -n 1"
 
 
 def engine_log_follow(
@@ -329,9 +318,9 @@ def engine_log_follow(
         return f"tail -n 0 -F {target} 2>/dev/null"
     if engine.log_kind == "journalctl":
         if from_time is not None:
-            return f"journalctl -f -o cat --no-pager --since {shlex.quote(from_time)} -u {target}"
+            return f"journalctl -f -o cat --no-pager --since {quote_word(from_time)} -u {target}"
         return f"journalctl -f -n 0 -o cat -u {target}"
     if engine.log_kind == "docker":
-        since = shlex.quote(from_time) if from_time is not None else "0s"
+        since = quote_word(from_time) if from_time is not None else "0s"
         return f"docker logs -f --since {since} {target} 2>&1"
     return engine.log_target

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -26,7 +25,9 @@ from spark_ops.errors import (
     TriggerFailed,
     WatchdogError,
 )
-from spark_ops.remote import ClusterSession, quote_path
+from spark_ops.remote import ClusterSession, quote_word
+from spark_ops.remote.programs.watchdog import HISTORY_PY
+from spark_ops.remote.shell import REMOVE
 from spark_ops.watchdog.identify import (
     HistEntry,
     Identification,
@@ -173,7 +174,7 @@ def fill_restart_command(template: str, values: dict[str, str]) -> str:
     check_restart_template(template)
     for name, value in values.items():
         check_value(name, value)
-    return _PLACEHOLDER_RE.sub(lambda m: shlex.quote(values[m.group(1)]), template)
+    return _PLACEHOLDER_RE.sub(lambda m: quote_word(values[m.group(1)]), template)
 
 
 STATUS_TIMEOUT_S = (
@@ -249,10 +250,7 @@ class WatchdogContract:
         self, command: str, *args: str, timeout: float | None = None
     ) -> dict[str, Any]:
         """Run a history.py subcommand on the head and return its JSON answer."""
-        argv = [command, *args]
-        line = f"{shlex.quote(self.wd.python)} - " + " ".join(
-            quote_path(a) if a.startswith("~") else shlex.quote(a) for a in argv
-        )
+        line = HISTORY_PY.line(self.wd.python, command, *args)
         res = await self.session.run(
             self.head, line, input=history_source(), check=False, timeout=timeout, sudo=True
         )
@@ -527,8 +525,8 @@ class WatchdogContract:
                 f"let the watchdog loop; next slot frees at {_fmt(view.next_free_at)}",
                 hint="prune planned stamps first (spark-ops budget prune --planned)",
             )
-        res = await self.session.run(
-            self.head, f"rm -f -- {quote_path(self.wd.gave_up_file)}", sudo=True
+        res = await self.session.call(
+            self.head, REMOVE, self.wd.gave_up_file, sudo=True, check=True
         )
         return res.ok
 

@@ -18,12 +18,12 @@ Pure functions over history entries (no I/O), so every rule is tested from data:
 
 from __future__ import annotations
 
-import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops.errors import AmbiguousStamp
+from spark_ops.remote.program import quote_word
 
 SLACK_S = 1.0  # stamps are whole seconds on most watchdogs: one second of slack either side
 
@@ -110,7 +110,7 @@ def prune_command(entry: HistEntry) -> str:
     """The exact command that removes this one entry."""
     if entry.raw.strip() == fmt_stamp(entry.stamp):
         return f"spark-ops budget prune --stamp {fmt_stamp(entry.stamp)}"
-    return f"spark-ops budget prune --raw {shlex.quote(entry.raw)}"
+    return f"spark-ops budget prune --raw {quote_word(entry.raw)}"
 
 
 def new_entries(before: list[HistEntry], after: list[HistEntry]) -> list[HistEntry]:

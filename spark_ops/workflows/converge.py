@@ -13,7 +13,7 @@ from typing import Any
 
 from spark_ops.engine.identity import current_instance
 from spark_ops.errors import SparkOpsError
-from spark_ops.remote import ClusterSession, engine_log_recent
+from spark_ops.remote import ClusterSession, engine_log_last_args
 from spark_ops.verify import check_effective_args, parse_non_default_args
 from spark_ops.watchdog.contract import PLANNED_BY
 from spark_ops.watchdog.identify import HistEntry, new_entries, prune_command
@@ -25,7 +25,7 @@ from spark_ops.workflows.plan import Plan, Step
 async def effective_args(session: ClusterSession) -> dict[str, Any] | None:
     """The engine's effective flags: the last `non-default args` line of its log (or None)."""
     cluster = session.cluster
-    cmd = engine_log_recent(cluster.engine) + " | grep -a 'non-default args' | tail -n 1"
+    cmd = engine_log_last_args(cluster.engine)
     try:
         res = await session.run(cluster.head.name, cmd, check=False, timeout=20)
         return parse_non_default_args(res.stdout) if res.stdout.strip() else None

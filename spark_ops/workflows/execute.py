@@ -20,7 +20,9 @@ from spark_ops.errors import (
 )
 from spark_ops.readiness import BootEvent, BootReport, BootTracker, history_key, wait_for_boot
 from spark_ops.readiness import record as record_boot
-from spark_ops.remote import FileWrite, engine_log_follow, quote_path, sha256
+from spark_ops.remote import FileWrite, engine_log_follow, sha256
+from spark_ops.remote.programs.engine import LOG_SIZE
+from spark_ops.remote.shell import REMOVE
 from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.history import ROLLED_BACK
 from spark_ops.watchdog.identify import (
@@ -521,9 +523,7 @@ async def _drop_backups(op: Operation, backups: list[dict[str, Any]]) -> None:
     """Remove the backups an undone write made (spark-ops' own files, nothing else)."""
     for b in backups:
         if b.get("backup"):
-            await op.session.run(
-                b["host"], f"rm -f -- {quote_path(b['backup'])}", check=False, sudo=True
-            )
+            await op.session.call(b["host"], REMOVE, b["backup"], sudo=True)
 
 
 async def _identify(
@@ -802,11 +802,7 @@ async def _log_offset(op: Operation) -> int | None:
     eng = op.cluster.engine
     if eng.log_kind != "file":
         return None
-    res = await op.session.run(
-        op.cluster.head.name,
-        f"stat -c %s -- {quote_path(eng.log_target)} 2>/dev/null || echo 0",
-        check=False,
-    )
+    res = await op.session.call(op.cluster.head.name, LOG_SIZE, eng.log_target)
     try:
         return int(res.stdout.strip() or 0)
     except ValueError:

@@ -11,7 +11,8 @@ from typing import Any
 
 from spark_ops import verify
 from spark_ops.errors import SparkOpsError, VerifyError
-from spark_ops.remote import sh_program
+from spark_ops.remote.programs.engine import GPU_APPS, KERNEL_LOG
+from spark_ops.remote.programs.node import MEMINFO
 from spark_ops.workflows.operation import Operation, Outcome
 from spark_ops.workflows.plan import Plan, StepRunner
 
@@ -39,7 +40,7 @@ async def verify_boot(
         )
     )
     floor = int(c.engine.min_mem_available_gb * 1024**3)
-    mem = await op.session.run_all("cat /proc/meminfo", [n.name for n in c.workers], check=False)
+    mem = await op.session.run_all(MEMINFO.line(), [n.name for n in c.workers], check=False)
     for host, res in mem.items():
         if isinstance(res, SparkOpsError):
             checks.append(verify.Check("mem-available", host, "fail", res.message))
@@ -86,25 +87,12 @@ async def kv_pool(op: Operation) -> int | None:
     return snap.kv_tokens if snap is not None else None
 
 
-_KERNEL_LOG = """
-if command -v journalctl >/dev/null 2>&1 && journalctl -k -n 0 >/dev/null 2>&1; then
-  echo SOURCE=journalctl
-  journalctl -k -o short-iso --no-pager --since "@$1" | grep -i 'NVRM: Xid' || true
-elif dmesg >/dev/null 2>&1; then
-  echo "SOURCE=dmesg BOOT=$(date -d "$(uptime -s)" +%s)"
-  dmesg | grep -i 'NVRM: Xid' || true
-else
-  echo SOURCE=none
-fi
-"""
-
-
 async def _xid_checks(op: Operation, since: float) -> list[verify.Check]:
     """No Xid kernel line since the restart on any node (journalctl -k, else dmesg)."""
     import datetime as dt
 
     when = dt.datetime.fromtimestamp(since, dt.timezone.utc)
-    cmd = sh_program(_KERNEL_LOG, str(int(since)))
+    cmd = KERNEL_LOG.line(int(since))
     results = await op.session.run_all(cmd, [n.name for n in op.cluster.nodes], check=False)
     checks = []
     for host, res in results.items():
@@ -129,23 +117,10 @@ async def _xid_checks(op: Operation, since: float) -> list[verify.Check]:
     return checks
 
 
-GPU_APPS_SH = """
-command -v nvidia-smi >/dev/null 2>&1 || { echo NO_NVIDIA_SMI; exit 0; }
-now=$(date +%s)
-apps=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader) || exit 3
-printf '%s\n' "$apps"
-echo ---
-printf '%s\n' "$apps" | while IFS=, read -r pid rest; do
-  age=$(ps -o etimes= -p "$pid" 2>/dev/null | tr -d ' ')
-  if [ -n "$age" ]; then echo "$pid $((now - age))"; fi
-done
-"""
-
-
 async def _gpu_process_checks(op: Operation, since: float) -> list[verify.Check]:
     """No GPU compute process older than the restart on any node (skipped without nvidia-smi)."""
     results = await op.session.run_all(
-        sh_program(GPU_APPS_SH), [n.name for n in op.cluster.nodes], check=False
+        GPU_APPS.line(), [n.name for n in op.cluster.nodes], check=False
     )
     checks = []
     for host, res in results.items():

@@ -29,10 +29,9 @@ from spark_ops.errors import CommandTimeout, ExitStatus, SparkOpsError
 from spark_ops.files import write_file
 from spark_ops.log import get_logger
 from spark_ops.remote import ClusterSession, Result, quote_args
+from spark_ops.remote.programs.preflight import PICK, PROBE
 from spark_ops.workflows.preflight_programs import (
-    PICK_SH,
     PRELUDE,
-    PROBE_SH,
     SIM_BODY,
     SIM_OPTIONS_BODY,
     VLLM_BODY,
@@ -216,11 +215,6 @@ def docker_command(container: str, env: dict[str, str], command: list[str]) -> s
     return quote_args([*argv, container, *command])
 
 
-def _sh_argv(program: str, *args: str) -> list[str]:
-    """`sh -c PROGRAM sh ARGS…` as an argument list (for wrapping in docker exec or env)."""
-    return ["sh", "-c", program, "sh", *args]
-
-
 def parse_answer(res: Result) -> dict[str, Any]:
     """The program's JSON result line; _Unreachable when it gave none."""
     for line in reversed(res.stdout.splitlines()):
@@ -279,7 +273,7 @@ class _Asker:
 
     async def probe(self, timeout: float) -> tuple[str, str, str]:
         """Path, resolved path and head text of the `vllm` the engine would run."""
-        res = await self.run(_sh_argv(PROBE_SH, self.vllm), min(timeout, PROBE_TIMEOUT))
+        res = await self.run(PROBE.argv(self.vllm), min(timeout, PROBE_TIMEOUT))
         where = f" in container {self.container}" if self.container else ""
         why = " | ".join(res.stderr.strip().splitlines()[-2:]) or f"exit {res.exit_code}"
         if res.exit_code == NO_PYTHON_EXIT:
@@ -305,7 +299,7 @@ class _Asker:
         module = "vllm" if kind == "vllm" else "spark_ops.sim.engine_args"
         cands = interpreters(path, real, text, kind)
         program = program if program is not None else build_program(kind, args)
-        res = await self.run(_sh_argv(PICK_SH, module, *cands), timeout, program)
+        res = await self.run(PICK.argv(module, *cands), timeout, program)
         data = parse_answer(res)
         data["warnings"] = [str(n) for n in data.get("notes") or []] + warning_lines(res)
         if data.get("ok") is None:

@@ -1,37 +1,12 @@
-"""The programs preflight sends to the head: shell helpers and the Python argument checkers.
+"""The Python programs preflight sends to the head: the argument checkers.
 
-`PROBE_SH` finds the `vllm` the engine runs, `PICK_SH` runs a program on stdin with the first
-interpreter that imports a module; `PRELUDE` followed by `VLLM_BODY` (vLLM's own `serve` parser
-and config bounds) or `SIM_BODY` (the simulated engine's parser) is the Python program itself.
-Their exit status 47 means "nothing to ask on this node".
+`PRELUDE` followed by `VLLM_BODY` (vLLM's own `serve` parser and config bounds) or `SIM_BODY` (the
+simulated engine's parser) is the Python program itself, run by remote/programs/preflight.py's
+PICK (the first interpreter that imports the module) on stdin. Exit status 47 means "nothing to
+ask on this node".
 """
 
 from __future__ import annotations
-
-# Finds the `vllm` the engine is started with; prints its path, resolved path and first 4 KiB.
-PROBE_SH = r"""
-v=$(command -v "$1" 2>/dev/null) || { echo "no $1 on PATH ($PATH)" >&2; exit 47; }
-r=$(readlink -f "$v" 2>/dev/null) || r=$v
-printf '%s\n%s\n' "$v" "$r"
-head -c 4096 "$r" 2>/dev/null | LC_ALL=C tr -d '\000'
-"""
-
-# Runs the program on stdin with the first candidate interpreter that can import the module.
-PICK_SH = r"""
-m=$1; shift
-for py in "$@"; do
-  case $py in
-    */*) [ -x "$py" ] || continue ;;
-    *) command -v "$py" >/dev/null 2>&1 || continue ;;
-  esac
-  if "$py" -c 'import importlib.util as u, sys; sys.exit(0 if u.find_spec(sys.argv[1]) else 1)' \
-      "$m" </dev/null >/dev/null 2>&1; then
-    exec "$py" -
-  fi
-done
-echo "no Python here imports $m (tried: $*)" >&2
-exit 47
-"""
 
 # Shared head of both programs: report one JSON line after a marker, argparse error extraction.
 PRELUDE = r'''

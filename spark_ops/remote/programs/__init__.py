@@ -1,0 +1,1 @@
+"""The sh programs spark-ops runs on the nodes, one module per concern, each a RemoteProgram."""
