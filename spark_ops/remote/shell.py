@@ -7,14 +7,14 @@ import shlex
 from collections.abc import Iterable
 
 from spark_ops.errors import InputError, excerpt
-from spark_ops.inventory import EngineSettings
-from spark_ops.watchdog.history import (
+from spark_ops.headlib.backup import (
     BACKUP_COUNTER_DIGITS,
     BACKUP_INFIX,
     BACKUP_TIME_FORMAT,
     ROLLED_BACK,
     backup_tag_pattern,
 )
+from spark_ops.inventory import EngineSettings
 
 MISSING_EXIT = 44  # our own exit code for "file does not exist"
 MISMATCH_EXIT = 45  # the file changed under us (compare-and-swap failed)
@@ -82,7 +82,7 @@ def replace_undecodable(text: str) -> str:
 # Shell programs run on the nodes. Arguments are passed as positional parameters ($1, $2 …) of
 # `sh -c`, never spliced into the program text.
 #
-# The backup naming and rotation rule is watchdog/history.py's, rendered here into sh from its
+# The backup naming and rotation rule is headlib/backup.py's, rendered here into sh from its
 # constants (one rule, two renderings; tests/test_backup_rule.py runs both on the same names):
 # <file>.bak.<date -u +%Y%m%dT%H%M%S.%6NZ>[-N][.rolled-back]; rotation removes only names of that
 # shape. A symlink is written through: the staged file goes beside its target, the target is
