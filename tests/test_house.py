@@ -1,13 +1,14 @@
 """The house holds: the import graph is visible (module level) and acyclic, and points one way.
 
 Read from the sources with ast, nothing imported: no function-level import of the project's own
-modules outside cli/ (`importlib.import_module("…")` and `__import__` count as imports; one with a
-computed name is refused), no cycle among module-level imports (a package's `__init__` counted as
-the module it is; only the branch of `if TYPE_CHECKING:` that never runs is skipped), no forbidden
-direction and no arrow between the package's parts that tests/fixtures/house/rules.yaml does not
-list with its reason, no private name imported across modules or used as `module._x`, no
-`op: Any` (nor `typing.Any`, nor Any renamed) where the parameter's class exists, and no YAML parsed
-outside the one loader. The checker itself is first run on the small broken trees of
+modules outside cli/ (`importlib.import_module("…")`, under any name, and `__import__` count as
+imports; one with a computed name is refused), no cycle among module-level imports (a package's
+`__init__` counted as the module it is; only the branch of `if TYPE_CHECKING:` that never runs is
+skipped), no forbidden direction and no arrow between the package's parts that
+tests/fixtures/house/rules.yaml does not list with its reason, no private name imported across
+modules or used as `module._x`, no `op: Any` (nor `typing.Any`, nor Any renamed) where the
+parameter's class exists, no YAML parsed outside the one loader, and no "who am I" but
+account.py's. The checker itself is first run on the small broken trees of
 tests/fixtures/house/cases.yaml, so that a check gone blind fails.
 """
 
