@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 from spark_ops.watchdog import history
+from spark_ops.watchdog.contract import history_source
 
-SOURCE = Path(history.__file__).read_bytes()
+SOURCE = history_source().encode()  # history.py with headlib, as sent to the head
 TARGET_S = 1.0
 
 

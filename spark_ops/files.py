@@ -1,10 +1,10 @@
 """Local files written the one way spark-ops writes files: atomically, with an optional backup.
 
-The implementation is watchdog/history.py's `atomic_write` and `write_backup` (temp file in the
+The implementation is spark_ops/headlib's `atomic_write` and `write_backup` (temp file in the
 same directory, write, fsync, rename, directory fsync; mode and owner kept; a symlink is written
 through; backups named and rotated by the one rule the remote writer shares). It lives there
-because history.py is sent alone to the head's python3; this module is how the rest of spark-ops
-calls it, with errors of the caller's concern naming the file.
+because it also runs on the head, in history.py's program; this module is how the rest of
+spark-ops calls it, with errors of the caller's concern naming the file.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import os
 from pathlib import Path
 
 from spark_ops.errors import OutputError, SparkOpsError
-from spark_ops.watchdog import history
+from spark_ops.headlib.atomic import atomic_write
+from spark_ops.headlib.backup import DEFAULT_KEEP_BACKUPS, write_backup
+from spark_ops.headlib.errors import HeadFailure
 
-DEFAULT_KEEP_BACKUPS = history.DEFAULT_KEEP_BACKUPS
+__all__ = ["DEFAULT_KEEP_BACKUPS", "sha256_of", "write_file"]
 
 
 def write_file(
@@ -51,11 +53,11 @@ def write_file(
                     hint="run the command again to work on the current content",
                 )
             if keep_backups > 0 and old is not None:
-                backup = history.write_backup(str(target), old, keep_backups)
-        history.atomic_write(str(target), payload)
+                backup = write_backup(str(target), old, keep_backups)
+        atomic_write(str(target), payload)
     except OSError as exc:
         raise error(f"{target}: not written: {exc.strerror or exc}") from exc
-    except history.HistoryFailure as exc:
+    except HeadFailure as exc:
         raise error(f"{target}: not written: {exc.message}") from exc
     return Path(backup) if backup else None
 

@@ -1,5 +1,5 @@
-"""The one backup naming and rotation rule, in its two renderings: history.py's Python (the local
-writer) and remote/shell.py's sh (the remote writer), run on the same names and the same files."""
+"""The one backup naming and rotation rule, in its two renderings: headlib/backup.py's Python (the
+local writer) and remote/shell.py's sh (the remote writer), run on the same names and files."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from spark_ops.headlib import backup
 from spark_ops.remote import sh_program
 from spark_ops.remote.shell import COMMIT_SH, COMMON_SH, STAGE_SH, sha256
-from spark_ops.watchdog import history
 
 TABLE = json.loads((Path(__file__).parent / "fixtures" / "backups" / "names.json").read_text())
 CASES: list[dict[str, Any]] = TABLE["cases"]
@@ -37,7 +37,7 @@ def test_both_renderings_agree_on_every_name(tmp_path: Path) -> None:
     names = [c["name"] for c in CASES]
     by_sh = sh_ours(path, names)
     for case, sh_says in zip(CASES, by_sh, strict=True):
-        assert history.is_backup_name(str(path), case["name"]) is case["ours"], case
+        assert backup.is_backup_name(str(path), case["name"]) is case["ours"], case
         assert sh_says is case["ours"], ("sh", case)
 
 
@@ -48,12 +48,12 @@ def test_new_names_follow_the_rule(tmp_path: Path) -> None:
     tag = subprocess.run(
         ["sh", "-c", program], capture_output=True, text=True, check=True, timeout=30
     ).stdout.strip()
-    for made in (tag, history.backup_tag(1764400000.5), history.backup_tag(0.0)):
-        name = history.backup_name(str(path), made)
-        assert history.is_backup_name(str(path), os.path.basename(name)), name
+    for made in (tag, backup.backup_tag(1764400000.5), backup.backup_tag(0.0)):
+        name = backup.backup_name(str(path), made)
+        assert backup.is_backup_name(str(path), os.path.basename(name)), name
         assert sh_ours(path, [os.path.basename(name)]) == [True], name
-        assert history.backup_tag_of(name) == made
-    assert history.backup_name("f", "T", 2, history.ROLLED_BACK) == "f.bak.T-2.rolled-back"
+        assert backup.backup_tag_of(name) == made
+    assert backup.backup_name("f", "T", 2, backup.ROLLED_BACK) == "f.bak.T-2.rolled-back"
 
 
 def _seed(directory: Path) -> Path:
@@ -82,7 +82,7 @@ def _write_remote_way(path: Path, content: str, keep: int) -> None:
 
 
 def _write_local_way(path: Path, content: str, keep: int) -> None:
-    """Back up and write with the local writer (history.py's, through spark_ops.files)."""
+    """Back up and write with the local writer (headlib's, through spark_ops.files)."""
     from spark_ops.files import write_file
 
     write_file(path, content, keep_backups=keep)
@@ -98,7 +98,7 @@ def test_both_writers_rotate_alike(tmp_path: Path, keep: int) -> None:
         write(path, "new\n", keep)
         assert path.read_text() == "new\n"
         names = sorted(p.name for p in path.parent.iterdir())
-        ours = [n for n in names if history.is_backup_name(str(path), n)]
+        ours = [n for n in names if backup.is_backup_name(str(path), n)]
         assert len(ours) == min(keep, 13), (way, ours)
         newest = path.parent / ours[-1]
         assert newest.read_text() == "old\n" and ours[-1] > "recipe.yaml.bak.2026"

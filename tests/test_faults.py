@@ -36,7 +36,7 @@ from ground.cluster import SparkGround, make_spark_ground, run_cli
 from ground.sshd import SshdCluster, keygen
 
 from spark_ops.errors import ExitStatus
-from spark_ops.watchdog import history as history_names
+from spark_ops.headlib.backup import is_backup_name
 from spark_ops.watchdog.history import read_history
 
 pytestmark = pytest.mark.slow
@@ -324,7 +324,7 @@ def _mutate_one(
 
 def _ours(p: Path) -> list[Path]:
     """The backups of p named by spark-ops' rule (an operator's own are not among them)."""
-    return sorted(b for b in p.parent.iterdir() if history_names.is_backup_name(str(p), b.name))
+    return sorted(b for b in p.parent.iterdir() if is_backup_name(str(p), b.name))
 
 
 def _chown_like(path: Path, like: Path) -> None:

@@ -16,9 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spark_ops.headlib.backup import is_backup_name, list_backups
 from spark_ops.watchdog import history
+from spark_ops.watchdog.contract import history_source
 
-SOURCE = Path(history.__file__).read_bytes()
+SOURCE = history_source().encode()  # history.py with headlib, as sent to the head
 CASES = Path(__file__).parent / "fixtures" / "history"
 CASE_DIRS = sorted(p for p in CASES.iterdir() if (p / "case.json").is_file())
 
@@ -211,7 +213,9 @@ NODE_PYTHONS = sorted(
 
 @pytest.mark.parametrize("python", NODE_PYTHONS)
 def test_runs_on_node_pythons(python: str, tmp_path: Path) -> None:
-    """history.py runs from stdin on the Pythons a node may have (3.7+), with the same answers."""
+    """history.py (with headlib, as sent) runs from stdin on the Pythons a node may have (3.7+),
+    with the same answers, and needs nothing but the standard library (-I -S: no site-packages,
+    no PYTHONPATH, so no spark-ops)."""
     if not os.access(python, os.X_OK):
         pytest.skip(f"{python} not installed")
     (tmp_path / "h").write_text('{"ts": 1764400000}\n{"ts": 1764410000}\nbroken\n')
@@ -222,7 +226,7 @@ def test_runs_on_node_pythons(python: str, tmp_path: Path) -> None:
         (["read"], "count", 2),
     ]:
         proc = subprocess.run(
-            [python, "-", args[0], "--history", "h", *args[1:]],
+            [python, "-I", "-S", "-", args[0], "--history", "h", *args[1:]],
             input=SOURCE, cwd=tmp_path, capture_output=True, timeout=60,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
@@ -281,6 +285,6 @@ def test_symlinked_history_written_through_foreign_backups_kept(tmp_path: Path) 
         assert not Path(out["backup"]).is_symlink()
     assert (tmp_path / "h").is_symlink() and real.read_text() == "1764400005\n"
     ours = sorted(p.name for p in tmp_path.glob("h.bak.*") if p != mine)
-    assert len(ours) == 2 and all(history.is_backup_name("h", n) for n in ours), ours
+    assert len(ours) == 2 and all(is_backup_name("h", n) for n in ours), ours
     assert mine.read_text() == "mine\n"
-    assert history.list_backups(str(tmp_path / "h"))[-1].endswith(ours[-1])
+    assert list_backups(str(tmp_path / "h"))[-1].endswith(ours[-1])

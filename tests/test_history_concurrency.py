@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from spark_ops.headlib.atomic import STALE_TMP_S
+from spark_ops.headlib.flock import locked
 from spark_ops.watchdog import history
+from spark_ops.watchdog.contract import history_source
 
 HISTORY_PY = Path(history.__file__)
 
@@ -143,7 +146,7 @@ def test_sigkill_never_tears(tmp_path: Path) -> None:
     # The next writer removes the staged files the killed writers left, once they are old
     # enough to be provably a dead writer's (their pids are in their names, and gone).
     for staged in tmp_path.glob(".history.tmp.*"):
-        os.utime(staged, (time.time() - 2 * history.STALE_TMP_S,) * 2)
+        os.utime(staged, (time.time() - 2 * STALE_TMP_S,) * 2)
     history.prune(path, stamps=[last], write_journal=False, keep_backups=2)
     assert not list(tmp_path.glob(".history.tmp.*"))
 
@@ -152,7 +155,7 @@ def test_lock_timeout_exit_3(tmp_path: Path) -> None:
     """While someone holds the lock, prune waits, then exits 3 naming the lock."""
     (tmp_path / "h").write_text("1\n2\n")
     lock = tmp_path / "external.lock"
-    with history.locked(str(lock)):
+    with locked(str(lock)):
         proc = subprocess.run(
             [
                 sys.executable,
@@ -167,7 +170,7 @@ def test_lock_timeout_exit_3(tmp_path: Path) -> None:
                 "--lock-timeout",
                 "0.3",
             ],
-            input=HISTORY_PY.read_bytes(),
+            input=history_source().encode(),
             cwd=tmp_path,
             capture_output=True,
             timeout=60,
@@ -194,7 +197,7 @@ def test_lock_timeout_in_process_main_and_thread(tmp_path: Path) -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    with history.locked(history.default_lock(path)):
+    with locked(history.default_lock(path)):
         with pytest.raises(history.LockTimeout, match=r"h\.lock"):
             history.prune(path, stamps=[1], lock_timeout=0.2)
         t = threading.Thread(target=in_thread)
@@ -294,7 +297,7 @@ def test_only_a_dead_writers_old_staged_file_is_removed(tmp_path: Path) -> None:
     dead = subprocess.Popen(["true"])  # a pid that no longer runs
     dead.wait()
     alive = subprocess.Popen(["sleep", "60"])
-    old = time.time() - 2 * history.STALE_TMP_S
+    old = time.time() - 2 * STALE_TMP_S
     files = {
         "dead and old": (f".h.tmp.{dead.pid}.abcd1234", old),
         "dead but recent": (f".h.tmp.{dead.pid}.efgh5678", time.time()),

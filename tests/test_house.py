@@ -1,13 +1,14 @@
 """The house holds: the import graph is visible (module level) and acyclic, and points one way.
 
 Read from the sources with ast, nothing imported: no function-level import of the project's own
-modules outside cli/ (`importlib.import_module("…")` and `__import__` count as imports; one with a
-computed name is refused), no cycle among module-level imports (a package's `__init__` counted as
-the module it is; only the branch of `if TYPE_CHECKING:` that never runs is skipped), no forbidden
-direction and no arrow between the package's parts that tests/fixtures/house/rules.yaml does not
-list with its reason, no private name imported across modules or used as `module._x`, no
-`op: Any` (nor `typing.Any`, nor Any renamed) where the parameter's class exists, and no YAML parsed
-outside the one loader. The checker itself is first run on the small broken trees of
+modules outside cli/ (`importlib.import_module("…")`, under any name, and `__import__` count as
+imports; one with a computed name is refused), no cycle among module-level imports (a package's
+`__init__` counted as the module it is; only the branch of `if TYPE_CHECKING:` that never runs is
+skipped), no forbidden direction and no arrow between the package's parts that
+tests/fixtures/house/rules.yaml does not list with its reason, no private name imported across
+modules or used as `module._x`, no `op: Any` (nor `typing.Any`, nor Any renamed) where the
+parameter's class exists, no YAML parsed outside the one loader, and no "who am I" but
+account.py's. The checker itself is first run on the small broken trees of
 tests/fixtures/house/cases.yaml, so that a check gone blind fails.
 """
 
@@ -72,11 +73,21 @@ def _branches_that_run(node: ast.If) -> list[ast.stmt]:
 _DYNAMIC_IMPORTS = {"import_module", "__import__"}
 
 
-def _dynamic_import(node: ast.Call) -> ast.expr | None:
-    """The module-name argument of importlib.import_module(...) / __import__(...), else None."""
+def _import_functions(tree: ast.Module) -> set[str]:
+    """The names importlib's import_module goes by in a module: itself, and any `as` renaming."""
+    names = set(_DYNAMIC_IMPORTS)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "importlib":
+            names.update(a.asname for a in node.names if a.name == "import_module" and a.asname)
+    return names
+
+
+def _dynamic_import(node: ast.Call, names: set[str] = _DYNAMIC_IMPORTS) -> ast.expr | None:
+    """The module-name argument of importlib.import_module(...) / __import__(...) (under any of
+    names), else None."""
     func = node.func
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-    if name not in _DYNAMIC_IMPORTS or not node.args:
+    if name not in names or not node.args:
         return None
     return node.args[0]
 
@@ -84,6 +95,7 @@ def _dynamic_import(node: ast.Call) -> ast.expr | None:
 def _sites(tree: ast.Module, rel: str, here: str, modules: set[str]) -> list[ImportSite]:
     """Every import that runs (TYPE_CHECKING blocks skipped), marked module-level or not."""
     out: list[ImportSite] = []
+    importers = _import_functions(tree)
 
     def visit(node: ast.AST, in_function: bool) -> None:
         """Walk, noting whether we are inside a function body."""
@@ -117,7 +129,10 @@ def _sites(tree: ast.Module, rel: str, here: str, modules: set[str]) -> list[Imp
                 target = sub if sub in modules else base
                 out.append(ImportSite(rel, child.lineno, target, (name,), base, not in_function))
         else:
-            if isinstance(child, ast.Call) and (arg := _dynamic_import(child)) is not None:
+            if (
+                isinstance(child, ast.Call)
+                and (arg := _dynamic_import(child, importers)) is not None
+            ):
                 target = arg.value if isinstance(arg, ast.Constant) else None
                 out.append(
                     ImportSite(
@@ -233,6 +248,8 @@ class House:
                 if any(_within(m, e) for e in rule.get("except", [])):
                     continue
                 for s in sites:
+                    if any(_within(s.target, e) for e in rule.get("except_imports", [])):
+                        continue
                     if _within(s.target, rule["imports"]) and not _within(s.target, m):
                         out.append(f"{s.path}:{s.line}: {m} imports {s.target} ({rule['why']})")
         return out
@@ -492,6 +509,46 @@ def test_workflow_parameters_carry_their_real_types(house: House) -> None:
 def test_yaml_is_read_through_the_one_loader(house: House) -> None:
     """No yaml.safe_load / yaml.load outside spark_ops/yamlsafe.py: every file gets its guards."""
     assert house.yaml_loads() == []
+
+
+# Ways to ask who runs the process, besides spark_ops/account.py's local_account (the account
+# database): the environment's say ($LOGNAME, $USER: anyone's to set) or a second copy of it.
+_WHO_CALLS = {("getpass", "getuser"), ("os", "getlogin"), ("pwd", "getpwuid")}
+_WHO_VARIABLES = {"LOGNAME", "USER", "LNAME", "USERNAME"}
+WHO_AM_I = "spark_ops/account.py"
+WHO_EXEMPT = ("spark_ops/sim/",)  # the simulator hands its own environment on to the nodes
+
+
+def who_am_i_copies(root: Path) -> list[str]:
+    """Places outside account.py that ask who runs the process (getpass, os.getlogin, pwd, or the
+    environment's $LOGNAME / $USER)."""
+    out: list[str] = []
+    for path in sorted((root / "spark_ops").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel == WHO_AM_I or rel.startswith(WHO_EXEMPT):
+            continue
+        for node in ast.walk(ast.parse(path.read_text("utf-8"), rel)):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                if (node.value.id, node.attr) in _WHO_CALLS:
+                    out.append(f"{rel}:{node.lineno}: {node.value.id}.{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.module in ("getpass", "pwd"):
+                out.append(f"{rel}:{node.lineno}: from {node.module} import …")
+            elif isinstance(node, ast.Constant) and node.value in _WHO_VARIABLES:
+                out.append(f"{rel}:{node.lineno}: ${node.value}")
+    return sorted(out)
+
+
+def test_one_who_am_i(tmp_path: Path) -> None:
+    """Who runs spark-ops is asked in one place, the account database (spark_ops/account.py)."""
+    assert who_am_i_copies(REPO) == []
+    (tmp_path / "spark_ops" / "watchdog").mkdir(parents=True)
+    (tmp_path / "spark_ops" / "watchdog" / "daemon.py").write_text(
+        "import getpass, os\nwho = getpass.getuser() or os.environ.get('LOGNAME')\n"
+    )
+    assert who_am_i_copies(tmp_path) == [
+        "spark_ops/watchdog/daemon.py:2: $LOGNAME",
+        "spark_ops/watchdog/daemon.py:2: getpass.getuser",
+    ]
 
 
 def second_names(root: Path) -> list[str]:

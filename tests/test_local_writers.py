@@ -15,10 +15,10 @@ import pytest
 
 from spark_ops.errors import RecipeError, SparkOpsError
 from spark_ops.files import sha256_of, write_file
+from spark_ops.headlib.atomic import atomic_write
 from spark_ops.readiness.eta import BootHistory
 from spark_ops.recipe import changes_from_options
 from spark_ops.recipe.files import edit_file, write_edit
-from spark_ops.watchdog import history
 from spark_ops.workflows.experiment.state import ExperimentError, ExperimentSpec, ExperimentState
 
 GLM = Path(__file__).resolve().parents[1] / "recipes" / "glm-5.3-flash.yaml"
@@ -42,7 +42,7 @@ def _recipe(path: Path) -> None:
 
 def _history(path: Path) -> None:
     """A history append (history.py in-process, as the reference watchdog runs it)."""
-    history.atomic_write(str(path), b"1764400000\n")
+    atomic_write(str(path), b"1764400000\n")
 
 
 WRITERS: dict[str, tuple[Callable[[Path], None], str]] = {
@@ -144,14 +144,14 @@ def test_expected_digest_of_an_absent_file(tmp_path: Path) -> None:
 
 
 def test_no_other_local_writer() -> None:
-    """Outside history.py (the writer) and sim/ (which builds its own fresh tree), no module
+    """Outside headlib/ (the writer) and sim/ (which builds its own fresh tree), no module
     replaces a file by itself; appending to a log is not replacing."""
     root = Path(__file__).resolve().parents[1] / "spark_ops"
     calls = ("write_text(", "write_bytes(", "os.replace(", ".rename(", "mkstemp(", "os.link(")
     found = [
         f"{p.relative_to(root)}: {call}"
         for p in root.rglob("*.py")
-        if p != root / "watchdog" / "history.py" and "sim" not in p.relative_to(root).parts
+        if p.parent != root / "headlib" and "sim" not in p.relative_to(root).parts
         for call in calls
         if call in p.read_text()
     ]

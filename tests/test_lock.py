@@ -169,17 +169,21 @@ def inventory_text(cluster: Cluster, root: Path) -> str:
 
 def test_one_lock_probe_free_held_and_read_only(tmp_path: Path) -> None:
     """remote/programs/lock.py's LOCK_FREE_SH, the one sh probe of a flock (status' and doctor's
-    cluster-lock state, doctor's history-lock check), on real sh and flock(1): free, then held by
-    another process, then free again; a read-only lock file is probed too. No other module writes
-    `flock -n`."""
+    cluster-lock state, doctor's history-lock check), on real sh and flock(1), and its Python twin
+    headlib.flock.lock_free (the reference watchdog's "restart in progress"), agree: free, then
+    held by another process, then free again; a read-only lock file is probed too. No other module
+    writes `flock -n`, and none but headlib/flock.py calls fcntl.flock (one flock in Python)."""
     import subprocess
 
+    from spark_ops.headlib.flock import lock_free
     from spark_ops.remote.programs.lock import LOCK_FREE_SH
 
     def free(path: Path) -> bool:
-        """Whether the probe says path's lock is free."""
+        """Whether the probe says path's lock is free (the sh and the Python probe alike)."""
         script = LOCK_FREE_SH + 'lock_free "$1"'
-        return subprocess.run(["sh", "-c", script, "sh", str(path)], check=False).returncode == 0
+        sh = subprocess.run(["sh", "-c", script, "sh", str(path)], check=False).returncode == 0
+        assert lock_free(str(path)) is sh, path
+        return sh
 
     lock = tmp_path / "odd name $(touch PWNED).lock"
     lock.write_text("")
@@ -212,3 +216,9 @@ def test_one_lock_probe_free_held_and_read_only(tmp_path: Path) -> None:
         if "flock -n" in p.read_text("utf-8")
     )
     assert writers == ["remote/programs/lock.py"], "probe a lock with LOCK_FREE_SH, not a copy"
+    flockers = sorted(
+        p.relative_to(package).as_posix()
+        for p in package.rglob("*.py")
+        if "fcntl.flock(" in p.read_text("utf-8")
+    )
+    assert flockers == ["headlib/flock.py"], "lock with headlib.flock, not a copy of it"

@@ -155,7 +155,7 @@ def test_missing_file_and_bad_recipe(tmp_path: Path) -> None:
 def test_set_through_a_symlink_keeps_link_and_own_backups(recipe: Path) -> None:
     """`recipe set` on a symlinked recipe writes the target, keeps the link, backs up a copy by
     the one naming rule, and rotates (10 kept) only such backups, never the operator's own."""
-    from spark_ops.watchdog import history
+    from spark_ops.headlib import backup
 
     real = recipe.parent / "real" / recipe.name
     real.parent.mkdir()
@@ -167,8 +167,8 @@ def test_set_through_a_symlink_keeps_link_and_own_backups(recipe: Path) -> None:
         out = recipe_cli(["set", str(recipe), "--max-num-seqs", str(value), "--yes"])
         assert out.exit_code == 0, out.output
     assert recipe.is_symlink()
-    ours = [p for p in recipe.parent.iterdir() if history.is_backup_name(str(recipe), p.name)]
-    assert len(ours) == history.DEFAULT_KEEP_BACKUPS and not any(p.is_symlink() for p in ours)
+    ours = [p for p in recipe.parent.iterdir() if backup.is_backup_name(str(recipe), p.name)]
+    assert len(ours) == backup.DEFAULT_KEEP_BACKUPS and not any(p.is_symlink() for p in ours)
     assert mine.read_text() == "mine\n"
     show = recipe_cli(["show", str(recipe), "--json"])
     assert json.loads(show.output)["max_num_seqs"] == 31

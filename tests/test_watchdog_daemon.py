@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 import yaml
 
+from spark_ops.headlib.flock import locked
 from spark_ops.watchdog import history
 from spark_ops.watchdog.actions import pid_alive, read_pid, start_detached
 from spark_ops.watchdog.config import load_config
+from spark_ops.watchdog.contract import history_source
 from spark_ops.watchdog.daemon import Watchdog
 
 FAKE_ENGINE = Path(__file__).parent / "fixtures" / "watchdog" / "fake_engine.py"
-HISTORY_PY = Path(history.__file__)
 
 
 def free_port() -> int:
@@ -253,7 +254,7 @@ def test_restart_now_force_over_budget(make_env: Callable[..., Env]) -> None:
     # spark-ops' clean-up: prune the planned stamp with history.py over stdin
     proc = subprocess.run(
         [sys.executable, "-", "prune", "--history", env.paths.history, "--planned"],
-        input=HISTORY_PY.read_bytes(),
+        input=history_source().encode(),
         capture_output=True,
         timeout=60,
     )
@@ -344,7 +345,7 @@ def test_second_instance_refused(make_env: Callable[..., Env]) -> None:
     """Only one run loop per state file: a second one exits 3 naming the lock."""
     env = make_env()
     lock = env.paths.state + ".lock"
-    with history.locked(lock):
+    with locked(lock):
         _, out, err = env.run(check_rc=3)
     assert out["error"] == "lock_timeout" and lock in out["message"] and lock in err
 

@@ -490,8 +490,8 @@ async def _connect(name: str, host: str, port: int, user: str | None, opts: dict
         detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise ConnectError(name, f"cannot connect to {host}:{port}: {detail}") from exc
     except ValueError as exc:  # a login name SSH cannot carry (asyncssh's SASLprep refuses it)
-        login = user if user is not None else os.environ.get("LOGNAME", "")
-        source = "" if user is not None else " (no ssh.user set: taken from $LOGNAME)"
+        login = user if user is not None else local_account()
+        source = "" if user is not None else " (no ssh.user set: this account's name)"
         raise AuthError(
             name,
             f"user name {excerpt(login)}{source} cannot be sent over SSH: {exc}",

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import hashlib
 
+from spark_ops.headlib.backup import (
+    BACKUP_COUNTER_DIGITS,
+    BACKUP_INFIX,
+    BACKUP_TIME_FORMAT,
+    ROLLED_BACK,
+    backup_tag_pattern,
+)
 from spark_ops.inventory import EngineSettings
 from spark_ops.remote.program import (
     RemoteProgram,
@@ -14,13 +21,6 @@ from spark_ops.remote.program import (
     quote_word,
     result,
     text,
-)
-from spark_ops.watchdog.history import (
-    BACKUP_COUNTER_DIGITS,
-    BACKUP_INFIX,
-    BACKUP_TIME_FORMAT,
-    ROLLED_BACK,
-    backup_tag_pattern,
 )
 
 MISSING_EXIT = 44  # our own exit code for "file does not exist"
@@ -48,7 +48,7 @@ def replace_undecodable(text: str) -> str:
 # Shell programs run on the nodes. Arguments are passed as positional parameters ($1, $2 …) of
 # `sh -c`, never spliced into the program text.
 #
-# The backup naming and rotation rule is watchdog/history.py's, rendered here into sh from its
+# The backup naming and rotation rule is headlib/backup.py's, rendered here into sh from its
 # constants (one rule, two renderings; tests/test_backup_rule.py runs both on the same names):
 # <file>.bak.<date -u +%Y%m%dT%H%M%S.%6NZ>[-N][.rolled-back]; rotation removes only names of that
 # shape. A symlink is written through: the staged file goes beside its target, the target is

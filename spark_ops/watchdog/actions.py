@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import WatchdogError
+from spark_ops.headlib.atomic import atomic_write
+from spark_ops.headlib.errors import HeadFailure
 from spark_ops.recipe.files import render_file
-from spark_ops.watchdog import history
 from spark_ops.watchdog.config import ActionConfig, PathsConfig
 
 
@@ -176,7 +177,7 @@ def start_detached(
     full_env = {**os.environ, **(env or {})}
     with open(log_file, "ab") as log:
         proc = _spawn(argv, log, env=full_env, cwd=cwd, what="start")
-    history.atomic_write(pid_file, f"{proc.pid}\n".encode())
+    atomic_write(pid_file, f"{proc.pid}\n".encode())
     return proc.pid
 
 
@@ -319,7 +320,7 @@ def restart_engine(action: ActionConfig, paths: PathsConfig) -> ActionResult:
             _sparkrun(action, paths, result)
         else:
             _command(action, paths, result)
-    except (WatchdogError, history.HistoryFailure) as exc:
+    except (WatchdogError, HeadFailure) as exc:
         result.ok, result.error = False, str(exc)
     except Exception as exc:  # a recipe that cannot render, an unexpected OS error
         result.ok, result.error = False, f"{type(exc).__name__}: {exc}"

@@ -3,8 +3,9 @@ prune.
 
 Works with any watchdog that keeps a history of restart stamps (one Unix time per line, or JSON
 lines) under a lock file: the reference `spark-watchdog` or an operator's own. The history is read
-and changed on the head by `history.py`, whose source is sent to the head's python3, so nothing has
-to be installed there. Times always come from the head's clock.
+and changed on the head by `history.py`, sent with the headlib modules it imports as one program to
+the head's python3 (`headlib.head_program`), so nothing has to be installed there. Times always
+come from the head's clock.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from spark_ops.errors import (
     TriggerFailed,
     WatchdogError,
 )
+from spark_ops.headlib import head_program
 from spark_ops.remote import ClusterSession, quote_word
 from spark_ops.remote.programs.watchdog import HISTORY_PY
 from spark_ops.remote.shell import REMOVE
@@ -47,8 +49,9 @@ _EXIT_MEANING = {
 
 
 def history_source() -> str:
-    """The source of history.py, sent to the head's python3."""
-    return resources.files("spark_ops.watchdog").joinpath("history.py").read_text(encoding="utf-8")
+    """The program sent to the head's python3: history.py with the headlib modules it imports."""
+    text = resources.files("spark_ops.watchdog").joinpath("history.py").read_text(encoding="utf-8")
+    return head_program(text, "history.py")
 
 
 def operator() -> str:

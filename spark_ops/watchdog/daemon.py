@@ -19,7 +19,11 @@ from typing import Any
 
 import click
 
+from spark_ops.account import local_account
 from spark_ops.errors import WatchdogError
+from spark_ops.headlib.atomic import atomic_write
+from spark_ops.headlib.errors import HeadFailure, LockTimeout
+from spark_ops.headlib.flock import lock_free, locked
 from spark_ops.log import configure, get_logger
 from spark_ops.watchdog import history
 from spark_ops.watchdog.actions import pid_alive, read_pid, restart_engine
@@ -158,11 +162,8 @@ class Watchdog:
     def restart_in_progress(self) -> bool:
         """True while another process holds the action lock (a `--restart-now` running)."""
         try:
-            with history.locked(self.action_lock, 0):
-                return False
-        except history.LockTimeout:
-            return True
-        except history.HistoryFailure:
+            return not lock_free(self.action_lock)
+        except HeadFailure:  # a lock file it cannot open: nobody is restarting through it
             return False
 
     def load_state(self) -> dict[str, Any]:
@@ -173,7 +174,7 @@ class Watchdog:
         """Write the state file atomically."""
         state["updated"] = time.time()
         Path(self.paths.state).parent.mkdir(parents=True, exist_ok=True)
-        history.atomic_write(self.paths.state, (json.dumps(state, indent=1) + "\n").encode())
+        atomic_write(self.paths.state, (json.dumps(state, indent=1) + "\n").encode())
 
     def give_up(self, reason: str, budget: dict[str, Any]) -> None:
         """Touch the gave-up file with the reason; no more restarts until a person removes it."""
@@ -186,12 +187,12 @@ class Watchdog:
             "next_free_at": budget["next_free_at"],
             "remove_to_resume": self.paths.gave_up,
         }
-        history.atomic_write(self.paths.gave_up, (json.dumps(body) + "\n").encode())
+        atomic_write(self.paths.gave_up, (json.dumps(body) + "\n").encode())
         self.log.error("gave_up", reason=reason, file=self.paths.gave_up, used=budget["used"])
 
     def restart(self, *, reason: str, by: str, forced: bool) -> dict[str, Any]:
         """Record a stamp and journal entry, then run the restart action."""
-        with history.locked(self.action_lock, self.cfg.action.timeout + 60):
+        with locked(self.action_lock, self.cfg.action.timeout + 60):
             return self._restart_locked(reason=reason, by=by, forced=forced)
 
     def _restart_locked(self, *, reason: str, by: str, forced: bool) -> dict[str, Any]:
@@ -215,7 +216,7 @@ class Watchdog:
             os.utime(self.action_lock)  # action that writes no pid file: sparkrun, docker …)
         if not result.ok:
             self.log.error("restart_failed", stamp=stamp, error=result.error)
-            with contextlib.suppress(history.HistoryFailure):
+            with contextlib.suppress(HeadFailure):
                 history.journal_event(
                     self.paths.history,
                     stamp=stamp,
@@ -310,7 +311,7 @@ class Watchdog:
         while not stop.is_set():
             try:
                 state = await self.cycle(state)
-            except (history.HistoryFailure, WatchdogError, OSError) as exc:
+            except (HeadFailure, WatchdogError, OSError) as exc:
                 self.log.error("cycle_failed", error=str(exc))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.cfg.probe.interval)
@@ -401,16 +402,6 @@ def _render_status(st: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _user() -> str:
-    """Return the name of the user running this, or 'unknown'."""
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except Exception:
-        return "unknown"
-
-
 def _emit(obj: dict[str, Any]) -> None:
     """Print one JSON object on stdout."""
     click.echo(json.dumps(obj))
@@ -459,7 +450,7 @@ def cli(
             st = dog.status()
             click.echo(json.dumps(st) if as_json else _render_status(st))
         elif restart_now:
-            who = by or os.environ.get("SUDO_USER") or _user()
+            who = by or os.environ.get("SUDO_USER") or local_account()
             out = dog.restart_now(force=force, reason=reason or "restart-now", by=who)
             _emit(out)
             sys.exit(EXIT_OK if out["ok"] else EXIT_ACTION_FAILED)
@@ -472,10 +463,10 @@ def cli(
         _emit({"ok": False, "error": "refused", "message": exc.message})
         click.echo(f"spark-watchdog: {exc.message}", err=True)
         sys.exit(EXIT_REFUSED)
-    except history.HistoryFailure as exc:
+    except HeadFailure as exc:
         _emit(exc.to_dict())
         click.echo(f"spark-watchdog: {exc.message}", err=True)
-        sys.exit(EXIT_LOCK if isinstance(exc, history.LockTimeout) else EXIT_HISTORY)
+        sys.exit(EXIT_LOCK if isinstance(exc, LockTimeout) else EXIT_HISTORY)
 
 
 async def _run_loop(cfg: WatchdogConfig) -> None:
@@ -486,10 +477,10 @@ async def _run_loop(cfg: WatchdogConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     dog = Watchdog(cfg, loop_started=time.time())
     try:
-        with history.locked(dog.instance_lock, 0):
+        with locked(dog.instance_lock, 0):
             await dog.run(stop)
-    except history.LockTimeout:
-        raise history.LockTimeout(
+    except LockTimeout:
+        raise LockTimeout(
             f"another spark-watchdog runs with this state ({dog.instance_lock} is locked)",
             lock=dog.instance_lock,
         ) from None

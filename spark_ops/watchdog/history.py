@@ -1,7 +1,9 @@
 """A watchdog's restart history: read, budget, append and prune, under a lock, written atomically.
 
-Standard library only: spark-ops runs this file on a node where it is not installed by sending its
-source to ``python3 - SUBCOMMAND ARGS``. Each subcommand prints one JSON object on stdout.
+Standard library only, with spark_ops.headlib (atomic writer, backup rule, flock): spark-ops runs
+this file on a node where it is not installed by sending it with headlib's modules as one program
+(``headlib.head_program``) to ``python3 - SUBCOMMAND ARGS``. Each subcommand prints one JSON
+object on stdout.
 
 Two formats: ``stamps`` (one Unix time per line, as a bash watchdog writes them) and ``jsonl``
 (one JSON object per line with a numeric ``ts`` key). Lines that parse in neither are kept verbatim
@@ -11,40 +13,36 @@ and reported, never dropped. Exit codes: 0 ok, 2 usage, 3 lock timeout, 4 unread
 Other writers (issue 20 #7, #9): every change holds the locks of ``history_locks`` — with the
 default lock, ``<name>.lock`` beside each name of the history's symlink chain, so a watchdog that
 locks beside the link or beside the target is excluded alike; a lock timeout names the processes
-that have the lock file open (``lock_holders``). Only staged files that are provably a dead
-writer's own are ever removed (``_clean_stale_tmp``). ``note`` records a planned stamp even when
-the lock stays held (one O_APPEND line to the append-only journal).
+that have the lock file open (headlib's ``lock_holders``). Only staged files that are provably a
+dead writer's own are ever removed (headlib's ``clean_stale_tmp``). ``note`` records a planned
+stamp even when the lock stays held (one O_APPEND line to the append-only journal).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import fcntl
 import json
 import math
 import os
 import re
 import socket
-import stat
 import sys
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Union
 
+from spark_ops.headlib.atomic import atomic_write, clean_stale_tmp, open_owned
+from spark_ops.headlib.backup import DEFAULT_KEEP_BACKUPS, write_backup
+from spark_ops.headlib.errors import HeadFailure, LockTimeout
+from spark_ops.headlib.flock import DEFAULT_LOCK_TIMEOUT, lock_timeout_error, locked
+
 EXIT_OK = 0
 EXIT_USAGE = 2
-EXIT_LOCK = 3
-EXIT_IO = 4
-EXIT_NOT_FOUND = 5
+EXIT_NOT_FOUND = 5  # 3 (lock timeout) and 4 (IO) are headlib.errors'
 
 FORMATS = ("auto", "stamps", "jsonl")
-DEFAULT_LOCK_TIMEOUT = 10.0
-DEFAULT_KEEP_BACKUPS = 10
 DEFAULT_PLANNED_BY = "spark-ops"
 
 _STAMP_RE = re.compile(rb"^[ \t]*(\d{1,15})(\.\d{1,9})?[ \t\r]*$")
@@ -52,28 +50,7 @@ _STAMP_RE = re.compile(rb"^[ \t]*(\d{1,15})(\.\d{1,9})?[ \t\r]*$")
 Stamp = Union[int, float]  # noqa: UP007 - runtime alias, valid on the nodes' Python 3.8+
 
 
-class HistoryFailure(Exception):
-    """A history operation failed; carries the exit code and a JSON-able description."""
-
-    exit_code = EXIT_IO
-    kind = "io"
-
-    def __init__(self, message: str, **details: Any) -> None:
-        """Keep the message and the details that go into the JSON output."""
-        super().__init__(message)
-        self.message = message
-        self.details = details
-
-    def to_dict(self) -> dict[str, Any]:
-        """Serialize as the one JSON object a failing subcommand prints."""
-        return {"ok": False, "error": self.kind, "message": self.message, **self.details}
-
-
-class LockTimeout(HistoryFailure):
-    """The lock file stayed held by someone else past the timeout."""
-
-    exit_code = EXIT_LOCK
-    kind = "lock_timeout"
+HistoryFailure = HeadFailure  # a history operation failed (headlib's one failure)
 
 
 class StampNotFound(HistoryFailure):
@@ -287,205 +264,6 @@ def default_journal(history: str) -> str:
     return history + ".journal.jsonl"
 
 
-def _flock_wait(fd: int, timeout: float) -> bool:
-    """Wait up to timeout for an exclusive flock on fd; on timeout the waiter thread owns fd.
-
-    A blocking flock in a helper thread is woken by the kernel as soon as the holder lets go,
-    which polling would miss under contention; it needs no signals, so it works in any thread.
-    """
-    done = threading.Event()
-    guard = threading.Lock()
-    state = {"got": False, "abandoned": False}
-
-    def waiter() -> None:
-        """Block on the lock; hand it over, or drop it if the caller gave up meanwhile."""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            ok = True
-        except OSError:
-            ok = False
-        with guard:
-            if state["abandoned"]:
-                os.close(fd)  # closing releases the lock if we got it
-                return
-            state["got"] = ok
-            done.set()
-
-    threading.Thread(target=waiter, name="history-lock", daemon=True).start()
-    done.wait(timeout)
-    with guard:
-        if state["got"]:
-            return True
-        state["abandoned"] = True
-        return False
-
-
-def _owner_for(path: str) -> tuple[int, int] | None:
-    """As root, the (uid, gid) a file at path should get: its current owner, else its directory's.
-
-    spark-ops runs this script with sudo while the watchdog may run as another user: files that
-    root creates or replaces must stay writable for that user. None when not root.
-    """
-    if os.geteuid() != 0:
-        return None
-    for candidate in (path, os.path.dirname(os.path.abspath(path))):
-        try:
-            st = os.stat(candidate)
-        except OSError:
-            continue
-        return st.st_uid, st.st_gid
-    return None
-
-
-def _open_owned(path: str, flags: int) -> int:
-    """Open (maybe creating) path; a file created by root gets its directory's owner."""
-    existed = os.path.exists(path)
-    owner = None if existed else _owner_for(path)
-    fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
-    if owner is not None:
-        with contextlib.suppress(OSError):
-            os.fchown(fd, *owner)
-    return fd
-
-
-@contextlib.contextmanager
-def locked(lock_path: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
-    """Hold an exclusive flock on lock_path; raise LockTimeout naming it after timeout seconds."""
-    try:
-        try:
-            fd = _open_owned(lock_path, os.O_RDWR | os.O_CREAT)
-        except PermissionError:
-            fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)  # flock works on read-only fds
-    except OSError as exc:
-        raise HistoryFailure(
-            f"cannot open lock file {lock_path}: {exc.strerror}", lock=lock_path
-        ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        if timeout <= 0 or not _flock_wait(fd, timeout):
-            if timeout <= 0:
-                os.close(fd)
-            raise lock_timeout_error(lock_path, timeout) from None
-    try:
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
-def lock_timeout_error(
-    lock_path: str, timeout: float, holders: list[dict[str, Any]] | None = None
-) -> LockTimeout:
-    """The LockTimeout for lock_path: the lock, the wait and who has the lock file open."""
-    holders = lock_holders(lock_path) if holders is None else holders
-    who = "; ".join(
-        f"pid {h['pid']} ({h['command'] or '?'}){' holds it' if h['holds'] else ''}"
-        for h in holders
-    )
-    return LockTimeout(
-        f"lock {lock_path} is held by another process; gave up after {timeout:g} s"
-        + (f"; processes with it open: {who}" if who else ""),
-        lock=lock_path,
-        timeout=timeout,
-        holders=holders,
-    )
-
-
-_HOLDERS_SCAN_S = 2.0  # at most this long looking through /proc for who has the lock open
-
-
-def lock_holders(lock_path: str, limit: int = 8) -> list[dict[str, Any]]:
-    """The processes of this machine with lock_path open (a holder, or a waiter), from /proc.
-
-    `holds` is True for the process /proc/locks names as the flock's taker, when it still runs
-    (flock(1) takes the lock for its shell and exits: the shell then shows as having it open).
-    Best effort, bounded in time; empty where /proc cannot be read.
-    """
-    try:
-        st = os.stat(lock_path)
-    except OSError:
-        return []
-    takers = _flock_takers(st)
-    me = os.getpid()
-    found: dict[int, dict[str, Any]] = {}
-    give_up = time.monotonic() + _HOLDERS_SCAN_S
-    try:
-        pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
-    except OSError:
-        pids = []
-    for pid in pids:
-        if len(found) >= limit or time.monotonic() > give_up:
-            break
-        if pid == me:
-            continue
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                other = os.stat(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
-                found[pid] = {"pid": pid, "command": _command_of(pid), "holds": pid in takers}
-                break
-    for pid in takers:
-        if pid not in found and pid != me and len(found) < limit and _alive(pid):
-            found[pid] = {"pid": pid, "command": _command_of(pid), "holds": True}
-    return sorted(found.values(), key=lambda h: (not h["holds"], h["pid"]))
-
-
-def _flock_takers(st: os.stat_result) -> set[int]:
-    """The pids /proc/locks names as holding a lock on the file of st (waiters left out)."""
-    out: set[int] = set()
-    try:
-        with open("/proc/locks") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 6 or fields[1] == "->":  # "N: -> FLOCK ..." is a blocked waiter
-            continue
-        dev = fields[5].split(":")
-        if len(dev) != 3 or not fields[4].lstrip("-").isdigit():
-            continue
-        try:
-            same = (int(dev[0], 16), int(dev[1], 16), int(dev[2])) == (
-                os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
-            )  # fmt: skip
-        except ValueError:
-            continue
-        if same and int(fields[4]) > 0:
-            out.add(int(fields[4]))
-    return out
-
-
-def _command_of(pid: int) -> str:
-    """A process's command line on one printable line, cut to 160 characters ('' if unreadable)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read(4096)
-    except OSError:
-        return ""
-    text = " ".join(raw.replace(b"\0", b" ").decode("utf-8", "replace").split())
-    return "".join(c if c.isprintable() else "?" for c in text)[:160]
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process with this pid runs on this machine (another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # EPERM: it exists, owned by someone else
-    return True
-
-
 def link_chain(path: str, limit: int = 40) -> list[str]:
     """The names a path reaches its file by: path, then each symlink's target in turn."""
     names = [path]
@@ -537,120 +315,6 @@ def history_locked(
         yield locks
 
 
-def _fsync_dir(directory: str) -> None:
-    """fsync a directory so that a rename in it is durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_target(path: str) -> str:
-    """The file a write to path replaces: path itself, or the end of its symlink chain.
-
-    Operators symlink the active recipe or history; a rename over the link would turn it into a
-    regular file while the watchdog keeps reading the target. The link stays, the target changes.
-    """
-    return os.path.realpath(path) if os.path.islink(path) else path
-
-
-def _tmp_prefix(path: str) -> str:
-    """Return the prefix of temporary files written beside path (the writer's pid in it)."""
-    return "." + os.path.basename(path) + f".tmp.{os.getpid()}."
-
-
-STALE_TMP_S = 600.0  # a staged file younger than this is never taken for a killed writer's
-
-
-def _staged_by(path: str, name: str) -> int | None:
-    """The writer's pid when name is one of atomic_write's staged files for path, else None.
-
-    The shape is `.<file>.tmp.<pid>.<8 characters of mkstemp>`; anything else (an older
-    spark-ops' `.<file>.tmp.<random>`, another program's temp file) is not ours.
-    """
-    m = re.match(
-        re.escape("." + os.path.basename(path) + ".tmp.") + r"([0-9]{1,10})\.[a-z0-9_]{8}$", name
-    )
-    return int(m.group(1)) if m else None
-
-
-def _clean_stale_tmp(path: str) -> list[str]:
-    """Remove the staged files killed writers left beside path; return what was removed.
-
-    Call only while holding the history's locks. A file is removed only when it is provably a
-    dead writer's own: atomic_write's name shape with a pid, a regular file owned by this user (or
-    by the owner root gives its files here), its writer no longer running, and untouched for
-    STALE_TMP_S (a writer in another pid namespace is not seen by the pid check). Every other
-    file, a recent one above all, is another writer's: it is left alone.
-    """
-    target = write_target(path)
-    directory = os.path.dirname(os.path.abspath(target))
-    owners = {os.geteuid()}
-    root_gives = _owner_for(target)
-    if root_gives is not None:
-        owners.add(root_gives[0])
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    removed = []
-    now = time.time()
-    for name in names:
-        pid = _staged_by(target, name)
-        if pid is None or pid == os.getpid():
-            continue
-        full = os.path.join(directory, name)
-        try:
-            st = os.lstat(full)
-        except OSError:
-            continue
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in owners:
-            continue
-        if now - st.st_mtime < STALE_TMP_S or _alive(pid):
-            continue
-        with contextlib.suppress(OSError):
-            os.unlink(full)
-            removed.append(full)
-    return removed
-
-
-def atomic_write(path: str, data: bytes, *, mode: int | None = None) -> None:
-    """Write data to path atomically: temp file in the same directory, fsync, rename, fsync dir.
-
-    A symlink is written through: its target is replaced, the link itself is kept.
-    """
-    path = write_target(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    if mode is None:
-        try:
-            mode = stat.S_IMODE(os.stat(path).st_mode)
-        except FileNotFoundError:
-            mode = 0o644
-    owner = _owner_for(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), dir=directory)
-    except OSError as exc:
-        raise HistoryFailure(f"cannot write beside {path}: {exc.strerror}", path=path) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            if owner is not None:
-                with contextlib.suppress(OSError):
-                    os.fchown(f.fileno(), *owner)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise HistoryFailure(f"cannot write {path}: {exc.strerror}", path=path) from None
-        raise
-    _fsync_dir(directory)
-
-
 def _join(lines: Sequence[bytes]) -> bytes:
     """Join lines into file content, each ended by a newline."""
     return b"".join(line + b"\n" for line in lines)
@@ -665,104 +329,6 @@ def _read_bytes(path: str) -> tuple[bytes, bool]:
         return b"", False
     except OSError as exc:
         raise HistoryFailure(f"cannot read history {path}: {exc.strerror}", path=path) from None
-
-
-# The one backup naming rule of spark-ops, shared by this file, the local writer every other
-# spark-ops module uses (spark_ops/files.py calls atomic_write and write_backup here) and the remote
-# writer (remote/shell.py renders the same rule into sh from the constants below, and a test runs
-# both against the same names): <file>.bak.<UTC YYYYmmddTHHMMSS.ffffffZ>[-N][.rolled-back].
-# Rotation removes only names of this shape: an operator's own `recipe.yaml.bak.known-good` is never
-# touched. `.rolled-back` marks the copy a rollback moved away from, so a rollback and its re-run
-# restore the same version. The writer lives here, not in a module of its own, because this file
-# is sent alone to the head's python3 (`python3 - ARGS`), where spark_ops cannot be imported.
-BACKUP_INFIX = ".bak."
-BACKUP_TIME_FORMAT = "%Y%m%dT%H%M%S.%fZ"  # datetime.strftime; GNU date spells %f as %6N
-BACKUP_COUNTER_DIGITS = 4  # the -N that makes a name unique: 1 to 4 digits
-ROLLED_BACK = ".rolled-back"
-_FORMAT_DIGITS = {"Y": 4, "m": 2, "d": 2, "H": 2, "M": 2, "S": 2, "f": 6}
-
-
-def backup_tag_pattern(digits: Callable[[int], str], literal: Callable[[str], str]) -> str:
-    """Render the time part of the naming rule as a pattern: digits(n) per field, literal text."""
-    parts, fmt = [], BACKUP_TIME_FORMAT
-    i = 0
-    while i < len(fmt):
-        if fmt[i] == "%":
-            parts.append(digits(_FORMAT_DIGITS[fmt[i + 1]]))
-            i += 2
-        else:
-            parts.append(literal(fmt[i]))
-            i += 1
-    return "".join(parts)
-
-
-BACKUP_TAG_RE = re.compile(
-    "^"
-    + backup_tag_pattern(lambda n: rf"\d{{{n}}}", re.escape)
-    + rf"(?:-\d{{1,{BACKUP_COUNTER_DIGITS}}})?(?:{re.escape(ROLLED_BACK)})?$"
-)
-
-
-def backup_tag(now: float) -> str:
-    """Return the sortable UTC time tag of a backup name, with microseconds."""
-    moment = datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
-    return moment.strftime(BACKUP_TIME_FORMAT)
-
-
-def backup_name(path: str, tag: str, n: int = 0, label: str = "") -> str:
-    """Return the name of the n-th backup of path made at tag (n > 0 when the name was taken)."""
-    return path + BACKUP_INFIX + tag + (f"-{n}" if n else "") + label
-
-
-def backup_tag_of(name: str) -> str:
-    """Return what follows ``.bak.`` in a backup's name (its tag, counter and label)."""
-    return os.path.basename(name).rpartition(BACKUP_INFIX)[2]
-
-
-def backup_prefix(path: str) -> str:
-    """Return the prefix of backup files of path (``<history>.bak.``)."""
-    return os.path.basename(path) + BACKUP_INFIX
-
-
-def is_backup_name(path: str, name: str) -> bool:
-    """Whether name (a base name) is a backup of path that spark-ops made (its naming rule)."""
-    prefix = backup_prefix(path)
-    return name.startswith(prefix) and bool(BACKUP_TAG_RE.match(name[len(prefix) :]))
-
-
-def list_backups(path: str) -> list[str]:
-    """Return the backups spark-ops made of path, oldest first (an operator's own are left out)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        names = [n for n in os.listdir(directory) if is_backup_name(path, n)]
-    except OSError:
-        return []
-    return [os.path.join(directory, n) for n in sorted(names)]
-
-
-def write_backup(path: str, data: bytes, keep: int, *, label: str = "") -> str:
-    """Keep the old content as a timestamped copy beside path; keep only the last ``keep``.
-
-    The old file is hard-linked when it is about to be replaced by a rename (its inode is then the
-    backup, with no copy); where links are not possible its bytes are written atomically. A symlink
-    is never linked: its target's content is copied, so the backup cannot follow the live file.
-    """
-    tag, n = backup_tag(time.time()), 0
-    target = backup_name(path, tag, n, label)
-    while os.path.lexists(target):
-        n += 1
-        target = backup_name(path, tag, n, label)
-    try:
-        if os.path.islink(path):
-            raise OSError("a symlink is copied, not linked")
-        os.link(path, target)
-    except OSError:
-        atomic_write(target, data)
-    backups = list_backups(path)
-    for old in backups[: max(0, len(backups) - keep)]:
-        with contextlib.suppress(OSError):
-            os.unlink(old)
-    return target
 
 
 def _journal_line(
@@ -786,7 +352,7 @@ def _append_journal(journal: str, lines: Sequence[bytes]) -> None:
     if not lines:
         return
     try:
-        fd = _open_owned(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        fd = open_owned(journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(fd, b"".join(lines))
             os.fsync(fd)
@@ -935,7 +501,7 @@ def append(
     _check_format(fmt)
     journal = journal or default_journal(path)
     with history_locked(path, lock, lock_timeout):
-        _clean_stale_tmp(path)
+        clean_stale_tmp(path)
         data, _exists = _read_bytes(path)
         hist = parse_history(data, path=path, fmt=fmt)
         if stamp is None:
@@ -1116,7 +682,7 @@ def prune(
         raise UsageFailure(f"--keep-backups {keep_backups} is not allowed: must be >= 1")
     journal = journal or default_journal(path)
     with history_locked(path, lock, lock_timeout):
-        _clean_stale_tmp(path)
+        clean_stale_tmp(path)
         data, exists = _read_bytes(path)
         hist = parse_history(data, path=path, fmt=fmt, exists=exists)
         plan = planned_stamps(journal, planned_by) if planned else {}

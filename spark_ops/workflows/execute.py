@@ -18,13 +18,13 @@ from spark_ops.errors import (
     SparkOpsError,
     WriteError,
 )
+from spark_ops.headlib.backup import ROLLED_BACK
 from spark_ops.readiness import BootEvent, BootReport, BootTracker, history_key, wait_for_boot
 from spark_ops.readiness import record as record_boot
 from spark_ops.remote import FileWrite, engine_log_follow, sha256
 from spark_ops.remote.programs.engine import LOG_SIZE
 from spark_ops.remote.shell import REMOVE
 from spark_ops.watchdog.contract import Trigger
-from spark_ops.watchdog.history import ROLLED_BACK
 from spark_ops.watchdog.identify import (
     SLACK_S,
     HistEntry,

@@ -11,11 +11,11 @@ from spark_ops.errors import (
     SparkOpsError,
     VerifyError,
 )
+from spark_ops.headlib.backup import BACKUP_TIME_FORMAT, ROLLED_BACK, backup_tag_of
 from spark_ops.recipe import edit_recipe, knob_values, render_recipe, unified_diff
 from spark_ops.recipe.changes import refuse_unknown_options, requested_flags
 from spark_ops.recipe.source import load_recipe_text
 from spark_ops.remote import sha256
-from spark_ops.watchdog.history import BACKUP_TIME_FORMAT, ROLLED_BACK, backup_tag_of
 from spark_ops.workflows.converge import booting_note, engine_differs, plan_settle
 from spark_ops.workflows.gate import check_budget
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable

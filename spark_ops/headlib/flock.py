@@ -1,0 +1,194 @@
+"""The one flock of spark-ops in Python: hold a lock file, probe it, say who has it open.
+
+`locked` takes an exclusive flock (waking as soon as the holder lets go, bounded by a timeout; a
+lock file this account may not write is locked through a read-only descriptor); `lock_free` is the
+one probe (the Python twin of remote.programs.lock.LOCK_FREE_SH); a timeout names the processes
+that have the lock file open (`lock_holders`). Standard library only (spark_ops/headlib/__init__.py
+says why).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from spark_ops.headlib.atomic import open_owned
+from spark_ops.headlib.errors import HeadFailure, LockTimeout
+from spark_ops.headlib.proc import command_of, process_exists
+
+DEFAULT_LOCK_TIMEOUT = 10.0
+
+
+def _flock_wait(fd: int, timeout: float) -> bool:
+    """Wait up to timeout for an exclusive flock on fd; on timeout the waiter thread owns fd.
+
+    A blocking flock in a helper thread is woken by the kernel as soon as the holder lets go,
+    which polling would miss under contention; it needs no signals, so it works in any thread.
+    """
+    done = threading.Event()
+    guard = threading.Lock()
+    state = {"got": False, "abandoned": False}
+
+    def waiter() -> None:
+        """Block on the lock; hand it over, or drop it if the caller gave up meanwhile."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            ok = True
+        except OSError:
+            ok = False
+        with guard:
+            if state["abandoned"]:
+                os.close(fd)  # closing releases the lock if we got it
+                return
+            state["got"] = ok
+            done.set()
+
+    threading.Thread(target=waiter, name="history-lock", daemon=True).start()
+    done.wait(timeout)
+    with guard:
+        if state["got"]:
+            return True
+        state["abandoned"] = True
+        return False
+
+
+def _open_lock(lock_path: str) -> int:
+    """Open a lock file as every taker does: created when missing, read-only if need be."""
+    try:
+        try:
+            return open_owned(lock_path, os.O_RDWR | os.O_CREAT)
+        except PermissionError:
+            return os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)  # flock works on read-only fds
+    except OSError as exc:
+        raise HeadFailure(
+            f"cannot open lock file {lock_path}: {exc.strerror}", lock=lock_path
+        ) from None
+
+
+def lock_free(lock_path: str) -> bool:
+    """Whether nobody holds lock_path's flock right now: taken and let go at once, never waited for.
+
+    The Python twin of remote.programs.lock.LOCK_FREE_SH. The file is opened as `locked` opens it
+    (created when missing); one that cannot be opened raises HeadFailure.
+    """
+    fd = _open_lock(lock_path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing lets the lock go
+    return True
+
+
+@contextlib.contextmanager
+def locked(lock_path: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold an exclusive flock on lock_path; raise LockTimeout naming it after timeout seconds."""
+    fd = _open_lock(lock_path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        if timeout <= 0 or not _flock_wait(fd, timeout):
+            if timeout <= 0:
+                os.close(fd)
+            raise lock_timeout_error(lock_path, timeout) from None
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def lock_timeout_error(
+    lock_path: str, timeout: float, holders: list[dict[str, Any]] | None = None
+) -> LockTimeout:
+    """The LockTimeout for lock_path: the lock, the wait and who has the lock file open."""
+    holders = lock_holders(lock_path) if holders is None else holders
+    who = "; ".join(
+        f"pid {h['pid']} ({h['command'] or '?'}){' holds it' if h['holds'] else ''}"
+        for h in holders
+    )
+    return LockTimeout(
+        f"lock {lock_path} is held by another process; gave up after {timeout:g} s"
+        + (f"; processes with it open: {who}" if who else ""),
+        lock=lock_path,
+        timeout=timeout,
+        holders=holders,
+    )
+
+
+_HOLDERS_SCAN_S = 2.0  # at most this long looking through /proc for who has the lock open
+
+
+def lock_holders(lock_path: str, limit: int = 8) -> list[dict[str, Any]]:
+    """The processes of this machine with lock_path open (a holder, or a waiter), from /proc.
+
+    `holds` is True for the process /proc/locks names as the flock's taker, when it still runs
+    (flock(1) takes the lock for its shell and exits: the shell then shows as having it open).
+    Best effort, bounded in time; empty where /proc cannot be read.
+    """
+    try:
+        st = os.stat(lock_path)
+    except OSError:
+        return []
+    takers = _flock_takers(st)
+    me = os.getpid()
+    found: dict[int, dict[str, Any]] = {}
+    give_up = time.monotonic() + _HOLDERS_SCAN_S
+    try:
+        pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    except OSError:
+        pids = []
+    for pid in pids:
+        if len(found) >= limit or time.monotonic() > give_up:
+            break
+        if pid == me:
+            continue
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                other = os.stat(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                found[pid] = {"pid": pid, "command": command_of(pid), "holds": pid in takers}
+                break
+    for pid in takers:
+        if pid not in found and pid != me and len(found) < limit and process_exists(pid):
+            found[pid] = {"pid": pid, "command": command_of(pid), "holds": True}
+    return sorted(found.values(), key=lambda h: (not h["holds"], h["pid"]))
+
+
+def _flock_takers(st: os.stat_result) -> set[int]:
+    """The pids /proc/locks names as holding a lock on the file of st (waiters left out)."""
+    out: set[int] = set()
+    try:
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or fields[1] == "->":  # "N: -> FLOCK ..." is a blocked waiter
+            continue
+        dev = fields[5].split(":")
+        if len(dev) != 3 or not fields[4].lstrip("-").isdigit():
+            continue
+        try:
+            same = (int(dev[0], 16), int(dev[1], 16), int(dev[2])) == (
+                os.major(st.st_dev), os.minor(st.st_dev), st.st_ino
+            )  # fmt: skip
+        except ValueError:
+            continue
+        if same and int(fields[4]) > 0:
+            out.add(int(fields[4]))
+    return out
