@@ -166,6 +166,7 @@ async def test_audit_entry_of_an_executed_plan(mini: MiniCluster) -> None:
     """audit_entry: a plan, its options and outcome (or error) as one entry, recorded whole."""
     from spark_ops.errors import BootError
     from spark_ops.recipe import Change
+    from spark_ops.verify import Check
     from spark_ops.workflows import ApplyOptions, Outcome, audit_entry
     from spark_ops.workflows.plan import FileChange, Plan
 
@@ -178,7 +179,7 @@ async def test_audit_entry_of_an_executed_plan(mini: MiniCluster) -> None:
     }  # fmt: skip
     assert ok["nodes"] == ["node1"] and ok["diff"] == "-a\n+b\n" and ok["outcome"] == "ok"
     assert ok["detail"] == {"stamp": 17.0, "pruned": [17.0]}
-    checks = [{"name": "xid", "host": "node2", "ok": False}, {"name": "kv-pool", "ok": True}]
+    checks = [Check("xid", "node2", "fail", "Xid 79"), Check("kv-pool", "node1", "ok", "")]
     warned = audit_entry(plan, opts, Outcome(plan, ok=True, checks=checks))
     assert warned["outcome"] == "ok, checks failed: xid@node2"
     failed = audit_entry(plan, opts, failure=BootError("engine log ended during WEIGHTS"))
