@@ -11,7 +11,14 @@ from spark_ops.errors import (
     SparkOpsError,
     VerifyError,
 )
-from spark_ops.recipe import edit_recipe, knob_values, render_recipe, unified_diff
+from spark_ops.recipe import (
+    Rendered,
+    edit_recipe,
+    knob_values,
+    render_recipe,
+    rendered_knobs,
+    unified_diff,
+)
 from spark_ops.recipe.changes import refuse_unknown_options, requested_flags
 from spark_ops.recipe.source import load_recipe_text
 from spark_ops.remote import sha256
@@ -69,15 +76,17 @@ async def plan_apply(op: Operation, opts: ApplyOptions, shown: Plan | None = Non
                     unified_diff(text, edit.text, source), edit.text, text,
                 )
             )  # fmt: skip
-    plan.facts.knobs_before = jsonable(knob_values(head_text, source="recipe"))
+    head_render = render_recipe(head_text, source="recipe")  # each text rendered once here
+    plan.facts.knobs_before = jsonable(rendered_knobs(head_render))
     new_text = next((c.new_text for c in plan.changes), head_text)
-    plan.facts.knobs_after = jsonable(knob_values(new_text, source="recipe"))
+    new_render = head_render if new_text == head_text else render_recipe(new_text, source="recipe")
+    plan.facts.knobs_after = jsonable(rendered_knobs(new_render))
     if not plan.changes:
         await _restart_if_needed(op, opts, plan)
         await _settle_and_gate(op, opts, plan)
         return plan
-    await _preflight(op, opts, plan, new_text, shown)
-    warning = await _kv_capacity(op, new_text)
+    await _preflight(op, opts, plan, new_text, new_render, shown)
+    warning = await _kv_capacity(op, new_render)
     if warning:
         plan.warnings.append(warning)
     _restart_steps(plan, op, opts, write=True)
@@ -144,12 +153,17 @@ async def _restart_if_needed(op: Operation, opts: ApplyOptions, plan: Plan) -> N
 
 
 async def _preflight(
-    op: Operation, opts: ApplyOptions, plan: Plan, new_text: str, shown: Plan | None
+    op: Operation,
+    opts: ApplyOptions,
+    plan: Plan,
+    new_text: str,
+    rendered: Rendered,
+    shown: Plan | None,
 ) -> None:
-    """Have the head's own vLLM parse the edited command line; a refusal stops the plan."""
+    """Have the head's own vLLM parse the edited command line (`rendered`: new_text rendered);
+    a refusal stops the plan."""
     head = op.cluster.head.name
     source = f"{head}:{op.cluster.recipe.path}"
-    rendered = render_recipe(new_text, source=source)
     digest = sha256(new_text)
     earlier = (shown.facts.preflight if shown is not None else None) or {}
     if earlier.get("recipe_sha256") == digest and earlier.get("ok") is not False:
@@ -173,10 +187,10 @@ async def _preflight(
             plan.warnings.append(f"preflight: {warning}")
 
 
-async def _kv_capacity(op: Operation, recipe_text: str) -> str | None:
+async def _kv_capacity(op: Operation, rendered: Rendered) -> str | None:
     """Warn when max_num_seqs full-length sequences cannot fit the running engine's KV pool."""
     try:
-        args = render_recipe(recipe_text, source="recipe").args()
+        args = rendered.args()
         seqs, length = int(str(args["max_num_seqs"])), int(str(args["max_model_len"]))
     except (KeyError, TypeError, ValueError, SparkOpsError):
         return None
