@@ -166,6 +166,7 @@ async def test_audit_entry_of_an_executed_plan(mini: MiniCluster) -> None:
     """audit_entry: a plan, its options and outcome (or error) as one entry, recorded whole."""
     from spark_ops.errors import BootError
     from spark_ops.recipe import Change
+    from spark_ops.verify import Check
     from spark_ops.workflows import ApplyOptions, Outcome, audit_entry
     from spark_ops.workflows.plan import FileChange, Plan
 
@@ -178,7 +179,7 @@ async def test_audit_entry_of_an_executed_plan(mini: MiniCluster) -> None:
     }  # fmt: skip
     assert ok["nodes"] == ["node1"] and ok["diff"] == "-a\n+b\n" and ok["outcome"] == "ok"
     assert ok["detail"] == {"stamp": 17.0, "pruned": [17.0]}
-    checks = [{"name": "xid", "host": "node2", "ok": False}, {"name": "kv-pool", "ok": True}]
+    checks = [Check("xid", "node2", "fail", "Xid 79"), Check("kv-pool", "node1", "ok", "")]
     warned = audit_entry(plan, opts, Outcome(plan, ok=True, checks=checks))
     assert warned["outcome"] == "ok, checks failed: xid@node2"
     failed = audit_entry(plan, opts, failure=BootError("engine log ended during WEIGHTS"))
@@ -208,3 +209,33 @@ def test_who_is_the_account_not_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert audit.make_entry("apply")["who"] == audit.who()
     assert operator().endswith(f":{real}")
     assert "mallory" not in json.dumps(lock.holder_info("apply"), ensure_ascii=False)
+
+
+async def test_the_executed_plan_is_the_plan_shown(mini: MiniCluster) -> None:
+    """execute writes nothing into the plan it is given: the steps' outcomes and what the run
+    found (its id, what it wrote, the old KV pool, the restart's clock) stay beside it.
+
+    The restart command fails here (exit 3): the write is undone and no engine boots, and every
+    fact a run records has been recorded by then.
+    """
+    import copy
+
+    from spark_ops.errors import SparkOpsError
+    from spark_ops.recipe import Change
+    from spark_ops.workflows import ApplyOptions, Operation, execute, plan_apply
+
+    base = cluster_in(mini, "shown")
+    failing = dataclasses.replace(base.watchdog, restart_command="exit 3")
+    cluster = dataclasses.replace(base, watchdog=failing)
+    recipe = mini.recipe.read_text()
+    opts = ApplyOptions(changes=[Change.knob("max_num_seqs", 64)], drain=False, preflight="off")
+    async with Operation.open(cluster, "apply") as op:
+        plan = await plan_apply(op, opts)
+        shown, kept = plan.to_dict(), copy.deepcopy(plan)
+        assert plan.changes and "restart" in [s["name"] for s in shown["steps"]], shown
+        with pytest.raises(SparkOpsError) as failed:
+            await execute(op, plan, opts)
+    assert "no restart began: the recipe write was undone" in failed.value.message
+    assert plan.to_dict() == shown
+    assert plan == kept
+    assert mini.recipe.read_text() == recipe, "the write was undone"

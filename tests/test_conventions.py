@@ -245,10 +245,10 @@ def test_a_failed_step_is_said_once(capsys: pytest.CaptureFixture[str]) -> None:
     from spark_ops.cli.common import SAID, step_reporter
     from spark_ops.cli.main import _report_error
     from spark_ops.errors import BootError
-    from spark_ops.workflows.plan import Step
+    from spark_ops.workflows.plan import Step, StepRun
 
     message = "engine boot failed during WEIGHTS_LOADING (TRACEBACK): RuntimeError: bad shard"
-    step = Step("boot", "follow the boot")
+    step = StepRun(Step("boot", "follow the boot"))
     step.status, step.detail, step.seconds = "failed", message, 0.6
     SAID.clear()
     step_reporter(False)(step)

@@ -33,11 +33,11 @@ DIFFERENCES = yaml.safe_load((FIXTURES / "differences.yaml").read_text())
 def test_plan_differences(case: dict[str, Any]) -> None:
     """What makes the plan under the lock another plan than the one shown (and what does not)."""
     from spark_ops.workflows.gate import plan_differences
-    from spark_ops.workflows.plan import Plan
+    from spark_ops.workflows.plan import Plan, PlanFacts
 
     def plan(side: dict[str, Any]) -> Plan:
         """A restart plan with the case's facts and warnings."""
-        p = Plan("restart", "sim", facts=dict(side.get("facts", {})))
+        p = Plan("restart", "sim", facts=PlanFacts.from_json(side.get("facts", {})))
         p.warnings = list(side.get("warnings", []))
         p.add("restart", "force a restart")
         return p

@@ -15,6 +15,7 @@ tests/fixtures/house/cases.yaml, so that a check gone blind fails.
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from dataclasses import dataclass
 from itertools import product
@@ -599,3 +600,31 @@ def test_the_graph_is_the_one_python_sees(house: House) -> None:
     assert "spark_ops.inventory" in edges["spark_ops.remote.connector"]
     assert not any(_within(d, "spark_ops.remote") for d in edges["spark_ops.inventory"])
     assert "spark_ops.workflows.operation" in edges["spark_ops.workflows.postboot"]
+
+
+def string_keyed_facts(root: Path) -> list[str]:
+    """Lines of the package that reach a plan's or a run's facts by a string key, or a step by
+    its name as text (both are dataclass fields and a StepKind: workflows/plan.py)."""
+    fact = re.compile(r"\bfacts(\[|\.get\(|\.setdefault\(|\.update\(|\.pop\()")
+    step = re.compile(
+        r"""\.name\s*[!=]=\s*["']|["'][a-z-]+["']\s+(not\s+)?in\s+(\{s\.name|steps\b)"""
+    )
+    out: list[str] = []
+    for path in sorted((root / "spark_ops").rglob("*.py")):
+        workflows = "workflows" in path.parts
+        for n, line in enumerate(path.read_text("utf-8").splitlines(), 1):
+            if fact.search(line) or (workflows and step.search(line)):
+                out.append(f"{path.relative_to(root).as_posix()}:{n}: {line.strip()}")
+    return out
+
+
+def test_facts_and_steps_are_typed(tmp_path: Path) -> None:
+    """No `facts[...]` / `facts.get(` in spark_ops, and no step matched by its name as text in
+    workflows/; the checker sees both in a small tree."""
+    assert string_keyed_facts(REPO) == []
+    (tmp_path / "spark_ops" / "workflows").mkdir(parents=True)
+    (tmp_path / "spark_ops" / "workflows" / "x.py").write_text(
+        'a = plan.facts["budget"]\nb = plan.facts.get("engine")\nif "restart" in steps:\n'
+        '    pass\nif s.name == "boot":\n    pass\nc = plan.facts.budget\n'
+    )
+    assert [line.split(":")[1] for line in string_keyed_facts(tmp_path)] == ["1", "2", "3", "5"]

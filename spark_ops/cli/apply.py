@@ -221,7 +221,7 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
             _echo_outcome(outcome)
         if outcome.rolled_back:
             return int(ExitStatus.BOOT_FAILED)
-        if not all(c["ok"] for c in outcome.checks):
+        if not outcome.checks_ok:
             return int(ExitStatus.CHECK_FAILED)
         # the engine serves, but the budget is unknown: watchdog.history_file is wrong
         return int(ExitStatus.BUDGET) if outcome.history_problem else 0
@@ -255,16 +255,16 @@ def _echo_outcome(outcome: Outcome) -> None:
         click.secho(
             "The new recipe failed to boot; the previous recipe is serving again.", fg="yellow"
         )
-    elif outcome.ok and all(c["ok"] for c in outcome.checks):
-        total = (outcome.boot or {}).get("total_s")
+    elif outcome.ok and outcome.checks_ok:
+        boot = outcome.boot
         if hush:
             pass
-        elif total is None:
+        elif boot is None:
             click.secho("Done: the unfinished run(s) are finished.", fg="green", bold=True)
         else:
-            boot = outcome.boot or {}
-            how = "from the engine's start" if boot.get("engine_started_at") else "of waiting"
-            cmd = boot.get("restart_command_s")
+            total = boot.total_s
+            how = "from the engine's start" if boot.engine_started_at else "of waiting"
+            cmd = boot.restart_command_s
             apart = f"; restart command {cmd:.1f} s" if cmd is not None else ""
             click.secho(
                 f"Done: engine serving (boot {total:.1f} s {how}{apart}).", fg="green", bold=True
@@ -274,12 +274,10 @@ def _echo_outcome(outcome: Outcome) -> None:
     for warning in getattr(outcome, "warnings", []):
         click.secho(f"  ! {warning}", fg="yellow")
     for c in outcome.checks:
-        if hush and c["ok"]:
+        if hush and c.ok:
             continue
-        mark = "✓" if c["ok"] else "✗"
-        click.secho(
-            f"  {mark} {c['name']} [{c['host']}]: {c['detail']}", fg=None if c["ok"] else "red"
-        )
+        mark = "✓" if c.ok else "✗"
+        click.secho(f"  {mark} {c.name} [{c.host}]: {c.detail}", fg=None if c.ok else "red")
     problem = outcome.history_problem
     if problem:
         click.secho(f"✗ Restart budget UNKNOWN: {problem['message']}.", fg="red", bold=True)
@@ -287,8 +285,7 @@ def _echo_outcome(outcome: Outcome) -> None:
     if outcome.budget and not hush:
         b = outcome.budget
         click.echo(
-            f"Restart budget: {b['used']}/{b['allowed']} used in the last "
-            f"{b['window_s'] / 3600:g} h; "
+            f"Restart budget: {b.used}/{b.allowed} used in the last {b.window_s / 3600:g} h; "
             f"pruned {stamps_text(outcome.pruned)}"
         )
 

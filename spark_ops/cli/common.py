@@ -126,8 +126,8 @@ def echo_plan(plan: Plan) -> None:
     click.secho(f"Plan: {plan.operation} on cluster {plan.cluster}", bold=True)
     for w in plan.warnings:
         click.secho(f"warning: {w}", fg="yellow")
-    before = plan.facts.get("knobs_before") or {}
-    after = plan.facts.get("knobs_after") or {}
+    before = plan.facts.knobs_before or {}
+    after = plan.facts.knobs_after or {}
     for key in after:
         if before.get(key) != after.get(key):
             click.echo(f"  {key}: {before.get(key)!r} -> {after.get(key)!r}")
@@ -139,8 +139,8 @@ def echo_plan(plan: Plan) -> None:
         click.secho("Steps:", bold=True)
         for i, s in enumerate(plan.steps, 1):
             click.echo(f"  {i}. {s.description}")
-    gate = plan.facts.get("budget")
-    if gate and any(s.name == "restart" for s in plan.steps):
+    gate = plan.facts.budget
+    if gate and plan.restarts:
         echo_gate(gate)
 
 

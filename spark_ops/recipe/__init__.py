@@ -12,7 +12,7 @@ from spark_ops.recipe.knobs import (
     parse_max_num_seqs,
     version_from_container,
 )
-from spark_ops.recipe.render import Rendered, knob_values, render_recipe
+from spark_ops.recipe.render import Rendered, knob_values, render_recipe, rendered_knobs
 from spark_ops.recipe.source import load_recipe_text
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "parse_kv_cache_memory",
     "parse_max_num_seqs",
     "render_recipe",
+    "rendered_knobs",
     "unified_diff",
     "version_from_container",
 ]

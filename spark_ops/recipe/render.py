@@ -254,7 +254,12 @@ def knob_values(
     text: str, *, source: str, includes: IncludeReader | None = None
 ) -> dict[str, object]:
     """Current values of the four knobs as vLLM would see them (None: not set, vLLM default)."""
-    rendered = render_recipe(text, source=source, includes=includes)
+    return rendered_knobs(render_recipe(text, source=source, includes=includes))
+
+
+def rendered_knobs(rendered: Rendered) -> dict[str, object]:
+    """The four knobs of a recipe rendered once already (errors name its source)."""
+    source = rendered.source
     if rendered.runtime != "vllm":
         raise UnsupportedRecipe(
             f"{source}: runtime {rendered.runtime!r}: max_num_seqs, kv_cache_memory, "

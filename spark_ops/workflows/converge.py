@@ -19,7 +19,7 @@ from spark_ops.watchdog.contract import PLANNED_BY
 from spark_ops.watchdog.identify import HistEntry, new_entries, prune_command
 from spark_ops.workflows.journal import STAMP_GRACE_S, Run, read_runs, unfinished_runs
 from spark_ops.workflows.operation import Operation
-from spark_ops.workflows.plan import Plan, Step
+from spark_ops.workflows.plan import Plan, Step, StepKind
 
 
 async def effective_args(session: ClusterSession) -> dict[str, Any] | None:
@@ -179,17 +179,19 @@ async def plan_settle(op: Operation, plan: Plan) -> list[Run]:
                 "that lock, and this one is then refused)"
             )
         )
-    plan.facts["settles"] = settles
-    plan.facts["left_stamps"] = [e.raw for e in left]
-    plan.facts["left_stamp_values"] = [e.stamp for e in left]  # the budget gate counts without
-    plan.facts["unfinished"] = [r.summary() for r in dead]
+    plan.facts.settles = settles
+    plan.facts.left_stamps = [e.raw for e in left]
+    plan.facts.left_stamp_values = [e.stamp for e in left]  # the budget gate counts without
+    plan.facts.unfinished = [r.summary() for r in dead]
     what = (
         "remove the planned stamp(s) they left: " + ", ".join(repr(e.raw.strip()) for e in left)
         if left
         else "nothing of theirs is left in the history"
     )
     ids = ", ".join(r.run for r in dead)
-    plan.steps.insert(0, Step("settle", f"finish run(s) {ids}: {what}", [op.cluster.head.name]))
+    plan.steps.insert(
+        0, Step(StepKind.SETTLE, f"finish run(s) {ids}: {what}", (op.cluster.head.name,))
+    )
     return dead
 
 

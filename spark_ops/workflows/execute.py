@@ -24,7 +24,7 @@ from spark_ops.readiness import record as record_boot
 from spark_ops.remote import FileWrite, engine_log_follow, sha256
 from spark_ops.remote.programs.engine import LOG_SIZE
 from spark_ops.remote.shell import REMOVE
-from spark_ops.watchdog.contract import Trigger
+from spark_ops.watchdog.contract import BudgetView, Trigger
 from spark_ops.watchdog.identify import (
     SLACK_S,
     HistEntry,
@@ -40,11 +40,11 @@ from spark_ops.workflows import interrupt
 from spark_ops.workflows.gate import budget_refusal
 from spark_ops.workflows.journal import RunJournal, write_facts
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
-from spark_ops.workflows.plan import Plan, Step, StepRunner
+from spark_ops.workflows.plan import Plan, Step, StepKind, StepRun, StepRunner
 from spark_ops.workflows.postboot import kv_pool, verify_boot
 from spark_ops.workflows.standing import standing
 
-StepReporter = Callable[[Step], None]
+StepReporter = Callable[[StepRun], None]
 EventReporter = Callable[[BootEvent], None]
 
 
@@ -68,11 +68,11 @@ async def execute(
     out = Outcome(plan, ok=False)
     journal = RunJournal(op, plan.operation, opts.command)
     await journal.intent(**intent_of(plan, opts))
-    plan.facts["run"] = journal.run
-    run = StepRunner(plan, on_step)
+    out.found.run = journal.run
+    run = StepRunner(out.steps, on_step)
     failure: BaseException | None = None
     try:
-        with interrupt.listening(lambda sig: _note_where(plan, sig)):
+        with interrupt.listening(lambda sig: _note_where(out, sig)):
             await _execute(op, plan, opts, out, run, on_event, journal)
     except (asyncio.CancelledError, KeyboardInterrupt):
         interrupt.absorb()
@@ -82,11 +82,11 @@ async def execute(
         failure = exc
         raise
     finally:
-        await journal.steps(plan)
+        await journal.steps(out.steps)
         try:
             entry = audit_entry(plan, opts, out, failure)
         except Exception as exc:  # an entry is written whatever went wrong: a minimal one
-            entry = audit_minimal(plan, failure, exc)
+            entry = audit_minimal(plan, out, failure, exc)
         await journal.end(entry)
     return out
 
@@ -100,22 +100,22 @@ def intent_of(plan: Plan, opts: ApplyOptions) -> dict[str, Any]:
         "diff": "".join(c.diff for c in plan.changes),
         "detail": {
             "writes": write_facts(plan),
-            "restart": "restart" in steps,
-            "steps": steps,
-            "left_stamps": plan.facts.get("left_stamps", []),
-            "budget": plan.facts.get("budget"),
+            "restart": StepKind.RESTART in steps,
+            "steps": [str(s) for s in steps],
+            "left_stamps": plan.facts.left_stamps or [],
+            "budget": plan.facts.budget,
         },
-        "settles": plan.facts.get("settles", []),
+        "settles": plan.facts.settles or [],
     }
 
 
 def interrupted(plan: Plan, out: Outcome, opts: ApplyOptions, run: StepRunner) -> Interrupted:
     """The Interrupted error of a run stopped by a signal: the step, and where things stand."""
     why = f"interrupted ({interrupt.received() or 'KeyboardInterrupt'})"
-    for s in plan.steps:
+    for s in out.steps:
         if s.status == "running":
             run.fail(s.name, why)
-    where = plan.facts.get("interrupted_at") or _where(plan)
+    where = out.found.interrupted_at or _where(out)
     return Interrupted(
         f"{why} {where}",
         standing=standing(plan, out, opts.command or f"spark-ops {plan.operation}"),
@@ -123,18 +123,19 @@ def interrupted(plan: Plan, out: Outcome, opts: ApplyOptions, run: StepRunner) -
     )
 
 
-def _where(plan: Plan) -> str:
-    """Where the plan stands now: at the step running, or after the last one that ran."""
-    running = [s.name for s in plan.steps if s.status == "running"]
+def _where(out: Outcome) -> str:
+    """Where the run stands now: at the step running, or after the last one that ran."""
+    running = [s.name for s in out.steps if s.status == "running"]
     if running:
         return f"at the {running[0]} step"
-    began = [s.name for s in plan.steps if s.status != "pending"]
+    began = [s.name for s in out.steps if s.status != "pending"]
     return f"after the {began[-1]} step" if began else "before the first step"
 
 
-def _note_where(plan: Plan, signame: str) -> None:
+def _note_where(out: Outcome, signame: str) -> None:
     """Remember where the first signal found the run (later steps are its clean-up)."""
-    plan.facts.setdefault("interrupted_at", _where(plan))
+    if out.found.interrupted_at is None:
+        out.found.interrupted_at = _where(out)
 
 
 def _args(opts: ApplyOptions | None) -> dict[str, Any]:
@@ -151,13 +152,15 @@ def _args(opts: ApplyOptions | None) -> dict[str, Any]:
     return args
 
 
-def audit_minimal(plan: Plan, failure: BaseException | None, exc: Exception) -> dict[str, Any]:
+def audit_minimal(
+    plan: Plan, out: Outcome, failure: BaseException | None, exc: Exception
+) -> dict[str, Any]:
     """The audit entry when building the full one failed: operation, what was written, why."""
     return audit.make_entry(
         plan.operation,
         nodes=[c.host for c in plan.changes],
         outcome=f"failed: {type(failure).__name__ if failure else 'unknown'}",
-        detail={"written": plan.facts.get("written", []), "entry_error": repr(exc)[:300]},
+        detail={"written": out.found.written or [], "entry_error": repr(exc)[:300]},
     )
 
 
@@ -177,16 +180,16 @@ def audit_entry(
         result = "not run"
     else:
         result = "rolled back" if out.rolled_back else "ok" if out.ok else "failed"
-        bad = [c for c in out.checks if not c.get("ok", True)]
+        bad = [c for c in out.checks if not c.ok]
         if result == "ok" and bad:
-            names = ", ".join(sorted({f"{c.get('name')}@{c.get('host')}" for c in bad}))
+            names = ", ".join(sorted({f"{c.name}@{c.host}" for c in bad}))
             result = f"ok, checks failed: {names}"
         if out.history_problem is not None:
             result += f"; budget unknown: {out.history_problem['message']}"
     detail: dict[str, Any] = {}
     if out is not None:
         detail = {"stamp": stamp_json(out.stamp), "pruned": stamps_json(out.pruned)}
-    written = plan.facts.get("written")
+    written = out.found.written if out is not None else None
     if written is not None:
         detail["written"] = list(written)  # what changed, even when a later step failed
     return audit.make_entry(
@@ -209,15 +212,14 @@ async def _execute(
     journal: RunJournal,
 ) -> None:
     """The steps of apply / restart; our stamp is pruned even if the boot fails."""
-    steps = {s.name for s in plan.steps}
-    if "settle" in steps:
+    if plan.has(StepKind.SETTLE):
         await _settle(op, plan, run, out, journal)
-    if "restart" not in steps:
+    if not plan.has(StepKind.RESTART):
         out.ok = True
         return
     await op.api_url()
-    if "write" in steps:
-        await interrupt.atomic(_write(op, plan, run, journal))
+    if plan.has(StepKind.WRITE):
+        await interrupt.atomic(_write(op, plan, run, out, journal))
     try:
         try:
             await _restart_and_wait(op, plan, run, out, opts, on_event, journal)
@@ -233,9 +235,11 @@ async def _execute(
         out.budget = await _budget_step(op, run, plan, out)
 
 
-async def _write(op: Operation, plan: Plan, run: StepRunner, journal: RunJournal) -> None:
+async def _write(
+    op: Operation, plan: Plan, run: StepRunner, out: Outcome, journal: RunJournal
+) -> None:
     """The all-or-nothing recipe write, its step and its journal record: one atomic unit."""
-    run.start("write")
+    run.start(StepKind.WRITE)
     label = ROLLED_BACK if plan.operation == "rollback" else ""  # the version rolled away
     writes = [
         FileWrite(ch.host, ch.path, ch.new_text, ch.old_sha, op.cluster.recipe.keep_backups,
@@ -245,24 +249,24 @@ async def _write(op: Operation, plan: Plan, run: StepRunner, journal: RunJournal
     try:
         done = await op.session.write_atomic(writes)
     except WriteError as exc:  # an undo that could not finish: what it left written
-        plan.facts["written"] = list(exc.written)
+        out.found.written = list(exc.written)
         await journal.note("write", "failed", written=list(exc.written), detail=exc.message[:1000])
         raise
-    plan.facts["written"] = [f"{d.host}:{d.path}" for d in done]  # named by the audit entry
-    plan.facts["write_backups"] = [d.to_dict() for d in done]
-    run.finish("write", "; ".join(f"{d.host}: backup {d.backup}" for d in done))
-    await journal.steps(plan, {"write": {"written": plan.facts["written"]}})
+    out.found.written = [f"{d.host}:{d.path}" for d in done]  # named by the audit entry
+    out.found.write_backups = [d.to_dict() for d in done]
+    run.finish(StepKind.WRITE, "; ".join(f"{d.host}: backup {d.backup}" for d in done))
+    await journal.steps(run.steps, {StepKind.WRITE: {"written": out.found.written}})
 
 
 async def _settle(
     op: Operation, plan: Plan, run: StepRunner, out: Outcome, journal: RunJournal
 ) -> None:
     """Finish the dead runs the plan names: remove the planned stamps they left, by exact line."""
-    run.start("settle")
-    raws = [str(r) for r in plan.facts.get("left_stamps", [])]
+    run.start(StepKind.SETTLE)
+    raws = [str(r) for r in plan.facts.left_stamps or []]
     if not raws:
-        run.finish("settle", f"nothing was left by {', '.join(plan.facts.get('settles', []))}")
-        await journal.steps(plan)
+        run.finish(StepKind.SETTLE, f"nothing was left by {', '.join(plan.facts.settles or [])}")
+        await journal.steps(run.steps)
         return
 
     async def unit() -> None:
@@ -270,8 +274,8 @@ async def _settle(
         result = await op.watchdog.prune(raws=raws, reason=f"planned restart ({op.name}, left)")
         removed = result["removed_stamps"]
         out.pruned.extend(removed)
-        run.finish("settle", f"removed the stamp(s) left by a dead run: {removed}")
-        await journal.steps(plan)
+        run.finish(StepKind.SETTLE, f"removed the stamp(s) left by a dead run: {removed}")
+        await journal.steps(run.steps)
 
     await interrupt.atomic(unit())
 
@@ -285,27 +289,32 @@ async def _restart_and_wait(
     on_event: EventReporter | None,
     journal: RunJournal,
     *,
-    suffix: str = "",
+    rollback: bool = False,
 ) -> None:
-    """Drain, trigger, follow the new engine's boot, prune this restart's stamp in any case."""
+    """Drain, trigger, follow the new engine's boot, prune this restart's stamp in any case.
+
+    `rollback`: the restart of a rollback (its own steps, no drain; the pool is not read again).
+    """
     c = op.cluster
-    steps = {s.name for s in plan.steps}
     paused = False
-    if "drain" in steps and not suffix:
-        run.start("drain")
+    if plan.has(StepKind.DRAIN) and not rollback:
+        run.start(StepKind.DRAIN)
         async with op.engine() as api:
             drained = await api.drain(opts.drain_timeout_s)
         paused = bool(drained["paused"])
-        run.finish("drain", _drain_text(drained), "done" if drained["drained"] else "skipped")
+        run.finish(
+            StepKind.DRAIN, _drain_text(drained), "done" if drained["drained"] else "skipped"
+        )
     before = await op.watchdog.entries()
     flags_before = await _flags(op)
     start_at = await _log_offset(op)
-    if not suffix:
-        plan.facts["kv_pool_before"] = await kv_pool(op)
+    if not rollback:
+        out.found.kv_pool_before = await kv_pool(op)
     clock_before = await op.watchdog.clock()
     async with op.engine(timeout=5) as api:
         watch = await EngineWatch.before_restart(op.session, c, api, clock_before)
-    name = "restart" + suffix
+    name = _of(StepKind.RESTART, rollback)
+    boot = _of(StepKind.BOOT, rollback)
     trigger: Trigger | None = None
     found: Identification | None = None
     stamp_error: SparkOpsError | None = None
@@ -314,14 +323,14 @@ async def _restart_and_wait(
     async def fire() -> None:
         """Record the window, trigger, identify and note the stamp: one atomic unit."""
         nonlocal trigger, found, stamp_error
-        await journal.steps(plan)
+        await journal.steps(run.steps)
         known = [e.raw for e in before if e.stamp >= clock_before - 5.0]
         await journal.note(name, "running", window_from=clock_before, known=known)
         trigger = await op.watchdog.trigger(opts.reason)
-        plan.facts["restart_at"] = trigger.before
-        plan.facts["printed_stamp"] = trigger.printed
+        out.found.restart_at = trigger.before
+        out.found.printed_stamp = trigger.printed
         if trigger.exit_code != 0:
-            await _trigger_failed(op, plan, run, name, trigger, before, watch, paused, suffix)
+            await _trigger_failed(op, plan, run, out, name, trigger, before, watch, paused)
         found, stamp_error = await _identify(op, trigger, before, opts.reason)
         out.stamp = found.stamp if found else None
         await journal.note(name, "triggered", window_to=trigger.after, stamp=out.stamp)
@@ -330,27 +339,27 @@ async def _restart_and_wait(
     run.start(name)
     try:
         await interrupt.atomic(fire())
-        run.start("boot" + suffix)
+        run.start(boot)
         try:
             report = await _wait(op, opts, start_at, on_event, watch)
             await _time_from_engine(op, report, watch, trigger)
-            out.boot = report.to_dict()
-            out.boots.append({"step": "boot" + suffix, **out.boot})
+            out.boot = report
+            out.boots.append({"step": boot.value, **report.to_dict()})
             record_boot(history_key(c), report)  # the ETA learns the engine's own boot time
-            run.finish("boot" + suffix, boot_text(report, watch))
+            run.finish(boot, boot_text(report, watch))
         except BaseException as exc:
             boot_error = exc
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
                 interrupt.absorb()  # the prune below still runs, then the interruption
-                run.fail("boot" + suffix, f"interrupted ({interrupt.received() or 'Ctrl-C'})")
+                run.fail(boot, f"interrupted ({interrupt.received() or 'Ctrl-C'})")
             else:
-                run.fail("boot" + suffix, getattr(exc, "message", None) or repr(exc))
-        await journal.steps(plan)
+                run.fail(boot, getattr(exc, "message", None) or repr(exc))
+        await journal.steps(run.steps)
         await _report_flags(op, out, flags_before)
     except BaseException as exc:
         if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
             interrupt.absorb()  # the prune below still runs, then the interruption
-        if plan.step(name).status == "running":  # the restart step is always closed
+        if run.step(name).status == "running":  # the restart step is always closed
             why = getattr(exc, "message", None) or f"interrupted ({type(exc).__name__})"
             run.fail(name, why)
         raise
@@ -361,7 +370,7 @@ async def _restart_and_wait(
         if (found is None or found.entry is None) and stamp_error is None:
             found, stamp_error = await _identify(op, trigger, before, opts.reason)
             out.stamp = found.stamp if found else None
-        await interrupt.atomic(_prune_step(op, run, out, found, stamp_error, suffix, journal))
+        await interrupt.atomic(_prune_step(op, run, out, found, stamp_error, rollback, journal))
     if boot_error is not None:
         raise boot_error
 
@@ -464,12 +473,12 @@ async def _trigger_failed(
     op: Operation,
     plan: Plan,
     run: StepRunner,
-    name: str,
+    out: Outcome,
+    name: StepKind,
     trigger: Trigger,
     before: list[HistEntry],
     watch: EngineWatch,
     paused: bool,
-    suffix: str,
 ) -> None:
     """The restart command exited non-zero: undo the recipe write if no restart began; raise."""
     error = op.watchdog.failure(trigger)
@@ -491,7 +500,7 @@ async def _trigger_failed(
     if paused and not began:
         async with op.engine() as api:
             await api.resume()
-    written = "write" in {s.name for s in plan.steps} and plan.changes and not suffix
+    written = plan.has(StepKind.WRITE) and plan.changes and name == StepKind.RESTART
     if not began and written:
         keep = op.cluster.recipe.keep_backups
         writes = [
@@ -499,9 +508,7 @@ async def _trigger_failed(
             for ch in plan.changes
         ]
         undone = await op.session.write_atomic(writes)
-        await _drop_backups(
-            op, [*plan.facts.get("write_backups", []), *(u.to_dict() for u in undone)]
-        )
+        await _drop_backups(op, [*(out.found.write_backups or []), *(u.to_dict() for u in undone)])
         error.message += "; no restart began: the recipe write was undone"
         run.fail(name, error.message)
         error.hint = "nothing changed on the cluster; fix the watchdog command, then run again"
@@ -604,14 +611,14 @@ async def _prune_step(
     out: Outcome,
     found: Identification | None,
     stamp_error: SparkOpsError | None,
-    suffix: str,
+    rollback: bool,
     journal: RunJournal,
 ) -> None:
     """Remove exactly our entry; say why (and what to run) when none can be removed."""
     try:
-        await _prune(op, run, out, found, stamp_error, suffix)
+        await _prune(op, run, out, found, stamp_error, rollback)
     finally:
-        await journal.steps(plan=run.plan)
+        await journal.steps(run.steps)
 
 
 async def _prune(
@@ -620,12 +627,10 @@ async def _prune(
     out: Outcome,
     found: Identification | None,
     stamp_error: SparkOpsError | None,
-    suffix: str,
+    rollback: bool,
 ) -> None:
     """The prune step itself."""
-    name = "prune"
-    if suffix and f"prune{suffix}" in {s.name for s in run.plan.steps}:
-        name += suffix
+    name = _of(StepKind.PRUNE, rollback)
     run.start(name)
     if stamp_error is not None:
         run.fail(name, stamp_error.message + (f" ({stamp_error.hint})" if stamp_error.hint else ""))
@@ -638,7 +643,7 @@ async def _prune(
             )
             run.fail(name, error.message)
             raise error
-        evidence = await _restart_recorded(op, run.plan)
+        evidence = await _restart_recorded(op, out)
         if evidence is not None:  # the watchdog recorded a restart, but not in this file
             out.history_problem = history_unmoved(op, *evidence)
             run.fail(name, out.history_problem["message"])
@@ -670,14 +675,14 @@ async def _prune(
     run.finish(name, f"removed {stamps_text(removed)}; backup {result.get('backup')}")
 
 
-async def _restart_recorded(op: Operation, plan: Plan) -> tuple[float, str] | None:
+async def _restart_recorded(op: Operation, out: Outcome) -> tuple[float, str] | None:
     """(stamp, how it is known) when the watchdog recorded this restart although the history
     did not change: the stamp its restart command printed, else a restart record its journal
     (watchdog.journal_file) gained since the restart began."""
-    printed = plan.facts.get("printed_stamp")
+    printed = out.found.printed_stamp
     if printed is not None:
         return float(printed), "the watchdog printed stamp {stamp} for this restart"
-    began = plan.facts.get("restart_at")
+    began = out.found.restart_at
     try:
         last = await op.watchdog.last_restart()
     except SparkOpsError:
@@ -716,14 +721,14 @@ def history_unmoved(op: Operation, recorded: float, how: str) -> dict[str, Any]:
 
 async def _budget_step(
     op: Operation, run: StepRunner, plan: Plan, out: Outcome
-) -> dict[str, Any] | None:
+) -> BudgetView | None:
     """Report the budget as the head sees it now (none left is a warning, never a green ✓)."""
-    if "budget" not in {s.name for s in plan.steps}:
+    if not plan.has(StepKind.BUDGET):
         return None
-    run.start("budget")
+    run.start(StepKind.BUDGET)
     if out.history_problem is not None:
         run.fail(
-            "budget",
+            StepKind.BUDGET,
             f"unknown: {op.cluster.watchdog.history_file} is not the history the watchdog "
             "writes (see the prune step), so what it counts is not the watchdog's budget",
         )
@@ -731,19 +736,19 @@ async def _budget_step(
     try:
         view = await op.watchdog.budget()
     except SparkOpsError as exc:
-        run.fail("budget", exc.message)
+        run.fail(StepKind.BUDGET, exc.message)
         return None
     text = f"{view.used}/{view.allowed} used in the window"
     if view.used < view.allowed:
-        run.finish("budget", text)
-        return view.to_dict()
+        run.finish(StepKind.BUDGET, text)
+        return view
     spent = (
         f"restart budget {text}: no slot left, the watchdog cannot restart the engine if it "
         "fails now"
     )
     out.warnings.append(spent)
-    run.skip("budget", spent)
-    return view.to_dict()
+    run.skip(StepKind.BUDGET, spent)
+    return view
 
 
 async def _rollback(
@@ -756,29 +761,35 @@ async def _rollback(
     journal: RunJournal,
 ) -> None:
     """Restore the recipe as it was before, restart, wait, prune again."""
-    for name, desc in (
-        ("rollback", "restore the previous recipe on every node"),
-        ("restart-rollback", "force a restart with the previous recipe"),
-        ("boot-rollback", "follow the boot of the previous recipe"),
-        ("prune-rollback", "remove the rollback restart's stamp"),
+    for kind, desc in (
+        (StepKind.ROLLBACK, "restore the previous recipe on every node"),
+        (StepKind.RESTART_ROLLBACK, "force a restart with the previous recipe"),
+        (StepKind.BOOT_ROLLBACK, "follow the boot of the previous recipe"),
+        (StepKind.PRUNE_ROLLBACK, "remove the rollback restart's stamp"),
     ):
-        plan.add(name, desc, [op.cluster.head.name])
+        run.add(Step(kind, desc, (op.cluster.head.name,)))  # the run's, not the plan shown
 
     async def restore() -> None:
         """Write the old text back everywhere and record it: one atomic unit."""
-        run.start("rollback")
+        run.start(StepKind.ROLLBACK)
         keep = op.cluster.recipe.keep_backups
         writes = [
             FileWrite(ch.host, ch.path, ch.old_text, sha256(ch.new_text), keep, label=ROLLED_BACK)
             for ch in plan.changes
         ]
         done = await op.session.write_atomic(writes)
-        run.finish("rollback", "previous recipe restored")
-        await journal.steps(plan, {"rollback": {"written": [f"{d.host}:{d.path}" for d in done]}})
+        run.finish(StepKind.ROLLBACK, "previous recipe restored")
+        written = [f"{d.host}:{d.path}" for d in done]
+        await journal.steps(run.steps, {StepKind.ROLLBACK: {"written": written}})
 
     await interrupt.atomic(restore())
-    await _restart_and_wait(op, plan, run, out, opts, on_event, journal, suffix="-rollback")
+    await _restart_and_wait(op, plan, run, out, opts, on_event, journal, rollback=True)
     out.rolled_back = True
+
+
+def _of(kind: StepKind, rollback: bool) -> StepKind:
+    """The step of this kind in apply's restart, or in the rollback's."""
+    return kind.of_rollback() if rollback else kind
 
 
 def _drain_text(d: dict[str, Any]) -> str:

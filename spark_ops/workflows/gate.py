@@ -23,21 +23,8 @@ from spark_ops.engine.identity import current_instance
 from spark_ops.errors import OverBudget, PlanChanged, SparkOpsError
 from spark_ops.watchdog.history import budget_of
 from spark_ops.workflows.operation import ApplyOptions, Operation
-from spark_ops.workflows.plan import Plan
+from spark_ops.workflows.plan import Plan, PlanFacts, StepKind
 
-# Facts compared between the plan shown and the plan made under the lock (with their labels).
-COMPARED_FACTS = {
-    "knobs_before": "the recipe's knobs",
-    "knobs_after": "the knobs after the change",
-    "vllm_version": "the engine's vLLM version",
-    "restart_needed": "why a restart is needed",
-    "engine": "the running engine",
-    "backups": "the backup a rollback restores",
-    "settles": "the unfinished runs this run finishes",
-    "left_stamps": "the stamps unfinished runs left",
-}
-# Facts read with a short timeout (None: not known, or none): compared only when both are known.
-KNOWN_ONLY = {"vllm_version", "engine"}
 # Warnings on unfinished runs say whether the plan was made under the lock: compared as facts.
 UNFINISHED_MARK = " did not finish; last recorded: "
 
@@ -128,15 +115,15 @@ def gate_refusal(gate: dict[str, Any] | None, *, ignore_option: bool = False) ->
 
 async def check_budget(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
     """Record in a restart's plan the budget it meets and the engine it replaces."""
-    gate = await read_gate(op, opts.over_budget, plan.facts.get("left_stamp_values", ()))
-    plan.facts["budget"] = gate
+    gate = await read_gate(op, opts.over_budget, plan.facts.left_stamp_values or ())
+    plan.facts.budget = gate
     if opts.over_budget and gate_refusal(gate, ignore_option=True) is not None:
         plan.warnings.append(over_budget_warning(gate))
     try:
         inst = await current_instance(op.session, op.cluster)
     except SparkOpsError:
         inst = None
-    plan.facts["engine"] = None if inst is None else {"instance": inst.key, "alive": inst.alive}
+    plan.facts.engine = None if inst is None else {"instance": inst.key, "alive": inst.alive}
 
 
 def over_budget_warning(gate: dict[str, Any]) -> str:
@@ -158,9 +145,9 @@ def over_budget_warning(gate: dict[str, Any]) -> str:
 
 def budget_refusal(plan: Plan) -> OverBudget | None:
     """The refusal of a plan whose restart meets a spent (or unreadable) budget, or None."""
-    if "restart" not in {s.name for s in plan.steps}:
+    if not plan.has(StepKind.RESTART):
         return None
-    return gate_refusal(plan.facts.get("budget"))
+    return gate_refusal(plan.facts.budget)
 
 
 _NUMBERS = re.compile(r"\d+(?:[.:]\d+)*")
@@ -187,13 +174,13 @@ def plan_differences(shown: Plan, now: Plan) -> list[str]:
         new = [d for d in steps_b if d not in steps_a]
         out.extend(f"step no longer planned: {d}" for _, d in gone)
         out.extend(f"step now planned: {d}" for _, d in new)
-    for fact, label in COMPARED_FACTS.items():
-        a, b = shown.facts.get(fact), now.facts.get(fact)
-        if fact in KNOWN_ONLY and (a is None or b is None):
+    for fact, label, known_only in PlanFacts.compared():
+        a, b = getattr(shown.facts, fact), getattr(now.facts, fact)
+        if known_only and (a is None or b is None):
             continue  # not known once (the engine slow to answer): nothing to compare
         if a != b:
             out.append(f"{label}: {_short(a)} -> {_short(b)}")
-    out.extend(_budget_difference(shown.facts.get("budget"), now.facts.get("budget")))
+    out.extend(_budget_difference(shown.facts.budget, now.facts.budget))
     # a warning is the same warning when only its figures moved (a count, a time of day): the
     # facts above and the budget rule judge those
     seen = {_NUMBERS.sub("#", w) for w in shown.warnings if UNFINISHED_MARK not in w}

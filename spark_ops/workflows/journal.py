@@ -24,7 +24,7 @@ from spark_ops.errors import SparkOpsError
 from spark_ops.remote import ClusterSession, sha256
 from spark_ops.watchdog.identify import stamp_json
 from spark_ops.workflows.operation import Operation
-from spark_ops.workflows.plan import Plan, Step
+from spark_ops.workflows.plan import Plan, StepKind, StepRun
 
 INTENT, STEP, END = "intent", "step", "end"
 AUDIT_TAIL = 2000  # entries read back to find unfinished runs (a run writes about ten)
@@ -256,12 +256,14 @@ class RunJournal:
         )  # fmt: skip
         await audit.record(self.op.session, entry)
 
-    async def steps(self, plan: Plan, attach: dict[str, dict[str, Any]] | None = None) -> None:
-        """Record the steps finished since the last call, with facts `attach`ed by step name.
+    async def steps(
+        self, steps: Sequence[StepRun], attach: dict[StepKind, dict[str, Any]] | None = None
+    ) -> None:
+        """Record the run's steps finished since the last call, with facts `attach`ed by kind.
 
         Never raises: a record that cannot be written is logged and the run goes on.
         """
-        done = [s for s in plan.steps if s.status in ("done", "skipped", "failed")]
+        done = [s for s in steps if s.status in ("done", "skipped", "failed")]
         fresh = [s for s in done if s.name not in self._sent]
         records = [{**_step_record(s), **(attach or {}).get(s.name, {})} for s in fresh]
         if not records:
@@ -289,9 +291,9 @@ class RunJournal:
             self.op.log.warning("audit journal not written", error=exc.message, run=self.run)
 
 
-def _step_record(step: Step) -> dict[str, Any]:
+def _step_record(step: StepRun) -> dict[str, Any]:
     """One finished step as the journal keeps it."""
-    rec: dict[str, Any] = {"step": step.name, "status": step.status}
+    rec: dict[str, Any] = {"step": step.name.value, "status": step.status}
     if step.detail:
         rec["detail"] = step.detail[:1000]
     return rec

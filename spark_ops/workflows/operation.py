@@ -20,11 +20,13 @@ from spark_ops.errors import (
 from spark_ops.inventory import Cluster
 from spark_ops.lock import cluster_lock
 from spark_ops.log import get_logger
+from spark_ops.readiness import BootReport
 from spark_ops.recipe import Change, knob_values
 from spark_ops.remote import ClusterSession, check_text
-from spark_ops.watchdog.contract import WatchdogContract
+from spark_ops.verify import Check
+from spark_ops.watchdog.contract import BudgetView, WatchdogContract
 from spark_ops.watchdog.identify import stamp_json, stamps_json
-from spark_ops.workflows.plan import Plan
+from spark_ops.workflows.plan import Plan, RunFacts, StepRun
 
 MAX_REASON_BYTES = 1000
 
@@ -87,31 +89,44 @@ class ApplyOptions:
 
 @dataclass
 class Outcome:
-    """What an executed plan did: the plan with step outcomes, boot report, prune and budget."""
+    """What an executed plan did, beside the plan (never in it): the steps as they ran, what the
+    run found, the boot report, the checks, the prune and the budget."""
 
     plan: Plan
     ok: bool
     stamp: float | None = None
     pruned: list[float] = field(default_factory=list)
-    boot: dict[str, Any] | None = None
-    checks: list[dict[str, Any]] = field(default_factory=list)
-    budget: dict[str, Any] | None = None
+    boot: BootReport | None = None
+    checks: list[Check] = field(default_factory=list)
+    budget: BudgetView | None = None
     rolled_back: bool = False
     error: dict[str, Any] | None = None
     boots: list[dict[str, Any]] = field(default_factory=list)  # every boot followed, rollback's too
     warnings: list[str] = field(default_factory=list)  # e.g. gave-up appeared during the apply
     history_problem: dict[str, Any] | None = None  # the history did not move: budget unknown
+    steps: list[StepRun] = field(default_factory=list)  # the plan's steps as run (+ a rollback's)
+    found: RunFacts = field(default_factory=RunFacts)
+
+    def __post_init__(self) -> None:
+        """Begin with every planned step pending."""
+        if not self.steps:
+            self.steps = [StepRun(s) for s in self.plan.steps]
+
+    @property
+    def checks_ok(self) -> bool:
+        """True when no check failed."""
+        return all(c.ok for c in self.checks)
 
     def to_dict(self) -> dict[str, Any]:
-        """Serialize for --json."""
+        """Serialize for --json: the plan with its steps and facts as the run left them."""
         return {
             "ok": self.ok,
-            "plan": self.plan.to_dict(),
+            "plan": self.plan.to_dict(self.steps, self.found),
             "stamp": stamp_json(self.stamp),
             "pruned": stamps_json(self.pruned),
-            "boot": self.boot,
-            "checks": self.checks,
-            "budget": self.budget,
+            "boot": self.boot.to_dict() if self.boot is not None else None,
+            "checks": [c.to_dict() for c in self.checks],
+            "budget": self.budget.to_dict() if self.budget is not None else None,
             "rolled_back": self.rolled_back,
             "error": self.error,
             "boots": self.boots,

@@ -1,14 +1,18 @@
-"""Plans as data: what an operation will change where (as diffs) and the steps it will take.
+"""Plans as data: what an operation will change where (as diffs), the steps it will take, and the
+facts it was planned on; and, beside it, the record of a run of it.
 
-`--dry-run` prints a Plan, `--json` serializes it, and the workflows execute it step by step,
-reporting each step's outcome into the same structure.
+`--dry-run` prints a Plan, `--json` serializes it. Executing a plan never changes it: the steps as
+they ran (`StepRun`) and what the run found (`RunFacts`) are kept beside it, in the Outcome, so the
+plan executed is the plan shown.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 
@@ -28,24 +32,76 @@ class FileChange:
         return {"host": self.host, "path": self.path, "old_sha256": self.old_sha, "diff": self.diff}
 
 
-@dataclass
-class Step:
-    """One step of a plan and, once run, its outcome."""
+class StepKind(StrEnum):
+    """Every step a plan or its run can hold (the value is the name the JSON and audit show)."""
 
-    name: str
+    SETTLE = "settle"
+    WRITE = "write"
+    DRAIN = "drain"
+    RESTART = "restart"
+    BOOT = "boot"
+    PRUNE = "prune"
+    VERIFY = "verify"
+    BUDGET = "budget"
+    ROLLBACK = "rollback"
+    RESTART_ROLLBACK = "restart-rollback"
+    BOOT_ROLLBACK = "boot-rollback"
+    PRUNE_ROLLBACK = "prune-rollback"
+
+    def of_rollback(self) -> StepKind:
+        """The same step of the rollback's restart (restart -> restart-rollback)."""
+        return StepKind(f"{self.value}-rollback")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One planned step: what it is, what it will do, on which hosts."""
+
+    name: StepKind
     description: str
-    hosts: list[str] = field(default_factory=list)
+    hosts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        """Take a step's name as given in text ("boot") and its hosts as any sequence."""
+        object.__setattr__(self, "name", StepKind(self.name))
+        object.__setattr__(self, "hosts", tuple(self.hosts))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json (a planned step is pending)."""
+        return StepRun(self).to_dict()
+
+
+@dataclass
+class StepRun:
+    """A step as a run went through it: the planned step and its outcome."""
+
+    step: Step
     status: str = "pending"  # pending | running | done | skipped | failed
     detail: str = ""
     seconds: float | None = None  # how long it took, once finished
     started: float | None = field(default=None, repr=False)  # monotonic clock, while running
 
+    @property
+    def name(self) -> StepKind:
+        """The step's kind."""
+        return self.step.name
+
+    @property
+    def description(self) -> str:
+        """What the step does."""
+        return self.step.description
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """Where it runs."""
+        return self.step.hosts
+
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
         data: dict[str, Any] = {
-            "name": self.name,
+            "name": self.name.value,
             "description": self.description,
-            "hosts": self.hosts,
+            "hosts": list(self.hosts),
             "status": self.status,
         }
         if self.detail:
@@ -53,6 +109,84 @@ class Step:
         if self.seconds is not None:
             data["seconds"] = round(self.seconds, 3)
         return data
+
+
+def _compared(label: str, *, known_only: bool = False) -> dict[str, Any]:
+    """A fact's metadata: compared between the plan shown and the plan made under the lock, and
+    named `label` when it differs; `known_only`: only when both plans know it (not None)."""
+    return {"label": label, "known_only": known_only}
+
+
+@dataclass
+class PlanFacts:
+    """What a plan was made on, read from the cluster while planning (None: not read, not known).
+
+    The fields with a label are compared between the plan shown and the plan made under the lock
+    (gate.plan_differences); the budget by its own rule.
+    """
+
+    knobs_before: dict[str, Any] | None = field(
+        default=None, metadata=_compared("the recipe's knobs")
+    )
+    knobs_after: dict[str, Any] | None = field(
+        default=None, metadata=_compared("the knobs after the change")
+    )
+    vllm_version: str | None = field(
+        default=None, metadata=_compared("the engine's vLLM version", known_only=True)
+    )
+    keys: dict[str, Any] | None = None  # how --set / --flag keys were checked
+    restart_needed: str | None = field(default=None, metadata=_compared("why a restart is needed"))
+    preflight: dict[str, Any] | None = None  # the head's vLLM on the edited command line
+    backups: dict[str, str] | None = field(  # host -> the backup path
+        default=None, metadata=_compared("the backup a rollback restores")
+    )
+    settles: list[str] | None = field(  # run ids of dead runs this run finishes
+        default=None, metadata=_compared("the unfinished runs this run finishes")
+    )
+    left_stamps: list[str] | None = field(  # the history lines they left
+        default=None, metadata=_compared("the stamps unfinished runs left")
+    )
+    left_stamp_values: list[float] | None = None  # their stamps: the gate counts without
+    unfinished: list[dict[str, Any]] | None = None  # the dead runs' summaries
+    budget: dict[str, Any] | None = None  # the gate a restart meets (gate.read_gate)
+    engine: dict[str, Any] | None = field(  # the running engine's instance key, alive
+        default=None, metadata=_compared("the running engine", known_only=True)
+    )
+
+    @staticmethod
+    def compared() -> list[tuple[str, str, bool]]:
+        """(field, label, known_only) of every fact compared between two plans."""
+        return [
+            (f.name, f.metadata["label"], f.metadata["known_only"])
+            for f in dataclasses.fields(PlanFacts)
+            if f.metadata.get("label")
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        """The facts as --json shows them: the known ones, by name."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PlanFacts:
+        """Facts from their JSON form (unknown names refused: a typo is no fact)."""
+        return cls(**data)
+
+
+@dataclass
+class RunFacts:
+    """What a run of a plan found and did, kept beside the plan (never written into it)."""
+
+    run: str | None = None  # the run id of the journal
+    written: list[str] | None = None  # host:path of every recipe copy written
+    write_backups: list[dict[str, Any]] | None = None  # the backups the write made
+    kv_pool_before: int | None = None  # the old engine's KV pool, in tokens
+    restart_at: float | None = None  # head clock when the restart command began
+    printed_stamp: float | None = None  # the stamp the watchdog printed for it
+    interrupted_at: str | None = None  # where the first signal found the run
+
+    def to_json(self) -> dict[str, Any]:
+        """The known ones, by name."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclass
@@ -64,63 +198,85 @@ class Plan:
     changes: list[FileChange] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: PlanFacts = field(default_factory=PlanFacts)
 
     @property
     def changes_files(self) -> bool:
         """True when at least one file would change."""
         return any(c.diff for c in self.changes)
 
-    def step(self, name: str) -> Step:
-        """Find a step by name."""
-        for s in self.steps:
-            if s.name == name:
-                return s
-        raise KeyError(name)
+    def has(self, kind: StepKind) -> bool:
+        """True when the plan holds a step of this kind."""
+        return any(s.name == kind for s in self.steps)
 
-    def add(self, name: str, description: str, hosts: list[str] | None = None) -> Step:
+    @property
+    def restarts(self) -> bool:
+        """True when the plan restarts the engine."""
+        return self.has(StepKind.RESTART)
+
+    def add(self, name: StepKind | str, description: str, hosts: Iterable[str] = ()) -> Step:
         """Append a step."""
-        s = Step(name, description, hosts or [])
+        s = Step(StepKind(name), description, tuple(hosts))
         self.steps.append(s)
         return s
 
-    def to_dict(self) -> dict[str, Any]:
-        """Serialize the whole plan."""
+    def to_dict(
+        self, runs: Iterable[StepRun] | None = None, found: RunFacts | None = None
+    ) -> dict[str, Any]:
+        """Serialize the plan; with a run's steps and facts, as that run left them."""
+        steps = list(runs) if runs is not None else [StepRun(s) for s in self.steps]
         return {
             "operation": self.operation,
             "cluster": self.cluster,
             "changes": [c.to_dict() for c in self.changes],
-            "steps": [s.to_dict() for s in self.steps],
+            "steps": [s.to_dict() for s in steps],
             "warnings": self.warnings,
-            "facts": self.facts,
+            "facts": {**self.facts.to_json(), **(found.to_json() if found else {})},
         }
 
 
 class StepRunner:
-    """Marks steps running / done / failed with timings, calling a reporter on each change."""
+    """Marks a run's steps running / done / failed with timings, calling a reporter on each."""
 
-    def __init__(self, plan: Plan, report: Callable[[Step], None] | None = None) -> None:
-        """Bind to a plan and an optional callable(step)."""
-        self.plan = plan
+    def __init__(self, steps: list[StepRun], report: Callable[[StepRun], None] | None = None):
+        """Bind to a run's steps and an optional callable(step)."""
+        self.steps = steps
         self.report = report
 
-    def _emit(self, step: Step) -> None:
+    def _emit(self, step: StepRun) -> None:
         """Tell the reporter a step changed."""
         if self.report is not None:
             self.report(step)
 
-    def start(self, name: str) -> Step:
+    def has(self, kind: StepKind) -> bool:
+        """True when the run holds a step of this kind."""
+        return any(s.name == kind for s in self.steps)
+
+    def step(self, kind: StepKind) -> StepRun:
+        """The run's step of this kind."""
+        for s in self.steps:
+            if s.name == kind:
+                return s
+        raise KeyError(kind)
+
+    def add(self, step: Step) -> StepRun:
+        """A step the run adds (a rollback's), not planned."""
+        s = StepRun(step)
+        self.steps.append(s)
+        return s
+
+    def start(self, kind: StepKind) -> StepRun:
         """Mark a step as running."""
-        s = self.plan.step(name)
+        s = self.step(kind)
         s.status = "running"
         s.started = time.monotonic()
         s.seconds = None
         self._emit(s)
         return s
 
-    def finish(self, name: str, detail: str = "", status: str = "done") -> Step:
+    def finish(self, kind: StepKind, detail: str = "", status: str = "done") -> StepRun:
         """Mark a step finished with a detail line."""
-        s = self.plan.step(name)
+        s = self.step(kind)
         s.seconds = time.monotonic() - s.started if s.started is not None else None
         s.started = None
         s.status = status
@@ -128,10 +284,10 @@ class StepRunner:
         self._emit(s)
         return s
 
-    def fail(self, name: str, detail: str) -> Step:
+    def fail(self, kind: StepKind, detail: str) -> StepRun:
         """Mark a step failed."""
-        return self.finish(name, detail, status="failed")
+        return self.finish(kind, detail, status="failed")
 
-    def skip(self, name: str, detail: str) -> Step:
+    def skip(self, kind: StepKind, detail: str) -> StepRun:
         """Mark a step skipped."""
-        return self.finish(name, detail, status="skipped")
+        return self.finish(kind, detail, status="skipped")

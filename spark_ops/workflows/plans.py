@@ -12,14 +12,21 @@ from spark_ops.errors import (
     VerifyError,
 )
 from spark_ops.headlib.backup import BACKUP_TIME_FORMAT, ROLLED_BACK, backup_tag_of
-from spark_ops.recipe import edit_recipe, knob_values, render_recipe, unified_diff
+from spark_ops.recipe import (
+    Rendered,
+    edit_recipe,
+    knob_values,
+    render_recipe,
+    rendered_knobs,
+    unified_diff,
+)
 from spark_ops.recipe.changes import refuse_unknown_options, requested_flags
 from spark_ops.recipe.source import load_recipe_text
 from spark_ops.remote import sha256
 from spark_ops.workflows.converge import booting_note, engine_differs, plan_settle
 from spark_ops.workflows.gate import check_budget
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
-from spark_ops.workflows.plan import FileChange, Plan
+from spark_ops.workflows.plan import FileChange, Plan, StepKind
 from spark_ops.workflows.postboot import kv_pool
 from spark_ops.workflows.preflight import PreflightResult, preflight, serve_options
 
@@ -55,7 +62,7 @@ async def plan_apply(op: Operation, opts: ApplyOptions, shown: Plan | None = Non
     head_text = texts.get(cluster.head.name, next(iter(texts.values())))
     await _check_keys(op, opts, plan, head_text)
     version = opts.vllm_version or await _engine_version(op)
-    plan.facts["vllm_version"] = version
+    plan.facts.vllm_version = version
     for host, text in texts.items():
         source = f"{host}:{cluster.recipe.path}"
         edit = edit_recipe(text, list(opts.changes), source=source, vllm_version=version)
@@ -69,15 +76,17 @@ async def plan_apply(op: Operation, opts: ApplyOptions, shown: Plan | None = Non
                     unified_diff(text, edit.text, source), edit.text, text,
                 )
             )  # fmt: skip
-    plan.facts["knobs_before"] = jsonable(knob_values(head_text, source="recipe"))
+    head_render = render_recipe(head_text, source="recipe")  # each text rendered once here
+    plan.facts.knobs_before = jsonable(rendered_knobs(head_render))
     new_text = next((c.new_text for c in plan.changes), head_text)
-    plan.facts["knobs_after"] = jsonable(knob_values(new_text, source="recipe"))
+    new_render = head_render if new_text == head_text else render_recipe(new_text, source="recipe")
+    plan.facts.knobs_after = jsonable(rendered_knobs(new_render))
     if not plan.changes:
         await _restart_if_needed(op, opts, plan)
         await _settle_and_gate(op, opts, plan)
         return plan
-    await _preflight(op, opts, plan, new_text, shown)
-    warning = await _kv_capacity(op, new_text)
+    await _preflight(op, opts, plan, new_text, new_render, shown)
+    warning = await _kv_capacity(op, new_render)
     if warning:
         plan.warnings.append(warning)
     _restart_steps(plan, op, opts, write=True)
@@ -110,14 +119,14 @@ async def _check_keys(op: Operation, opts: ApplyOptions, plan: Plan, head_text: 
         found, why = None, exc.message
     if why is not None:  # no parser answered: --trust-keys, and only then, writes them unchecked
         if opts.trust_keys:
-            plan.facts["keys"] = {"trusted": [g for g, _ in requested], "why": why}
+            plan.facts.keys = {"trusted": [g for g, _ in requested], "why": why}
             plan.warnings.append(
                 f"--trust-keys: {given} written unchecked (no vLLM parser answered: {why})"
             )
             return
         raise KnobError(f"{source}: cannot check {given} against the head's vLLM: {why}", hint=hint)
     assert found is not None and found.options is not None
-    plan.facts["keys"] = found.to_dict()
+    plan.facts.keys = found.to_dict()
     version = str(found.version)
     parser = (
         f"the sim engine (vLLM {version.removeprefix('sim ')}) on {head}"
@@ -129,14 +138,14 @@ async def _check_keys(op: Operation, opts: ApplyOptions, plan: Plan, head_text: 
 
 async def _restart_if_needed(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
     """The recipe holds the content already: plan a restart when the engine runs other values."""
-    expected = plan.facts.get("knobs_after") or {}
+    expected = plan.facts.knobs_after or {}
     why = await engine_differs(op, expected)
     if why is None:
         note = await booting_note(op, expected)
         if note:
             plan.warnings.append(note)
         return
-    plan.facts["restart_needed"] = why
+    plan.facts.restart_needed = why
     plan.warnings.append(
         f"the recipe already holds this content on every node, but {why}: restart needed"
     )
@@ -144,14 +153,19 @@ async def _restart_if_needed(op: Operation, opts: ApplyOptions, plan: Plan) -> N
 
 
 async def _preflight(
-    op: Operation, opts: ApplyOptions, plan: Plan, new_text: str, shown: Plan | None
+    op: Operation,
+    opts: ApplyOptions,
+    plan: Plan,
+    new_text: str,
+    rendered: Rendered,
+    shown: Plan | None,
 ) -> None:
-    """Have the head's own vLLM parse the edited command line; a refusal stops the plan."""
+    """Have the head's own vLLM parse the edited command line (`rendered`: new_text rendered);
+    a refusal stops the plan."""
     head = op.cluster.head.name
     source = f"{head}:{op.cluster.recipe.path}"
-    rendered = render_recipe(new_text, source=source)
     digest = sha256(new_text)
-    earlier = (shown.facts.get("preflight") if shown is not None else None) or {}
+    earlier = (shown.facts.preflight if shown is not None else None) or {}
     if earlier.get("recipe_sha256") == digest and earlier.get("ok") is not False:
         check = PreflightResult(**{k: v for k, v in earlier.items() if k != "recipe_sha256"})
     else:
@@ -159,7 +173,7 @@ async def _preflight(
             op.session, head, rendered.argv, dict(rendered.env),
             how=opts.preflight, timeout=opts.preflight_timeout_s,
         )  # fmt: skip
-    plan.facts["preflight"] = {**check.to_dict(), "recipe_sha256": digest}
+    plan.facts.preflight = {**check.to_dict(), "recipe_sha256": digest}
     if check.ok is False:
         raise KnobError(
             f"{source}: vLLM {check.vllm_version} on {head} refuses the edited command line "
@@ -173,10 +187,10 @@ async def _preflight(
             plan.warnings.append(f"preflight: {warning}")
 
 
-async def _kv_capacity(op: Operation, recipe_text: str) -> str | None:
+async def _kv_capacity(op: Operation, rendered: Rendered) -> str | None:
     """Warn when max_num_seqs full-length sequences cannot fit the running engine's KV pool."""
     try:
-        args = render_recipe(recipe_text, source="recipe").args()
+        args = rendered.args()
         seqs, length = int(str(args["max_num_seqs"])), int(str(args["max_model_len"]))
     except (KeyError, TypeError, ValueError, SparkOpsError):
         return None
@@ -198,9 +212,8 @@ async def plan_restart(op: Operation, opts: ApplyOptions) -> Plan:
     plan = Plan("restart", op.cluster.name)
     texts = await op.read_recipes()
     head_text = texts.get(op.cluster.head.name, next(iter(texts.values())))
-    plan.facts["knobs_before"] = plan.facts["knobs_after"] = jsonable(
-        knob_values(head_text, source="recipe")
-    )
+    knobs = jsonable(knob_values(head_text, source="recipe"))
+    plan.facts.knobs_before, plan.facts.knobs_after = knobs, dict(knobs)
     _restart_steps(plan, op, opts, write=False)
     await _settle_and_gate(op, opts, plan)
     return plan
@@ -270,8 +283,9 @@ async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None
     """Plan restoring the newest backup an apply made (or the one whose name holds `to`)."""
     plan = Plan("rollback", op.cluster.name)
     texts = await op.read_recipes()
-    backups = await list_backups(op)
-    for host, names in backups.items():
+    found = await list_backups(op)
+    backups: dict[str, str] = {}
+    for host, names in found.items():
         chosen = rollback_source(names, to)
         if chosen is None:
             raise RecipeError(
@@ -284,7 +298,7 @@ async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None
         if backup_text is None:
             raise RecipeError(f"{host}:{chosen}: the backup vanished while planning; run again")
         current = texts[host]
-        plan.facts.setdefault("backups", {})[host] = chosen
+        backups[host] = chosen
         if backup_text != current:
             diff = unified_diff(current, backup_text, f"{host}:{op.cluster.recipe.path}")
             plan.changes.append(
@@ -292,10 +306,11 @@ async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None
                     host, op.cluster.recipe.path, sha256(current), diff, backup_text, current
                 )
             )
+    plan.facts.backups = backups or None
     head_text = texts.get(op.cluster.head.name, next(iter(texts.values())))
-    plan.facts["knobs_before"] = jsonable(knob_values(head_text, source="recipe"))
+    plan.facts.knobs_before = jsonable(knob_values(head_text, source="recipe"))
     new_text = next((c.new_text for c in plan.changes), head_text)
-    plan.facts["knobs_after"] = jsonable(knob_values(new_text, source="recipe"))
+    plan.facts.knobs_after = jsonable(knob_values(new_text, source="recipe"))
     if plan.changes:
         _restart_steps(plan, op, opts, write=True)
     else:
@@ -307,7 +322,7 @@ async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None
 async def _settle_and_gate(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
     """Finish dead runs first (plan_settle), then weigh the restart against the budget left."""
     await plan_settle(op, plan)
-    if any(s.name == "restart" for s in plan.steps):
+    if plan.has(StepKind.RESTART):
         await check_budget(op, opts, plan)
 
 
@@ -317,24 +332,24 @@ def _restart_steps(plan: Plan, op: Operation, opts: ApplyOptions, *, write: bool
     head = [c.head.name]
     if write:
         hosts = [ch.host for ch in plan.changes]
-        plan.add("write", f"write the recipe atomically (backup kept) on {', '.join(hosts)}", hosts)
+        what = f"write the recipe atomically (backup kept) on {', '.join(hosts)}"
+        plan.add(StepKind.WRITE, what, hosts)
     if opts.drain:
-        plan.add(
-            "drain", "wait for in-flight requests to finish (vllm:num_requests_running → 0)", head
-        )
+        what = "wait for in-flight requests to finish (vllm:num_requests_running → 0)"
+        plan.add(StepKind.DRAIN, what, head)
     command = op.watchdog.restart_command(opts.reason)
-    plan.add("restart", f"force a restart through the watchdog: {command}", head)
+    plan.add(StepKind.RESTART, f"force a restart through the watchdog: {command}", head)
     plan.add(
-        "boot",
+        StepKind.BOOT,
         "follow the boot until a real completion answers "
         f"(deadline {c.engine.boot_deadline_s:.0f} s)",
         head,
     )
-    plan.add("prune", "remove exactly the stamp this planned restart wrote from the history", head)
-    plan.add(
-        "verify", "check effective args, KV pool, free memory, Xid lines", [n.name for n in c.nodes]
-    )
-    plan.add("budget", "report the restart budget", head)
+    what = "remove exactly the stamp this planned restart wrote from the history"
+    plan.add(StepKind.PRUNE, what, head)
+    what = "check effective args, KV pool, free memory, Xid lines"
+    plan.add(StepKind.VERIFY, what, [n.name for n in c.nodes])
+    plan.add(StepKind.BUDGET, "report the restart budget", head)
 
 
 async def _engine_version(op: Operation) -> str | None:

@@ -7,34 +7,33 @@ nodes and the engine for a workflow's Operation.
 from __future__ import annotations
 
 from contextlib import suppress
-from typing import Any
 
 from spark_ops import verify
 from spark_ops.errors import SparkOpsError, VerifyError
 from spark_ops.remote.programs.engine import GPU_APPS, KERNEL_LOG
 from spark_ops.remote.programs.node import MEMINFO
 from spark_ops.workflows.operation import Operation, Outcome
-from spark_ops.workflows.plan import Plan, StepRunner
+from spark_ops.workflows.plan import Plan, StepKind, StepRunner
 
 
 async def verify_boot(
     op: Operation, plan: Plan, run: StepRunner, out: Outcome
-) -> list[dict[str, Any]]:
+) -> list[verify.Check]:
     """After a good boot: effective args, KV pool, workers' free memory, no new Xid."""
-    if "verify" not in {s.name for s in plan.steps}:
+    if not plan.has(StepKind.VERIFY):
         return []
-    run.start("verify")
+    run.start(StepKind.VERIFY)
     c = op.cluster
     head = c.head.name
-    boot = out.boot or {}
-    expected = {k: v for k, v in plan.facts.get("knobs_after", {}).items() if v is not None}
-    checks = [verify.check_effective_args(boot.get("non_default_args", {}), expected, host=head)]
+    args = out.boot.non_default_args if out.boot is not None else {}
+    expected = {k: v for k, v in (plan.facts.knobs_after or {}).items() if v is not None}
+    checks = [verify.check_effective_args(args, expected, host=head)]
     after = await kv_pool(op)
-    before_kv = plan.facts.get("knobs_before", {}).get("kv_cache_memory_bytes")
+    before_kv = (plan.facts.knobs_before or {}).get("kv_cache_memory_bytes")
     checks.append(
         verify.check_kv_pool(
             after,
-            plan.facts.get("kv_pool_before"),
+            out.found.kv_pool_before,
             kv_memory_changed=before_kv != expected.get("kv_cache_memory_bytes"),
             host=head,
         )
@@ -51,19 +50,18 @@ async def verify_boot(
                 checks.append(verify.Check("mem-available", host, "fail", exc.message))
                 continue
             checks.append(verify.check_mem_available(info, min_bytes=floor, host=host))
-    since = plan.facts.get("restart_at")
+    since = out.found.restart_at
     if since is not None:
         checks.extend(await _xid_checks(op, float(since)))
         checks.extend(await _gpu_process_checks(op, float(since)))
     checks.append(await _still_serving(op, head))
-    dicts = [ch.to_dict() for ch in checks]
-    bad = [d for d in dicts if not d["ok"]]
+    bad = [ch for ch in checks if not ch.ok]
     run.finish(
-        "verify",
-        f"{len(dicts) - len(bad)}/{len(dicts)} checks passed",
+        StepKind.VERIFY,
+        f"{len(checks) - len(bad)}/{len(checks)} checks passed",
         "done" if not bad else "failed",
     )
-    return dicts
+    return checks
 
 
 async def _still_serving(op: Operation, head: str) -> verify.Check:

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from spark_ops.watchdog.identify import fmt_stamp
 from spark_ops.workflows.operation import Outcome
-from spark_ops.workflows.plan import Plan, Step
+from spark_ops.workflows.plan import Plan, StepKind, StepRun
 
 
-def _status(plan: Plan, name: str) -> str:
-    """A step's status, or "absent" when the plan has no such step."""
-    found: Step | None = next((s for s in plan.steps if s.name == name), None)
+def _status(out: Outcome, kind: StepKind) -> str:
+    """A step's status in the run, or "absent" when the run has no such step."""
+    found: StepRun | None = next((s for s in out.steps if s.name == kind), None)
     return found.status if found is not None else "absent"
 
 
 def standing(plan: Plan, out: Outcome, command: str) -> list[str]:
     """Plain lines on the recipe, the engine, the planned stamp, the checks and what to run."""
-    write, restart, boot = (_status(plan, n) for n in ("write", "restart", "boot"))
+    write, restart, boot = (
+        _status(out, k) for k in (StepKind.WRITE, StepKind.RESTART, StepKind.BOOT)
+    )
     hosts = ", ".join(c.host for c in plan.changes)
     if write == "absent":
         recipe = "recipe: not part of this run (unchanged)"
@@ -51,9 +53,9 @@ def standing(plan: Plan, out: Outcome, command: str) -> list[str]:
             "planned stamp: not identified; this run's restart window is recorded on the head, "
             "and `spark-ops budget prune --planned` finds its stamp"
         )
-    verify = _status(plan, "verify")
+    verify = _status(out, StepKind.VERIFY)
     if verify == "done":
-        failed = [c for c in out.checks if not c.get("ok", True)]
+        failed = [c for c in out.checks if not c.ok]
         checks = f"checks: ran, {len(failed)} failed" if failed else "checks: ran, all passed"
     elif verify == "absent":
         checks = "checks: none in this run"

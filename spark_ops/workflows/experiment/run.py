@@ -85,23 +85,22 @@ async def _apply(
     )  # fmt: skip
     plan = await plan_apply(op, opts)
     if not plan.steps:  # the recipe holds it and the engine runs it (convergence by state)
-        return {"restarted": False, "knobs": plan.facts.get("knobs_after")}
+        return {"restarted": False, "knobs": plan.facts.knobs_after}
     outcome = await execute(op, plan, opts, on_step=hooks.on_step, on_event=hooks.on_event)
-    if "restart" not in {s.name for s in plan.steps}:  # only a dead run finished
-        return {"restarted": False, "knobs": plan.facts.get("knobs_after")}
-    bad = [c for c in outcome.checks if not c["ok"]]
+    if not plan.restarts:  # only a dead run finished
+        return {"restarted": False, "knobs": plan.facts.knobs_after}
+    bad = [c for c in outcome.checks if not c.ok]
     if bad:
         raise VerifyError(
-            f"after the restart, check {bad[0]['name']} on {bad[0]['host']} failed: "
-            f"{bad[0]['detail']}",
+            f"after the restart, check {bad[0].name} on {bad[0].host} failed: {bad[0].detail}",
             hint="the engine does not run the configuration asked for; fix it, then --resume",
         )
     return {
         "restarted": True,
-        "knobs": plan.facts.get("knobs_after"),
+        "knobs": plan.facts.knobs_after,
         "stamp": stamp_json(outcome.stamp),
         "pruned": stamps_json(outcome.pruned),
-        "boot_s": (outcome.boot or {}).get("total_s"),
+        "boot_s": outcome.boot.total_s if outcome.boot is not None else None,
     }
 
 
