@@ -308,6 +308,18 @@ def test_interrupted_experiment_restores_and_resumes(tmp_path: Path) -> None:
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:  # the run holds the lock
+            if state.exists() and json.loads(state.read_text()).get("status") == "running":
+                break
+            time.sleep(0.05)
+        # red team: `status` during the whole experiment says an experiment is under way (who,
+        # since when, which step) with its own exit code, not "restarting" (exit 15)
+        seen = cli(env, "status", "--json")
+        assert seen.returncode == ExitStatus.EXPERIMENTING, seen.stderr[-2000:]
+        said = json.loads(seen.stdout)["verdict"]
+        assert said["state"] == "experimenting", said
+        assert "an experiment is under way: " in said["reasons"][0], said
+        assert " UTC (" in said["reasons"][0] and "; step: " in said["reasons"][0], said
         while time.monotonic() < deadline and proc.poll() is None:
             if state.exists() and json.loads(state.read_text()).get("results"):
                 break
