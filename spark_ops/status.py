@@ -81,9 +81,9 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
     """What a script or an alert needs from a status: one state and the reasons for it.
 
     States, most urgent first: "experimenting" (an experiment holds the lock: restarts and sweeps
-    come and go until it ends), "restarting" (another run holds the lock: wait for it), "not-serving"
-    (the engine does not answer, or answers /health but a 1-token completion does not finish:
-    wedged), "degraded" (it serves, but a node is down, the budget is spent,
+    come and go until it ends), "restarting" (another run holds the lock: wait for it),
+    "not-serving" (the engine does not answer, or answers /health but a 1-token completion does
+    not finish: wedged), "degraded" (it serves, but a node is down, the budget is spent,
     the watchdog paused or gave up, a run never finished, the dead engine left processes, the
     recipe copies differ, or a part could not be read), "serving" (none of these).
     """

@@ -106,7 +106,9 @@ def echo_status(data: dict[str, Any]) -> None:
         click.secho(f"Watchdog: {b.get('error')}", fg="red")
     v = data.get("verdict") or {}
     if v:
-        color = {"serving": "green", "degraded": "yellow", "experimenting": "yellow"}.get(v["state"], "red")
+        color = {"serving": "green", "degraded": "yellow", "experimenting": "yellow"}.get(
+            v["state"], "red"
+        )
         why = f": {'; '.join(v['reasons'])}" if v["reasons"] else ""
         click.secho(f"Verdict: {v['state']}{why}", fg=color, bold=True)
     own = data.get("watchdog_status")
