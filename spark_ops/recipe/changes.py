@@ -221,8 +221,8 @@ def option_problem(option: str, options: Collection[str]) -> str | None:
         if not dot:
             return None
         if not json_option(base):
-            near = [o for o in options if json_option(o) and o.startswith("--")]
-            guess = difflib.get_close_matches(base, sorted(near), n=3, cutoff=0.6)
+            takes = sorted(o for o in options if json_option(o) and o.startswith("--"))
+            guess = difflib.get_close_matches(base, takes, n=3, cutoff=0.6)
             also = f"; did you mean {' or '.join(guess)}?" if guess else ""
             return (
                 f"{base} takes no dotted field (vLLM's OPTION.FIELD sets a field of a "
