@@ -222,8 +222,8 @@ def option_problem(option: str, options: Collection[str]) -> str | None:
             return None
         if not json_option(base):
             takes = sorted(o for o in options if json_option(o) and o.startswith("--"))
-            guess = difflib.get_close_matches(base, takes, n=3, cutoff=0.6)
-            also = f"; did you mean {' or '.join(guess)}?" if guess else ""
+            close = difflib.get_close_matches(base, takes, n=3, cutoff=0.6)
+            also = f"; did you mean {' or '.join(close)}?" if close else ""
             return (
                 f"{base} takes no dotted field (vLLM's OPTION.FIELD sets a field of a "
                 f"JSON option, such as --compilation-config.mode){also}"
