@@ -30,6 +30,7 @@ class ExitStatus(enum.IntEnum):
     OUTPUT = 18  # stdout (or a file written) could not take the output: closed pipe, full disk
     CONFLICT = 19  # local state forbids it: already running, nothing running, a run recorded
     MISSING = 20  # an optional module this option needs is not installed
+    EXPERIMENTING = 21  # status: an experiment holds the lock (its restarts and sweeps go on)
 
 
 class SparkOpsError(Exception):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 import time
 from typing import Any
 
@@ -14,7 +16,7 @@ from spark_ops.readiness import BootHistory, history_key
 from spark_ops.recipe import knob_values
 from spark_ops.remote import ClusterSession
 from spark_ops.workflows.converge import effective_args
-from spark_ops.workflows.journal import holds_lock, read_runs, unfinished_runs
+from spark_ops.workflows.journal import Run, holds_lock, read_runs, unfinished_runs
 from spark_ops.workflows.operation import Operation
 
 STATUS_PROBE_S = 10.0  # status's completion deadline (engine.probe_timeout_s when shorter)
@@ -78,15 +80,18 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
 def verdict(data: dict[str, Any]) -> dict[str, Any]:
     """What a script or an alert needs from a status: one state and the reasons for it.
 
-    States, most urgent first: "restarting" (a run holds the lock: wait for it), "not-serving"
-    (the engine does not answer, or answers /health but a 1-token completion does not finish:
-    wedged), "degraded" (it serves, but a node is down, the budget is spent,
+    States, most urgent first: "experimenting" (an experiment holds the lock: restarts and sweeps
+    come and go until it ends), "restarting" (another run holds the lock: wait for it),
+    "not-serving" (the engine does not answer, or answers /health but a 1-token completion does
+    not finish: wedged), "degraded" (it serves, but a node is down, the budget is spent,
     the watchdog paused or gave up, a run never finished, the dead engine left processes, the
     recipe copies differ, or a part could not be read), "serving" (none of these).
     """
     reasons: list[str] = []
     runs = data.get("runs") or {}
     engine = data.get("engine") or {}
+    if runs.get("experiment"):
+        return {"state": "experimenting", "reasons": [runs["experiment"]]}
     if runs.get("in_progress"):
         return {"state": "restarting", "reasons": [f"a run is under way: {runs['in_progress']}"]}
     down = [n["name"] for n in data.get("nodes") or [] if not n.get("reachable")]
@@ -130,15 +135,49 @@ async def _runs(session: ClusterSession) -> dict[str, Any]:
     """The lock's holder (a run under way) and the runs that began and never ended."""
     try:
         held, holder, _ = await lock_state(session)
-        runs = unfinished_runs(await read_runs(session))
+        every = await read_runs(session)
     except SparkOpsError as exc:
         return {"error": exc.message}
+    runs = unfinished_runs(every)
     out: dict[str, Any] = {"lock_held": held, "holder": holder or None}
     if held:
         out["in_progress"] = describe_holder(holder)
+        if holder.get("operation") == "experiment":
+            mine = [r for r in every if holds_lock(r, holder)]
+            out["experiment"] = experiment_under_way(holder, mine)
         runs = [r for r in runs if not holds_lock(r, holder)]  # the holder's own run is live
     out["unfinished"] = [r.summary() for r in runs]
     return out
+
+
+def experiment_under_way(holder: dict[str, Any], mine: list[Run]) -> str:
+    """An experiment holding the lock in words: who, since when, and the step its own runs (its
+    restarts, in the head's audit) say it is at: applying one, or measuring after it."""
+    since = holder.get("since")
+    when = (
+        f", since {dt.datetime.fromtimestamp(since, dt.timezone.utc):%H:%M} UTC "
+        f"({max(0, int(time.time() - since)) // 60} min ago)"
+        if isinstance(since, int | float) and math.isfinite(since)
+        else ""
+    )
+    who = f"{holder.get('user', '?')}@{holder.get('host', '?')} (pid {holder.get('pid', '?')})"
+    if not mine:
+        step = "before its first restart (planning, or measuring the starting configuration)"
+    else:
+        last = mine[-1]
+        args = (last.intent.get("what") or {}).get("args") or {}
+        knobs = ", ".join(
+            f"{k}={v}" for k, v in args.items() if k not in ("reason", "force", "over_budget")
+        )
+        what = knobs or "the starting configuration"
+        if "restore" in str(args.get("reason", "")):
+            what = f"the starting configuration back ({what})"
+        step = (
+            f"applying {what} (last recorded: {last.last_step})"
+            if last.unfinished
+            else f"measuring {what} (its apply ended)"
+        )
+    return f"an experiment is under way: {who}{when}; step: {step}"
 
 
 async def _instance(session: ClusterSession, cluster: Cluster) -> dict[str, Any]:

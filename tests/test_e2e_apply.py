@@ -68,6 +68,16 @@ def test_apply_max_num_seqs_64_end_to_end(sim: Sim, cli_env: dict[str, str]) -> 
     assert res.returncode == ExitStatus.RECIPE, res.stderr[-2000:]
     assert "did you mean --max-num-seqs?" in res.stderr and "nothing was written" in res.stderr
     assert tree_digest(sim.root) == tree and stamps(sim) == before_stamps
+    # red team: a key sparkrun maps to a flag, a dotted field of an option that takes no JSON, and
+    # an -O that is no level are resolved against the head's parser too
+    for args, words in (
+        (["--set", "prefill_policy=fifo"], "--prefill-policy is not an option"),
+        (["--flag", "--max-num-seqs.foo=3"], "--max-num-seqs takes no dotted field"),
+        (["--flag", "-Ofoo"], "-O takes an optimization level"),
+    ):
+        res = spark_ops(cli_env, "apply", *args, "--yes")
+        assert res.returncode == ExitStatus.RECIPE and words in res.stderr, res.stderr[-2000:]
+        assert tree_digest(sim.root) == tree and stamps(sim) == before_stamps
 
     write_vllm_shim(sim.head, wrapper=True)
     inventory = sim.inventory.read_text()

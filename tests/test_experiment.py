@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -308,6 +309,18 @@ def test_interrupted_experiment_restores_and_resumes(tmp_path: Path) -> None:
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:  # the run holds the lock
+            if state.exists() and json.loads(state.read_text()).get("status") == "running":
+                break
+            time.sleep(0.05)
+        # red team: `status` during the whole experiment says an experiment is under way (who,
+        # since when, which step) with its own exit code, not "restarting" (exit 15)
+        seen = cli(env, "status", "--json")
+        assert seen.returncode == ExitStatus.EXPERIMENTING, seen.stderr[-2000:]
+        said = json.loads(seen.stdout)["verdict"]
+        assert said["state"] == "experimenting", said
+        assert "an experiment is under way: " in said["reasons"][0], said
+        assert " UTC (" in said["reasons"][0] and "; step: " in said["reasons"][0], said
         while time.monotonic() < deadline and proc.poll() is None:
             if state.exists() and json.loads(state.read_text()).get("results"):
                 break
@@ -388,3 +401,51 @@ async def test_confirm_measures_a_predicted_winner(
     assert check.levels[0].aggregate == pytest.approx(0.0)  # C <= cap: the same level
     assert outcome.to_dict()["confirmations"][0]["predicted_from"] == base
     assert "Confirmation of cap 32 (predicted, then measured)" in render_report(outcome)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_budget_spent_midway_says_what_changed(tmp_path: Path) -> None:
+    """Red team: a restart stamp from elsewhere spends the budget while the first configuration
+    is measured; the second configuration's restart and the restore are refused (exit 16). The
+    run says what it changed (8 applied, not put back), when the next slot frees and the ways on
+    with --over-budget; never "nothing was changed", never a bare apply the gate would refuse."""
+    from spark_ops.sim.control import down
+
+    s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE, watchdog_interval_s=30.0)
+    try:
+        env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
+        history = s.history.read_bytes()
+        state = tmp_path / "exp.json"
+        args = ["experiment", "--max-num-seqs", "8,10", "--measure-all", "--concurrency", "1,6",
+                "--output-tokens", "300", "--yes", "--state", str(state)]  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spark_ops.cli.main", *args],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline, restarted = time.monotonic() + 120, False
+        while time.monotonic() < deadline and proc.poll() is None:  # 8's restart, then its prune
+            now = s.history.read_bytes()
+            restarted = restarted or now != history
+            if restarted and now == history:
+                break
+            time.sleep(0.02)
+        with s.history.open("a") as fh:  # an automatic restart meanwhile: 2/2 used
+            fh.write(f"{int(time.time())}\n")
+        out, err = proc.communicate(timeout=180)
+        said = f"{out[-3000:]}\n{err[-3000:]}"
+        assert proc.returncode == ExitStatus.OVER_BUDGET, said
+        final = err[err.rindex("error: ") :]
+        assert "nothing was changed" not in final, said
+        assert "This run applied max_num_seqs=8" in final, said
+        assert "the starting configuration (max_num_seqs=6) was not put back" in final, said
+        assert re.search(r"next slot frees in \d+ h( \d+ min)? \(at \d\d:\d\d UTC\)", final), said
+        assert "--resume --over-budget" in final, said
+        ending = " ".join(out.split())
+        assert "`spark-ops apply --max-num-seqs 6` once a slot frees, or now with" in ending, said
+        assert "max_num_seqs: 8 " in s.recipe.read_text()
+        saved = json.loads(state.read_text())
+        assert saved["restore"]["refused"] is True and saved["error"]["error"] == "OverBudget"
+        assert saved["restore"]["command"] == "spark-ops apply --max-num-seqs 6", saved["restore"]
+    finally:
+        down(s.root)

@@ -187,3 +187,41 @@ async def test_the_question_leaves_the_event_loop_running(monkeypatch: pytest.Mo
     os.close(write_end)
     assert await asyncio.wait_for(asker, 10) is True
     ticker.cancel()
+
+
+LIMITS = yaml.safe_load((FIXTURES / "limits.yaml").read_text())
+
+
+def test_the_gate_counts_the_watchdogs_own_budget(sim: Sim, cli_env: dict[str, str]) -> None:
+    """Red team: the budget the watchdog enforces (its config's) is the one a restart meets; the
+    inventory's `watchdog.budget` differing is said in the plan (fixtures/gate/limits.yaml)."""
+    config = sim.head / ".config" / "spark-watchdog.yaml"
+    shipped, inventory = config.read_text(), sim.inventory.read_text()
+    for case in LIMITS:
+        wd, inv = case["watchdog"], case["inventory"]
+        config.write_text(
+            shipped.replace("max: 2\n", f"max: {wd['max']}\n").replace(
+                "window: 21600\n", f"window: {wd['window']}\n"
+            )
+        )
+        sim.inventory.write_text(
+            inventory.replace(
+                "budget: {max_restarts: 2, window_s: 21600}",
+                f"budget: {{max_restarts: {inv['max_restarts']}, window_s: {inv['window_s']}}}",
+            )
+        )
+        res = spark_ops(cli_env, "plan", "--max-num-seqs", "8", "--json")
+        said = f"{case['name']}: exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-2000:]}"
+        assert res.returncode == case["exit"], said
+        doc = json.loads(res.stdout)
+        gate = doc["plan"]["facts"]["budget"]
+        assert (gate["allowed"], gate["used"]) == (case["allowed"], case["used"]), said
+        assert "the watchdog's config node1:" in gate["limits_source"], said
+        warned = [w for w in doc["plan"]["warnings"] if "watchdog.budget" in w]
+        if case["says"] is None:
+            assert gate["inventory_disagrees"] is None and not warned, said
+        else:
+            assert case["says"] in gate["inventory_disagrees"], said
+            assert warned and case["says"] in warned[0], said
+            if case["exit"]:
+                assert case["says"] in doc["refused"]["message"], said

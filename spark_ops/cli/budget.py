@@ -226,12 +226,20 @@ def echo_prune_plan(plan: PrunePlan, *, hush: bool = False) -> None:
     elif not plan.selection.empty and not hush:
         what = "stamp of a planned restart" if plan.selection.planned else "line that matches"
         click.echo(f"Nothing to remove: {plan.history_file} holds no {what}.")
-    for nf in plan.not_found:
-        click.secho(f"  {nf} is not in the history", fg="yellow")
+    for nf in plan.not_found:  # -q: a warning on stderr (stdout keeps only --json's answer)
+        _said(f"{nf} is not in the history", hush)
     for note in plan.notes:
-        click.secho(f"  note: {note}", fg="yellow")
+        _said(f"note: {note}", hush)
     if plan.clear_gave_up and not hush:
         click.echo("Then remove the gave-up file, if the budget has room.")
+
+
+def _said(text: str, hush: bool) -> None:
+    """A line worth a look: with the report on stdout, or under -q a `warning:` on stderr."""
+    if hush:
+        click.secho(f"warning: {text}", fg="yellow", err=True)
+    else:
+        click.secho(f"  {text}", fg="yellow")
 
 
 def echo_prune_report(report: PruneReport, *, hush: bool = False) -> None:
@@ -241,9 +249,9 @@ def echo_prune_report(report: PruneReport, *, hush: bool = False) -> None:
 
         click.echo(f"Removed {stamps_text(report.removed_stamps)}; backup at {report.backup}")
     for raw in report.vanished:
-        click.secho(f"  {raw} was already gone when the prune ran", fg="yellow")
+        _said(f"{raw} was already gone when the prune ran", hush)
     for raw in report.appended_kept:
-        click.secho(f"  {raw} appeared after the preview and was kept (not confirmed)", fg="yellow")
+        _said(f"{raw} appeared after the preview and was kept (not confirmed)", hush)
     if report.gave_up_cleared is not None and not hush:
         click.echo(f"Gave-up file removed: {'yes' if report.gave_up_cleared else 'no'}")
     b = report.budget

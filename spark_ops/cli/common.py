@@ -164,6 +164,10 @@ def echo_gate(gate: dict[str, Any]) -> None:
         color = None
     if color and gate.get("over_budget_given"):
         text, color = text + "; --over-budget given: the restart goes ahead", "yellow"
+    if gate.get("inventory_disagrees"):  # the plan's warnings (or the refusal) say it whole
+        text += (
+            f" [counted by {gate.get('limits_source')}: the inventory's watchdog.budget differs]"
+        )
     click.secho(f"Restart budget: {text}", fg=color)
 
 

@@ -310,6 +310,11 @@ def _ending(outcome: ExperimentOutcome) -> str:
     elif r["ok"]:
         how = "restarted and pruned" if r.get("restarted") else "no restart needed"
         text += f" Starting configuration restored: {_knobs(r['knobs'])} ({how})."
+    elif r.get("refused"):  # the gate refused it: an apply now would be refused alike
+        text += (
+            f" The starting configuration {_knobs(r['knobs'])} was NOT put back: {r['error']}. "
+            f"Put it back with `{r['command']}` once a slot frees, or now with --over-budget."
+        )
     else:
         text += (
             f" RESTORE FAILED ({r['error']}): put {_knobs(r['knobs'])} back with spark-ops apply."

@@ -29,6 +29,7 @@ def cli() -> None:
 @click.option("--vllm-version", help="Version of the serving vLLM (else from the container tag).")
 @click.option("--dry-run", is_flag=True, help="Show the diff, write nothing.")
 @click.option("--yes", is_flag=True, help="Write without asking.")
+@click.option("--json", "as_json", is_flag=True, help="The outcome as JSON on stdout.")
 def set_cmd(
     file: Path,
     max_num_seqs: str | None,
@@ -41,8 +42,15 @@ def set_cmd(
     vllm_version: str | None,
     dry_run: bool,
     yes: bool,
+    as_json: bool,
 ) -> None:
-    """Change knobs in FILE with a minimal diff; show the diff, then write atomically."""
+    """Change knobs in FILE with a minimal diff; show the diff, then write atomically.
+
+    The diff is the plan: on stdout unless -q (shown anyway when a prompt asks about it); with
+    --json, one document on stdout (file, target, changed, diff, written, backup, warnings), the
+    question, if any, on stderr.
+    """
+    from spark_ops.cli.common import quiet
     from spark_ops.recipe import changes_from_options
     from spark_ops.recipe.edit import naming
     from spark_ops.recipe.files import changes_for, edit_file, write_edit
@@ -64,30 +72,56 @@ def set_cmd(
         raise naming(exc, str(file)) from exc
     if not changes:
         raise RecipeError("nothing to change: give a knob option, --set, --flag or --unset-flag")
-    _check_keys(file, changes, vllm_version)
+    warnings = _check_keys(file, changes, vllm_version)
     landed = edit_file(file, changes, vllm_version=vllm_version)
     result, target = landed.edit, Path(landed.target)
-    for warning in result.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    if target != file:
+    warnings += list(result.warnings)
+    doc: dict[str, Any] = {
+        "file": str(file), "target": str(target), "lands_in": list(landed.reasons) if
+        target != file else [], "changed": result.changed, "diff": "", "dry_run": dry_run,
+        "written": False, "backup": None, "warnings": warnings,
+    }  # fmt: skip
+    hush = as_json or quiet()
+    if not as_json:
+        for warning in warnings:
+            click.echo(f"warning: {warning}", err=True)
+    if target != file and not hush:
         click.echo(f"{file}: the edit lands in {target} ({'; '.join(landed.reasons)})")
     if not result.changed:
-        click.echo(f"{target}: already as requested, nothing to write")
-        return
-    click.echo(result.diff(str(target)), nl=False)
+        if not hush:
+            click.echo(f"{target}: already as requested, nothing to write")
+        return _set_done(doc, as_json)
+    doc["diff"] = result.diff(str(target))
+    asked = not yes and not dry_run
+    if not hush or (asked and not as_json):  # -q: the diff only when a prompt asks about it
+        click.echo(doc["diff"], nl=False)
+    elif asked:  # --json: the plan the question is about, on stderr with it
+        click.echo(json.dumps({"diff": doc["diff"], "target": str(target)}), err=True)
     if dry_run:
-        click.echo("(dry run: nothing written)")
-        return
-    if not yes and not click.confirm(f"Write {target}?", default=False):
+        if not hush:
+            click.echo("(dry run: nothing written)")
+        return _set_done(doc, as_json)
+    if asked and not click.confirm(f"Write {target}?", default=False, err=True):
         raise Aborted(f"{target}: not written (declined)")
     backup = write_edit(landed)
-    click.echo(f"wrote {target} (backup {backup.name})")
+    doc.update(written=True, backup=str(backup))
+    if not hush:
+        click.echo(f"wrote {target} (backup {backup.name})")
+    return _set_done(doc, as_json)
 
 
-def _check_keys(file: Path, changes: list[Any], vllm_version: str | None) -> None:
+def _set_done(doc: dict[str, Any], as_json: bool) -> None:
+    """`recipe set`'s answer under --json: one document on stdout (nothing otherwise)."""
+    if as_json:
+        from spark_ops.cli.common import emit_json
+
+        emit_json(doc)
+
+
+def _check_keys(file: Path, changes: list[Any], vllm_version: str | None) -> list[str]:
     """Refuse --set/--flag keys the serve parser of the recipe's vLLM does not know exactly, when
     that parser's options are known here (a head's cached answer, the shipped 0.32.0 list);
-    else say they are unchecked (apply checks them against the head's own vLLM)."""
+    else say they are unchecked (apply checks them against the head's own vLLM): the warnings."""
     from spark_ops.recipe.changes import refuse_unknown_options, requested_flags
     from spark_ops.recipe.editor import resolve_version
     from spark_ops.recipe.source import load_recipe_text
@@ -98,21 +132,20 @@ def _check_keys(file: Path, changes: list[Any], vllm_version: str | None) -> Non
         defaults = load_recipe_text(text, source=str(file)).get("defaults")
         version, unknown = resolve_version(text, str(file), vllm_version)
     except (OSError, UnicodeDecodeError, SparkOpsError):
-        return  # the edit itself names what is wrong with the file
+        return []  # the edit itself names what is wrong with the file
     requested = requested_flags(changes, defaults if isinstance(defaults, dict) else {})
     if not requested:
-        return
+        return []
     found = None if unknown else local_serve_options(version)
     given = ", ".join(g for g, _ in requested)
     if found is None or found.options is None:
         why = "its vLLM version is unknown" if unknown else f"no option list of vLLM {version} here"
-        click.echo(
-            f"warning: {given}: not checked against vLLM's parser ({why}); spark-ops apply "
-            "checks them against the head's vLLM before writing",
-            err=True,
-        )
-        return
+        return [
+            f"{given}: not checked against vLLM's parser ({why}); spark-ops apply checks them "
+            "against the head's vLLM before writing"
+        ]
     refuse_unknown_options(requested, found.options, f"vLLM {found.version} ({found.detail})")
+    return []
 
 
 @cli.command("render")

@@ -15,6 +15,7 @@ VERDICT_EXIT = {
     "degraded": ExitStatus.DEGRADED,
     "not-serving": ExitStatus.NOT_SERVING,
     "restarting": ExitStatus.RESTARTING,
+    "experimenting": ExitStatus.EXPERIMENTING,
 }
 
 
@@ -85,7 +86,9 @@ def echo_status(data: dict[str, Any]) -> None:
     if boot and boot.get("total_s") is not None:
         click.echo(f"Last boot watched from here: {boot['total_s']:.0f} s")
     runs = data.get("runs") or {}
-    if runs.get("in_progress"):
+    if runs.get("experiment"):
+        click.secho(runs["experiment"][0].upper() + runs["experiment"][1:], fg="yellow")
+    elif runs.get("in_progress"):
         click.secho(f"A run is under way: {runs['in_progress']}", fg="yellow")
     for r in runs.get("unfinished") or []:
         text = (
@@ -103,7 +106,9 @@ def echo_status(data: dict[str, Any]) -> None:
         click.secho(f"Watchdog: {b.get('error')}", fg="red")
     v = data.get("verdict") or {}
     if v:
-        color = {"serving": "green", "degraded": "yellow"}.get(v["state"], "red")
+        color = {"serving": "green", "degraded": "yellow", "experimenting": "yellow"}.get(
+            v["state"], "red"
+        )
         why = f": {'; '.join(v['reasons'])}" if v["reasons"] else ""
         click.secho(f"Verdict: {v['state']}{why}", fg=color, bold=True)
     own = data.get("watchdog_status")
@@ -124,7 +129,8 @@ def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
     """Nodes reachable and latency, engine and load, recipe knobs, watchdog budget.
 
     Exit status (for scripts and alerts): 0 serving, 13 degraded (serving, but a node is down,
-    the budget spent, a run unfinished ...), 14 not serving, 15 a restart under way.
+    the budget spent, a run unfinished ...), 14 not serving, 15 a restart under way, 21 an
+    experiment under way (its restarts and sweeps go on until it ends).
     """
     from spark_ops.status import collect_status
 

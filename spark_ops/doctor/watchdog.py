@@ -8,7 +8,12 @@ from spark_ops.doctor.report import Checker, parse_kv
 from spark_ops.errors import SparkOpsError
 from spark_ops.remote.programs.doctor import FIND_COMMAND, WRITABLE
 from spark_ops.remote.programs.node import HOME
-from spark_ops.watchdog.config import USER_CONFIG, WatchdogConfigError, parse_config
+from spark_ops.watchdog.config import (
+    USER_CONFIG,
+    WatchdogConfigError,
+    config_argument,
+    parse_config,
+)
 from spark_ops.watchdog.contract import WatchdogContract
 from spark_ops.yamlsafe import load_yaml
 
@@ -35,20 +40,6 @@ def command_program(command: str) -> tuple[str | None, str | None]:
         else:
             return directory, w
     return directory, None
-
-
-def config_argument(command: str) -> str | None:
-    """The FILE of `--config FILE` / `--config=FILE` in a watchdog command, if any."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
-    for i, w in enumerate(words):
-        if w == "--config" and i + 1 < len(words):
-            return words[i + 1]
-        if w.startswith("--config="):
-            return w.split("=", 1)[1]
-    return None
 
 
 def _first_word(command: str) -> str | None:

@@ -171,27 +171,65 @@ def requested_flags(
 ) -> list[tuple[str, str]]:
     """The vLLM options a user's `--set` / `--flag` keys name: (as given, option), in order.
 
-    A `--set` key the recipe holds in `defaults` (or a key sparkrun maps to a flag) is a recipe
-    key, not an option; knobs and removals are not checked (a knob's flag is fixed; removing an
-    option vLLM lacks is a fix).
+    A key sparkrun maps to a flag (VLLM_FLAG_MAP) names that flag; another `--set` key the recipe
+    holds in `defaults` is a recipe key, not an option; knobs and removals are not checked (a
+    knob's flag is fixed; removing an option vLLM lacks is a fix).
     """
     out: list[tuple[str, str]] = []
     for change in changes:
         if change.kind == "flag" and not change.remove:
             out.append((f"--flag {change.name}", change.name))
-        elif change.kind == "setting" and change.name not in {*defaults_keys, *VLLM_FLAG_MAP}:
+        elif change.kind == "setting" and change.name in VLLM_FLAG_MAP:  # sparkrun's own flag
+            out.append((f"--set {change.name}", VLLM_FLAG_MAP[change.name]))
+        elif change.kind == "setting" and change.name not in defaults_keys:
             out.append((f"--set {change.name}", normalize_flag("--" + change.name)))
     return out
+
+
+OPTIMIZATION_LEVELS = ("0", "1", "2", "3")  # vLLM's -O<n> (OptimizationLevel)
+# vLLM's options that take JSON (so OPTION.FIELD=VALUE): its config and kwargs options, and the
+# short names of three of them (facts of vLLM's arg_utils)
+JSON_OPTION_SUFFIXES = ("-config", "-kwargs", "-overrides", "-per-prompt")
+JSON_SHORT_OPTIONS = {"-cc": "--compilation-config", "-ac": "--attention-config",
+                      "-sc": "--speculative-config"}  # fmt: skip
+_FIELDS = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*\+?")
+
+
+def json_option(option: str) -> bool:
+    """True for a vLLM option that takes a JSON value (its fields settable as OPTION.FIELD)."""
+    return option in JSON_SHORT_OPTIONS or (
+        option.startswith("--") and option.endswith(JSON_OPTION_SUFFIXES)
+    )
 
 
 def option_problem(option: str, options: Collection[str]) -> str | None:
     """Why `option` is not one of the serve parser's `options` (None: it is one): unknown, or an
     abbreviation vLLM's argparse would silently expand; with "did you mean" when one is near."""
     if option.startswith("-O") and not option.startswith("--"):
-        return None if "--optimization-level" in options else "no -O (optimization level) here"
+        if "--optimization-level" not in options:
+            return "no -O (optimization level) here"
+        level = option[3:] if option[2:3] == "=" else option[2:]
+        if level in ("", *OPTIMIZATION_LEVELS):  # bare -O: its level is the next word
+            return None
+        return (
+            f"-O takes an optimization level ({', '.join(OPTIMIZATION_LEVELS)}, as -O3), not "
+            f"{level!r}; a field of the compilation config is --compilation-config.FIELD=VALUE"
+        )
     name = option.split("=", 1)[0]
-    base = name.split(".", 1)[0]  # `--compilation-config.mode`: a field of --compilation-config
+    base, dot, fields = name.partition(".")  # `--compilation-config.mode`: a field of a JSON option
     if base in options:
+        if not dot:
+            return None
+        if not json_option(base):
+            takes = sorted(o for o in options if json_option(o) and o.startswith("--"))
+            close = difflib.get_close_matches(base, takes, n=3, cutoff=0.6)
+            also = f"; did you mean {' or '.join(close)}?" if close else ""
+            return (
+                f"{base} takes no dotted field (vLLM's OPTION.FIELD sets a field of a "
+                f"JSON option, such as --compilation-config.mode){also}"
+            )
+        if not _FIELDS.fullmatch(fields):
+            return f"{fields!r} is not a field name (letters, digits, _ between dots)"
         return None
     longs = sorted(o for o in options if o.startswith("--"))
     hits = [o for o in longs if o.startswith(base)] if base.startswith("--") else []

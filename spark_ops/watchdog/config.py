@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,20 @@ def _sparkrun_cli(a: _Reader) -> list[str]:
 def _resolve(base: Path, value: str | None, default: str) -> str:
     """Make a path absolute against base, using default when value is None."""
     return str((base / (value if value is not None else default)).resolve())
+
+
+def config_argument(command: str) -> str | None:
+    """The FILE of `--config FILE` / `--config=FILE` in a watchdog command, if any."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    for i, w in enumerate(words):
+        if w == "--config" and i + 1 < len(words):
+            return words[i + 1]
+        if w.startswith("--config="):
+            return w.split("=", 1)[1]
+    return None
 
 
 def load_config(path: str | os.PathLike[str]) -> WatchdogConfig:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -30,6 +31,12 @@ from spark_ops.headlib import head_program
 from spark_ops.remote import ClusterSession, quote_word
 from spark_ops.remote.programs.watchdog import HISTORY_PY
 from spark_ops.remote.shell import REMOVE
+from spark_ops.watchdog.config import (
+    DEFAULT_CONFIG,
+    WatchdogConfigError,
+    config_argument,
+    parse_config,
+)
 from spark_ops.watchdog.identify import (
     HistEntry,
     Identification,
@@ -38,6 +45,7 @@ from spark_ops.watchdog.identify import (
     stamp_json,
 )
 from spark_ops.watchdog.identify import identify as identify_entry
+from spark_ops.yamlsafe import load_yaml
 
 PLANNED_BY = "spark-ops"
 
@@ -59,6 +67,23 @@ def operator() -> str:
     return f"{PLANNED_BY}:{local_account()}"
 
 
+@dataclass(frozen=True)
+class BudgetLimits:
+    """The restart budget the watchdog enforces: its own config's when spark-ops can read it
+    (the `--config FILE` of its commands, or the reference watchdog's default), else the
+    inventory's `watchdog.budget`; `disagreement` says when the inventory says otherwise."""
+
+    max_restarts: int
+    window_s: float
+    source: str
+    disagreement: str = ""
+
+
+def _per(max_restarts: int, window_s: float) -> str:
+    """A budget in words: "2 per 6 h"."""
+    return f"{max_restarts} per {window_s / 3600:g} h"
+
+
 @dataclass
 class BudgetView:
     """The restart budget as the head sees it, with journal reasons and pause / gave-up."""
@@ -75,6 +100,8 @@ class BudgetView:
     malformed: list[dict[str, Any]] = field(default_factory=list)
     history_file: str = ""
     flagged: list[dict[str, Any]] = field(default_factory=list)  # counted here, maybe not there
+    limits_source: str = ""  # whose max / window were counted (the watchdog's config, else ours)
+    disagreement: str = ""  # the inventory's watchdog.budget differs from the watchdog's own
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
@@ -92,6 +119,8 @@ class BudgetView:
             "malformed": self.malformed,
             "history_file": self.history_file,
             "flagged": self.flagged,
+            "limits_source": self.limits_source,
+            "inventory_disagrees": self.disagreement or None,
         }
 
 
@@ -298,11 +327,43 @@ class WatchdogContract:
             return True, first
         return True, str(record.get("reason", first)) if isinstance(record, dict) else first
 
+    async def limits(self) -> BudgetLimits:
+        """The budget the watchdog itself enforces (see BudgetLimits); never raises."""
+        ours = BudgetLimits(
+            self.wd.max_restarts, float(self.wd.window_s), "the inventory's watchdog.budget"
+        )
+        path = config_argument(self.wd.restart_command) or config_argument(
+            self.wd.status_command or ""
+        )
+        if path is None and not _runs_reference_watchdog(self.wd.restart_command):
+            return ours  # another watchdog: the inventory is the one statement of its budget
+        path = path or DEFAULT_CONFIG
+        where = f"{self.head}:{path}"
+        try:
+            text = await self.session.read_file(self.head, path, sudo=True)
+            if text is None:
+                return ours
+            data = load_yaml(text, source=where, error=WatchdogConfigError)
+            own = parse_config(data, source=path).budget
+        except SparkOpsError:
+            return ours  # unreadable, or not the reference watchdog's format
+        theirs = BudgetLimits(own.max, float(own.window), f"the watchdog's config {where}")
+        if (own.max, float(own.window)) == (ours.max_restarts, ours.window_s):
+            return theirs
+        return BudgetLimits(
+            own.max, float(own.window), theirs.source,
+            f"the inventory's watchdog.budget ({_per(ours.max_restarts, ours.window_s)}) "
+            f"disagrees with the watchdog's config {where} ({_per(own.max, own.window)}), which "
+            "the watchdog enforces: counted against the watchdog's; set watchdog.budget: "
+            f"{{max_restarts: {own.max}, window_s: {own.window:g}}} in the inventory",
+        )  # fmt: skip
+
     async def budget(self) -> BudgetView:
-        """Used / allowed in the window, with journal reasons and flags."""
+        """Used / allowed in the window (the watchdog's own limits), with reasons and flags."""
+        limits = await self.limits()
         data = await self.history(
-            "budget", *self._common(), "--max", str(self.wd.max_restarts),
-            "--window", str(self.wd.window_s),
+            "budget", *self._common(), "--max", str(limits.max_restarts),
+            "--window", repr(limits.window_s),
         )  # fmt: skip
         reasons = await self.journal_by_stamp()
         stamps = []
@@ -332,6 +393,8 @@ class WatchdogContract:
             malformed=list(data.get("malformed", [])),
             history_file=self.wd.history_file,
             flagged=list(data.get("flagged", [])),
+            limits_source=limits.source,
+            disagreement=limits.disagreement,
         )
 
     async def journal_by_stamp(self) -> dict[float, dict[str, Any]]:
@@ -535,6 +598,15 @@ class WatchdogContract:
 
 
 _fmt = fmt_stamp
+
+
+def _runs_reference_watchdog(command: str) -> bool:
+    """True when a restart command runs the reference `spark-watchdog` (by any path)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    return any(w.rsplit("/", 1)[-1] == "spark-watchdog" for w in words)
 
 
 def _reported_stamp(output: str) -> float | None:

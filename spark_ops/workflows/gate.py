@@ -80,7 +80,23 @@ async def read_gate(
         "spent": counted["over_budget"],
         "settled": len(gone),  # left by dead runs, removed first: not counted
         "over_budget_given": over_budget,
+        "limits_source": view.limits_source,  # the watchdog's own max / window, when readable
+        "inventory_disagrees": view.disagreement or None,
     }
+
+
+def spent_sentence(gate: dict[str, Any]) -> str:
+    """What a spent budget means for a restart, and when the next slot frees (one sentence)."""
+    mine = (
+        f", not counting {gate['settled']} left by unfinished runs" if gate.get("settled") else ""
+    )
+    whose = f"; {gate['inventory_disagrees']}" if gate.get("inventory_disagrees") else ""
+    return (
+        f"the watchdog's restart budget is spent: {gate['used']}/{gate['allowed']} restarts in "
+        f"the last {float(gate['window_s']) / 3600:g} h{mine} (history {gate['history_file']}"
+        f"{whose}); if this restart's boot failed, the watchdog could not restart the engine. "
+        f"The next slot frees {next_slot(gate)}"
+    )
 
 
 def gate_refusal(gate: dict[str, Any] | None, *, ignore_option: bool = False) -> OverBudget | None:
@@ -96,15 +112,8 @@ def gate_refusal(gate: dict[str, Any] | None, *, ignore_option: bool = False) ->
         )
     if not gate.get("spent"):
         return None
-    mine = (
-        f", not counting {gate['settled']} left by unfinished runs" if gate.get("settled") else ""
-    )
     return OverBudget(
-        f"the watchdog's restart budget is spent: {gate['used']}/{gate['allowed']} restarts in "
-        f"the last {float(gate['window_s']) / 3600:g} h{mine} (history {gate['history_file']}); "
-        "if this "
-        "restart's boot failed, the watchdog could not restart the engine. The next slot frees "
-        f"{next_slot(gate)}; nothing was changed",
+        f"{spent_sentence(gate)}; nothing was changed",
         budget=gate,
         hint="wait for the slot; or remove planned stamps left by earlier runs (`spark-ops "
         "budget` shows them, `spark-ops budget prune --planned` removes them); or pass "
@@ -117,6 +126,8 @@ async def check_budget(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
     """Record in a restart's plan the budget it meets and the engine it replaces."""
     gate = await read_gate(op, opts.over_budget, plan.facts.left_stamp_values or ())
     plan.facts.budget = gate
+    if gate.get("inventory_disagrees"):
+        plan.warnings.append(str(gate["inventory_disagrees"]))
     if opts.over_budget and gate_refusal(gate, ignore_option=True) is not None:
         plan.warnings.append(over_budget_warning(gate))
     try:

@@ -9,12 +9,13 @@ without redoing finished configurations. The comparison across configurations an
 from __future__ import annotations
 
 import asyncio
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from spark_ops.bench.sweep import SweepConfig, run_sweep
-from spark_ops.errors import Interrupted, SparkOpsError, VerifyError
+from spark_ops.errors import Interrupted, OverBudget, SparkOpsError, VerifyError
 from spark_ops.log import get_logger
 from spark_ops.recipe import Change, knob_values, render_recipe
 from spark_ops.watchdog.identify import stamp_json, stamps_json, stamps_text
@@ -28,6 +29,7 @@ from spark_ops.workflows.experiment.state import (
     label,
     now_iso,
 )
+from spark_ops.workflows.gate import next_slot, spent_sentence
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plans import plan_apply
 
@@ -225,9 +227,14 @@ async def run_experiment(
         )
         state.status = "failed"
         state.error = failure.to_dict()
+    refused_at = state.in_progress
     state.save(path)
     if state.spec.restore:
         state.restore = await _restore(op, state, settings, hooks)
+        state.save(path)
+    if isinstance(failure, OverBudget):  # "nothing was changed" is true of one apply, not the run
+        failure = midway_refusal(state, failure, refused_at)
+        state.error = failure.to_dict()
         state.save(path)
     budget_after: dict[str, Any] | None
     try:
@@ -272,6 +279,13 @@ async def _restore(
         done = await _apply(op, changes_for(start), settings, hooks, f"{REASON}: restore)")
     except (asyncio.CancelledError, KeyboardInterrupt, Interrupted):
         return {"ok": False, "knobs": start, "error": "interrupted during the restore"}
+    except OverBudget as exc:  # refused before anything was written: the start is not back
+        return {
+            "ok": False, "knobs": start, "refused": True, "budget": exc.budget,
+            "error": f"its restart was refused too: {spent_sentence(exc.budget)}"
+            if "used" in exc.budget else exc.message,
+            "command": apply_command(start),
+        }  # fmt: skip
     except Exception as exc:  # reported, never raised: the run's own outcome comes first
         return {"ok": False, "knobs": start, "error": getattr(exc, "message", str(exc))}
     return {
@@ -281,6 +295,60 @@ async def _restore(
         "pruned": done.get("pruned"),
         "boot_s": done.get("boot_s"),
     }
+
+
+def apply_command(knobs: dict[str, Any]) -> str:
+    """The `spark-ops apply` that sets these knob values (a value vLLM defaults is left out)."""
+    words = ["spark-ops", "apply"]
+    for key, value in knobs.items():
+        if value is None:
+            continue
+        if key == "enforce_eager":
+            words.append("--enforce-eager" if value else "--no-enforce-eager")
+        else:
+            words += [f"--{key.replace('_', '-')}", shlex.quote(str(value))]
+    return " ".join(words)
+
+
+def midway_refusal(state: ExperimentState, refused: OverBudget, at: str | None) -> OverBudget:
+    """A restart refused by the budget after the experiment changed the cluster: what it changed,
+    where the recipe stands, when the next slot frees, and the ways on (`--over-budget`)."""
+    gate = refused.budget
+    applied = [name for name, r in state.results.items() if (r.get("apply") or {}).get("restarted")]
+    restore = state.restore
+    start = label({a: state.start_knobs.get(a) for a in state.spec.axes})
+    if not applied:
+        changed = "this run changed nothing (no configuration was applied)"
+    else:
+        changed = (
+            f"this run applied {', then '.join(applied)} (restarted, its stamp pruned each time)"
+        )
+        if restore is None:
+            changed += f"; the recipe holds {applied[-1]} (--no-restore)"
+        elif restore.get("ok"):
+            changed += f"; the starting configuration ({start}) is back"
+        else:
+            why_not = "its restart was refused too" if restore.get("refused") else restore["error"]
+            changed += (
+                f"; the recipe and the engine hold {applied[-1]}: the starting configuration "
+                f"({start}) was not put back ({why_not})"
+            )
+    why = spent_sentence(gate) if "used" in gate else refused.message
+    slot = f"once the next slot frees, {next_slot(gate)}," if "next_free_at" in gate else "later"
+    back = ""
+    if restore is not None and restore.get("refused"):
+        back = (
+            f"; to put the starting configuration back: `{restore['command']}` {slot} or now "
+            "with --over-budget"
+        )
+    return OverBudget(
+        f"the restart for {at or 'the next configuration'} was refused: {why}. {changed[0].upper()}"
+        f"{changed[1:]}",
+        budget=gate,
+        hint=f"`spark-ops experiment --resume` continues {slot.rstrip(',')}; or `spark-ops "
+        "experiment --resume --over-budget` now, knowing a failed boot then stays down until "
+        f"someone restarts it{back}",
+    )
 
 
 async def _confirm(
