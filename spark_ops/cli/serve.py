@@ -46,11 +46,11 @@ def cli(
     from spark_ops.serve.app import is_loopback, serve
     from spark_ops.serve.auth import kept_token, read_token_file
 
-    cluster = load_cluster(ctx)
-    if token_file is not None:
+    if token_file is not None:  # refused before the inventory is even read
         token, where = read_token_file(token_file), token_file
     else:
         token, where = kept_token()
+    cluster = load_cluster(ctx)
     if not is_loopback(host):
         click.secho(
             f"warning: listening on {host}: anyone who can reach it and has the token reads the "

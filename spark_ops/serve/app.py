@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from spark_ops.errors import SparkOpsError
+from spark_ops.errors import ConflictError
 from spark_ops.inventory import Cluster
 from spark_ops.log import get_logger
 from spark_ops.serve.auth import COOKIE, same_token
@@ -42,8 +42,8 @@ HEADERS = {
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class ServeError(SparkOpsError):
-    """The server cannot start (its address, its token)."""
+class ServeError(ConflictError):
+    """The server cannot listen where asked (the port taken, the address not ours): exit 19."""
 
 
 def session_value(token: str) -> str:

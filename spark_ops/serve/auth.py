@@ -9,7 +9,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from spark_ops.errors import SparkOpsError, excerpt
+from spark_ops.errors import InputError, excerpt
 from spark_ops.files import write_file
 
 DEFAULT_TOKEN_PATH = Path("~/.local/state/spark-ops/serve.token")  # beside boots.json
@@ -18,8 +18,8 @@ MIN_TOKEN_CHARS = 16
 MAX_TOKEN_CHARS = 4096
 
 
-class TokenError(SparkOpsError):
-    """The token file cannot be trusted or read (its mode, its owner, its content)."""
+class TokenError(InputError):
+    """The token file cannot be trusted or read (its mode, its owner, its content): exit 2."""
 
 
 def read_token_file(path: str | os.PathLike[str]) -> str:
