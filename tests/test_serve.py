@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -346,3 +347,104 @@ def test_alert_rules() -> None:
         pytest.skip("promtool not installed (Debian package prometheus): YAML checked only")
     res = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+# -- a real browser -------------------------------------------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+SCREENSHOTS = "SPARK_OPS_SCREENSHOTS"  # a directory (docs/img to refresh the docs' pictures)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Debian's headless chromium through chromedriver (selenium); skipped where one is missing
+    (a failure under SPARK_OPS_REQUIRE_GROUND=1: .ci/install-ground.sh installs them)."""
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not installed (apt-get install chromium "
+                    "chromium-driver)")  # fmt: skip
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip("selenium not installed (pip install -e '.[test]')")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1200,1100",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):  # fmt: skip
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(120)
+    driver.set_script_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _shot(driver: Any, name: str, tmp_path: Path) -> None:
+    """A screenshot of the page as it is, where SPARK_OPS_SCREENSHOTS says (else the test's dir)."""
+    where = Path(os.environ.get(SCREENSHOTS) or tmp_path)
+    where.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(where / f"serve-{name}.png"))
+
+
+@pytest.mark.browser
+def test_browser_pages_token_and_live_boot(served: Served, browser: Any, tmp_path: Path) -> None:
+    """As a person: the URL printed at start opens the cluster page (budget, knobs) and drops the
+    token from the address; a request without the session gets 401, a forged POST is refused;
+    during an `apply` the boot page moves through the phases without a reload."""
+    d = browser
+    d.get(f"{served.url}/?token={TOKEN}")
+    assert d.current_url == served.url + "/"
+    text = d.find_element("tag name", "body").text
+    assert "restarts used" in text and "max_num_seqs" in text
+    _shot(d, "cluster", tmp_path)
+    no_session = d.execute_async_script(
+        "const cb=arguments[0];fetch('/api/status',{credentials:'omit'}).then(r=>cb(r.status))"
+    )
+    assert no_session == 401
+    forged = d.execute_async_script(
+        "const cb=arguments[0];fetch('/',{method:'POST',body:'max_num_seqs=1',"
+        "headers:{'Content-Type':'application/x-www-form-urlencoded'}}).then(r=>cb(r.status))"
+    )
+    assert forged == 405
+
+    d.get(served.url + "/boot")
+    d.execute_script(
+        "window.__same_page=1;window.__seen=[];new MutationObserver(()=>{"
+        "const t=document.getElementById('bphase').textContent;"
+        "if(window.__seen[window.__seen.length-1]!==t)window.__seen.push(t)})"
+        ".observe(document.getElementById('bphase'),{childList:true,characterData:true,"
+        "subtree:true})"
+    )
+    time.sleep(1.0)  # the page's EventSource connects
+    apply = subprocess.Popen(
+        [sys.executable, "-m", "spark_ops.cli.main", "apply", "--max-num-seqs", "7", "-y"],
+        env=served.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    shot = False
+    deadline = time.monotonic() + 240
+    while apply.poll() is None and time.monotonic() < deadline:
+        state = d.find_element("id", "bstate").text
+        if not shot and state == "booting" and len(d.execute_script("return window.__seen")) >= 3:
+            _shot(d, "boot", tmp_path)
+            shot = True
+        time.sleep(0.2)
+    _, err = apply.communicate(timeout=60)
+    assert apply.returncode == 0, err
+    time.sleep(1.0)
+    seen = d.execute_script("return window.__seen")
+    assert d.execute_script("return window.__same_page") == 1  # no reload happened
+    assert "STARTING" in seen and "READY" in seen, seen
+    ranks = [RANKS[p] for p in seen if p in RANKS]
+    assert len(set(ranks)) >= 3 and ranks == sorted(ranks), seen
+    assert d.find_element("id", "bstate").text == "no boot under way"
+    if not shot:
+        _shot(d, "boot", tmp_path)
+    for page in ("history", "sweeps"):
+        d.get(f"{served.url}/{page}")
+        _shot(d, page, tmp_path)
