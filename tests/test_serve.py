@@ -147,6 +147,19 @@ def test_cli_refuses_a_readable_token_file(tmp_path: Path) -> None:
     assert f"{path}: mode 0644" in res.stderr and "chmod 600" in res.stderr
 
 
+def test_port_taken_is_a_conflict(served: Served) -> None:
+    """A port another process listens on: exit 19 naming the address, and a hint."""
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        res = _cli(served.env, "serve", "--port", str(port), timeout=120)
+    assert res.returncode == ExitStatus.CONFLICT, res.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in res.stderr and "--port" in res.stderr
+
+
 async def test_every_route_needs_the_token(served: Served) -> None:
     """401 without the token, with a wrong one, and with a wrong ?token=; nothing else said."""
     async with aiohttp.ClientSession() as http:
