@@ -59,7 +59,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     from spark_ops.sim.control import down, wait_serving
 
     root = tmp_path_factory.mktemp("serve")
-    sim = start_sim(root / "sim", boot_scale=4.0)
+    sim = start_sim(root / "sim", boot_scale=2.0)
     proc = None
     try:
         wait_serving(sim.state)

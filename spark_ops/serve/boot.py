@@ -29,6 +29,7 @@ from spark_ops.readiness import (
     history_key,
     wait_for_boot,
 )
+from spark_ops.readiness.phases import telling
 from spark_ops.remote import ClusterSession
 from spark_ops.remote.shell import engine_log_follow
 from spark_ops.workflows.operation import Operation
@@ -122,9 +123,9 @@ class BootWatch:
             st.phase, st.phase_since = event.phase.value, now
         if event.kind == "phase" and isinstance(event.data.get("expected"), list):
             st.expected = [str(p) for p in event.data["expected"]]
-        if event.kind == "line" and event.line is not None:
-            st.lines.append(event.line)
-        if event.kind in ("phase", "engine", "line", "fatal", "timeout", "workers"):
+        if event.kind == "line" and event.line is not None and telling([event.line]):
+            st.lines.append(event.line)  # the lines that tell something: no banner art
+        if event.kind in ("phase", "engine", "line", "fatal", "timeout", "workers", "tick"):
             self.publish({"event": event.to_dict(), "state": st.snapshot()})
 
     async def _run(self) -> None:
