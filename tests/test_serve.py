@@ -155,7 +155,9 @@ def test_port_taken_is_a_conflict(served: Served) -> None:
         other.bind(("127.0.0.1", 0))
         other.listen()
         port = other.getsockname()[1]
-        res = _cli(served.env, "serve", "--port", str(port), timeout=120)
+        token = served.sim.root.parent / "token"  # the module's: no token left in ~
+        res = _cli(served.env, "serve", "--port", str(port), "--token-file", str(token),
+                   timeout=120)  # fmt: skip
     assert res.returncode == ExitStatus.CONFLICT, res.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in res.stderr and "--port" in res.stderr
 
