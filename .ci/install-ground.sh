@@ -33,6 +33,16 @@ mkdir -p /run/sshd && chmod 0755 /run/sshd
 bash "$REPO/.ci/install-docker.sh"
 # 1c. The real sparkrun (Python 3.12 venv): the recipe oracle and the sparkrun CLI.
 bash "$REPO/.ci/install-sparkrun.sh"
+# 1d. Debian's chromium + chromedriver (tests/test_serve.py drives `spark-ops serve` in it) and promtool
+#     (package prometheus: `promtool check rules docs/alerts.yml`). No browser download, no service started.
+if [[ ! -x /usr/bin/chromium || ! -x /usr/bin/chromedriver || ! -x /usr/bin/promtool ]]; then
+  log "installing chromium, chromium-driver and prometheus (promtool)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    chromium chromium-driver prometheus >/dev/null
+else
+  log "chromium present: $(/usr/bin/chromium --version 2>/dev/null || true)"
+fi
 
 [[ "$WITH_VLLM" == 1 ]] || { log "done (--no-vllm) in $((SECONDS - t_all)) s"; exit 0; }
 

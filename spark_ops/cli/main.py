@@ -57,6 +57,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("spark_ops.cli.doctor", "cli", "Check every precondition of apply, with fixes."),
     "log": ("spark_ops.cli.log", "cli", "The audit log kept on the head: who did what, when."),
     "exec": ("spark_ops.cli.exec", "cli", "Run a command on every node (fan-out)."),
+    "serve": (
+        "spark_ops.cli.serve",
+        "cli",
+        "The cluster's read-only web page and /metrics, behind a token.",
+    ),
 }
 
 

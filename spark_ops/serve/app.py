@@ -1,0 +1,268 @@
+"""The aiohttp application: token auth, the pages, the JSON endpoints, /metrics and /events.
+
+Read-only: every route is a GET (HEAD too); anything else is 405. No action is offered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import ipaddress
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from spark_ops.errors import ConflictError
+from spark_ops.inventory import Cluster
+from spark_ops.log import get_logger
+from spark_ops.serve.auth import COOKIE, same_token
+from spark_ops.serve.metrics import render_metrics
+from spark_ops.serve.pages import boot_page, cluster_page, history_page, sweeps_page
+from spark_ops.serve.source import Source, last_run
+
+SOURCE: web.AppKey[Source] = web.AppKey("source", Source)
+TOKEN: web.AppKey[str] = web.AppKey("token", str)
+SSE_KEEPALIVE_S = 15.0
+HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    # inline style and script only: nothing is loaded from anywhere
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+    "script-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; "
+    "form-action 'none'; frame-ancestors 'none'",
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ServeError(ConflictError):
+    """The server cannot listen where asked (the port taken, the address not ours): exit 19."""
+
+
+def session_value(token: str) -> str:
+    """The session cookie's value: derived from the token, never the token itself."""
+    return hmac.new(token.encode("ascii"), b"spark-ops serve session", hashlib.sha256).hexdigest()
+
+
+@web.middleware
+async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every request carries the token: Bearer header, the session cookie, or ?token= once."""
+    token = request.app[TOKEN]
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() == "bearer" and same_token(given.strip(), token):
+        return await _headers(await handler(request))
+    if "token" in request.query:
+        if not same_token(request.query.get("token"), token):
+            raise _unauthorized()
+        query = {k: v for k, v in request.query.items() if k != "token"}
+        target = request.rel_url.with_query(query)
+        response = web.HTTPSeeOther(location=str(target))
+        response.set_cookie(COOKIE, session_value(token), httponly=True, samesite="Strict",
+                            path="/", secure=request.secure)  # fmt: skip
+        raise response
+    cookie = request.cookies.get(COOKIE)
+    if cookie is not None and hmac.compare_digest(cookie, session_value(token)):
+        return await _headers(await handler(request))
+    raise _unauthorized()
+
+
+def _unauthorized() -> web.HTTPUnauthorized:
+    """401 with a short plain answer (no page, nothing about the cluster)."""
+    return web.HTTPUnauthorized(
+        text="401: this spark-ops server needs its token (Authorization: Bearer TOKEN, or the URL "
+        "it printed at start)\n",
+        headers={"WWW-Authenticate": 'Bearer realm="spark-ops"', **HEADERS},
+    )
+
+
+async def _headers(response: web.StreamResponse) -> web.StreamResponse:
+    """The security headers on an answer not yet sent (an SSE stream sets its own)."""
+    if not response.prepared:
+        response.headers.update(HEADERS)
+    return response
+
+
+def _html(text: str) -> web.Response:
+    """An HTML answer."""
+    return web.Response(text=text, content_type="text/html", charset="utf-8")
+
+
+def _json(data: Any) -> web.Response:
+    """A JSON answer (what `status --json` and friends print)."""
+    return web.Response(text=json.dumps(data, default=str), content_type="application/json")
+
+
+async def _status(request: web.Request) -> dict[str, Any]:
+    """status' data, cached."""
+    return dict(await request.app[SOURCE].status.get())
+
+
+async def cluster_view(request: web.Request) -> web.Response:
+    """The cluster page."""
+    src = request.app[SOURCE]
+    audit = await src.audit.get()
+    return _html(cluster_page(await _status(request), last_run(audit["entries"])))
+
+
+async def history_view(request: web.Request) -> web.Response:
+    """The history and audit page."""
+    src = request.app[SOURCE]
+    return _html(history_page(await _status(request), await src.audit.get()))
+
+
+async def boot_view(request: web.Request) -> web.Response:
+    """The boot page."""
+    return _html(boot_page(request.app[SOURCE].boots()))
+
+
+async def sweeps_view(request: web.Request) -> web.Response:
+    """The sweeps page."""
+    return _html(sweeps_page(await asyncio.to_thread(request.app[SOURCE].sweeps)))
+
+
+async def api_status(request: web.Request) -> web.Response:
+    """GET /api/status: `spark-ops status --json`'s document."""
+    return _json(await _status(request))
+
+
+async def api_budget(request: web.Request) -> web.Response:
+    """GET /api/budget: the budget as status read it (`spark-ops budget --json`'s fields)."""
+    return _json((await _status(request)).get("budget") or {})
+
+
+async def api_log(request: web.Request) -> web.Response:
+    """GET /api/log: the audit log's last entries (`spark-ops log --json`), and the last run."""
+    audit = dict(await request.app[SOURCE].audit.get())
+    audit["last_run"] = last_run(audit["entries"])
+    return _json(audit)
+
+
+async def api_boot(request: web.Request) -> web.Response:
+    """GET /api/boot: the live boot and past boots."""
+    return _json(request.app[SOURCE].boots())
+
+
+async def api_sweeps(request: web.Request) -> web.Response:
+    """GET /api/sweeps: saved sweeps and their what-if."""
+    return _json(await asyncio.to_thread(request.app[SOURCE].sweeps))
+
+
+async def metrics_view(request: web.Request) -> web.Response:
+    """GET /metrics: Prometheus text format."""
+    src = request.app[SOURCE]
+    status = await _status(request)
+    audit = await src.audit.get()
+    body = render_metrics(status, src.boot.state.snapshot(), last_run(audit["entries"]))
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """GET /events: server-sent events of the live boot (`event: boot`, one JSON per event)."""
+    src = request.app[SOURCE]
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "X-Accel-Buffering": "no", **HEADERS}
+    )
+    await response.prepare(request)
+    queue = src.boot.subscribe()
+    try:
+        hello = {"event": {"kind": "hello"}, "state": src.boot.state.snapshot()}
+        await response.write(_sse(hello))
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), SSE_KEEPALIVE_S)
+            except TimeoutError:
+                await response.write(b": keepalive\n\n")
+                continue
+            await response.write(_sse(item))
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        src.boot.unsubscribe(queue)
+    return response
+
+
+def _sse(item: dict[str, Any]) -> bytes:
+    """One server-sent event (JSON on one data line: no newline of a log line can split it)."""
+    return f"event: boot\ndata: {json.dumps(item, default=str)}\n\n".encode()
+
+
+def make_app(
+    cluster: Cluster, token: str, *, results: Path | None = None, ttl: float | None = None
+) -> web.Application:
+    """The application for one cluster; its boot watch runs while the app does."""
+    app = web.Application(middlewares=[auth])
+    src = (
+        Source(cluster, results=results)
+        if ttl is None
+        else Source(cluster, results=results, ttl=ttl)
+    )
+    app[SOURCE] = src
+    app[TOKEN] = token
+    for path, handler in (
+        ("/", cluster_view), ("/history", history_view), ("/boot", boot_view),
+        ("/sweeps", sweeps_view), ("/api/status", api_status), ("/api/budget", api_budget),
+        ("/api/log", api_log), ("/api/boot", api_boot), ("/api/sweeps", api_sweeps),
+        ("/metrics", metrics_view), ("/events", events),
+    ):  # fmt: skip
+        app.router.add_get(path, handler)
+
+    async def lifecycle(app: web.Application) -> Any:
+        """Start the boot watch with the app, stop it with the app."""
+        src.boot.start()
+        yield
+        await src.boot.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine reaches."""
+    if host == "localhost":
+        return True
+    with contextlib.suppress(ValueError):
+        return ipaddress.ip_address(host).is_loopback
+    return False
+
+
+async def serve(
+    cluster: Cluster,
+    token: str,
+    *,
+    host: str,
+    port: int,
+    results: Path | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Run the server until cancelled; on_ready gets the base URL once it listens."""
+    log = get_logger(cluster=cluster.name, op="serve")
+    runner = web.AppRunner(make_app(cluster, token, results=results), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ServeError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            hint="choose another --port, or stop what listens there",
+        ) from exc
+    addresses = runner.addresses
+    bound = int(addresses[0][1]) if addresses else port
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{bound}"
+    log.info("serving", url=url, loopback=is_loopback(host))
+    if on_ready is not None:
+        on_ready(url)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,221 @@
+"""A boot, live: the engine log followed on the head and read by readiness' own wait.
+
+The watcher follows the log from now on. Lines before a new engine's first start-up line are
+the running engine's; from that line on, `readiness.wait_for_boot` reads them with a fresh
+BootTracker, exactly as the terminal's boot table does during `apply`, and every BootEvent it
+emits goes to the page's subscribers (server-sent events) and to /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_ops.errors import BootError, SparkOpsError
+from spark_ops.inventory import Cluster
+from spark_ops.log import get_logger
+from spark_ops.readiness import (
+    PHASE_ORDER,
+    BootEvent,
+    BootHistory,
+    BootTracker,
+    Phase,
+    eta_seconds,
+    history_key,
+    wait_for_boot,
+)
+from spark_ops.readiness.phases import telling
+from spark_ops.remote import ClusterSession
+from spark_ops.remote.shell import engine_log_follow
+from spark_ops.workflows.operation import Operation
+
+RETRY_S = 5.0  # after the head or its log went away
+KEEP_LINES = 40  # log lines the page shows of a boot
+KEEP_BOOTS = 5  # finished boots kept for the page (this server's own; the CLI records its own)
+
+
+@dataclass
+class BootState:
+    """Where the boot being watched stands (or the last one ended)."""
+
+    active: bool = False
+    phase: str = ""
+    phase_since: float = 0.0  # monotonic
+    started: float = 0.0  # monotonic
+    started_at: float = 0.0  # Unix time
+    expected: list[str] = field(default_factory=list)
+    lines: deque[str] = field(default_factory=lambda: deque(maxlen=KEEP_LINES))
+    estimates: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state as JSON for the page, /api/boot and /metrics."""
+        now = time.monotonic()
+        in_phase = now - self.phase_since if self.active else 0.0
+        eta = None
+        if self.active and self.phase:
+            eta = eta_seconds(self.estimates, self.phase, in_phase, self.expected or None)
+        return {
+            "active": self.active,
+            "phase": self.phase or None,
+            "seconds_in_phase": round(in_phase, 1),
+            "elapsed_s": round(now - self.started, 1) if self.active else None,
+            "started_at": self.started_at or None,
+            "expected": list(self.expected) or [p.value for p in PHASE_ORDER],
+            "usual_s": dict(self.estimates),
+            "eta_s": None if eta is None else round(eta, 1),
+            "lines": list(self.lines),
+            "error": self.error or None,
+        }
+
+
+class BootWatch:
+    """Follow the head's engine log for as long as the server runs; publish boot events."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        """Nothing runs until start()."""
+        self.cluster = cluster
+        self.state = BootState()
+        self.past: deque[dict[str, Any]] = deque(maxlen=KEEP_BOOTS)
+        self.subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self.task: asyncio.Task[None] | None = None
+        self.log = get_logger(cluster=cluster.name, op="serve-boot")
+
+    def start(self) -> None:
+        """Begin watching in the background."""
+        self.task = asyncio.create_task(self._run(), name="serve-boot-watch")
+
+    async def stop(self) -> None:
+        """Stop watching."""
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+    def subscribe(self) -> asyncio.Queue[dict[str, Any]]:
+        """A queue of events (dicts) for one page."""
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=1000)
+        self.subscribers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
+        """The page went away."""
+        self.subscribers.discard(queue)
+
+    def publish(self, event: dict[str, Any]) -> None:
+        """Send an event to every page (a page too slow to take it loses it, not the server)."""
+        for queue in list(self.subscribers):
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(event)
+
+    def on_event(self, event: BootEvent) -> None:
+        """A BootEvent from wait_for_boot: update the state and tell the pages."""
+        st = self.state
+        now = time.monotonic()
+        if event.kind == "engine":  # another engine's start: its phases begin again
+            st.phase, st.phase_since = Phase.STARTING.value, now
+        if event.kind == "phase" and event.phase.value != st.phase:
+            st.phase, st.phase_since = event.phase.value, now
+        if event.kind == "phase" and isinstance(event.data.get("expected"), list):
+            st.expected = [str(p) for p in event.data["expected"]]
+        if event.kind == "line" and event.line is not None and telling([event.line]):
+            st.lines.append(event.line)  # the lines that tell something: no banner art
+        if event.kind in ("phase", "engine", "line", "fatal", "timeout", "workers", "tick"):
+            self.publish({"event": event.to_dict(), "state": st.snapshot()})
+
+    async def _run(self) -> None:
+        """Watch, and after the head or the log went away, watch again."""
+        while True:
+            try:
+                async with ClusterSession(self.cluster) as session:
+                    await session.connect([self.cluster.head.name])
+                    await self._watch(Operation(session, "serve"))
+            except SparkOpsError as exc:
+                self.log.warning("boot watch interrupted", error=exc.message)
+            except Exception as exc:  # the page goes on without a live boot; logged, retried
+                self.log.error("boot watch failed", error=repr(exc)[:300])
+                self.state.active = False
+            await asyncio.sleep(RETRY_S)
+
+    async def _watch(self, op: Operation) -> None:
+        """Boots one after another, for as long as the log is followed."""
+        head = self.cluster.head.name
+        await op.api_url()
+        while True:  # a stream per boot: wait_for_boot's reader closes the one it read
+            lines = op.session.stream_lines(head, engine_log_follow(self.cluster.engine))
+            try:
+                first = await _next_start(lines)
+                if first is None:
+                    return
+                await self._boot(op, first, lines)
+            finally:
+                with contextlib.suppress(Exception):
+                    await lines.aclose()  # type: ignore[attr-defined]
+
+    async def _boot(self, op: Operation, first: str, lines: AsyncIterator[str]) -> None:
+        """One boot, from its first line to READY or its failure."""
+        c = self.cluster
+        st = self.state
+        st.active, st.error = True, ""
+        st.started = st.phase_since = time.monotonic()
+        st.started_at = time.time()
+        st.phase = Phase.STARTING.value
+        st.lines.clear()
+        st.estimates = BootHistory().estimate(history_key(c))
+        tracker = BootTracker()
+        self.publish({"event": {"kind": "start", "phase": st.phase, "elapsed_s": 0.0},
+                      "state": st.snapshot()})  # fmt: skip
+        async with op.engine(timeout=c.engine.probe_timeout_s) as api:
+
+            async def probe() -> bool:
+                """Ready: the new engine's API is up (its own log says so) and completes."""
+                if tracker.phase.rank < Phase.API_UP.rank:
+                    return False
+                return bool(await api.complete(c.engine.probe_timeout_s))
+
+            outcome = "ready"
+            try:
+                report = await wait_for_boot(
+                    _prepend(first, lines),
+                    probe=probe,
+                    deadline_s=c.engine.boot_deadline_s,
+                    on_event=self.on_event,
+                    worker_stall_s=c.engine.worker_stall_s,
+                    probe_timeout_s=c.engine.probe_timeout_s,
+                    source_end_fatal=False,
+                    tracker=tracker,
+                )
+                total: float | None = report.total_s
+            except BootError as exc:
+                outcome, total, st.error = "failed", None, exc.message
+        st.active = False
+        st.phase = Phase.READY.value if outcome == "ready" else st.phase
+        past = {"started_at": st.started_at, "outcome": outcome, "total_s": total,
+                "error": st.error or None, "lines": list(st.lines)}  # fmt: skip
+        self.past.appendleft(past)
+        self.publish({"event": {"kind": "end", "phase": st.phase, "outcome": outcome,
+                                "total_s": total}, "state": st.snapshot()})  # fmt: skip
+
+
+async def _next_start(lines: AsyncIterator[str]) -> str | None:
+    """Skip the running engine's lines; the first line of a new engine's start, or None at the
+    end of the log (BootTracker's own rule: lines after a restart are the outgoing engine's until
+    an engine's first start-up line)."""
+    watcher = BootTracker(after_restart=True)
+    async for line in lines:
+        watcher.feed(line)
+        if watcher.segments:
+            return line
+    return None
+
+
+async def _prepend(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The line already read, then the rest."""
+    yield first
+    async for line in rest:
+        yield line

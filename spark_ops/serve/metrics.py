@@ -1,0 +1,77 @@
+"""/metrics: status, budget, audit and boot data as Prometheus gauges (a registry of its own)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spark_ops.readiness import PHASE_ORDER
+
+PREFIX = "spark_ops_"
+VERDICTS = ("serving", "degraded", "not-serving", "restarting")
+
+
+def render_metrics(
+    status: dict[str, Any], boot: dict[str, Any], last_run: dict[str, Any] | None
+) -> bytes:
+    """The Prometheus text page of one reading (status' dict, the live boot, the last run)."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+
+    def gauge(name: str, doc: str, value: float | None, **labels: str) -> None:
+        """One gauge with one sample; a value not known is left out (absent, not zero)."""
+        if value is None:
+            return
+        g = Gauge(PREFIX + name, doc, list(labels), registry=registry)
+        (g.labels(**labels) if labels else g).set(float(value))
+
+    nodes = status.get("nodes") or []
+    gauge("nodes", "Nodes in the inventory.", len(nodes))
+    gauge("nodes_reachable", "Nodes that answered SSH.", sum(1 for n in nodes if n["reachable"]))
+    engine = status.get("engine") or {}
+    gauge("engine_up", "1 when the engine answers /health.", 1.0 if engine.get("up") else 0.0)
+    budget = status.get("budget") or {}
+    gauge("budget_readable", "1 when the watchdog's restart history could be read.",
+          0.0 if "error" in budget else 1.0)  # fmt: skip
+    gauge("budget_used", "Restarts in the watchdog's window.", budget.get("used"))
+    gauge("budget_allowed", "Restarts the watchdog allows per window.", budget.get("allowed"))
+    gauge("budget_window_seconds", "The watchdog's budget window.", budget.get("window_s"))
+    gauge("budget_next_free_timestamp_seconds", "When the oldest stamp leaves the window.",
+          budget.get("next_free_at") if budget.get("stamps") else None)  # fmt: skip
+    if "used" in budget:
+        gauge("watchdog_gave_up", "1 when the watchdog gave up.", float(bool(budget["gave_up"])))
+        gauge("watchdog_paused", "1 when the watchdog is paused.", float(bool(budget["paused"])))
+    runs = status.get("runs") or {}
+    if "error" not in runs and runs:
+        gauge("lock_held", "1 when a run holds the cluster lock.", float(bool(runs["lock_held"])))
+        gauge("unfinished_runs", "Runs that began and never ended.", len(runs["unfinished"]))
+    if "leftovers" in engine:
+        gauge("leftover_processes", "Processes a dead engine left running.",
+              len(engine["leftovers"]))  # fmt: skip
+    state = (status.get("verdict") or {}).get("state")
+    if state in VERDICTS:
+        g = Gauge(PREFIX + "verdict", "status' verdict (1 for the current state).", ["state"],
+                  registry=registry)  # fmt: skip
+        for v in VERDICTS:
+            g.labels(state=v).set(1.0 if v == state else 0.0)
+    last_boot = status.get("last_boot") or {}
+    gauge("last_boot_duration_seconds", "The last boot spark-ops watched, start to ready.",
+          last_boot.get("total_s"))  # fmt: skip
+    gauge("boot_in_progress", "1 while an engine boot is under way.", float(bool(boot["active"])))
+    if boot["active"] and boot["phase"]:
+        g = Gauge(PREFIX + "boot_phase", "The current boot phase (1 for it).", ["phase"],
+                  registry=registry)  # fmt: skip
+        for p in PHASE_ORDER:
+            g.labels(phase=p.value).set(1.0 if p.value == boot["phase"] else 0.0)
+        gauge("boot_phase_seconds", "Seconds the boot has been in its current phase.",
+              boot["seconds_in_phase"])  # fmt: skip
+        gauge("boot_phase_usual_seconds", "The current phase's median time in earlier boots.",
+              (boot.get("usual_s") or {}).get(boot["phase"]))  # fmt: skip
+    if last_run is not None:
+        gauge("last_run_success", "1 when the last apply/restart/rollback ended well.",
+              float(bool(last_run["ok"])), operation=str(last_run["operation"]))  # fmt: skip
+        when = last_run.get("when")
+        gauge("last_run_timestamp_seconds", "When the last run ended (head clock).",
+              float(when) if isinstance(when, int | float) else None)  # fmt: skip
+    gauge("status_timestamp_seconds", "When this reading was taken.", status.get("time"))
+    return generate_latest(registry)

@@ -1,0 +1,121 @@
+"""What the pages, the JSON endpoints and /metrics show: read through the code `status`, `log`
+and `bench` use, cached a few seconds so that a scrape storm opens no SSH session per request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from spark_ops.audit import read_log
+from spark_ops.bench.report import load_result
+from spark_ops.bench.whatif import running_cap_of, whatif_of
+from spark_ops.errors import SparkOpsError
+from spark_ops.inventory import Cluster
+from spark_ops.readiness import BootHistory, history_key
+from spark_ops.serve.boot import BootWatch
+from spark_ops.status import collect_status
+
+CACHE_S = 5.0  # a page, a script and Prometheus within this share one reading
+AUDIT_LIMIT = 50
+MAX_RESULTS = 20  # saved sweeps shown (newest first)
+RUN_OPERATIONS = ("apply", "restart", "rollback", "experiment")
+
+
+class Cached:
+    """One value read at most once per `ttl` seconds; concurrent readers share the read."""
+
+    def __init__(self, read: Callable[[], Awaitable[Any]], ttl: float) -> None:
+        """Keep the reader."""
+        self.read = read
+        self.ttl = ttl
+        self.value: Any = None
+        self.at = -1e18
+        self.lock = asyncio.Lock()
+
+    async def get(self) -> Any:
+        """The value, read again when older than ttl."""
+        async with self.lock:
+            if time.monotonic() - self.at >= self.ttl:
+                self.value = await self.read()
+                self.at = time.monotonic()
+            return self.value
+
+
+class Source:
+    """Everything the server shows about one cluster."""
+
+    def __init__(
+        self, cluster: Cluster, *, results: Path | None = None, ttl: float = CACHE_S
+    ) -> None:
+        """Readers for status and the audit log; the boot watch; where saved sweeps are."""
+        self.cluster = cluster
+        self.results = results
+        self.boot = BootWatch(cluster)
+        self.status = Cached(lambda: collect_status(cluster), ttl)
+        self.audit = Cached(self._audit, ttl)
+
+    async def _audit(self) -> dict[str, Any]:
+        """The audit log's last entries (as `spark-ops log --json`), or the error reading it."""
+        try:
+            return {"entries": await read_log(self.cluster, AUDIT_LIMIT)}
+        except SparkOpsError as exc:
+            return {"entries": [], "error": exc.message}
+
+    def boots(self) -> dict[str, Any]:
+        """This machine's boot records (`status`' last boot, the ETAs) and the live boot."""
+        key = history_key(self.cluster)
+        history = BootHistory()
+        return {
+            "live": self.boot.state.snapshot(),
+            "watched_here": list(self.boot.past),
+            "recorded": history.records(key)[::-1],
+            "usual_s": history.estimate(key),
+        }
+
+    def sweeps(self) -> dict[str, Any]:
+        """Saved sweep results (`bench -o FILE.json`) under --results, with their what-if."""
+        if self.results is None:
+            return {"dir": None, "runs": []}
+        runs: list[dict[str, Any]] = []
+        try:
+            files = sorted(self.results.glob("*.json"), key=_mtime, reverse=True)[:MAX_RESULTS]
+        except OSError as exc:
+            return {"dir": str(self.results), "runs": [], "error": str(exc)}
+        for path in files:
+            try:
+                result = load_result(path)
+            except SparkOpsError as exc:
+                runs.append({"file": path.name, "error": exc.message})
+                continue
+            run: dict[str, Any] = {"file": path.name, "result": result.to_dict()}
+            cap = running_cap_of(result.knobs)
+            if cap and cap > 1:  # bench's what-if predicts lower caps: half the one swept
+                run["whatif"] = whatif_of(result, [cap // 2]).to_dict()
+            runs.append(run)
+        return {"dir": str(self.results), "runs": runs}
+
+
+def _mtime(path: Path) -> float:
+    """A file's modification time (0 when it went away)."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def last_run(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest ended run (apply, restart, rollback, experiment) in the audit entries."""
+    for e in reversed(entries):
+        what: dict[str, Any] = e["what"] if isinstance(e.get("what"), dict) else {}
+        if what.get("operation") in RUN_OPERATIONS and e.get("phase") not in ("intent", "step"):
+            return {
+                "operation": what.get("operation"),
+                "outcome": e.get("outcome"),
+                "ok": e.get("outcome") in ("ok", "done"),
+                "when": e.get("when"),
+                "who": e.get("who"),
+            }
+    return None

@@ -1,0 +1,465 @@
+"""`spark-ops serve` as a person and a script meet it: the token (header, URL once, cookie), a
+read-only server, /metrics a Prometheus parser reads with the budget `budget --json` shows, pages
+that show the budget and knobs and never a hostile value as markup, the boot page's events during
+a real `apply` on the embedded cluster, the alert rules promtool accepts, and a real browser
+(Debian's chromium driven by selenium) on the same server.
+
+One embedded cluster and one server (the real CLI, a subprocess) for the whole module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from conftest import REPO, Sim, start_sim
+
+from spark_ops.errors import ExitStatus
+from spark_ops.readiness import PHASE_ORDER
+from spark_ops.serve.auth import TokenError, kept_token, read_token_file
+from spark_ops.serve.pages import boot_page, cluster_page, history_page, sweeps_page
+
+FIXTURES = Path(__file__).parent / "fixtures" / "serve"
+HOSTILE = yaml.safe_load((FIXTURES / "hostile.yaml").read_text())
+TOKEN = "t0ken-for-the-serve-tests-0123456789"
+RANKS = {p.value: p.rank for p in PHASE_ORDER}
+
+
+class Served:
+    """The running server: its URL, token and cluster."""
+
+    def __init__(self, sim: Sim, url: str, env: dict[str, str], proc: subprocess.Popen[str]):
+        """Keep what the tests need."""
+        self.sim, self.url, self.env, self.proc = sim, url, env, proc
+        self.auth = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _cli(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """The real CLI."""
+    return subprocess.run(
+        [sys.executable, "-m", "spark_ops.cli.main", *args],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """An embedded cluster whose boots last long enough to watch, and `spark-ops serve` on it."""
+    from spark_ops.sim.control import down, wait_serving
+
+    root = tmp_path_factory.mktemp("serve")
+    sim = start_sim(root / "sim", boot_scale=2.0)
+    proc = None
+    try:
+        wait_serving(sim.state)
+        token_file = root / "token"
+        token_file.write_text(TOKEN + "\n")
+        token_file.chmod(0o600)
+        env = dict(os.environ, SPARK_OPS_INVENTORY=str(sim.inventory))
+        env.pop("SPARK_OPS_CLUSTER", None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spark_ops.cli.main", "serve", "--port", "0", "--json",
+             "--token-file", str(token_file), "--results", str(FIXTURES)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else ""
+        started = json.loads(line)
+        assert started["login_url"] == f"{started['url']}/?token={TOKEN}"
+        assert started["url"].startswith("http://127.0.0.1:")  # loopback unless --host says
+        yield Served(sim, started["url"], env, proc)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        down(sim.root)
+
+
+# -- the token ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "content", "refused"),
+    [
+        (0o600, TOKEN, None),
+        (0o644, TOKEN, "mode 0644, only 0600"),
+        (0o640, TOKEN, "mode 0640, only 0600"),
+        (0o600, "short", "at least 16"),
+        (0o600, "has a space in the middle of it", "at least 16"),
+    ],
+)
+def test_token_file_rules(tmp_path: Path, mode: int, content: str, refused: str | None) -> None:
+    """Only a regular file of one's own, mode 0600, with one printable token line is read."""
+    path = tmp_path / "token"
+    path.write_text(content + "\n")
+    path.chmod(mode)
+    if refused is None:
+        assert read_token_file(path) == content
+        return
+    with pytest.raises(TokenError, match=refused) as info:
+        read_token_file(path)
+    assert str(path) in info.value.message
+    assert info.value.exit_status == ExitStatus.USAGE
+
+
+def test_token_file_symlink_refused(tmp_path: Path) -> None:
+    """A symlink is not followed (its target may be anyone's)."""
+    real = tmp_path / "real"
+    real.write_text(TOKEN)
+    real.chmod(0o600)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(TokenError, match="cannot open"):
+        read_token_file(tmp_path / "link")
+
+
+def test_generated_token_is_kept_0600(tmp_path: Path) -> None:
+    """Without --token-file a token is generated once, 0600, and the same one is read again."""
+    path = tmp_path / "state" / "serve.token"
+    token, where = kept_token(path)
+    assert where == path and len(token) >= 32
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert kept_token(path)[0] == token
+    path.chmod(0o644)  # someone widened it: refused, not silently served
+    with pytest.raises(TokenError, match="only 0600"):
+        kept_token(path)
+
+
+def test_cli_refuses_a_readable_token_file(tmp_path: Path) -> None:
+    """The CLI exits 2 naming the file and the fix, before listening."""
+    path = tmp_path / "token"
+    path.write_text(TOKEN)
+    path.chmod(0o644)
+    env = dict(os.environ, SPARK_OPS_INVENTORY=str(tmp_path / "no-inventory.yaml"))
+    res = _cli(env, "serve", "--token-file", str(path), "--port", "0", timeout=60)
+    assert res.returncode == ExitStatus.USAGE, res.stderr
+    assert f"{path}: mode 0644" in res.stderr and "chmod 600" in res.stderr
+
+
+def test_port_taken_is_a_conflict(served: Served) -> None:
+    """A port another process listens on: exit 19 naming the address, and a hint."""
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        token = served.sim.root.parent / "token"  # the module's: no token left in ~
+        res = _cli(served.env, "serve", "--port", str(port), "--token-file", str(token),
+                   timeout=120)  # fmt: skip
+    assert res.returncode == ExitStatus.CONFLICT, res.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in res.stderr and "--port" in res.stderr
+
+
+async def test_every_route_needs_the_token(served: Served) -> None:
+    """401 without the token, with a wrong one, and with a wrong ?token=; nothing else said."""
+    async with aiohttp.ClientSession() as http:
+        for path in ("/", "/boot", "/history", "/sweeps", "/metrics", "/api/status", "/events"):
+            for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}):
+                async with http.get(served.url + path, headers=headers) as r:
+                    assert r.status == 401, path
+                    assert "budget" not in await r.text()
+        async with http.get(served.url + "/?token=wrong", allow_redirects=False) as r:
+            assert r.status == 401
+            assert "Set-Cookie" not in r.headers
+
+
+async def test_token_in_the_url_once_sets_a_session_cookie(served: Served) -> None:
+    """?token= answers a redirect to the same URL without it and an HttpOnly, SameSite=Strict
+    cookie (not the token itself); the cookie alone then opens the pages."""
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+        url = f"{served.url}/history?token={TOKEN}&x=1"
+        async with http.get(url, allow_redirects=False) as r:
+            assert r.status == 303
+            assert r.headers["Location"] == "/history?x=1"
+            cookie = r.headers["Set-Cookie"]
+            assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+            assert TOKEN not in cookie
+        async with http.get(served.url + "/history") as r:
+            assert r.status == 200
+            assert "Restart stamps" in await r.text()
+            assert r.headers["Content-Security-Policy"].startswith("default-src 'none'")
+
+
+async def test_read_only_a_forged_action_is_refused(served: Served) -> None:
+    """No route changes anything: a POST (with the token, as a forged form would send a cookie)
+    is refused, and nothing was recorded."""
+    async with aiohttp.ClientSession() as http:
+        for path in ("/", "/api/apply", "/api/budget", "/metrics"):
+            async with http.post(
+                served.url + path, headers=served.auth, data={"max_num_seqs": "1"}
+            ) as r:
+                assert r.status in (404, 405), path
+
+
+# -- the numbers ----------------------------------------------------------------------------------
+
+
+async def test_metrics_parse_and_match_budget(served: Served) -> None:
+    """/metrics is Prometheus text its own parser reads, with the budget `budget --json` shows."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(served.url + "/metrics", headers=served.auth) as r:
+            assert r.status == 200
+            assert r.headers["Content-Type"].startswith("text/plain")
+            text = await r.text()
+        async with http.get(served.url + "/api/budget", headers=served.auth) as r:
+            api_budget = await r.json()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+    cli_budget = json.loads(_cli(served.env, "budget", "--json").stdout)
+    assert samples[("spark_ops_budget_used", ())] == cli_budget["used"] == api_budget["used"]
+    assert samples[("spark_ops_budget_allowed", ())] == cli_budget["allowed"] == 2
+    assert samples[("spark_ops_engine_up", ())] == 1
+    assert samples[("spark_ops_watchdog_gave_up", ())] == 0
+    assert samples[("spark_ops_lock_held", ())] == 0
+    assert samples[("spark_ops_unfinished_runs", ())] == 0
+    assert samples[("spark_ops_leftover_processes", ())] == 0
+    assert samples[("spark_ops_verdict", (("state", "serving"),))] == 1
+
+
+async def test_pages_show_budget_knobs_and_sweeps(served: Served) -> None:
+    """The cluster page shows the budget and the recipe's knobs; the sweeps page draws the saved
+    sweep measured and its what-if apart; /api/status is status' own document."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(served.url + "/", headers=served.auth) as r:
+            page = await r.text()
+        async with http.get(served.url + "/api/status", headers=served.auth) as r:
+            status = await r.json()
+        async with http.get(served.url + "/sweeps", headers=served.auth) as r:
+            sweeps = await r.text()
+    used, allowed = status["budget"]["used"], status["budget"]["allowed"]
+    assert f"{used} / {allowed} restarts used" in page
+    assert "max_num_seqs" in page
+    assert f"<td>{status['recipe']['knobs']['max_num_seqs']}</td>" in page
+    assert status["verdict"]["state"] == "serving"
+    assert "sweep-cap5.json (measured)" in sweeps
+    assert "what-if cap 2 (predicted)" in sweeps and 'stroke-dasharray="5 4"' in sweeps
+    assert "<svg" in sweeps and "http://" not in sweeps.replace("http://www.w3.org/2000/svg", "")
+
+
+def _pages_of_hostile_data() -> dict[str, str]:
+    """Every page rendered from the hostile fixture."""
+    status, audit, boot = HOSTILE["status"], HOSTILE["audit"], HOSTILE["boot"]
+    result = json.loads((FIXTURES / "sweep-cap5.json").read_text())
+    result["model"] = HOSTILE["sweep_model"]
+    result["knobs"]["moe_backend"] = HOSTILE["raw"][1]
+    sweeps = {"dir": "x", "runs": [{"file": HOSTILE["raw"][0], "result": result}]}
+    return {
+        "cluster": cluster_page(status, {"operation": HOSTILE["raw"][0], "ok": False,
+                                         "outcome": HOSTILE["raw"][2], "who": "x", "when": 1}),
+        "history": history_page(status, audit),
+        "boot": boot_page({"live": boot, "recorded": [], "watched_here": [], "usual_s": {}}),
+        "sweeps": sweeps_page(sweeps),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["cluster", "history", "boot", "sweeps"])
+def test_hostile_values_are_escaped(name: str) -> None:
+    """Node names, recipe values, reasons, diffs and log lines are shown as text, never markup."""
+    page = _pages_of_hostile_data()[name]
+    for raw in HOSTILE["raw"]:
+        assert raw not in page, (name, raw)
+    assert page.count("<script>") == (1 if name == "boot" else 0)  # the page's own script only
+    if name != "boot":
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+# -- the boot, live -------------------------------------------------------------------------------
+
+
+async def _events_during_apply(served: Served, value: str) -> list[dict[str, Any]]:
+    """Every /events message from a real `apply --max-num-seqs VALUE` until the boot's end."""
+    got: list[dict[str, Any]] = []
+    timeout = aiohttp.ClientTimeout(total=240)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as http,
+        http.get(served.url + "/events", headers=served.auth) as r,
+    ):
+        assert r.headers["Content-Type"] == "text/event-stream"
+        first = await r.content.readline()
+        assert first == b"event: boot\n"
+        apply = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "spark_ops.cli.main", "apply", "--max-num-seqs", value,
+            "-y", env=served.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            async for raw in r.content:
+                if raw.startswith(b"data: "):
+                    got.append(json.loads(raw[6:]))
+                    if got[-1]["event"]["kind"] == "end":
+                        break
+        finally:
+            _, err = await apply.communicate()
+        assert apply.returncode == 0, err.decode()
+    return got
+
+
+async def test_boot_events_during_apply(served: Served) -> None:
+    """During `apply` the server streams the boot's phases in order (readiness' own events), the
+    ETA state with them, and the end; /metrics then shows the apply's outcome."""
+    events = await _events_during_apply(served, "5")
+    phases = [e["event"]["phase"] for e in events if e["event"]["kind"] == "phase"]
+    assert phases[0] == "STARTING" and "API_UP" in phases, phases
+    assert [RANKS[p] for p in phases] == sorted(RANKS[p] for p in phases), phases
+    end = events[-1]["event"]
+    assert end["outcome"] == "ready" and end["phase"] == "READY"
+    live = [e["state"] for e in events if e["state"]["active"]]
+    assert live and all(s["phase"] for s in live)
+    assert any(e["event"]["kind"] == "line" for e in events)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    await asyncio.sleep(6)  # past the cache's few seconds
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(served.url + "/metrics", headers=served.auth) as r,
+    ):
+        text = await r.text()
+    runs = {
+        s.labels.get("operation"): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "spark_ops_last_run_success"
+    }
+    assert runs == {"apply": 1.0}
+
+
+# -- alert rules ----------------------------------------------------------------------------------
+
+
+def test_alert_rules() -> None:
+    """docs/alerts.yml: promtool accepts it (where installed); every rule names a metric the
+    server exports."""
+    path = REPO / "docs" / "alerts.yml"
+    doc = yaml.safe_load(path.read_text())
+    rules = [r for g in doc["groups"] for r in g["rules"]]
+    names = {r["alert"] for r in rules}
+    assert {"SparkOpsRestartBudgetSpent", "SparkOpsWatchdogGaveUp", "SparkOpsBootStuck",
+            "SparkOpsUnfinishedRun"} <= names  # fmt: skip
+    source = (REPO / "spark_ops" / "serve" / "metrics.py").read_text()
+    for r in rules:
+        for word in str(r["expr"]).replace("(", " ").replace(")", " ").split():
+            if word.startswith("spark_ops_"):
+                assert f'"{word.removeprefix("spark_ops_")}"' in source, (r["alert"], word)
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package prometheus): YAML checked only")
+    res = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+# -- a real browser -------------------------------------------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+SCREENSHOTS = "SPARK_OPS_SCREENSHOTS"  # a directory (docs/img to refresh the docs' pictures)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Debian's headless chromium through chromedriver (selenium); skipped where one is missing
+    (a failure under SPARK_OPS_REQUIRE_GROUND=1: .ci/install-ground.sh installs them)."""
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not installed (apt-get install chromium "
+                    "chromium-driver)")  # fmt: skip
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip("selenium not installed (pip install -e '.[test]')")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1200,1100",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):  # fmt: skip
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(120)
+    driver.set_script_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _shot(driver: Any, name: str, tmp_path: Path) -> None:
+    """A screenshot of the page as it is, where SPARK_OPS_SCREENSHOTS says (else the test's dir)."""
+    where = Path(os.environ.get(SCREENSHOTS) or tmp_path)
+    where.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(where / f"serve-{name}.png"))
+
+
+@pytest.mark.browser
+def test_browser_pages_token_and_live_boot(served: Served, browser: Any, tmp_path: Path) -> None:
+    """As a person: the URL printed at start opens the cluster page (budget, knobs) and drops the
+    token from the address; a request without the session gets 401, a forged POST is refused;
+    during an `apply` the boot page moves through the phases without a reload."""
+    d = browser
+    d.get(f"{served.url}/?token={TOKEN}")
+    assert d.current_url == served.url + "/"
+    text = d.find_element("tag name", "body").text
+    assert "restarts used" in text and "max_num_seqs" in text
+    _shot(d, "cluster", tmp_path)
+    no_session = d.execute_async_script(
+        "const cb=arguments[0];fetch('/api/status',{credentials:'omit'}).then(r=>cb(r.status))"
+    )
+    assert no_session == 401
+    forged = d.execute_async_script(
+        "const cb=arguments[0];fetch('/',{method:'POST',body:'max_num_seqs=1',"
+        "headers:{'Content-Type':'application/x-www-form-urlencoded'}}).then(r=>cb(r.status))"
+    )
+    assert forged == 405
+
+    d.get(served.url + "/boot")
+    d.execute_script(
+        "window.__same_page=1;window.__seen=[];new MutationObserver(()=>{"
+        "const t=document.getElementById('bphase').textContent;"
+        "if(window.__seen[window.__seen.length-1]!==t)window.__seen.push(t)})"
+        ".observe(document.getElementById('bphase'),{childList:true,characterData:true,"
+        "subtree:true})"
+    )
+    time.sleep(1.0)  # the page's EventSource connects
+    apply = subprocess.Popen(
+        [sys.executable, "-m", "spark_ops.cli.main", "apply", "--max-num-seqs", "7", "-y"],
+        env=served.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    shot = False
+    deadline = time.monotonic() + 240
+    while apply.poll() is None and time.monotonic() < deadline:
+        state = d.find_element("id", "bstate").text
+        if not shot and state == "booting" and len(d.execute_script("return window.__seen")) >= 3:
+            _shot(d, "boot", tmp_path)
+            shot = True
+        time.sleep(0.2)
+    _, err = apply.communicate(timeout=60)
+    assert apply.returncode == 0, err
+    time.sleep(1.0)
+    seen = d.execute_script("return window.__seen")
+    assert d.execute_script("return window.__same_page") == 1  # no reload happened
+    assert "STARTING" in seen and "READY" in seen, seen
+    ranks = [RANKS[p] for p in seen if p in RANKS]
+    assert len(set(ranks)) >= 3 and ranks == sorted(ranks), seen
+    assert d.find_element("id", "bstate").text == "no boot under way"
+    if not shot:
+        _shot(d, "boot", tmp_path)
+    for page in ("history", "sweeps"):
+        d.get(f"{served.url}/{page}")
+        _shot(d, page, tmp_path)
