@@ -298,7 +298,8 @@ async def _restore(
 
 
 def apply_command(knobs: dict[str, Any]) -> str:
-    """The `spark-ops apply` that sets these knob values (a value vLLM defaults is left out)."""
+    """The `spark-ops apply` that sets these knob values, quoted for the operator's local shell (a
+    value vLLM defaults is left out)."""
     words = ["spark-ops", "apply"]
     for key, value in knobs.items():
         if value is None:
@@ -306,8 +307,8 @@ def apply_command(knobs: dict[str, Any]) -> str:
         if key == "enforce_eager":
             words.append("--enforce-eager" if value else "--no-enforce-eager")
         else:
-            words += [f"--{key.replace('_', '-')}", shlex.quote(str(value))]
-    return " ".join(words)
+            words += [f"--{key.replace('_', '-')}", str(value)]
+    return shlex.join(words)
 
 
 def midway_refusal(state: ExperimentState, refused: OverBudget, at: str | None) -> OverBudget:
