@@ -66,7 +66,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         token_file = root / "token"
         token_file.write_text(TOKEN + "\n")
         token_file.chmod(0o600)
-        env = dict(os.environ, SPARK_OPS_INVENTORY=str(sim.inventory))
+        # a home of its own: the last doctor report and the boot records the page shows are this
+        # module's, not another test's run on a cluster of the same name
+        env = dict(os.environ, SPARK_OPS_INVENTORY=str(sim.inventory), HOME=str(root / "home"))
         env.pop("SPARK_OPS_CLUSTER", None)
         proc = subprocess.Popen(
             [sys.executable, "-m", "spark_ops.cli.main", "serve", "--port", "0", "--json",
@@ -263,7 +265,11 @@ def _pages_of_hostile_data() -> dict[str, str]:
     sweeps = {"dir": "x", "runs": [{"file": HOSTILE["raw"][0], "result": result}]}
     return {
         "cluster": cluster_page(status, {"operation": HOSTILE["raw"][0], "ok": False,
-                                         "outcome": HOSTILE["raw"][2], "who": "x", "when": 1}),
+                                         "outcome": HOSTILE["raw"][2], "who": "x", "when": 1},
+                                {"when": 1, "who": HOSTILE["raw"][1], "report": {
+                                    "ok": False, "checks": [{"status": "fail",
+                                    "name": HOSTILE["raw"][0], "host": HOSTILE["raw"][1],
+                                    "detail": HOSTILE["raw"][2], "fix": HOSTILE["raw"][0]}]}}),
         "history": history_page(status, audit),
         "boot": boot_page({"live": boot, "recorded": [], "watched_here": [], "usual_s": {}}),
         "sweeps": sweeps_page(sweeps),
@@ -279,6 +285,62 @@ def test_hostile_values_are_escaped(name: str) -> None:
     assert page.count("<script>") == (1 if name == "boot" else 0)  # the page's own script only
     if name != "boot":
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+async def test_last_doctor_result_on_page_and_metrics(served: Served) -> None:
+    """`spark-ops doctor` keeps its report on this machine; the cluster page shows when, who and
+    the verdict, and /metrics its failed checks, as `doctor --json` counted them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(served.url + "/", headers=served.auth) as r:
+            assert "no doctor run kept on this machine" in await r.text()
+        doctor = _cli(served.env, "doctor", "--json")
+        report = json.loads(doctor.stdout)
+        async with http.get(served.url + "/", headers=served.auth) as r:
+            page = await r.text()
+        async with http.get(served.url + "/metrics", headers=served.auth) as r:
+            text = await r.text()
+    section = page[page.index('id="doctor"') :]
+    verdict = "ready for apply" if report["ok"] else "not ready for apply"
+    ok = report["counts"]["ok"]
+    assert f"{verdict}</span>: {ok} of {len(report['checks'])} checks ok" in section, section
+    failed = [
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "spark_ops_doctor_failed_checks"
+    ]
+    assert failed == [report["counts"]["fail"]]
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (None, None),
+        (b"", "not a doctor report"),
+        (b"\xff\xfe{", "not a doctor report"),
+        (b'{"report": {"checks": "no"}}', "no checks"),
+        (b"[1, 2]", "no checks"),
+        (b" " * ((1 << 20) + 1), "larger than"),
+    ],
+)
+def test_last_doctor_report_read_never_raises(
+    tmp_path: Path, content: bytes | None, said: str | None
+) -> None:
+    """A kept report that is missing, empty, not UTF-8, not a report or huge is said as such,
+    naming the file; a cluster name with a slash stays one file in the state directory."""
+    from spark_ops.doctor.last import last_path, read_last
+
+    path = last_path("a/../b", tmp_path)
+    assert path.parent == tmp_path
+    if content is not None:
+        path.write_bytes(content)
+    got = read_last("a/../b", state_dir=tmp_path)
+    if said is None:
+        assert got is None
+    else:
+        assert got is not None and said in got["error"] and str(path) in got["error"]
 
 
 # -- the boot, live -------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ mount, which is what really stops a write.
 from __future__ import annotations
 
 from spark_ops.doctor.engine import EngineChecks
+from spark_ops.doctor.last import keep_report, read_last
 from spark_ops.doctor.nodes import NodeChecks
 from spark_ops.doctor.report import Checker, DoctorReport
 from spark_ops.doctor.watchdog import WatchdogChecks, command_program
@@ -26,6 +27,7 @@ __all__ = [
     "Doctor",
     "DoctorReport",
     "command_program",
+    "read_last",
     "run_doctor",
 ]
 
@@ -34,8 +36,11 @@ class Doctor(NodeChecks, EngineChecks, WatchdogChecks):
     """Runs every check against a connected session and fills a DoctorReport."""
 
 
-async def run_doctor(cluster: Cluster, *, session: ClusterSession | None = None) -> DoctorReport:
-    """Run every check on a cluster and return the report (never raises for a failed check)."""
+async def run_doctor(
+    cluster: Cluster, *, session: ClusterSession | None = None, keep: bool = True
+) -> DoctorReport:
+    """Run every check on a cluster and return the report (never raises for a failed check); keep
+    it as the cluster's last doctor result on this machine (doctor.last) unless keep is False."""
     report = DoctorReport(cluster.name, cluster.source)
     own = session is None
     sess = session or ClusterSession(cluster)
@@ -58,4 +63,6 @@ async def run_doctor(cluster: Cluster, *, session: ClusterSession | None = None)
     finally:
         if own:
             await sess.close()
+    if keep:
+        keep_report(report)
     return report

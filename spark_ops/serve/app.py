@@ -109,7 +109,7 @@ async def cluster_view(request: web.Request) -> web.Response:
     """The cluster page."""
     src = request.app[SOURCE]
     audit = await src.audit.get()
-    return _html(cluster_page(await _status(request), last_run(audit["entries"])))
+    return _html(cluster_page(await _status(request), last_run(audit["entries"]), src.doctor()))
 
 
 async def history_view(request: web.Request) -> web.Response:
@@ -160,7 +160,9 @@ async def metrics_view(request: web.Request) -> web.Response:
     src = request.app[SOURCE]
     status = await _status(request)
     audit = await src.audit.get()
-    body = render_metrics(status, src.boot.state.snapshot(), last_run(audit["entries"]))
+    body = render_metrics(
+        status, src.boot.state.snapshot(), last_run(audit["entries"]), src.doctor()
+    )
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 

@@ -11,9 +11,13 @@ VERDICTS = ("serving", "degraded", "not-serving", "restarting")
 
 
 def render_metrics(
-    status: dict[str, Any], boot: dict[str, Any], last_run: dict[str, Any] | None
+    status: dict[str, Any],
+    boot: dict[str, Any],
+    last_run: dict[str, Any] | None,
+    doctor: dict[str, Any] | None = None,
 ) -> bytes:
-    """The Prometheus text page of one reading (status' dict, the live boot, the last run)."""
+    """The Prometheus text page of one reading (status' dict, the live boot, the last run, the last
+    doctor report kept here)."""
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)
@@ -72,6 +76,14 @@ def render_metrics(
               float(bool(last_run["ok"])), operation=str(last_run["operation"]))  # fmt: skip
         when = last_run.get("when")
         gauge("last_run_timestamp_seconds", "When the last run ended (head clock).",
+              float(when) if isinstance(when, int | float) else None)  # fmt: skip
+    report = (doctor or {}).get("report")
+    if isinstance(report, dict):
+        checks = [c for c in report["checks"] if isinstance(c, dict)]
+        gauge("doctor_failed_checks", "Checks that failed in the last doctor run kept here.",
+              sum(1 for c in checks if c.get("status") == "fail"))  # fmt: skip
+        when = (doctor or {}).get("when")
+        gauge("doctor_timestamp_seconds", "When the last doctor run kept here ended.",
               float(when) if isinstance(when, int | float) else None)  # fmt: skip
     gauge("status_timestamp_seconds", "When this reading was taken.", status.get("time"))
     return generate_latest(registry)

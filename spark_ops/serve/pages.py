@@ -95,8 +95,11 @@ def diff_html(diff: str) -> str:
     return "<pre>" + "\n".join(out) + "</pre>"
 
 
-def cluster_page(status: dict[str, Any], last_run: dict[str, Any] | None) -> str:
-    """Nodes, engine, knobs in effect, budget and next slot, lock, runs, leftovers."""
+def cluster_page(
+    status: dict[str, Any], last_run: dict[str, Any] | None, doctor: dict[str, Any] | None = None
+) -> str:
+    """Nodes, engine, knobs in effect, budget and next slot, lock, runs, leftovers, the last
+    doctor result."""
     v = status.get("verdict") or {}
     state = v.get("state", "?")
     cls = {"serving": "ok", "degraded": "warn"}.get(state, "bad")
@@ -118,14 +121,36 @@ def cluster_page(status: dict[str, Any], last_run: dict[str, Any] | None) -> str
     parts.append(section("Engine", _engine(status.get("engine") or {})))
     parts.append(section("Knobs", _knobs(status), ident="knobs"))
     parts.append(section("Lock and runs", _runs(status.get("runs") or {}, last_run)))
-    parts.append(
-        section(
-            "Doctor",
-            "<p class=muted>doctor keeps no record of its runs: run <code>spark-ops doctor</code>"
-            "</p>",
-        )
-    )
+    parts.append(section("Doctor", _doctor(doctor), ident="doctor"))
     return page("Cluster", "/", "".join(parts))
+
+
+def _doctor(last: dict[str, Any] | None) -> str:
+    """The last doctor result kept on this machine: when, who, counts, the checks not ok."""
+    if last is None:
+        return (
+            "<p class=muted>no doctor run kept on this machine: run "
+            "<code>spark-ops doctor</code></p>"
+        )
+    if "error" in last:
+        return f'<p class="bad">last doctor report unreadable: {esc(last["error"])}</p>'
+    report = last["report"]
+    checks = [c for c in report["checks"] if isinstance(c, dict)]
+    bad = [c for c in checks if c.get("status") != "ok"]
+    cls = "ok" if report.get("ok") else "bad"
+    verdict = "ready for apply" if report.get("ok") else "not ready for apply"
+    out = (
+        f'<p><span class="{cls}">{verdict}</span>: {len(checks) - len(bad)} of {len(checks)} '
+        f"checks ok, by {esc(last.get('who'))} at {when(last.get('when'))}</p>"
+    )
+    rows = [
+        [esc(c.get("status")), esc(c.get("name")), esc(c.get("host")), esc(c.get("detail")),
+         esc(c.get("fix"))]
+        for c in bad
+    ]  # fmt: skip
+    if rows:
+        out += table(["", "check", "host", "detail", "fix"], rows)
+    return out
 
 
 def _budget(b: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 from spark_ops.audit import read_log
 from spark_ops.bench.report import load_result
 from spark_ops.bench.whatif import running_cap_of, whatif_of
+from spark_ops.doctor import read_last
 from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
 from spark_ops.readiness import BootHistory, history_key
@@ -63,6 +64,10 @@ class Source:
             return {"entries": await read_log(self.cluster, AUDIT_LIMIT)}
         except SparkOpsError as exc:
             return {"entries": [], "error": exc.message}
+
+    def doctor(self) -> dict[str, Any] | None:
+        """The last `spark-ops doctor` report kept on this machine for this cluster."""
+        return read_last(self.cluster.name)
 
     def boots(self) -> dict[str, Any]:
         """This machine's boot records (`status`' last boot, the ETAs) and the live boot."""
