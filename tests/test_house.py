@@ -278,6 +278,23 @@ class House:
                 )
         return out
 
+    def unused_arrows(self) -> list[str]:
+        """Arrows rules.yaml lists that no import uses: a stale arrow makes the picture false."""
+        base = "spark_ops"
+        used = {
+            (_part(m, base).removeprefix(base + "."), s.target)
+            for m, sites in self.sites.items()
+            for s in sites
+            if _within(s.target, base)
+        }
+        return [
+            f"rules.yaml: arrow {part} -> {a} is used by no import (remove it, and from design.md)"
+            for part, rule in (self.rules.get("arrows") or {}).items()
+            for a in rule["to"]
+            if a != "*"
+            if not any(h == part and _within(t, f"{base}.{a}") for h, t in used)
+        ]
+
     def private_imports(self) -> list[str]:
         """`from x import _name` where x is another module (dunders are public)."""
         return [
@@ -380,6 +397,7 @@ class House:
             + self.cycles()
             + self.forbidden()
             + self.new_arrows()
+            + self.unused_arrows()
             + self.private_imports()
             + self.private_attributes()
             + self.untyped_parameters()
@@ -489,6 +507,37 @@ def test_imports_point_one_way(house: House) -> None:
 def test_every_arrow_between_parts_is_listed(house: House) -> None:
     """An import from one part of the package into another is an arrow rules.yaml gives a reason."""
     assert house.new_arrows() == []
+
+
+def test_every_listed_arrow_is_used(house: House) -> None:
+    """rules.yaml lists no arrow that no import draws (so design.md's table, drawn from it, is the
+    real graph)."""
+    assert house.unused_arrows() == []
+
+
+ARROWS_BEGIN = "<!-- arrows: drawn from tests/fixtures/house/rules.yaml; tests/test_house.py -->"
+ARROWS_END = "<!-- /arrows -->"
+
+
+def arrows_table(rules: dict[str, Any]) -> str:
+    """The arrows of rules.yaml as design.md shows them: one row per part, what it imports."""
+    rows = ["| part | imports (besides the foundation: " + ", ".join(rules["foundation"]) + ") |"]
+    rows.append("|---|---|")
+    for part in sorted(rules["arrows"]):
+        to = rules["arrows"][part]["to"]
+        shown = "everything" if "*" in to else ", ".join(f"`{a}`" for a in sorted(to))
+        rows.append(f"| `{part}` | {shown} |")
+    return "\n".join(rows)
+
+
+def test_design_md_draws_the_real_arrows() -> None:
+    """docs/design.md's table of arrows is rules.yaml's (which the import graph is checked
+    against): a new or removed arrow fails here until the page shows it."""
+    text = (REPO / "docs" / "design.md").read_text("utf-8")
+    assert ARROWS_BEGIN in text and ARROWS_END in text, "design.md lost its table of arrows"
+    shown = text.split(ARROWS_BEGIN, 1)[1].split(ARROWS_END, 1)[0].strip()
+    expected = arrows_table(RULES)
+    assert shown == expected, "paste into docs/design.md:\n" + expected
 
 
 def test_no_module_is_imported_by_a_computed_name(house: House) -> None:
