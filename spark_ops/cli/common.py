@@ -9,13 +9,13 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import click
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
-    from spark_ops.workflows.plan import Plan
+    from spark_ops.workflows.plan import Plan, StepRun
 
 T = TypeVar("T")
 
@@ -184,18 +184,20 @@ class Closable(Protocol):
         """Stop drawing, leaving the last frame."""
 
 
-def step_reporter(as_json: bool, view: Closable | None = None) -> Any:
+def step_reporter(as_json: bool, view: Closable | None = None) -> Callable[[StepRun], None]:
     """A callable(step) printing each step's start and end on stderr.
 
     `view` (the boot's live table) is closed before a line is printed for any step but the
     boot's own start: a step line written under a live view is erased by its next frame.
     """
 
+    from spark_ops.workflows.plan import StepKind
+
     hush = quiet()
 
-    def report(step: Any) -> None:
+    def report(step: StepRun) -> None:
         """Print one step transition (under -q, only a failed or skipped one)."""
-        if view is not None and not (step.name == "boot" and step.status == "running"):
+        if view is not None and not (step.name is StepKind.BOOT and step.status == "running"):
             view.close()
         if hush and step.status in ("running", "done"):
             return

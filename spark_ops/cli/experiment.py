@@ -26,6 +26,7 @@ from spark_ops.cli.common import (
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
     from spark_ops.workflows.experiment.run import ExperimentOutcome
     from spark_ops.workflows.experiment.state import ExperimentPlan, ExperimentState
+    from spark_ops.workflows.plan import StepRun
 
 AXIS_OPTIONS = ("max_num_seqs", "moe_backend", "kv_cache_memory")
 
@@ -149,9 +150,12 @@ class _Progress:
         else:
             click.echo(shown, err=True)
 
-    def on_step(self, step: Any) -> None:
-        """Print a step; close the boot view when the boot ends."""
-        if step.name.startswith("boot") and step.status != "running" and self.boot is not None:
+    def on_step(self, step: StepRun) -> None:
+        """Print a step; close the boot view when the boot (or the rollback's) ends."""
+        from spark_ops.workflows.plan import StepKind
+
+        booted = step.name in (StepKind.BOOT, StepKind.BOOT_ROLLBACK) and step.status != "running"
+        if booted and self.boot is not None:
             self.boot.close()
             self.boot = None
         self.steps(step)
