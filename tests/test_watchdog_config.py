@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from spark_ops.watchdog.config import WatchdogConfigError, load_config, parse_config
+from spark_ops.watchdog.config import (
+    DEFAULT_CONFIG,
+    WatchdogConfigError,
+    config_of_commands,
+    load_config,
+    parse_config,
+)
 
 MINIMAL = {"action": {"kind": "command", "start": "true"}}
 
@@ -122,3 +128,24 @@ def test_one_rule_for_the_journal_and_lock_paths(tmp_path: Path) -> None:
         if p != root / "watchdog" / "history.py" and '.journal.jsonl"' in p.read_text()
     ]
     assert spelled == []
+
+
+@pytest.mark.parametrize(
+    ("restart", "status", "config"),
+    [
+        ("spark-watchdog --config ~/w.yaml --restart-now --force", None, "~/w.yaml"),
+        ("spark-watchdog --config=/etc/w.yaml --restart-now", None, "/etc/w.yaml"),
+        ("/opt/bin/spark-watchdog --restart-now --force", None, DEFAULT_CONFIG),
+        ("sudo spark-watchdog --restart-now", "spark-watchdog --status --json", DEFAULT_CONFIG),
+        ("/usr/local/bin/my-watchdog.sh --now", None, None),
+        ("my-watchdog --now", "spark-watchdog --config /srv/w.yaml --status", "/srv/w.yaml"),
+        ("my-watchdog --now 'unclosed", None, None),
+        ("spark-watchdog-wrapper --restart-now", None, None),
+    ],
+)
+def test_one_rule_for_which_config_the_watchdog_reads(
+    restart: str, status: str | None, config: str | None
+) -> None:
+    """The budget gate and doctor read the config config_of_commands names: the commands'
+    `--config FILE`, else the reference watchdog's default when they run it, else none."""
+    assert config_of_commands(restart, status) == config

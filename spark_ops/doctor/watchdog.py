@@ -8,14 +8,7 @@ from spark_ops.doctor.report import Checker, parse_kv
 from spark_ops.errors import SparkOpsError
 from spark_ops.remote.programs.doctor import FIND_COMMAND, WRITABLE
 from spark_ops.remote.programs.node import HOME
-from spark_ops.watchdog.config import (
-    USER_CONFIG,
-    WatchdogConfigError,
-    config_argument,
-    parse_config,
-)
 from spark_ops.watchdog.contract import WatchdogContract
-from spark_ops.yamlsafe import load_yaml
 
 
 def command_program(command: str) -> tuple[str | None, str | None]:
@@ -167,28 +160,12 @@ class WatchdogChecks(Checker):
         return home.strip() if home is not None else ""
 
     async def _configured_history(self) -> tuple[str | None, str]:
-        """(the history the watchdog's own config names, where that config is), when readable.
-
-        The config is the `--config FILE` of watchdog.restart_command (or status_command), else
-        the reference watchdog's default; a watchdog without one leaves it None, with why.
-        """
-        wd = self.cluster.watchdog
-        path = config_argument(wd.restart_command) or config_argument(wd.status_command or "")
-        path = path or USER_CONFIG
-        where = f"{self.head}:{path}"
-        try:
-            text = await self.session.read_file(self.head, path, sudo=True)
-        except SparkOpsError as exc:
-            return None, f"its config {where} cannot be read: {exc.message}"
-        if text is None:
-            return None, f"no watchdog config at {where}"
-        home = await self._home()
-        source = home + path[1:] if path.startswith("~") and home else path
-        try:
-            data = load_yaml(text, source=where, error=WatchdogConfigError)
-            return parse_config(data, source=source).paths.history, where
-        except SparkOpsError as exc:
-            return None, f"its config {where} cannot be read: {exc.message}"
+        """(the history the watchdog's own config names, where that config is), when readable;
+        else (None, why). Which config: WatchdogContract.own_config's one rule."""
+        own = await WatchdogContract(self.session).own_config(await self._home())
+        if own.config is None:
+            return None, own.why
+        return own.config.paths.history, own.where
 
     async def _check_status(self, contract: WatchdogContract) -> None:
         """The watchdog's own status command (watchdog.status_command) answers in time."""

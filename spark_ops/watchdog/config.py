@@ -218,6 +218,27 @@ def config_argument(command: str) -> str | None:
     return None
 
 
+def runs_reference_watchdog(command: str) -> bool:
+    """True when a command runs the reference `spark-watchdog` (by any path)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    return any(w.rsplit("/", 1)[-1] == "spark-watchdog" for w in words)
+
+
+def config_of_commands(restart_command: str, status_command: str | None) -> str | None:
+    """The config file of the watchdog these commands run (the one rule spark-ops has): their
+    `--config FILE`, else the reference watchdog's default when they run `spark-watchdog`, else
+    None (another watchdog, whose config spark-ops cannot know)."""
+    named = config_argument(restart_command) or config_argument(status_command or "")
+    if named is not None:
+        return named
+    if runs_reference_watchdog(restart_command) or runs_reference_watchdog(status_command or ""):
+        return DEFAULT_CONFIG
+    return None
+
+
 def load_config(path: str | os.PathLike[str]) -> WatchdogConfig:
     """Load and validate the YAML configuration at path."""
     source = str(path)

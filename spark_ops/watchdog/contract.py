@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -32,9 +31,9 @@ from spark_ops.remote import ClusterSession, quote_word
 from spark_ops.remote.programs.watchdog import HISTORY_PY
 from spark_ops.remote.shell import REMOVE
 from spark_ops.watchdog.config import (
-    DEFAULT_CONFIG,
+    WatchdogConfig,
     WatchdogConfigError,
-    config_argument,
+    config_of_commands,
     parse_config,
 )
 from spark_ops.watchdog.identify import (
@@ -82,6 +81,16 @@ class BudgetLimits:
 def _per(max_restarts: int, window_s: float) -> str:
     """A budget in words: "2 per 6 h"."""
     return f"{max_restarts} per {window_s / 3600:g} h"
+
+
+@dataclass(frozen=True)
+class OwnConfig:
+    """The watchdog's own config as read on the head: parsed, or why not."""
+
+    path: str | None  # the file (None: the commands name none and are not the reference's)
+    where: str  # head:path, for messages
+    config: WatchdogConfig | None
+    why: str = ""  # why config is None
 
 
 @dataclass
@@ -327,26 +336,39 @@ class WatchdogContract:
             return True, first
         return True, str(record.get("reason", first)) if isinstance(record, dict) else first
 
+    async def own_config(self, home: str = "") -> OwnConfig:
+        """The watchdog's own config, read on the head and parsed (config_of_commands says which
+        file); never raises. `home`: the SSH user's home, to place a `~/` config's paths."""
+        path = config_of_commands(self.wd.restart_command, self.wd.status_command)
+        if path is None:
+            return OwnConfig(
+                None, "", None,
+                "the watchdog's commands name no config (--config FILE) and do not run the "
+                "reference spark-watchdog",
+            )  # fmt: skip
+        where = f"{self.head}:{path}"
+        try:
+            text = await self.session.read_file(self.head, path, sudo=True)
+        except SparkOpsError as exc:
+            return OwnConfig(path, where, None, f"its config {where} cannot be read: {exc.message}")
+        if text is None:
+            return OwnConfig(path, where, None, f"no watchdog config at {where}")
+        source = home + path[1:] if path.startswith("~") and home else path
+        try:
+            data = load_yaml(text, source=where, error=WatchdogConfigError)
+            return OwnConfig(path, where, parse_config(data, source=source))
+        except SparkOpsError as exc:
+            return OwnConfig(path, where, None, f"its config {where} cannot be read: {exc.message}")
+
     async def limits(self) -> BudgetLimits:
         """The budget the watchdog itself enforces (see BudgetLimits); never raises."""
         ours = BudgetLimits(
             self.wd.max_restarts, float(self.wd.window_s), "the inventory's watchdog.budget"
         )
-        path = config_argument(self.wd.restart_command) or config_argument(
-            self.wd.status_command or ""
-        )
-        if path is None and not _runs_reference_watchdog(self.wd.restart_command):
-            return ours  # another watchdog: the inventory is the one statement of its budget
-        path = path or DEFAULT_CONFIG
-        where = f"{self.head}:{path}"
-        try:
-            text = await self.session.read_file(self.head, path, sudo=True)
-            if text is None:
-                return ours
-            data = load_yaml(text, source=where, error=WatchdogConfigError)
-            own = parse_config(data, source=path).budget
-        except SparkOpsError:
-            return ours  # unreadable, or not the reference watchdog's format
+        found = await self.own_config()
+        if found.config is None:
+            return ours  # none, unreadable, or not the reference watchdog's format
+        own, where = found.config.budget, found.where
         theirs = BudgetLimits(own.max, float(own.window), f"the watchdog's config {where}")
         if (own.max, float(own.window)) == (ours.max_restarts, ours.window_s):
             return theirs
@@ -598,15 +620,6 @@ class WatchdogContract:
 
 
 _fmt = fmt_stamp
-
-
-def _runs_reference_watchdog(command: str) -> bool:
-    """True when a restart command runs the reference `spark-watchdog` (by any path)."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
-    return any(w.rsplit("/", 1)[-1] == "spark-watchdog" for w in words)
 
 
 def _reported_stamp(output: str) -> float | None:
