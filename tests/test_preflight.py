@@ -378,14 +378,24 @@ async def test_vllm_without_serve_parser_goes_on(bare_head: Head, tmp_path: Path
 # --- the embedded cluster ----------------------------------------------------------------------
 
 
-async def test_sim_cluster_head(sim: Sim) -> None:
-    """On the embedded cluster, the head's `vllm` (the sim shim) checks the rendered recipe."""
-    from spark_ops.recipe import render_recipe
+HIJACKS = ("json", "socket", "re", "argparse", "contextlib", "fcntl", "tempfile", "vllm")
 
+
+async def test_sim_cluster_head(sim: Sim) -> None:
+    """On the embedded cluster, the head's `vllm` (the sim shim) checks the rendered recipe; the
+    Python programs spark-ops sends to the head (preflight's, history.py) never import a module
+    from the SSH user's home, their working directory (a stray ~/json.py would run as them)."""
+    from spark_ops.recipe import render_recipe
+    from spark_ops.watchdog.contract import WatchdogContract
+
+    marker = sim.root / "HIJACKED"
+    for name in HIJACKS:
+        (sim.head / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write('{name} ')\n")
     cluster = load_inventory(sim.inventory).cluster()
     rendered = render_recipe(sim.recipe.read_text(), source=str(sim.recipe))
     async with ClusterSession(cluster) as session:
         await session.connect([cluster.head.name])
+        assert (await WatchdogContract(session).budget()).allowed == 2
         for case in yaml.safe_load((FIXTURES / "sim.yaml").read_text()):
             argv = [*rendered.argv, *case["extra"]]
             res = await preflight(session, cluster.head.name, argv, dict(rendered.env))
@@ -402,6 +412,7 @@ async def test_sim_cluster_head(sim: Sim) -> None:
     assert found.method == "sim" and found.version and found.version.startswith("sim 0.")
     assert set(found.options or ()) == {*real_options(), "--sim-config"}
     assert not cache.exists(), "the sim's list is not cached (it is a file of this package)"
+    assert not marker.exists(), marker.read_text()
 
 
 # --- the real vLLM CPU build -------------------------------------------------------------------

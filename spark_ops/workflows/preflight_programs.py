@@ -9,8 +9,11 @@ ask on this node".
 from __future__ import annotations
 
 # Shared head of both programs: report one JSON line after a marker, argparse error extraction.
+# Its first line takes the working directory (the SSH user's home, where `python -` looks first)
+# off the import path before anything is imported: a stray ~/json.py must not run as this program.
 PRELUDE = r'''
-import contextlib, importlib, io, json, os, sys, time, warnings
+import sys; sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+import contextlib, importlib, io, json, os, time, warnings
 MARK = "SPARK-OPS-PREFLIGHT "
 T0 = time.monotonic()
 

@@ -15,7 +15,9 @@ printf '%s\n%s\n' "$v" "$r"
 head -c 4096 "$r" 2>/dev/null | LC_ALL=C tr -d '\000'
 """
 
-# Runs the program on stdin with the first candidate interpreter that can import the module.
+# Runs the program on stdin with the first candidate interpreter that can import the module (not
+# from the working directory, the SSH user's home: the probe and the program both take it off the
+# import path first, so a stray ~/vllm/ or ~/json.py is neither found nor run).
 PICK_SH = r"""
 m=$1; shift
 for py in "$@"; do
@@ -23,7 +25,8 @@ for py in "$@"; do
     */*) [ -x "$py" ] || continue ;;
     *) command -v "$py" >/dev/null 2>&1 || continue ;;
   esac
-  if "$py" -c 'import importlib.util as u, sys; sys.exit(0 if u.find_spec(sys.argv[1]) else 1)' \
+  if "$py" -c 'import sys; sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+import importlib.util as u; sys.exit(0 if u.find_spec(sys.argv[1]) else 1)' \
       "$m" </dev/null >/dev/null 2>&1; then
     exec "$py" -
   fi
