@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import InventoryError, excerpt
-from spark_ops.watchdog.history import default_journal, default_lock
+from spark_ops.watchdog.history import MAX_RESTARTS, MAX_WINDOW_S, default_journal, default_lock
 from spark_ops.yamlsafe import load_yaml
 
 ENV_VAR = "SPARK_OPS_INVENTORY"
@@ -257,6 +257,13 @@ class _Section:
             raise self.error(self.path(name), f"must be > 0, got {excerpt(value)}")
         return value
 
+    def bounded(self, name: str, default: int, maximum: int) -> int:
+        """Read an integer in 1..maximum."""
+        value = self.positive(name, int, default)
+        if value > maximum:
+            raise self.error(self.path(name), f"must be at most {maximum}, got {excerpt(value)}")
+        return int(value)
+
     def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
         """Read a string among fixed choices."""
         value = self.get(name, str, default)
@@ -458,8 +465,8 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
         journal_file=wsec.get("journal_file", str),
         pause_file=wsec.get("pause_file", str),
         gave_up_file=wsec.get("gave_up_file", str),
-        max_restarts=bsec.positive("max_restarts", int, 2),
-        window_s=bsec.positive("window_s", int, 21600),
+        max_restarts=bsec.bounded("max_restarts", 2, MAX_RESTARTS),
+        window_s=bsec.bounded("window_s", 21600, MAX_WINDOW_S),
         reports_stamp=wsec.get("reports_stamp", bool, False),
         python=wsec.get("python", str, "python3"),
         lock_timeout_s=_lock_timeout(wsec, ssh),

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import WatchdogError
-from spark_ops.watchdog.history import default_journal, default_lock
+from spark_ops.watchdog.history import MAX_RESTARTS, MAX_WINDOW_S, default_journal, default_lock
 from spark_ops.yamlsafe import load_yaml
 
 DEFAULT_CONFIG = "/etc/spark-watchdog/config.yaml"
@@ -135,20 +135,31 @@ class _Reader:
             f"{self.source}: {where} = {value!r} is not allowed; expected {allowed}"
         )
 
-    def number(self, key: str, default: float, *, minimum: float, strict: bool = False) -> float:
-        """Read a finite number >= minimum (> minimum when strict)."""
+    def number(
+        self,
+        key: str,
+        default: float,
+        *,
+        minimum: float,
+        strict: bool = False,
+        maximum: float = math.inf,
+    ) -> float:
+        """Read a finite number >= minimum (> minimum when strict), <= maximum."""
         value = self.data.get(key, default)
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         ok = ok and math.isfinite(value) and (value > minimum if strict else value >= minimum)
-        if not ok:
-            self.fail(key, value, f"a number {'>' if strict else '>='} {minimum:g}")
+        if not ok or value > maximum:
+            most = f" and <= {maximum:g}" if math.isfinite(maximum) else ""
+            self.fail(key, value, f"a number {'>' if strict else '>='} {minimum:g}{most}")
         return float(value)
 
-    def integer(self, key: str, default: int, *, minimum: int) -> int:
-        """Read an integer >= minimum."""
+    def integer(self, key: str, default: int, *, minimum: int, maximum: int | None = None) -> int:
+        """Read an integer >= minimum (<= maximum when given)."""
         value = self.data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.fail(key, value, f"an integer >= {minimum}")
+        bad = isinstance(value, bool) or not isinstance(value, int) or value < minimum
+        if bad or (maximum is not None and value > maximum):
+            most = f" and <= {maximum}" if maximum is not None else ""
+            self.fail(key, value, f"an integer >= {minimum}{most}")
         return int(value)
 
     def text(self, key: str, default: str | None, *, choices: tuple[str, ...] = ()) -> str | None:
@@ -281,8 +292,10 @@ def parse_config(data: Any, *, source: str = "<config>") -> WatchdogConfig:
 
     b = _Reader(source, "budget", top.data.get("budget"), ("max", "window"))
     budget = BudgetConfig(
-        max=b.integer("max", BudgetConfig.max, minimum=0),
-        window=b.number("window", BudgetConfig.window, minimum=0, strict=True),
+        max=b.integer("max", BudgetConfig.max, minimum=1, maximum=MAX_RESTARTS),
+        window=b.number(
+            "window", BudgetConfig.window, minimum=0, strict=True, maximum=MAX_WINDOW_S
+        ),
     )
 
     paths_keys = tuple(PathsConfig.__dataclass_fields__)

@@ -43,6 +43,11 @@ EXIT_USAGE = 2
 EXIT_NOT_FOUND = 5  # 3 (lock timeout) and 4 (IO) are headlib.errors'
 
 FORMATS = ("auto", "stamps", "jsonl")
+# The budget a watchdog may state: at least one restart (a watchdog that must never restart is
+# paused, not given a budget of 0), at most this many, in a window of at most 31 days; beyond
+# that a window is no budget (and its times overflow a date).
+MAX_RESTARTS = 1000
+MAX_WINDOW_S = 31 * 86400
 DEFAULT_PLANNED_BY = "spark-ops"
 
 _STAMP_RE = re.compile(rb"^[ \t]*(\d{1,15})(\.\d{1,9})?[ \t\r]*$")
@@ -763,6 +768,25 @@ def _nonneg_float(text: str) -> float:
     return value
 
 
+def _budget_window(text: str) -> float:
+    """argparse type for a budget's window: seconds in (0, MAX_WINDOW_S]."""
+    value = _nonneg_float(text)
+    if not 0 < value <= MAX_WINDOW_S:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: must be in (0, {MAX_WINDOW_S}]")
+    return value
+
+
+def _budget_max(text: str) -> int:
+    """argparse type for a budget's maximum: restarts in 1..MAX_RESTARTS."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= value <= MAX_RESTARTS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: must be in 1..{MAX_RESTARTS}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the command-line parser."""
     common = _Parser(add_help=False)
@@ -783,8 +807,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("clock", help="this node's time.time()")
     sub.add_parser("read", parents=[common], help="entries and malformed lines")
     p = sub.add_parser("budget", parents=[common], help="restarts used in the sliding window")
-    p.add_argument("--max", type=int, default=2, dest="allowed")
-    p.add_argument("--window", type=_nonneg_float, default=21600.0)
+    p.add_argument("--max", type=_budget_max, default=2, dest="allowed")
+    p.add_argument("--window", type=_budget_window, default=21600.0)
     p.add_argument("--now", type=_nonneg_float)
     p = sub.add_parser("append", parents=[common, locking], help="append a stamp")
     p.add_argument("--stamp", type=_stamp_arg, help="default: now")
