@@ -159,8 +159,20 @@ def test_bad_prompt_file_names_the_file_and_key(tmp_path: Path) -> None:
     bad.write_text(
         "template: 'Do {title} {nope}'\nlanguages: [Go]\ntasks: [{id: a, title: t, detail: d}]\n"
     )
-    with pytest.raises(BenchError, match="unknown placeholder 'nope'"):
+    with pytest.raises(BenchError, match="cannot be filled \\(KeyError: 'nope'\\)"):
         load_prompts(bad)
+    for template in (
+        "{title} {detail",
+        "{title} } it",
+        "{title}{title.nope}",
+        "{title}{0}",
+        "{title}{title:zz}",
+    ):
+        bad.write_text(
+            f"template: '{template}'\nlanguages: [Go]\ntasks: [{{id: a, title: t, detail: d}}]\n"
+        )
+        with pytest.raises(BenchError, match=r"p\.yaml: key 'template' cannot be filled"):
+            load_prompts(bad)
     with pytest.raises(BenchError, match="cannot read the prompt file"):
         load_prompts(tmp_path / "missing.yaml")
 

@@ -155,8 +155,12 @@ def test_history_file_typo_is_said_loudly(sim: Sim, tmp_path: Path) -> None:
     assert not (sim.head / ".local/state/spark-watchdog/restart").exists()
 
     # a restart command that prints nothing: the watchdog's journal still shows the restart
+    # (read here through a name holding `{0}`, which once broke the message with a traceback)
     wd = data["clusters"]["sim"]["watchdog"]
     wd["restart_command"] += " >/dev/null"
+    state = sim.head / ".local/state/spark-watchdog"
+    (state / "jr{0}.jsonl").symlink_to(state / "restarts.journal.jsonl")
+    wd["journal_file"] = "~/.local/state/spark-watchdog/jr{0}.jsonl"
     typo.write_text(yaml.safe_dump(data))
     before = history(sim)
     res = spark_ops(sim, "-i", str(typo), "restart", "--yes", "--reason", "kernel update")
@@ -165,6 +169,6 @@ def test_history_file_typo_is_said_loudly(sim: Sim, tmp_path: Path) -> None:
     assert res.returncode == ExitStatus.BUDGET and len(new) == 1, out
     assert (
         f"watchdog.history_file is wrong: the watchdog's journal "
-        f"(~/.local/state/spark-watchdog/restarts.journal.jsonl) recorded stamp {new[0]}, but "
+        f"(~/.local/state/spark-watchdog/jr{{0}}.jsonl) recorded stamp {new[0]}, but "
         "~/.local/state/spark-watchdog/restart on node1 did not change"
     ) in out, out

@@ -60,10 +60,10 @@ def load_prompts(path: Path | None = None) -> list[Prompt]:
                 body = template.format(
                     title=task["title"], detail=task["detail"], language=language
                 )
-            except (KeyError, IndexError) as exc:
+            except (KeyError, IndexError, AttributeError, ValueError) as exc:
                 raise BenchError(
-                    f"{name}: key 'template' uses an unknown placeholder {exc}; "
-                    "allowed: {title}, {detail}, {language}"
+                    f"{name}: key 'template' cannot be filled ({type(exc).__name__}: {exc}); "
+                    "allowed placeholders: {title}, {detail}, {language}, and {{ }} for a brace"
                 ) from exc
             prompts.append(Prompt(task=task["id"], language=language, text=body.strip()))
     seen: set[str] = set()

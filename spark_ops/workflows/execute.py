@@ -676,12 +676,12 @@ async def _prune(
 
 
 async def _restart_recorded(op: Operation, out: Outcome) -> tuple[float, str] | None:
-    """(stamp, how it is known) when the watchdog recorded this restart although the history
-    did not change: the stamp its restart command printed, else a restart record its journal
+    """(stamp, how it is known, in words) when the watchdog recorded this restart although the
+    history did not change: the stamp its restart command printed, else a restart record its journal
     (watchdog.journal_file) gained since the restart began."""
     printed = out.found.printed_stamp
     if printed is not None:
-        return float(printed), "the watchdog printed stamp {stamp} for this restart"
+        return float(printed), f"the watchdog printed stamp {fmt_stamp(printed)} for this restart"
     began = out.found.restart_at
     try:
         last = await op.watchdog.last_restart()
@@ -695,7 +695,10 @@ async def _restart_recorded(op: Operation, out: Outcome) -> tuple[float, str] | 
         return None
     if stamp < float(began) - SLACK_S:
         return None
-    return stamp, f"the watchdog's journal ({op.watchdog.journal}) recorded stamp {{stamp}}"
+    return (
+        stamp,
+        f"the watchdog's journal ({op.watchdog.journal}) recorded stamp {fmt_stamp(stamp)}",
+    )
 
 
 def history_unmoved(op: Operation, recorded: float, how: str) -> dict[str, Any]:
@@ -706,7 +709,7 @@ def history_unmoved(op: Operation, recorded: float, how: str) -> dict[str, Any]:
         "history_file": wd.history_file,
         "recorded_stamp": recorded,
         "message": (
-            f"watchdog.history_file is wrong: {how.format(stamp=stamp)}, "
+            f"watchdog.history_file is wrong: {how}, "
             f"but {wd.history_file} on {op.cluster.head.name} did not change; the "
             f"watchdog keeps its history elsewhere, where stamp {stamp} now counts against the "
             "budget and was not pruned"
