@@ -77,6 +77,10 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
     return data
 
 
+# Every state verdict() gives, most urgent first (serve's /metrics has one gauge per state).
+VERDICT_STATES = ("experimenting", "restarting", "not-serving", "degraded", "serving")
+
+
 def verdict(data: dict[str, Any]) -> dict[str, Any]:
     """What a script or an alert needs from a status: one state and the reasons for it.
 

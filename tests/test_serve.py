@@ -343,6 +343,94 @@ def test_last_doctor_report_read_never_raises(
         assert got is not None and said in got["error"] and str(path) in got["error"]
 
 
+def test_a_session_cookie_is_this_runs_and_ends() -> None:
+    """A session cookie holds no token, is valid only for the run that issued it and until its
+    expiry; any other text (not ASCII, forged, another run's) is refused, never an error."""
+    from spark_ops.serve.auth import Sessions
+
+    now = [1_000_000.0]
+    run = Sessions(lifetime=60, clock=lambda: now[0])
+    cookie = run.issue()
+    assert run.valid(cookie) and TOKEN not in cookie
+    assert not Sessions(lifetime=60, clock=lambda: now[0]).valid(cookie)  # a restarted server
+    for forged in ("", "é", "1.é", "99999999999.x", cookie + "0", "0." + cookie.split(".")[1],
+                   cookie.replace(".", ":"), "\udcff", "1" * 40 + "." + "a" * 64):  # fmt: skip
+        assert not run.valid(forged), forged
+    now[0] += 61
+    assert not run.valid(cookie)
+
+
+@pytest.mark.parametrize(
+    ("path", "where"),
+    [
+        ("/", "/"),
+        ("/history", "/history?a=b"),
+        ("//evil.example/landed", "/evil.example/landed?a=b"),
+        ("/\\evil.example", "/evil.example?a=b"),
+        ("///\\//x", "/x?a=b"),
+    ],
+)
+def test_after_the_token_the_browser_stays_here(path: str, where: str) -> None:
+    """?token= answers with a redirect to this server's own page without the token: a path
+    shaped like another site's address never sends the browser away."""
+    from spark_ops.serve.app import same_page
+
+    query = {"token": TOKEN} if path == "/" else {"token": TOKEN, "a": "b"}
+    assert same_page(path, query) == where
+
+
+def test_an_odd_saved_sweep_is_one_error_not_a_broken_page(tmp_path: Path) -> None:
+    """A file in --results that is not a sweep bench wrote, or whose what-if cannot be made, is
+    shown with why; the other sweeps and the page still show."""
+    from spark_ops.serve.source import load_sweep
+
+    good = json.loads((FIXTURES / "sweep-cap5.json").read_text())
+    odd = {
+        "text-throughput": lambda d: d["levels"][0].update(output_throughput="fast"),
+        "knobs-list": lambda d: d.update(knobs=[1, 2]),
+        "null-level": lambda d: d["levels"].append(None),
+        "no-half-cap": lambda d: d["knobs"].update(max_num_seqs=64),
+    }
+    runs = []
+    for name, spoil in odd.items():
+        data = json.loads(json.dumps(good))
+        spoil(data)
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+        runs.append(load_sweep(tmp_path / f"{name}.json"))
+    (tmp_path / "not-json.json").write_bytes(b"\xff{")
+    runs.append(load_sweep(tmp_path / "not-json.json"))
+    runs.append(load_sweep(FIXTURES / "sweep-cap5.json"))
+    assert "whatif" in runs[-1] and "error" not in runs[-1]
+    page = sweeps_page({"dir": str(tmp_path), "runs": runs})
+    assert "sweep-cap5.json (measured)" in page
+    for run in runs[:-1]:
+        assert "error" in run or "whatif_error" in run or "whatif" in run, run
+
+
+def test_metrics_say_unread_when_the_head_did_not_answer() -> None:
+    """With the head down, status has no budget and no runs: /metrics says the budget was not
+    read and gives no lock or run figure; an experiment under way is a verdict state too."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from spark_ops.serve.metrics import render_metrics
+
+    boot = {"active": False, "phase": None}
+    for status, readable in (({"budget": {}, "runs": {}}, 0.0),
+                             ({"budget": {"error": "x"}}, 0.0)):  # fmt: skip
+        status["verdict"] = {"state": "experimenting"}
+        text = render_metrics(status, boot, None).decode()
+        samples = {
+            (m.name, tuple(sorted(m.labels.items()))): m.value
+            for fam in text_string_to_metric_families(text)
+            for m in fam.samples
+        }
+        assert samples[("spark_ops_budget_readable", ())] == readable
+        assert ("spark_ops_lock_held", ()) not in samples
+        assert samples[("spark_ops_verdict", (("state", "experimenting"),))] == 1
+    page = cluster_page({"verdict": {"state": "not-serving"}, "runs": {}, "budget": {}}, None)
+    assert "lock and runs unknown" in page and "lock free" not in page
+
+
 # -- the boot, live -------------------------------------------------------------------------------
 
 

@@ -173,6 +173,10 @@ class SweepResult:
         """Rebuild from to_dict() output; BenchError naming source when it is not a sweep result."""
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise BenchError(f"{source}: not a spark-ops bench result (expected schema {SCHEMA!r})")
+        for key, kinds, said in (("levels", list, "a list"), ("knobs", dict | None, "a mapping"),
+                                 ("config", dict | None, "a mapping")):  # fmt: skip
+            if not isinstance(data.get(key), kinds):
+                raise BenchError(f"{source}: bench result key {key!r} must be {said}")
         try:
             return cls(
                 base_url=data["base_url"],
@@ -182,7 +186,7 @@ class SweepResult:
                 output_tokens=data["output_tokens"],
                 levels=[stats.LevelResult.from_dict(lv) for lv in data["levels"]],
                 reading=stats.Reading.from_dict(data["reading"]),
-                config=data.get("config", {}),
+                config=data.get("config") or {},
                 knobs=data.get("knobs"),
                 started_at=data.get("started_at", ""),
                 finished_at=data.get("finished_at", ""),
@@ -197,7 +201,7 @@ class SweepResult:
                     else None
                 ),
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise BenchError(f"{source}: bench result is missing or has a bad key: {exc}") from exc
 
 

@@ -7,26 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import ipaddress
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from yarl import URL
 
 from spark_ops.errors import ConflictError
 from spark_ops.inventory import Cluster
 from spark_ops.log import get_logger
-from spark_ops.serve.auth import COOKIE, same_token
+from spark_ops.serve.auth import COOKIE, Sessions, same_token
 from spark_ops.serve.metrics import render_metrics
 from spark_ops.serve.pages import boot_page, cluster_page, history_page, sweeps_page
 from spark_ops.serve.source import Source, last_run
 
 SOURCE: web.AppKey[Source] = web.AppKey("source", Source)
 TOKEN: web.AppKey[str] = web.AppKey("token", str)
+SESSIONS: web.AppKey[Sessions] = web.AppKey("sessions", Sessions)
 SSE_KEEPALIVE_S = 15.0
 HEADERS = {
     "Cache-Control": "no-store",
@@ -46,15 +46,11 @@ class ServeError(ConflictError):
     """The server cannot listen where asked (the port taken, the address not ours): exit 19."""
 
 
-def session_value(token: str) -> str:
-    """The session cookie's value: derived from the token, never the token itself."""
-    return hmac.new(token.encode("ascii"), b"spark-ops serve session", hashlib.sha256).hexdigest()
-
-
 @web.middleware
 async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every request carries the token: Bearer header, the session cookie, or ?token= once."""
     token = request.app[TOKEN]
+    sessions = request.app[SESSIONS]
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
     if scheme.lower() == "bearer" and same_token(given.strip(), token):
@@ -62,16 +58,21 @@ async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     if "token" in request.query:
         if not same_token(request.query.get("token"), token):
             raise _unauthorized()
-        query = {k: v for k, v in request.query.items() if k != "token"}
-        target = request.rel_url.with_query(query)
-        response = web.HTTPSeeOther(location=str(target))
-        response.set_cookie(COOKIE, session_value(token), httponly=True, samesite="Strict",
-                            path="/", secure=request.secure)  # fmt: skip
+        response = web.HTTPSeeOther(location=same_page(request.path, request.query))
+        https = request.secure or request.headers.get("X-Forwarded-Proto", "") == "https"
+        response.set_cookie(COOKIE, sessions.issue(), httponly=True, samesite="Strict",
+                            path="/", secure=https, max_age=int(sessions.lifetime))  # fmt: skip
         raise response
-    cookie = request.cookies.get(COOKIE)
-    if cookie is not None and hmac.compare_digest(cookie, session_value(token)):
+    if sessions.valid(request.cookies.get(COOKIE)):
         return await _headers(await handler(request))
     raise _unauthorized()
+
+
+def same_page(path: str, query: Mapping[str, str]) -> str:
+    """The address to send a browser to after ?token=: this server's page, without the token
+    (a path like `//other.host/` or `/\\other` becomes one of ours, never another site)."""
+    kept = {k: v for k, v in query.items() if k != "token"}
+    return str(URL.build(path="/" + path.lstrip("/\\"), query=kept))
 
 
 def _unauthorized() -> web.HTTPUnauthorized:
@@ -208,6 +209,7 @@ def make_app(
     )
     app[SOURCE] = src
     app[TOKEN] = token
+    app[SESSIONS] = Sessions()
     for path, handler in (
         ("/", cluster_view), ("/history", history_view), ("/boot", boot_view),
         ("/sweeps", sweeps_view), ("/api/status", api_status), ("/api/budget", api_budget),

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import os
 import secrets
 import stat
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from spark_ops.errors import InputError, excerpt
@@ -14,6 +17,7 @@ from spark_ops.files import write_file
 
 DEFAULT_TOKEN_PATH = Path("~/.local/state/spark-ops/serve.token")  # beside boots.json
 COOKIE = "spark_ops_session"
+SESSION_S = 12 * 3600  # a browser session lasts this long, and no longer than the server's run
 MIN_TOKEN_CHARS = 16
 MAX_TOKEN_CHARS = 4096
 
@@ -90,3 +94,36 @@ def same_token(given: str | None, token: str) -> bool:
     if not given:
         return False
     return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode("ascii"))
+
+
+class Sessions:
+    """The session cookies of one server run: `EXPIRY.MAC`, an HMAC of the expiry under a key made
+    at start. A cookie ends at its expiry or when the server stops (a new run has a new key), and
+    never holds or reveals the token."""
+
+    def __init__(self, lifetime: float = SESSION_S, clock: Callable[[], float] = time.time) -> None:
+        """A fresh key; cookies issued now last `lifetime` seconds by `clock`."""
+        self.key = secrets.token_bytes(32)
+        self.lifetime = lifetime
+        self.clock = clock
+
+    def _mac(self, expiry: str) -> str:
+        """The MAC of an expiry under this run's key."""
+        return hmac.new(self.key, expiry.encode("ascii"), hashlib.sha256).hexdigest()
+
+    def issue(self) -> str:
+        """A new cookie value."""
+        expiry = str(int(self.clock() + self.lifetime))
+        return f"{expiry}.{self._mac(expiry)}"
+
+    def valid(self, value: str | None) -> bool:
+        """True for a cookie this run issued that has not expired (constant-time; any text)."""
+        if not value:
+            return False
+        expiry, _, mac = value.partition(".")
+        if not expiry.isascii() or not expiry.isdigit() or len(expiry) > 12:
+            return False
+        good = hmac.compare_digest(
+            mac.encode("utf-8", "surrogateescape"), self._mac(expiry).encode("ascii")
+        )
+        return good and int(expiry) > self.clock()

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from spark_ops.readiness import PHASE_ORDER
+from spark_ops.status import VERDICT_STATES
 
 PREFIX = "spark_ops_"
-VERDICTS = ("serving", "degraded", "not-serving", "restarting")
+VERDICTS = VERDICT_STATES
 
 
 def render_metrics(
@@ -36,7 +37,7 @@ def render_metrics(
     gauge("engine_up", "1 when the engine answers /health.", 1.0 if engine.get("up") else 0.0)
     budget = status.get("budget") or {}
     gauge("budget_readable", "1 when the watchdog's restart history could be read.",
-          0.0 if "error" in budget else 1.0)  # fmt: skip
+          1.0 if "used" in budget else 0.0)  # fmt: skip
     gauge("budget_used", "Restarts in the watchdog's window.", budget.get("used"))
     gauge("budget_allowed", "Restarts the watchdog allows per window.", budget.get("allowed"))
     gauge("budget_window_seconds", "The watchdog's budget window.", budget.get("window_s"))

@@ -32,6 +32,7 @@ ol.phases li{padding:.3em .6em;border-radius:4px;background:#eef0f3}
 ol.phases li.done{background:#dafbe1}ol.phases li.now{background:#fff8c5;font-weight:600}
 """
 
+MAX_STAMPS_SHOWN = 500  # a history page stays a page: the newest stamps, the rest via the CLI
 NAV = (("/", "Cluster"), ("/boot", "Boot"), ("/history", "History"), ("/sweeps", "Sweeps"))
 
 
@@ -218,6 +219,8 @@ def _runs(runs: dict[str, Any], last_run: dict[str, Any] | None) -> str:
     """The lock's holder, unfinished runs, the last run."""
     if "error" in runs:
         return f'<p class="bad">runs unreadable: {esc(runs["error"])}</p>'
+    if "lock_held" not in runs:  # the head did not answer: nothing is known, nothing is "free"
+        return '<p class="bad">lock and runs unknown: the head did not answer</p>'
     out = (
         f'<p class="warn">lock held: {esc(runs.get("in_progress"))}</p>'
         if runs.get("lock_held")
@@ -244,16 +247,24 @@ def _runs(runs: dict[str, Any], last_run: dict[str, Any] | None) -> str:
 def history_page(status: dict[str, Any], audit: dict[str, Any]) -> str:
     """Every stamp with its reason and who; every audited change with its diff."""
     b = status.get("budget") or {}
+    every = list(b.get("stamps") or [])
     rows = [
         [esc(s.get("stamp")), when(s.get("stamp")), esc(s.get("reason") or "(no journal entry)"),
          esc(s.get("by"))]
-        for s in b.get("stamps") or []
+        for s in every[-MAX_STAMPS_SHOWN:]
     ]  # fmt: skip
     stamps = (
         table(["stamp", "time", "reason", "by"], rows) if rows else "<p>no stamp in the window</p>"
     )
+    if len(every) > MAX_STAMPS_SHOWN:
+        stamps = (
+            f'<p class="warn">{len(every)} stamps in the window: the newest {MAX_STAMPS_SHOWN} '
+            "shown (all of them: <code>spark-ops budget --json</code>)</p>" + stamps
+        )
     if "error" in b:
         stamps = f'<p class="bad">{esc(b["error"])}</p>'
+    elif "used" not in b:
+        stamps = '<p class="bad">the restart history was not read (the head did not answer)</p>'
     entries = []
     for e in reversed(audit.get("entries") or []):
         if "malformed" in e:
@@ -411,18 +422,30 @@ def _series(runs: list[dict[str, Any]], key: str, whatif_key: str) -> list[dict[
         if not result:
             continue
         levels = result.get("levels") or []
-        pts = [(int(lv["max_concurrency"]), _num(lv.get(key)), True) for lv in levels]
+        pts = [
+            (c, _num(lv.get(key)), True)
+            for lv in levels
+            if isinstance(lv, dict) and (c := _count(lv.get("max_concurrency"))) is not None
+        ]
         series.append({"label": f"{run['file']} (measured)", "points": pts, "predicted": False})
         for cap in (run.get("whatif") or {}).get("caps") or []:
             pred = [
-                (int(p["concurrency"]), _num(p.get(whatif_key)), bool(p.get("trusted", True)))
+                (c, _num(p.get(whatif_key)), bool(p.get("trusted", True)))
                 for p in cap["points"]
                 if p.get("source") == "predicted"
+                and (c := _count(p.get("concurrency"))) is not None
             ]
             if pred:
                 label = f"{run['file']} what-if cap {cap['cap']} (predicted)"
                 series.append({"label": label, "points": pred, "predicted": True})
     return series
+
+
+def _count(value: object) -> int | None:
+    """A concurrency level (a positive int) or None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
 
 
 def _num(value: object) -> float | None:
@@ -485,6 +508,8 @@ def sweeps_page(sweeps: dict[str, Any]) -> str:
         warn = "".join(
             f'<p class="warn">{esc(w)}</p>' for w in (run.get("whatif") or {}).get("warnings") or []
         )
+        if run.get("whatif_error"):
+            warn += f'<p class="muted">what-if: {esc(run["whatif_error"])}</p>'
         parts.append(section(run["file"], info + table_html + warn))
     if not runs:
         parts.append(section("Sweeps", f"<p>no result in {esc(sweeps['dir'])}</p>"))

@@ -90,17 +90,29 @@ class Source:
         except OSError as exc:
             return {"dir": str(self.results), "runs": [], "error": str(exc)}
         for path in files:
-            try:
-                result = load_result(path)
-            except SparkOpsError as exc:
-                runs.append({"file": path.name, "error": exc.message})
-                continue
-            run: dict[str, Any] = {"file": path.name, "result": result.to_dict()}
-            cap = running_cap_of(result.knobs)
-            if cap and cap > 1:  # bench's what-if predicts lower caps: half the one swept
-                run["whatif"] = whatif_of(result, [cap // 2]).to_dict()
-            runs.append(run)
+            runs.append(load_sweep(path))
         return {"dir": str(self.results), "runs": runs}
+
+
+def load_sweep(path: Path) -> dict[str, Any]:
+    """One saved sweep with bench's what-if for half its cap; a file that is not one, or whose
+    what-if cannot be made, is shown with why (one odd file never takes the page down)."""
+    try:
+        result = load_result(path)
+        run: dict[str, Any] = {"file": path.name, "result": result.to_dict()}
+    except SparkOpsError as exc:
+        return {"file": path.name, "error": exc.message}
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a shape bench never wrote
+        return {"file": path.name, "error": f"not a sweep bench wrote ({type(exc).__name__})"}
+    try:
+        cap = running_cap_of(result.knobs)
+        if cap and cap > 1:  # bench's what-if predicts lower caps: half the one swept
+            run["whatif"] = whatif_of(result, [cap // 2]).to_dict()
+    except SparkOpsError as exc:
+        run["whatif_error"] = exc.message
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        run["whatif_error"] = f"no what-if for this sweep ({type(exc).__name__})"
+    return run
 
 
 def _mtime(path: Path) -> float:
