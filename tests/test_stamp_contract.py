@@ -159,11 +159,21 @@ def test_hostile_reason_and_user_run_nothing_on_the_head(sim: Any, cli_env: dict
 @pytest.mark.slow
 def test_budget_prune_by_exact_line(sim: Any, cli_env: dict[str, str]) -> None:
     """`budget prune --raw LINE` (the command shown for a record told apart by its fields)
-    removes that one line and nothing else."""
+    removes that one line and nothing else; a journal grown past a MiB (nothing rotates it), with
+    a line that is not UTF-8, is read from its end and blocks nothing."""
     import json
 
     from ground.cluster import run_cli
 
+    journal = sim.history.parent / "restarts.journal.jsonl"
+    old = b"".join(
+        b'{"action": "restart", "stamp": %d, "reason": "old %s"}\n' % (1600000000 + i, b"x" * 120)
+        for i in range(9000)
+    )
+    journal.write_bytes(old + b'{"reason": "\xff\xfe"}\n' + journal.read_bytes())
+    assert journal.stat().st_size > 1 << 20
+    res = run_cli(cli_env, "budget", "--json")
+    assert res.returncode == 0, res.stderr[-2000:]
     before = sim.history.read_text().splitlines()
     with sim.history.open("a") as fh:
         fh.write("1700000000\n")

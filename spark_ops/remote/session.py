@@ -41,6 +41,7 @@ from spark_ops.remote.shell import (
     READ,
     REMOVE,
     STAGE,
+    TAIL,
     TOO_BIG_EXIT,
     UNDO,
     UNREPLACEABLE_EXIT,
@@ -368,6 +369,23 @@ class ClusterSession:
                 hint="re-save the file as UTF-8",
             )
         return res.stdout
+
+    async def read_tail(
+        self, host: str, path: str, *, sudo: bool = False, max_bytes: int = MAX_READ_BYTES
+    ) -> str | None:
+        """The whole lines among the last max_bytes of a remote file that grows by lines (a
+        journal); None when it does not exist. Bytes that are not UTF-8 are shown as U+FFFD: one
+        odd line never hides the others."""
+        res = await self.call(
+            host, TAIL, path, max_bytes, sudo=sudo, label=f"read the end of {path}", raw=True
+        )
+        if res.exit_code == MISSING_EXIT:
+            return None
+        res.check()
+        size, _, text = res.stdout.partition("\n")
+        if size.strip().isdigit() and int(size) > max_bytes:
+            text = text.partition("\n")[2]  # the first line was cut: not a whole record
+        return replace_undecodable(text)
 
     async def backups(self, host: str, path: str, *, sudo: bool = False) -> list[str]:
         """The backups spark-ops made of path on host, oldest first (its naming rule only)."""

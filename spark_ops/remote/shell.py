@@ -251,6 +251,17 @@ n=$(wc -c < "$p") || exit 13
 cat -- "$p"
 """
 
+# The last $2 bytes of a file that only grows by lines (a journal): its size on the first line,
+# then the bytes. Exit 44 when it does not exist.
+TAIL_SH = r"""
+p=$1; max=$2
+[ -e "$p" ] || exit 44
+[ -r "$p" ] || { echo "$p: permission denied" >&2; exit 13; }
+n=$(wc -c < "$p") || exit 13
+echo "$n"
+tail -c "$max" -- "$p"
+"""
+
 LIST_BACKUPS_SH = (
     COMMON_SH
     + r"""
@@ -282,6 +293,7 @@ UNDO = RemoteProgram(
 )
 DIGEST = RemoteProgram("digest", DIGEST_SH, (path("file"),), checked)
 READ = RemoteProgram("read", READ_SH, (path("file"), integer("max bytes")), result)
+TAIL = RemoteProgram("tail", TAIL_SH, (path("file"), integer("max bytes")), result)
 LIST_BACKUPS = RemoteProgram("list backups", LIST_BACKUPS_SH, (path("file"),), checked)
 REMOVE = RemoteProgram("remove", 'rm -f -- "$1"', (path("file"),), result)
 

@@ -420,8 +420,9 @@ class WatchdogContract:
         )
 
     async def journal_by_stamp(self) -> dict[float, dict[str, Any]]:
-        """The latest journal record per stamp (reasons for budget displays, planned or not)."""
-        text = await self.session.read_file(self.head, self.journal)
+        """The latest journal record per stamp (reasons for budget displays, planned or not),
+        from the journal's last MiB (it only grows: the stamps in any window are at its end)."""
+        text = await self.session.read_tail(self.head, self.journal)
         out: dict[float, dict[str, Any]] = {}
         for line in (text or "").splitlines():
             try:
@@ -436,7 +437,7 @@ class WatchdogContract:
 
     async def last_restart(self) -> dict[str, Any] | None:
         """The newest restart in the journal (pruned or not): time, reason, by, forced."""
-        text = await self.session.read_file(self.head, self.journal)
+        text = await self.session.read_tail(self.head, self.journal)
         last = None
         for line in (text or "").splitlines():
             try:
