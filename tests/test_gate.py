@@ -225,3 +225,21 @@ def test_the_gate_counts_the_watchdogs_own_budget(sim: Sim, cli_env: dict[str, s
             assert warned and case["says"] in warned[0], said
             if case["exit"]:
                 assert case["says"] in doc["refused"]["message"], said
+    # the watchdog's config not readable where its commands say: counted against the inventory's,
+    # and the plan says which file could not be read (a relative --config names no one file)
+    config.write_text(shipped)
+    sim.inventory.write_text(inventory)
+    for spelled, says in (("~/.config/nowhere.yaml", "no watchdog config at node1:~/.config/"),
+                          ("wd.yaml", "its config 'wd.yaml' is a relative path")):  # fmt: skip
+        sim.inventory.write_text(
+            inventory.replace("--config ~/.config/spark-watchdog.yaml", f"--config {spelled}")
+        )
+        res = spark_ops(cli_env, "plan", "--max-num-seqs", "8", "--json")
+        assert res.returncode == 0, res.stderr[-2000:]
+        doc = json.loads(res.stdout)
+        gate = doc["plan"]["facts"]["budget"]
+        assert gate["limits_source"] == "the inventory's watchdog.budget"
+        assert (
+            says in gate["inventory_disagrees"] and "may not enforce" in gate["inventory_disagrees"]
+        )
+        assert any(says in w for w in doc["plan"]["warnings"]), doc["plan"]["warnings"]

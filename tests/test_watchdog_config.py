@@ -144,6 +144,10 @@ def test_one_rule_for_the_journal_and_lock_paths(tmp_path: Path) -> None:
         ("my-watchdog --now", "spark-watchdog --config /srv/w.yaml --status", "/srv/w.yaml"),
         ("my-watchdog --now 'unclosed", None, None),
         ("spark-watchdog-wrapper --restart-now", None, None),
+        ('spark-watchdog --config "$HOME/.config/w.yaml" --restart-now', None, "~/.config/w.yaml"),
+        ("spark-watchdog --config ${HOME}/w.yaml", None, "~/w.yaml"),
+        ("spark-watchdog --config ~/a.yaml --restart-now --config ~/b.yaml", None, "~/b.yaml"),
+        ("cd ~/.config && spark-watchdog --config w.yaml", None, "w.yaml"),
     ],
 )
 def test_one_rule_for_which_config_the_watchdog_reads(

@@ -445,3 +445,18 @@ async def test_failures_during_another_process_restart_are_not_counted(
     os.utime(dog.action_lock)  # what restart() does when its action ends
     state = await dog.cycle({})
     assert state["decision"] == "grace"
+
+
+def test_the_loop_follows_an_edit_of_its_budget(tmp_path: Path) -> None:
+    """A running watchdog counts against its config file's budget as it is now (what --status,
+    --restart-now and spark-ops' gate read): an edit applies at the next count; an edit that is
+    invalid keeps the budget in force."""
+    env = Env(tmp_path)
+    dog = Watchdog(env.cfg, loop_started=time.time())
+    assert dog.budget()["allowed"] == 2
+    text = env.config.read_text()
+    for n, (written, allowed) in enumerate((("max: 3", 3), ("max: zero", 3), ("max: 1", 1)), 1):
+        env.config.write_text(text.replace("max: 2", written))
+        stat = env.config.stat()  # a new mtime even on a coarse clock
+        os.utime(env.config, ns=(stat.st_atime_ns, stat.st_mtime_ns + n * 10_000_000_000))
+        assert dog.budget()["allowed"] == allowed, written

@@ -216,17 +216,22 @@ def _resolve(base: Path, value: str | None, default: str) -> str:
 
 
 def config_argument(command: str) -> str | None:
-    """The FILE of `--config FILE` / `--config=FILE` in a watchdog command, if any."""
+    """The FILE of `--config FILE` / `--config=FILE` in a watchdog command, if any: the last one
+    (click's rule), a leading `$HOME/` or `${HOME}/` read as `~/` (what the shell makes of it)."""
     try:
         words = shlex.split(command)
     except ValueError:
         words = command.split()
+    found = None
     for i, w in enumerate(words):
         if w == "--config" and i + 1 < len(words):
-            return words[i + 1]
-        if w.startswith("--config="):
-            return w.split("=", 1)[1]
-    return None
+            found = words[i + 1]
+        elif w.startswith("--config="):
+            found = w.split("=", 1)[1]
+    for home in ("$HOME/", "${HOME}/"):
+        if found is not None and found.startswith(home):
+            found = "~/" + found[len(home) :]
+    return found
 
 
 def runs_reference_watchdog(command: str) -> bool:

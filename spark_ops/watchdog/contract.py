@@ -347,6 +347,12 @@ class WatchdogContract:
                 "reference spark-watchdog",
             )  # fmt: skip
         where = f"{self.head}:{path}"
+        if not path.startswith(("/", "~/")):
+            return OwnConfig(
+                path, where, None,
+                f"its config {path!r} is a relative path: which file depends on the directory "
+                "the command runs in (name it with an absolute path or ~/)",
+            )  # fmt: skip
         try:
             text = await self.session.read_file(self.head, path, sudo=True)
         except SparkOpsError as exc:
@@ -366,8 +372,14 @@ class WatchdogContract:
             self.wd.max_restarts, float(self.wd.window_s), "the inventory's watchdog.budget"
         )
         found = await self.own_config()
-        if found.config is None:
-            return ours  # none, unreadable, or not the reference watchdog's format
+        if found.config is None and found.path is None:
+            return ours  # another watchdog: the inventory is the one statement of its budget
+        if found.config is None:  # the reference watchdog, whose config could not be read
+            return BudgetLimits(
+                ours.max_restarts, ours.window_s, ours.source,
+                f"{found.why}: counted against the inventory's watchdog.budget "
+                f"({_per(ours.max_restarts, ours.window_s)}), which the watchdog may not enforce",
+            )  # fmt: skip
         own, where = found.config.budget, found.where
         theirs = BudgetLimits(own.max, float(own.window), f"the watchdog's config {where}")
         if (own.max, float(own.window)) == (ours.max_restarts, ours.window_s):

@@ -27,7 +27,7 @@ from spark_ops.headlib.flock import lock_free, locked
 from spark_ops.log import configure, get_logger
 from spark_ops.watchdog import history
 from spark_ops.watchdog.actions import pid_alive, read_pid, restart_engine
-from spark_ops.watchdog.config import DEFAULT_CONFIG, WatchdogConfig, load_config
+from spark_ops.watchdog.config import DEFAULT_CONFIG, BudgetConfig, WatchdogConfig, load_config
 
 EXIT_OK = 0
 EXIT_ACTION_FAILED = 1
@@ -126,6 +126,11 @@ class Watchdog:
         """Bind the configuration; loop_started opens a grace window at daemon start."""
         self.cfg = cfg
         self.paths = cfg.paths
+        self.budget_in_force = cfg.budget
+        try:
+            self.budget_mtime: int | None = os.stat(cfg.source).st_mtime_ns
+        except OSError:
+            self.budget_mtime = None
         self.loop_started = loop_started
         self.log = get_logger(component="watchdog", config=cfg.source)
         self.model_cache: dict[str, str] = {}
@@ -135,12 +140,29 @@ class Watchdog:
             with contextlib.suppress(OSError):
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
 
+    def current_budget(self) -> BudgetConfig:
+        """The budget of the config file as it is now: the loop follows an edit of it, as the
+        one-shot modes (--status, --restart-now) and spark-ops' budget gate read it; an edit that
+        cannot be read or is invalid keeps the budget in force (and says so)."""
+        try:
+            mtime = os.stat(self.cfg.source).st_mtime_ns
+        except OSError:
+            return self.budget_in_force
+        if mtime != self.budget_mtime:
+            self.budget_mtime = mtime
+            try:
+                self.budget_in_force = load_config(self.cfg.source).budget
+            except WatchdogError as exc:
+                self.log.error("config_edit_refused", error=exc.message)
+        return self.budget_in_force
+
     def budget(self, now: float | None = None) -> dict[str, Any]:
-        """Return the history budget at now."""
+        """Return the history budget at now (the config file's budget as it is now)."""
+        limits = self.current_budget()
         return history.budget(
             self.paths.history,
-            allowed=self.cfg.budget.max,
-            window=self.cfg.budget.window,
+            allowed=limits.max,
+            window=limits.window,
             now=time.time() if now is None else now,
             fmt=self.paths.format,
         )
