@@ -195,8 +195,15 @@ JSON_SHORT_OPTIONS = {"-cc": "--compilation-config", "-ac": "--attention-config"
 _FIELDS = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*\+?")
 
 
+# Options named like JSON ones that take plain text (a fact of vLLM's arg_utils: the generation
+# config is a folder, "auto" or "vllm"; its fields go in --override-generation-config)
+NOT_JSON_OPTIONS = frozenset({"--generation-config"})
+
+
 def json_option(option: str) -> bool:
     """True for a vLLM option that takes a JSON value (its fields settable as OPTION.FIELD)."""
+    if option in NOT_JSON_OPTIONS:
+        return False
     return option in JSON_SHORT_OPTIONS or (
         option.startswith("--") and option.endswith(JSON_OPTION_SUFFIXES)
     )
