@@ -136,6 +136,14 @@ def test_generated_token_is_kept_0600(tmp_path: Path) -> None:
     path.chmod(0o644)  # someone widened it: refused, not silently served
     with pytest.raises(TokenError, match="only 0600"):
         kept_token(path)
+    path.write_text("")  # a serve killed between creating the file and writing it: a new token
+    path.chmod(0o600)
+    again, _ = kept_token(path)
+    assert again != token and len(again) >= 32 and path.read_text() == again + "\n"
+    path.write_text("")
+    path.chmod(0o640)  # empty but not as spark-ops leaves it: refused as it is
+    with pytest.raises(TokenError, match="only 0600"):
+        kept_token(path)
 
 
 def test_cli_refuses_a_readable_token_file(tmp_path: Path) -> None:

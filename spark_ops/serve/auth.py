@@ -77,7 +77,7 @@ def _valid(raw: bytes, where: str) -> str:
 def kept_token(path: str | os.PathLike[str] | None = None) -> tuple[str, Path]:
     """The server's own token: the one kept at `path` (0600), else a new one written there."""
     target = Path(path if path is not None else DEFAULT_TOKEN_PATH).expanduser()
-    if target.exists() or target.is_symlink():
+    if target.is_symlink() or (target.exists() and not _left_empty(target)):
         return read_token_file(target), target
     token = secrets.token_urlsafe(32)
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -87,6 +87,17 @@ def kept_token(path: str | os.PathLike[str] | None = None) -> tuple[str, Path]:
         os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     write_file(target, token + "\n", error=TokenError)
     return read_token_file(target), target
+
+
+def _left_empty(target: Path) -> bool:
+    """True for the empty 0600 regular file of ours a killed `serve` left before writing its
+    token there (it gets a new token; anything else is read, and refused, as it is)."""
+    try:
+        st = target.lstat()
+    except OSError:
+        return False
+    mode_ok = stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid()
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0 and mode_ok
 
 
 def same_token(given: str | None, token: str) -> bool:
