@@ -543,3 +543,26 @@ def test_real_vllm_on_the_recipe_corpus(tmp_path: Path) -> None:
             stage, _, says = want.partition(": ")
             assert answer["ok"] is False and answer["stage"] == stage, (name, answer)
             assert says in answer["error"], (name, answer["error"])
+
+
+def test_pick_drops_the_working_directory_from_the_recipes_pythonpath(tmp_path: Path) -> None:
+    """A recipe env's PYTHONPATH with an empty or relative entry (`X:$PYTHONPATH` with nothing
+    set) would make Python import from the working directory, the SSH user's home, before
+    preflight's own first line: PICK keeps the absolute entries only, so a ~/sitecustomize.py
+    never runs."""
+    import subprocess
+
+    from spark_ops.remote.programs.preflight import PICK
+
+    marker = tmp_path / "RAN"
+    for name in ("sitecustomize", "usercustomize", "json"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write('{name} ')\n")
+    program = "import os, sys\nprint(os.environ.get('PYTHONPATH'))\n"
+    for given, kept in ((":/nowhere:rel/dir:", "/nowhere"), ("", "None"), ("rel", "None")):
+        res = subprocess.run(
+            ["env", f"PYTHONPATH={given}", *PICK.argv("json", sys.executable)],
+            input=program, capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == kept, (given, res.stdout)
+    assert not marker.exists(), marker.read_text()

@@ -62,6 +62,10 @@ def test_relative_paths_resolve_against_config_dir(tmp_path: Path) -> None:
         ({"budget": {"max": 0}}, "budget.max = 0 is not allowed; expected an integer >= 1 and <="),
         ({"budget": {"window": 1.0e300}}, "budget.window = 1e+300 is not allowed; expected a"),
         ({"budget": {"window": 2678401}}, "and <= 2.6784e+06"),
+        (
+            {"budget": {"window": 1e-9}},
+            "budget.window = 1e-09 is not allowed; expected a number >= 1",
+        ),
         ({"budget": {"window": "6h"}}, "budget.window = '6h'"),
         ({"engine": {"base_url": "localhost:8000"}}, "engine.base_url = 'localhost:8000'"),
         ({"paths": {"format": "csv"}}, "paths.format = 'csv'"),
@@ -148,6 +152,18 @@ def test_one_rule_for_the_journal_and_lock_paths(tmp_path: Path) -> None:
         ("spark-watchdog --config ${HOME}/w.yaml", None, "~/w.yaml"),
         ("spark-watchdog --config ~/a.yaml --restart-now --config ~/b.yaml", None, "~/b.yaml"),
         ("cd ~/.config && spark-watchdog --config w.yaml", None, "w.yaml"),
+        (
+            "spark-watchdog --config ~/a.yaml --restart-now  # was: --config ~/b.yaml",
+            None,
+            "~/a.yaml",
+        ),
+        (
+            "spark-watchdog --config ~/a.yaml --restart-now; echo --config ~/b.yaml",
+            None,
+            "~/a.yaml",
+        ),
+        ("echo --config ~/b.yaml && sudo spark-watchdog --config=~/a.yaml", None, "~/a.yaml"),
+        ("my-watchdog --now # spark-watchdog", None, None),
     ],
 )
 def test_one_rule_for_which_config_the_watchdog_reads(
@@ -156,3 +172,15 @@ def test_one_rule_for_which_config_the_watchdog_reads(
     """The budget gate and doctor read the config config_of_commands names: the commands'
     `--config FILE`, else the reference watchdog's default when they run it, else none."""
     assert config_of_commands(restart, status) == config
+
+
+def test_the_watchdog_expands_its_own_tilde(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--config=~/w.yaml` and a quoted '~/w.yaml' reach the watchdog unexpanded (no shell
+    expands them): it expands `~` itself, so it reads the file spark-ops' gate reads."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "w.yaml").write_text(
+        'budget: {max: 3, window: 600}\naction: {kind: command, start: "true"}\n'
+    )
+    assert load_config("~/w.yaml").budget.max == 3

@@ -215,32 +215,53 @@ def _resolve(base: Path, value: str | None, default: str) -> str:
     return str((base / (value if value is not None else default)).resolve())
 
 
-def config_argument(command: str) -> str | None:
-    """The FILE of `--config FILE` / `--config=FILE` in a watchdog command, if any: the last one
-    (click's rule), a leading `$HOME/` or `${HOME}/` read as `~/` (what the shell makes of it)."""
+SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", ";;", "|&"})
+
+
+def simple_commands(command: str) -> list[list[str]]:
+    """The words of each simple command in a shell line (split at ; && || | &), comments left
+    out; quotes removed as the shell removes them. An unbalanced line is split on blanks."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
     try:
-        words = shlex.split(command)
+        words = list(lexer)
     except ValueError:
-        words = command.split()
+        words = command.split("#", 1)[0].split()
+    out: list[list[str]] = [[]]
+    for w in words:
+        if w in SEPARATORS:
+            out.append([])
+        else:
+            out[-1].append(w)
+    return [c for c in out if c]
+
+
+def runs_reference_watchdog(command: str) -> bool:
+    """True when a command line runs the reference `spark-watchdog` (by any path)."""
+    return any(_is_reference(c) for c in simple_commands(command))
+
+
+def _is_reference(words: list[str]) -> bool:
+    """True when a simple command runs `spark-watchdog` (after sudo, env, nice… by any path)."""
+    return any(w.rsplit("/", 1)[-1] == "spark-watchdog" for w in words)
+
+
+def config_argument(command: str) -> str | None:
+    """The FILE of `--config FILE` / `--config=FILE` in a watchdog command line, if any: in the
+    simple command that runs spark-watchdog (else the first), the last one (click's rule), a
+    leading `$HOME/` or `${HOME}/` read as `~/` (the reference watchdog expands `~` itself)."""
+    commands = simple_commands(command)
+    chosen = next((c for c in commands if _is_reference(c)), commands[0] if commands else [])
     found = None
-    for i, w in enumerate(words):
-        if w == "--config" and i + 1 < len(words):
-            found = words[i + 1]
+    for i, w in enumerate(chosen):
+        if w == "--config" and i + 1 < len(chosen):
+            found = chosen[i + 1]
         elif w.startswith("--config="):
             found = w.split("=", 1)[1]
     for home in ("$HOME/", "${HOME}/"):
         if found is not None and found.startswith(home):
             found = "~/" + found[len(home) :]
     return found
-
-
-def runs_reference_watchdog(command: str) -> bool:
-    """True when a command runs the reference `spark-watchdog` (by any path)."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
-    return any(w.rsplit("/", 1)[-1] == "spark-watchdog" for w in words)
 
 
 def config_of_commands(restart_command: str, status_command: str | None) -> str | None:
@@ -257,7 +278,7 @@ def config_of_commands(restart_command: str, status_command: str | None) -> str 
 
 def load_config(path: str | os.PathLike[str]) -> WatchdogConfig:
     """Load and validate the YAML configuration at path."""
-    source = str(path)
+    source = os.path.expanduser(str(path))  # `--config=~/x` and '~/x' reach us unexpanded
     try:
         text = Path(source).read_text()
     except OSError as exc:
@@ -299,7 +320,7 @@ def parse_config(data: Any, *, source: str = "<config>") -> WatchdogConfig:
     budget = BudgetConfig(
         max=b.integer("max", BudgetConfig.max, minimum=1, maximum=MAX_RESTARTS),
         window=b.number(
-            "window", BudgetConfig.window, minimum=0, strict=True, maximum=MAX_WINDOW_S
+            "window", BudgetConfig.window, minimum=1, maximum=MAX_WINDOW_S
         ),
     )
 

@@ -17,9 +17,16 @@ head -c 4096 "$r" 2>/dev/null | LC_ALL=C tr -d '\000'
 
 # Runs the program on stdin with the first candidate interpreter that can import the module (not
 # from the working directory, the SSH user's home: the probe and the program both take it off the
-# import path first, so a stray ~/vllm/ or ~/json.py is neither found nor run).
+# import path first, so a stray ~/vllm/ or ~/json.py is neither found nor run; an empty or relative
+# entry of the recipe's PYTHONPATH, which Python reads as the working directory, is dropped too).
 PICK_SH = r"""
 m=$1; shift
+if [ -n "${PYTHONPATH+x}" ]; then  # the recipe's env: keep its absolute entries only
+  set -f; old_ifs=$IFS; IFS=:; kept=
+  for d in $PYTHONPATH; do case $d in /*) kept=${kept:+$kept:}$d ;; esac; done
+  IFS=$old_ifs; set +f
+  if [ -n "$kept" ]; then PYTHONPATH=$kept; export PYTHONPATH; else unset PYTHONPATH; fi
+fi
 for py in "$@"; do
   case $py in
     */*) [ -x "$py" ] || continue ;;
