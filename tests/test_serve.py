@@ -331,6 +331,7 @@ async def test_last_doctor_result_on_page_and_metrics(served: Served) -> None:
         (b'{"report": {"checks": "no"}}', "no checks"),
         (b"[1, 2]", "no checks"),
         (b" " * ((1 << 20) + 1), "larger than"),
+        (b"FIFO", "not a regular file"),
     ],
 )
 def test_last_doctor_report_read_never_raises(
@@ -342,13 +343,31 @@ def test_last_doctor_report_read_never_raises(
 
     path = last_path("a/../b", tmp_path)
     assert path.parent == tmp_path
-    if content is not None:
+    if content == b"FIFO":
+        os.mkfifo(path)  # read without blocking the server's event loop
+    elif content is not None:
         path.write_bytes(content)
     got = read_last("a/../b", state_dir=tmp_path)
     if said is None:
         assert got is None
     else:
         assert got is not None and said in got["error"] and str(path) in got["error"]
+
+
+def test_doctor_never_writes_its_report_through_a_link(tmp_path: Path) -> None:
+    """The kept report's name replaced by a symlink (to an operator's file): doctor keeps no
+    report rather than write into the file the link names."""
+    from spark_ops.doctor import DoctorReport
+    from spark_ops.doctor.last import keep_report, last_path
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    last_path("c", tmp_path).symlink_to(notes)
+    assert keep_report(DoctorReport("c", "inv.yaml"), state_dir=tmp_path) is None
+    assert notes.read_text() == "mine\n"
+    assert keep_report(DoctorReport("d", "inv.yaml"), state_dir=tmp_path) == last_path(
+        "d", tmp_path
+    )
 
 
 def test_a_session_cookie_is_this_runs_and_ends() -> None:
@@ -406,7 +425,11 @@ def test_an_odd_saved_sweep_is_one_error_not_a_broken_page(tmp_path: Path) -> No
         (tmp_path / f"{name}.json").write_text(json.dumps(data))
         runs.append(load_sweep(tmp_path / f"{name}.json"))
     (tmp_path / "not-json.json").write_bytes(b"\xff{")
-    runs.append(load_sweep(tmp_path / "not-json.json"))
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    os.mkfifo(tmp_path / "fifo.json")  # never waited on
+    for name in ("not-json.json", "deep.json", "fifo.json"):
+        runs.append(load_sweep(tmp_path / name))
+        assert "error" in runs[-1], runs[-1]
     runs.append(load_sweep(FIXTURES / "sweep-cap5.json"))
     assert "whatif" in runs[-1] and "error" not in runs[-1]
     page = sweeps_page({"dir": str(tmp_path), "runs": runs})

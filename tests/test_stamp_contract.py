@@ -170,7 +170,8 @@ def test_budget_prune_by_exact_line(sim: Any, cli_env: dict[str, str]) -> None:
         b'{"action": "restart", "stamp": %d, "reason": "old %s"}\n' % (1600000000 + i, b"x" * 120)
         for i in range(9000)
     )
-    journal.write_bytes(old + b'{"reason": "\xff\xfe"}\n' + journal.read_bytes())
+    huge = b'{"action": "restart", "stamp": 1' + b"0" * 400 + b"}\n"  # no float holds it
+    journal.write_bytes(old + b'{"reason": "\xff\xfe"}\n' + huge + journal.read_bytes())
     assert journal.stat().st_size > 1 << 20
     res = run_cli(cli_env, "budget", "--json")
     assert res.returncode == 0, res.stderr[-2000:]

@@ -449,14 +449,20 @@ async def test_failures_during_another_process_restart_are_not_counted(
 
 def test_the_loop_follows_an_edit_of_its_budget(tmp_path: Path) -> None:
     """A running watchdog counts against its config file's budget as it is now (what --status,
-    --restart-now and spark-ops' gate read): an edit applies at the next count; an edit that is
-    invalid keeps the budget in force."""
+    --restart-now and spark-ops' gate read), by content (an edit that keeps the mtime, as `cp -p`
+    does, counts too); an edit that is invalid, or has no `budget:` (caught mid-write), keeps the
+    budget in force."""
     env = Env(tmp_path)
     dog = Watchdog(env.cfg, loop_started=time.time())
     assert dog.budget()["allowed"] == 2
     text = env.config.read_text()
-    for n, (written, allowed) in enumerate((("max: 3", 3), ("max: zero", 3), ("max: 1", 1)), 1):
-        env.config.write_text(text.replace("max: 2", written))
-        stat = env.config.stat()  # a new mtime even on a coarse clock
-        os.utime(env.config, ns=(stat.st_atime_ns, stat.st_mtime_ns + n * 10_000_000_000))
+    mtime = env.config.stat().st_mtime_ns
+    for written, allowed in (
+        (text.replace("max: 2", "max: 3"), 3),
+        (text.replace("max: 2", "max: zero"), 3),
+        (text.split("budget:")[0], 3),  # the file caught while rewritten, before its budget
+        (text.replace("max: 2", "max: 1"), 1),
+    ):
+        env.config.write_text(written)
+        os.utime(env.config, ns=(mtime, mtime))  # the same mtime every time
         assert dog.budget()["allowed"] == allowed, written

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -201,13 +203,18 @@ def _write(path: Path, text: str) -> None:
 
 
 def load_result(path: Path) -> SweepResult:
-    """Read a result JSON written by write_json."""
+    """Read a result JSON written by write_json (a regular file; a FIFO is refused, never
+    waited on)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise BenchError(f"{path}: not a regular file")
+            data = json.loads(f.read().decode("utf-8"))
     except OSError as exc:
         raise BenchError(f"{path}: cannot read: {exc.strerror}") from exc
-    except ValueError as exc:
-        raise BenchError(f"{path}: not JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise BenchError(f"{path}: not JSON: {str(exc)[:200]}") from exc
     return SweepResult.from_dict(data, source=str(path))
 
 

@@ -10,6 +10,8 @@ big, not JSON or not a report is said as such.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,9 @@ def keep_report(report: DoctorReport, *, state_dir: Path | None = None) -> Path 
     """Keep report as the cluster's last doctor result; None (and a warning) when it cannot."""
     path = last_path(report.cluster, state_dir)
     record = {"when": time.time(), "who": local_account(), "report": report.to_dict()}
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        log.warning("doctor report not kept: not a regular file of ours", path=str(path))
+        return None  # the writer writes through a link: never into a file it points at
     try:
         write_file(path, json.dumps(record, indent=1) + "\n", make_parents=True)
     except SparkOpsError as exc:
@@ -49,13 +54,16 @@ def read_last(cluster: str, *, state_dir: Path | None = None) -> dict[str, Any] 
     """The last kept report of cluster ({"when", "who", "report"}), None when none was kept, or
     {"error": …} naming the file when it cannot be read as one."""
     path = last_path(cluster, state_dir)
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
+    try:  # not blocking on a FIFO, not through a link: the server reads it on its event loop
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
     except OSError as exc:
         return {"error": f"{path}: {exc.strerror or exc}"}
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {"error": f"{path}: not a regular file"}
+        raw = f.read(MAX_BYTES + 1)
     if len(raw) > MAX_BYTES:
         return {"error": f"{path}: larger than {MAX_BYTES} bytes, not a doctor report"}
     try:

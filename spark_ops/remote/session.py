@@ -384,7 +384,9 @@ class ClusterSession:
         res.check()
         size, _, text = res.stdout.partition("\n")
         if size.strip().isdigit() and int(size) > max_bytes:
-            text = text.partition("\n")[2]  # the first line was cut: not a whole record
+            # max_bytes + 1 bytes came: up to the first newline is a cut line (or, when that byte
+            # is the newline before a line, nothing but it)
+            text = text.partition("\n")[2]
         return replace_undecodable(text)
 
     async def backups(self, host: str, path: str, *, sudo: bool = False) -> list[str]:

@@ -251,15 +251,16 @@ n=$(wc -c < "$p") || exit 13
 cat -- "$p"
 """
 
-# The last $2 bytes of a file that only grows by lines (a journal): its size on the first line,
-# then the bytes. Exit 44 when it does not exist.
+# The last $2 bytes of a file that only grows by lines (a journal), and the byte before them (so
+# that a caller can tell whether the first line is whole): its size on the first line, then the
+# bytes. Exit 44 when it does not exist.
 TAIL_SH = r"""
 p=$1; max=$2
 [ -e "$p" ] || exit 44
 [ -r "$p" ] || { echo "$p: permission denied" >&2; exit 13; }
 n=$(wc -c < "$p") || exit 13
 echo "$n"
-tail -c "$max" -- "$p"
+tail -c "$((max + 1))" -- "$p"
 """
 
 LIST_BACKUPS_SH = (

@@ -443,8 +443,8 @@ class WatchdogContract:
                     continue
                 if rec.get("stamp") is not None:
                     out[float(rec["stamp"])] = rec
-            except (ValueError, TypeError, AttributeError):
-                continue
+            except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
+                continue  # an odd line is skipped, never a failed budget
         return out
 
     async def last_restart(self) -> dict[str, Any] | None:
@@ -454,7 +454,7 @@ class WatchdogContract:
         for line in (text or "").splitlines():
             try:
                 rec = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(rec, dict) and rec.get("action", "restart") == "restart":
                 last = rec

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import signal
+import stat
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,15 @@ from spark_ops.headlib.flock import lock_free, locked
 from spark_ops.log import configure, get_logger
 from spark_ops.watchdog import history
 from spark_ops.watchdog.actions import pid_alive, read_pid, restart_engine
-from spark_ops.watchdog.config import DEFAULT_CONFIG, BudgetConfig, WatchdogConfig, load_config
+from spark_ops.watchdog.config import (
+    DEFAULT_CONFIG,
+    BudgetConfig,
+    WatchdogConfig,
+    WatchdogConfigError,
+    load_config,
+    parse_config,
+)
+from spark_ops.yamlsafe import MAX_YAML_BYTES, load_yaml
 
 EXIT_OK = 0
 EXIT_ACTION_FAILED = 1
@@ -127,10 +137,8 @@ class Watchdog:
         self.cfg = cfg
         self.paths = cfg.paths
         self.budget_in_force = cfg.budget
-        try:
-            self.budget_mtime: int | None = os.stat(cfg.source).st_mtime_ns
-        except OSError:
-            self.budget_mtime = None
+        raw = self._config_bytes()  # the text the budget in force was loaded from
+        self.budget_digest = hashlib.sha256(raw).hexdigest() if raw is not None else ""
         self.loop_started = loop_started
         self.log = get_logger(component="watchdog", config=cfg.source)
         self.model_cache: dict[str, str] = {}
@@ -140,20 +148,36 @@ class Watchdog:
             with contextlib.suppress(OSError):
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
 
+    def _config_bytes(self) -> bytes | None:
+        """The config file's bytes now (None when it cannot be read as a regular file)."""
+        try:
+            fd = os.open(self.cfg.source, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            return f.read(MAX_YAML_BYTES + 1)
+
     def current_budget(self) -> BudgetConfig:
         """The budget of the config file as it is now: the loop follows an edit of it, as the
-        one-shot modes (--status, --restart-now) and spark-ops' budget gate read it; an edit that
-        cannot be read or is invalid keeps the budget in force (and says so)."""
-        try:
-            mtime = os.stat(self.cfg.source).st_mtime_ns
-        except OSError:
+        one-shot modes (--status, --restart-now) and spark-ops' budget gate read it. Compared by
+        content, not by time; an edit that cannot be read, is invalid or has no `budget:` (a
+        file caught mid-write) keeps the budget in force, and says so."""
+        raw = self._config_bytes()
+        if raw is None:
             return self.budget_in_force
-        if mtime != self.budget_mtime:
-            self.budget_mtime = mtime
-            try:
-                self.budget_in_force = load_config(self.cfg.source).budget
-            except WatchdogError as exc:
-                self.log.error("config_edit_refused", error=exc.message)
+        digest = hashlib.sha256(raw).hexdigest()
+        if digest == self.budget_digest:
+            return self.budget_in_force
+        self.budget_digest = digest
+        try:
+            data = load_yaml(raw.decode("utf-8"), source=self.cfg.source, error=WatchdogConfigError)
+            if not isinstance(data, dict) or "budget" not in data:
+                raise WatchdogConfigError(f"{self.cfg.source}: no budget: in the edited config")
+            self.budget_in_force = parse_config(data, source=self.cfg.source).budget
+        except (WatchdogError, UnicodeDecodeError) as exc:
+            self.log.error("config_edit_refused", error=str(exc), kept=asdict(self.budget_in_force))
         return self.budget_in_force
 
     def budget(self, now: float | None = None) -> dict[str, Any]:
