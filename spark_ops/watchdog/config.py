@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -216,6 +217,7 @@ def _resolve(base: Path, value: str | None, default: str) -> str:
 
 
 SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", ";;", "|&"})
+_HOME_PREFIX = re.compile(r"^[$](HOME|[{]HOME[}])/")  # $HOME/, braced or not: the home
 
 
 def simple_commands(command: str) -> list[list[str]]:
@@ -258,10 +260,7 @@ def config_argument(command: str) -> str | None:
             found = chosen[i + 1]
         elif w.startswith("--config="):
             found = w.split("=", 1)[1]
-    for home in ("$HOME/", "${HOME}/"):
-        if found is not None and found.startswith(home):
-            found = "~/" + found[len(home) :]
-    return found
+    return None if found is None else _HOME_PREFIX.sub("~/", found, count=1)
 
 
 def config_of_commands(restart_command: str, status_command: str | None) -> str | None:
@@ -319,9 +318,7 @@ def parse_config(data: Any, *, source: str = "<config>") -> WatchdogConfig:
     b = _Reader(source, "budget", top.data.get("budget"), ("max", "window"))
     budget = BudgetConfig(
         max=b.integer("max", BudgetConfig.max, minimum=1, maximum=MAX_RESTARTS),
-        window=b.number(
-            "window", BudgetConfig.window, minimum=1, maximum=MAX_WINDOW_S
-        ),
+        window=b.number("window", BudgetConfig.window, minimum=1, maximum=MAX_WINDOW_S),
     )
 
     paths_keys = tuple(PathsConfig.__dataclass_fields__)
