@@ -243,3 +243,13 @@ def test_the_gate_counts_the_watchdogs_own_budget(sim: Sim, cli_env: dict[str, s
             says in gate["inventory_disagrees"] and "may not enforce" in gate["inventory_disagrees"]
         )
         assert any(says in w for w in doc["plan"]["warnings"]), doc["plan"]["warnings"]
+    # another watchdog with a --config of its own format: its budget is the inventory's, unwarned
+    sim.inventory.write_text(
+        inventory.replace("spark-watchdog --config", "my-watchdog --config").replace(
+            "status_command: spark-watchdog", "status_command: my-watchdog"
+        )
+    )
+    res = spark_ops(cli_env, "plan", "--max-num-seqs", "8", "--json")
+    gate = json.loads(res.stdout)["plan"]["facts"]["budget"]
+    assert gate["limits_source"] == "the inventory's watchdog.budget", res.stdout[-2000:]
+    assert gate["inventory_disagrees"] is None

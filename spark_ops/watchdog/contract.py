@@ -35,6 +35,7 @@ from spark_ops.watchdog.config import (
     WatchdogConfigError,
     config_of_commands,
     parse_config,
+    runs_reference_watchdog,
 )
 from spark_ops.watchdog.identify import (
     HistEntry,
@@ -372,8 +373,11 @@ class WatchdogContract:
             self.wd.max_restarts, float(self.wd.window_s), "the inventory's watchdog.budget"
         )
         found = await self.own_config()
-        if found.config is None and found.path is None:
-            return ours  # another watchdog: the inventory is the one statement of its budget
+        reference = runs_reference_watchdog(self.wd.restart_command) or runs_reference_watchdog(
+            self.wd.status_command or ""
+        )
+        if found.config is None and not reference:
+            return ours  # another watchdog (its --config is its own format): the inventory's
         if found.config is None:  # the reference watchdog, whose config could not be read
             return BudgetLimits(
                 ours.max_restarts, ours.window_s, ours.source,
