@@ -245,8 +245,9 @@ def test_the_gate_counts_the_watchdogs_own_budget(sim: Sim, cli_env: dict[str, s
         assert any(says in w for w in doc["plan"]["warnings"]), doc["plan"]["warnings"]
     # another watchdog with a --config of its own format: its budget is the inventory's, unwarned
     sim.inventory.write_text(
-        inventory.replace("spark-watchdog --config", "my-watchdog --config").replace(
-            "status_command: spark-watchdog", "status_command: my-watchdog"
+        inventory.replace(
+            "spark-watchdog --config ~/.config/spark-watchdog.yaml",
+            "my-watchdog --config ~/.config/my-watchdog.conf",
         )
     )
     res = spark_ops(cli_env, "plan", "--max-num-seqs", "8", "--json")
