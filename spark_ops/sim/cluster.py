@@ -116,7 +116,10 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
         key.write_public_key(str(keys / f"host_{name}.pub"))
     write_vllm_shim(head, wrapper=opts.engine_wrapper)
     wd = head / "bin" / "spark-watchdog"
-    wd.write_text(f'#!/bin/sh\nexec {sys.executable} -m spark_ops.watchdog.daemon "$@"\n')
+    # PYTHONSAFEPATH: `-m` puts the working directory (the node's home) first on the import path
+    wd.write_text(
+        f'#!/bin/sh\nPYTHONSAFEPATH=1 exec {sys.executable} -m spark_ops.watchdog.daemon "$@"\n'
+    )
     wd.chmod(0o755)
     engine_cfg = root / "engine.yaml"
     engine_cfg.write_text(_engine_overlay(opts))
@@ -153,7 +156,9 @@ def write_vllm_shim(head: Path, *, wrapper: bool = False) -> Path:
     runs it as a child of the shell, which stays the process the pid file names."""
     shim = head / "bin" / "vllm"
     run = "" if wrapper else "exec "
-    shim.write_text(f'#!/bin/sh\n{run}{sys.executable} -m spark_ops.sim.engine "$@"\n')
+    shim.write_text(  # PYTHONSAFEPATH: nothing imported from the node's home (`-m` would)
+        f'#!/bin/sh\nPYTHONSAFEPATH=1 {run}{sys.executable} -m spark_ops.sim.engine "$@"\n'
+    )
     shim.chmod(0o755)
     return shim
 
