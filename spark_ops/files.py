@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 from spark_ops.errors import OutputError, SparkOpsError
@@ -18,7 +19,23 @@ from spark_ops.headlib.atomic import atomic_write
 from spark_ops.headlib.backup import DEFAULT_KEEP_BACKUPS, write_backup
 from spark_ops.headlib.errors import HeadFailure
 
-__all__ = ["DEFAULT_KEEP_BACKUPS", "sha256_of", "write_file"]
+__all__ = ["DEFAULT_KEEP_BACKUPS", "NotRegularFile", "read_regular", "sha256_of", "write_file"]
+
+
+class NotRegularFile(OSError):
+    """The path names a FIFO, a device or a directory: nothing was read (and nothing waited on)."""
+
+
+def read_regular(path: str | os.PathLike[str], *, limit: int, follow: bool = True) -> bytes:
+    """Up to limit + 1 bytes of a regular file (a caller tells "too big" by the length), opened
+    without blocking: a FIFO or a device is NotRegularFile, never waited on; with follow=False a
+    symlink is refused too (ELOOP). Other failures are the OSError of the open."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(f"{path}: not a regular file")
+        return f.read(limit + 1)
 
 
 def write_file(

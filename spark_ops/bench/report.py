@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from spark_ops.bench.stats import LevelResult
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.errors import BenchError
-from spark_ops.files import write_file
+from spark_ops.files import NotRegularFile, read_regular, write_file
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -28,6 +26,7 @@ def _num(value: float | None, fmt: str = "{:.0f}") -> str:
 
 
 # the sweep table's columns left out first when a terminal is too narrow for all ten
+MAX_RESULT_BYTES = 64 << 20  # a sweep's result is kilobytes; more is not one of ours
 SWEEP_DROP = ["engine\ntok/s", "steady\ntok/s", "tail", "TTFT p99\nms", "wall\nclock"]
 COMPARE_DROP = ["mean E2E ms", "steady tok/s", "TTFT p99 ms"]
 
@@ -206,11 +205,12 @@ def load_result(path: Path) -> SweepResult:
     """Read a result JSON written by write_json (a regular file; a FIFO is refused, never
     waited on)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise BenchError(f"{path}: not a regular file")
-            data = json.loads(f.read().decode("utf-8"))
+        raw = read_regular(path, limit=MAX_RESULT_BYTES)
+        if len(raw) > MAX_RESULT_BYTES:
+            raise BenchError(f"{path}: larger than {MAX_RESULT_BYTES} bytes, not a bench result")
+        data = json.loads(raw.decode("utf-8"))
+    except NotRegularFile as exc:
+        raise BenchError(f"{path}: not a regular file") from exc
     except OSError as exc:
         raise BenchError(f"{path}: cannot read: {exc.strerror}") from exc
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError

@@ -10,8 +10,6 @@ big, not JSON or not a report is said as such.
 from __future__ import annotations
 
 import json
-import os
-import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from urllib.parse import quote
 from spark_ops.account import local_account
 from spark_ops.doctor.report import DoctorReport
 from spark_ops.errors import SparkOpsError
-from spark_ops.files import write_file
+from spark_ops.files import NotRegularFile, read_regular, write_file
 from spark_ops.log import get_logger
 
 STATE_DIR = Path("~/.local/state/spark-ops")  # beside boots.json and serve.token
@@ -55,15 +53,13 @@ def read_last(cluster: str, *, state_dir: Path | None = None) -> dict[str, Any] 
     {"error": …} naming the file when it cannot be read as one."""
     path = last_path(cluster, state_dir)
     try:  # not blocking on a FIFO, not through a link: the server reads it on its event loop
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        raw = read_regular(path, limit=MAX_BYTES, follow=False)
     except FileNotFoundError:
         return None
+    except NotRegularFile:
+        return {"error": f"{path}: not a regular file"}
     except OSError as exc:
         return {"error": f"{path}: {exc.strerror or exc}"}
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return {"error": f"{path}: not a regular file"}
-        raw = f.read(MAX_BYTES + 1)
     if len(raw) > MAX_BYTES:
         return {"error": f"{path}: larger than {MAX_BYTES} bytes, not a doctor report"}
     try:

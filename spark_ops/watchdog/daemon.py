@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import signal
-import stat
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -23,6 +22,7 @@ import click
 
 from spark_ops.account import local_account
 from spark_ops.errors import WatchdogError
+from spark_ops.files import read_regular
 from spark_ops.headlib.atomic import atomic_write
 from spark_ops.headlib.errors import HeadFailure, LockTimeout
 from spark_ops.headlib.flock import lock_free, locked
@@ -151,13 +151,9 @@ class Watchdog:
     def _config_bytes(self) -> bytes | None:
         """The config file's bytes now (None when it cannot be read as a regular file)."""
         try:
-            fd = os.open(self.cfg.source, os.O_RDONLY | os.O_NONBLOCK)
-        except OSError:
+            return read_regular(self.cfg.source, limit=MAX_YAML_BYTES)
+        except OSError:  # NotRegularFile too: a FIFO is never waited on
             return None
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            return f.read(MAX_YAML_BYTES + 1)
 
     def current_budget(self) -> BudgetConfig:
         """The budget of the config file as it is now: the loop follows an edit of it, as the
