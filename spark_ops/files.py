@@ -32,9 +32,14 @@ def read_regular(path: str | os.PathLike[str], *, limit: int, follow: bool = Tru
     symlink is refused too (ELOOP). Other failures are the OSError of the open."""
     flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
     fd = os.open(path, flags)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory too (fdopen would refuse it)
             raise NotRegularFile(f"{path}: not a regular file")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
         return f.read(limit + 1)
 
 

@@ -243,6 +243,8 @@ def test_the_gate_counts_the_watchdogs_own_budget(sim: Sim, cli_env: dict[str, s
             says in gate["inventory_disagrees"] and "may not enforce" in gate["inventory_disagrees"]
         )
         assert any(says in w for w in doc["plan"]["warnings"]), doc["plan"]["warnings"]
+        text = spark_ops(cli_env, "budget")  # a person reading `budget` is told it too
+        assert says in " ".join(text.stdout.split()) and "may not enforce" in text.stdout, text
     # another watchdog with a --config of its own format: its budget is the inventory's, unwarned
     sim.inventory.write_text(
         inventory.replace(

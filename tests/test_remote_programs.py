@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 import pkgutil
 import re
 import shutil
@@ -202,3 +203,19 @@ def test_programs_on_hostile_names(case: dict[str, Any], shell: str, tmp_path: P
         _check(_fill(run.get("expect", {}), tmp_path, home), res, tmp_path)
     pwned = [p for p in tmp_path.rglob("PWNED")]
     assert not pwned, f"a value ran as a command: {pwned}"
+
+
+@pytest.mark.parametrize("program", ["READ", "TAIL"])
+def test_readers_refuse_what_is_no_regular_file_at_once(program: str, tmp_path: Path) -> None:
+    """The remote readers (a recipe, a journal, a config) answer at once for a FIFO or a
+    directory: exit 13 with "not a regular file", never a wait until the command's deadline."""
+    import subprocess
+
+    from spark_ops.remote import shell
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    for name in ("fifo", "dir"):
+        argv = getattr(shell, program).argv(str(tmp_path / name), 1000)
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+        assert res.returncode == 13 and "not a regular file" in res.stderr, (name, res)

@@ -332,6 +332,7 @@ async def test_last_doctor_result_on_page_and_metrics(served: Served) -> None:
         (b"[1, 2]", "no checks"),
         (b" " * ((1 << 20) + 1), "larger than"),
         (b"FIFO", "not a regular file"),
+        (b"DIR", "not a regular file"),
     ],
 )
 def test_last_doctor_report_read_never_raises(
@@ -345,9 +346,15 @@ def test_last_doctor_report_read_never_raises(
     assert path.parent == tmp_path
     if content == b"FIFO":
         os.mkfifo(path)  # read without blocking the server's event loop
+    elif content == b"DIR":
+        path.mkdir()
     elif content is not None:
         path.write_bytes(content)
     got = read_last("a/../b", state_dir=tmp_path)
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        read_last("a/../b", state_dir=tmp_path)
+    assert len(os.listdir("/proc/self/fd")) == fds, "a descriptor left open"
     if said is None:
         assert got is None
     else:

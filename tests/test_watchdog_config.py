@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,11 @@ def test_one_rule_for_the_journal_and_lock_paths(tmp_path: Path) -> None:
         ),
         ("echo --config ~/b.yaml && sudo spark-watchdog --config=~/a.yaml", None, "~/a.yaml"),
         ("my-watchdog --now # spark-watchdog", None, None),
+        ("sh -c 'spark-watchdog --config ~/w.yaml --reason \"$0\"' {reason}", None, "~/w.yaml"),
+        ("/bin/bash -c 'cd /tmp; spark-watchdog --config=/etc/w.yaml'", None, "/etc/w.yaml"),
+        ("spark-watchdog --status --json \\\n--config ~/a.yaml", None, "~/a.yaml"),
+        ("spark-watchdog --config /etc/a.yaml\nlogger --config /etc/l.conf", None, "/etc/a.yaml"),
+        ("spark-watchdog --config /etc/wd#2.yaml", None, "/etc/wd#2.yaml"),
     ],
 )
 def test_one_rule_for_which_config_the_watchdog_reads(
@@ -184,3 +190,12 @@ def test_the_watchdog_expands_its_own_tilde(
         'budget: {max: 3, window: 600}\naction: {kind: command, start: "true"}\n'
     )
     assert load_config("~/w.yaml").budget.max == 3
+
+
+def test_a_config_that_is_no_regular_file_is_refused_at_once(tmp_path: Path) -> None:
+    """A FIFO or a directory given as the config is a WatchdogConfigError, never a wait."""
+    os.mkfifo(tmp_path / "fifo.yaml")
+    (tmp_path / "dir.yaml").mkdir()
+    for name in ("fifo.yaml", "dir.yaml"):
+        with pytest.raises(WatchdogConfigError, match="not a regular file"):
+            load_config(tmp_path / name)

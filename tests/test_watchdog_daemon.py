@@ -461,8 +461,27 @@ def test_the_loop_follows_an_edit_of_its_budget(tmp_path: Path) -> None:
         (text.replace("max: 2", "max: 3"), 3),
         (text.replace("max: 2", "max: zero"), 3),
         (text.split("budget:")[0], 3),  # the file caught while rewritten, before its budget
+        (text.replace("max: 2", "").replace("window: 3600", ""), 3),  # `budget: {}` or null
+        (text.replace("window: 3600", ""), 3),  # cut after max: no window of its own
+        ("", 3),
         (text.replace("max: 2", "max: 1"), 1),
     ):
         env.config.write_text(written)
         os.utime(env.config, ns=(mtime, mtime))  # the same mtime every time
         assert dog.budget()["allowed"] == allowed, written
+
+
+def test_a_config_turned_directory_keeps_the_budget_and_leaks_nothing(tmp_path: Path) -> None:
+    """The config replaced by a directory (or a FIFO): the loop keeps the budget in force, opens
+    nothing it does not close, and never waits."""
+    env = Env(tmp_path)
+    dog = Watchdog(env.cfg, loop_started=time.time())
+    env.config.unlink()
+    env.config.mkdir()
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        assert dog.budget()["allowed"] == 2
+    env.config.rmdir()
+    os.mkfifo(env.config)
+    assert dog.budget()["allowed"] == 2
+    assert len(os.listdir("/proc/self/fd")) == fds

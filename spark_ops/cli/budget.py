@@ -103,6 +103,8 @@ def echo_budget(view: BudgetView) -> None:
         click.secho("Watchdog is PAUSED (pause file present).", fg="yellow")
     if view.gave_up:
         click.secho(f"Watchdog GAVE UP: {view.gave_up_reason}", fg="red")
+    if view.disagreement:  # which budget was counted, when the watchdog's own may differ
+        click.secho(f"warning: {view.disagreement}", fg="yellow")
     for m in view.malformed:
         click.secho(f"  malformed line kept as is: {m}", fg="yellow")
     for f in view.flagged:

@@ -245,6 +245,7 @@ printf '%s' "$h"
 READ_SH = r"""
 p=$1; max=$2
 [ -e "$p" ] || exit 44
+[ -f "$p" ] || { echo "$p: not a regular file" >&2; exit 13; }
 [ -r "$p" ] || { echo "$p: permission denied" >&2; exit 13; }
 n=$(wc -c < "$p") || exit 13
 [ "$n" -le "$max" ] || { echo "$n"; exit 47; }
@@ -257,6 +258,7 @@ cat -- "$p"
 TAIL_SH = r"""
 p=$1; max=$2
 [ -e "$p" ] || exit 44
+[ -f "$p" ] || { echo "$p: not a regular file" >&2; exit 13; }
 [ -r "$p" ] || { echo "$p: permission denied" >&2; exit 13; }
 n=$(wc -c < "$p") || exit 13
 echo "$n"

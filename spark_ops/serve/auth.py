@@ -36,10 +36,11 @@ def read_token_file(path: str | os.PathLike[str]) -> str:
             f"--token-file {target}: cannot open: {exc.strerror}",
             hint="give a regular file (not a symlink) holding the token on one line",
         ) from exc
+    info = os.fstat(fd)  # owner, mode and kind of the very file read (no swap in between)
+    if not stat.S_ISREG(info.st_mode):  # a directory too (fdopen would refuse it, fd leaked)
+        os.close(fd)
+        raise TokenError(f"--token-file {target}: not a regular file")
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise TokenError(f"--token-file {target}: not a regular file")
         if info.st_uid != os.getuid():
             raise TokenError(
                 f"--token-file {target}: owned by uid {info.st_uid}, not by you (uid "

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.errors import WatchdogError
+from spark_ops.files import NotRegularFile, read_regular
 from spark_ops.watchdog.history import MAX_RESTARTS, MAX_WINDOW_S, default_journal, default_lock
-from spark_ops.yamlsafe import load_yaml
+from spark_ops.yamlsafe import MAX_YAML_BYTES, load_yaml
 
 DEFAULT_CONFIG = "/etc/spark-watchdog/config.yaml"
 USER_CONFIG = "~/.config/spark-watchdog.yaml"  # where init and doctor look on the head
@@ -220,22 +221,38 @@ SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", ";;", "|&"})
 _HOME_PREFIX = re.compile(r"^[$](HOME|[{]HOME[}])/")  # $HOME/, braced or not: the home
 
 
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
+
+
 def simple_commands(command: str) -> list[list[str]]:
-    """The words of each simple command in a shell line (split at ; && || | &), comments left
-    out; quotes removed as the shell removes them. An unbalanced line is split on blanks."""
-    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    """The words of each simple command in a shell line (split at ; && || | & and newlines, a
+    backslash-newline joined, a word starting with # ending what is read), quotes removed as the
+    shell removes them; the line a `sh -c '…'` runs is split too. An unbalanced line is split
+    on blanks."""
+    line = command.replace("\\\n", "").replace("\n", " ; ")
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
+    lexer.commenters = ""  # `#` only where a word starts: handled below, as the shell does
     try:
         words = list(lexer)
     except ValueError:
-        words = command.split("#", 1)[0].split()
+        words = line.split()
     out: list[list[str]] = [[]]
     for w in words:
+        if w.startswith("#"):
+            break
         if w in SEPARATORS:
             out.append([])
         else:
             out[-1].append(w)
-    return [c for c in out if c]
+    nested = [
+        inner
+        for c in out
+        for i, w in enumerate(c[:-1])
+        if w == "-c" and any(x.rsplit("/", 1)[-1] in SHELLS for x in c[:i])
+        for inner in simple_commands(c[i + 1])
+    ]
+    return [c for c in out if c] + nested
 
 
 def runs_reference_watchdog(command: str) -> bool:
@@ -279,9 +296,15 @@ def load_config(path: str | os.PathLike[str]) -> WatchdogConfig:
     """Load and validate the YAML configuration at path."""
     source = os.path.expanduser(str(path))  # `--config=~/x` and '~/x' reach us unexpanded
     try:
-        text = Path(source).read_text()
+        raw = read_regular(source, limit=MAX_YAML_BYTES)
+    except NotRegularFile:
+        raise WatchdogConfigError(f"{source}: cannot read the config: not a regular file") from None
     except OSError as exc:
         raise WatchdogConfigError(f"{source}: cannot read the config: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WatchdogConfigError(f"{source}: cannot read the config: not UTF-8") from None
     data = load_yaml(text, source=source, error=WatchdogConfigError)
     return parse_config(data, source=source)
 

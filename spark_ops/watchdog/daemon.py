@@ -169,8 +169,12 @@ class Watchdog:
         self.budget_digest = digest
         try:
             data = load_yaml(raw.decode("utf-8"), source=self.cfg.source, error=WatchdogConfigError)
-            if not isinstance(data, dict) or "budget" not in data:
-                raise WatchdogConfigError(f"{self.cfg.source}: no budget: in the edited config")
+            budget = data.get("budget") if isinstance(data, dict) else None
+            if not isinstance(budget, dict) or not {"max", "window"} <= set(budget):
+                raise WatchdogConfigError(
+                    f"{self.cfg.source}: the edited config states no whole budget "
+                    "(budget.max and budget.window)"
+                )
             self.budget_in_force = parse_config(data, source=self.cfg.source).budget
         except (WatchdogError, UnicodeDecodeError) as exc:
             self.log.error("config_edit_refused", error=str(exc), kept=asdict(self.budget_in_force))

@@ -770,8 +770,11 @@ def _nonneg_float(text: str) -> float:
 
 def _budget_window(text: str) -> float:
     """argparse type for a budget's window: seconds in (0, MAX_WINDOW_S]."""
-    value = _nonneg_float(text)
-    if not 0 < value <= MAX_WINDOW_S:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= MAX_WINDOW_S:  # NaN fails this too
         raise argparse.ArgumentTypeError(f"{text!r} is not allowed: must be in (0, {MAX_WINDOW_S}]")
     return value
 
