@@ -240,9 +240,18 @@ echo "$i"
 """
 
 
-def race_through_link(tmp_path: Path, seconds: float) -> tuple[int, int, list[str]]:
+def watchdog_lines(target: Path) -> int:
+    """How many of the watchdog's own lines (not our markers) the history holds now."""
+    return sum(1 for x in target.read_text().splitlines() if x.isdigit() and int(x) < 10**12)
+
+
+def race_through_link(
+    tmp_path: Path, appends: int, rounds_wanted: int
+) -> tuple[int, int, list[str]]:
     """The watchdog appends beside the target while spark-ops appends and prunes a marker through
-    a symlink; returns (watchdog appends, prune rounds, the final history's lines)."""
+    a symlink, until the watchdog has appended `appends` lines and we have pruned `rounds_wanted`
+    times (a count, not a duration: a busy machine only makes it take longer); returns (watchdog
+    appends, prune rounds, the final history's lines)."""
     real = tmp_path / "real"
     real.mkdir()
     target = real / "restarts"
@@ -255,15 +264,19 @@ def race_through_link(tmp_path: Path, seconds: float) -> tuple[int, int, list[st
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     rounds, marker = 0, 10**12
+    deadline = time.monotonic() + 600  # generous: only a wedged loop reaches it
     try:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end or rounds < 20:
+        while rounds < rounds_wanted or watchdog_lines(target) < appends:
+            assert time.monotonic() < deadline, (
+                f"no progress: {rounds} prunes, {watchdog_lines(target)} watchdog appends"
+            )
             rounds += 1
             history.append(str(link), stamp=marker + rounds, write_journal=False)
             out = history.prune(
                 str(link), stamps=[marker + rounds], write_journal=False, keep_backups=1
             )
             assert out["not_found"] == [], f"round {rounds}: our own marker vanished"
+            time.sleep(0.002)  # flock has no fairness: let the waiting watchdog win sometimes
     finally:
         stop.touch()
         printed, _ = dog.communicate(timeout=60)
@@ -276,7 +289,7 @@ def test_prunes_through_a_symlink_lose_no_watchdog_append(tmp_path: Path) -> Non
     target (where the watchdog locks it): none of the watchdog's appends made while spark-ops
     appends and prunes through the link is lost, and no marker of ours is left."""
     link = str(tmp_path / "restarts")
-    appended, rounds, lines = race_through_link(tmp_path, seconds=3.0)
+    appended, rounds, lines = race_through_link(tmp_path, appends=21, rounds_wanted=20)
     lost = sorted(set(range(1, appended + 1)) - {int(x) for x in lines if int(x) < 10**12})
     assert lost == [], f"{len(lost)} of {appended} watchdog appends lost in {rounds} prunes"
     assert lines == [str(i) for i in range(1, appended + 1)], "exactly the watchdog's lines"
