@@ -31,7 +31,8 @@ from spark_ops.log import configure  # noqa: E402
 from spark_ops.recipe import changes_from_options  # noqa: E402
 from spark_ops.sim.cluster import SimOptions  # noqa: E402
 from spark_ops.sim.control import down, up  # noqa: E402
-from spark_ops.workflows import ApplyOptions, Operation, execute, plan_apply  # noqa: E402
+from spark_ops.workflows import ApplyOptions, Operation, plan_apply  # noqa: E402
+from spark_ops.workflows.execute import execute  # noqa: E402
 
 
 async def poll_first_answer(url: str, stop: asyncio.Event, start: asyncio.Event) -> float | None:

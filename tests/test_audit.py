@@ -222,7 +222,8 @@ async def test_the_executed_plan_is_the_plan_shown(mini: MiniCluster) -> None:
 
     from spark_ops.errors import SparkOpsError
     from spark_ops.recipe import Change
-    from spark_ops.workflows import ApplyOptions, Operation, execute, plan_apply
+    from spark_ops.workflows import ApplyOptions, Operation, plan_apply
+    from spark_ops.workflows.execute import execute
 
     base = cluster_in(mini, "shown")
     failing = dataclasses.replace(base.watchdog, restart_command="exit 3")

@@ -126,11 +126,11 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
     from spark_ops.workflows import (
         ApplyOptions,
         Operation,
-        execute,
         plan_apply,
         plan_restart,
         plan_rollback,
     )
+    from spark_ops.workflows.execute import execute
     from spark_ops.workflows.gate import budget_refusal, ensure_same, replan_refused
 
     changes = _changes(kw) if operation == "apply" else []

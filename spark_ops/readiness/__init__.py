@@ -2,34 +2,74 @@
 
 from __future__ import annotations
 
-from spark_ops.readiness.eta import (
-    DEFAULT_STATE_PATH,
-    BootHistory,
-    estimate,
-    eta_seconds,
-    history_key,
-    record,
+from typing import TYPE_CHECKING
+
+from spark_ops import lazy_exports
+
+if TYPE_CHECKING:  # the names are imported on first use (a command imports what it runs)
+    from spark_ops.readiness.eta import (
+        DEFAULT_STATE_PATH,
+        BootHistory,
+        estimate,
+        eta_seconds,
+        history_key,
+        record,
+    )
+    from spark_ops.readiness.phases import (
+        PHASE_ORDER,
+        BootTracker,
+        Fatal,
+        FatalKind,
+        LineInfo,
+        Phase,
+        classify_line,
+        parse_args_literal,
+        split_prefix,
+        summarize_boot_log,
+    )
+    from spark_ops.readiness.wait import (
+        BootEvent,
+        BootReport,
+        InstanceView,
+        exit_line,
+        expected_phases,
+        wait_for_boot,
+    )
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "spark_ops.readiness.eta": (
+            "DEFAULT_STATE_PATH",
+            "BootHistory",
+            "estimate",
+            "eta_seconds",
+            "history_key",
+            "record",
+        ),
+        "spark_ops.readiness.phases": (
+            "PHASE_ORDER",
+            "BootTracker",
+            "Fatal",
+            "FatalKind",
+            "LineInfo",
+            "Phase",
+            "classify_line",
+            "parse_args_literal",
+            "split_prefix",
+            "summarize_boot_log",
+        ),
+        "spark_ops.readiness.wait": (
+            "BootEvent",
+            "BootReport",
+            "InstanceView",
+            "exit_line",
+            "expected_phases",
+            "wait_for_boot",
+        ),
+    },
 )
-from spark_ops.readiness.phases import (
-    PHASE_ORDER,
-    BootTracker,
-    Fatal,
-    FatalKind,
-    LineInfo,
-    Phase,
-    classify_line,
-    parse_args_literal,
-    split_prefix,
-    summarize_boot_log,
-)
-from spark_ops.readiness.wait import (
-    BootEvent,
-    BootReport,
-    InstanceView,
-    exit_line,
-    expected_phases,
-    wait_for_boot,
-)
+
 
 __all__ = [
     "DEFAULT_STATE_PATH",

@@ -7,28 +7,62 @@ Only `spark_ops.remote.connector` imports asyncssh. Every sh program is a Remote
 
 from __future__ import annotations
 
-from spark_ops.remote.connector import (
-    Connector,
-    HeldProcess,
-    Result,
-    SSHConnector,
-    transient,
+from typing import TYPE_CHECKING
+
+from spark_ops import lazy_exports
+
+if TYPE_CHECKING:  # the names are imported on first use (a command imports what it runs)
+    from spark_ops.remote.connector import (
+        Connector,
+        HeldProcess,
+        Result,
+        SSHConnector,
+        transient,
+    )
+    from spark_ops.remote.program import (
+        RemoteProgram,
+        check_text,
+        quote_args,
+        quote_path,
+        quote_word,
+        sh_program,
+    )
+    from spark_ops.remote.session import ClusterSession, FileWrite, WriteOutcome
+    from spark_ops.remote.shell import (
+        engine_log_follow,
+        engine_log_last_args,
+        engine_log_recent,
+        sha256,
+    )
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "spark_ops.remote.connector": (
+            "Connector",
+            "HeldProcess",
+            "Result",
+            "SSHConnector",
+            "transient",
+        ),
+        "spark_ops.remote.program": (
+            "RemoteProgram",
+            "check_text",
+            "quote_args",
+            "quote_path",
+            "quote_word",
+            "sh_program",
+        ),
+        "spark_ops.remote.session": ("ClusterSession", "FileWrite", "WriteOutcome"),
+        "spark_ops.remote.shell": (
+            "engine_log_follow",
+            "engine_log_last_args",
+            "engine_log_recent",
+            "sha256",
+        ),
+    },
 )
-from spark_ops.remote.program import (
-    RemoteProgram,
-    check_text,
-    quote_args,
-    quote_path,
-    quote_word,
-    sh_program,
-)
-from spark_ops.remote.session import ClusterSession, FileWrite, WriteOutcome
-from spark_ops.remote.shell import (
-    engine_log_follow,
-    engine_log_last_args,
-    engine_log_recent,
-    sha256,
-)
+
 
 __all__ = [
     "ClusterSession",
