@@ -281,17 +281,25 @@ class LineEdit:
     async def apply(
         self, host: str, text: str, *, deadline_s: float = EDIT_DEADLINE_S
     ) -> tuple[str, str, str]:
-        """Return (new text, old line, new line); exactly one line must match.
+        """Return (new text, old line, new line); exactly one line must match."""
+        try:
+            (done,) = await self.substitute([text], deadline_s=deadline_s)
+        except _Runaway as exc:
+            raise exc.on(host) from None
+        return self.outcome(host, done)
 
-        The match runs in a child process killed at deadline_s (spark_ops/linesub.py says why):
-        a pattern that backtracks for ever is refused, naming it, and nothing is written.
-        """
+    async def substitute(
+        self, texts: Sequence[str], *, deadline_s: float = EDIT_DEADLINE_S
+    ) -> list[dict[str, Any]]:
+        """linesub.sub_line's answer for each text, all in one child process (spark_ops/linesub.py
+        says why) killed at deadline_s: a pattern that backtracks for ever is refused, naming it,
+        and nothing is written."""
         self.compiled()
         payload = json.dumps(
             {
                 "pattern": self.pattern,
                 "replacement": self.replacement,
-                "text": text,
+                "texts": list(texts),
                 "deadline_s": deadline_s,  # the child ends itself too, should spark-ops be killed
             }
         ).encode()
@@ -304,8 +312,7 @@ class LineEdit:
         try:
             out, err = await asyncio.wait_for(proc.communicate(payload), deadline_s)
         except asyncio.TimeoutError:
-            raise FanoutError(
-                host,
+            raise _Runaway(
                 f"{self.path}: pattern {excerpt(self.pattern)} did not finish matching within "
                 f"{deadline_s:g} s (it backtracks without end on this file, e.g. a nested "
                 "repetition like (a+)+); nothing was written",
@@ -317,8 +324,14 @@ class LineEdit:
                 await proc.wait()
         if proc.returncode != 0:
             tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
-            raise FanoutError(host, f"{self.path}: the edit failed: {tail[0][:300]}")
+            raise _Runaway(f"{self.path}: the edit failed: {tail[0][:300]}")
         done = json.loads(out)
+        assert isinstance(done, list) and len(done) == len(texts)
+        return done
+
+    def outcome(self, host: str, done: dict[str, Any]) -> tuple[str, str, str]:
+        """(new text, old line, new line) from one sub_line answer, or the FanoutError of a host
+        whose text has no or several matching lines, or whose new line would split."""
         hits = done["hits"]
         if len(hits) != 1:
             found = (
@@ -335,6 +348,19 @@ class LineEdit:
         return done["text"], done["old"], done["new"]
 
 
+class _Runaway(Exception):
+    """The substitution child did not answer (deadline, crash): the same error for every host."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        """Keep the message and hint, named for a host later."""
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+    def on(self, host: str) -> FanoutError:
+        """The error as one host's FanoutError."""
+        return FanoutError(host, self.message, hint=self.hint)
+
+
 async def edit_on(
     session: ClusterSession,
     edit: LineEdit,
@@ -342,16 +368,18 @@ async def edit_on(
     *,
     keep_backups: int = 5,
 ) -> list[HostResult]:
-    """Edit one line on hosts all-or-nothing: read and edit on each, then one atomic write."""
+    """Edit one line on hosts all-or-nothing: read on each, substitute once per distinct text
+    (one child for the run), then one atomic write."""
     hosts = list(hosts)
     edit.compiled()
     start = time.monotonic()
     sem = _cap(session)
     results: dict[str, HostResult] = {}
     writes: dict[str, FileWrite] = {}
+    texts: dict[str, str] = {}
 
-    async def prepare(h: str) -> None:
-        """Connect, read and edit in memory on one host."""
+    async def read(h: str) -> None:
+        """Connect and read the file on one host."""
         if not await _connect_one(session, h, sem):
             results[h] = _from_error(h, session.errors[h])
             return
@@ -359,19 +387,32 @@ async def edit_on(
             text = await session.read_file(h, edit.path, sudo=True)
             if text is None:
                 raise FanoutError(h, f"{edit.path} does not exist")
-            new, old_line, new_line = await edit.apply(h, text)
-            info = {"path": edit.path, "old_line": old_line, "new_line": new_line, "backup": None}
-            if new == text:
-                results[h] = HostResult(h, UNCHANGED, extra=info)
-                return
-            results[h] = HostResult(h, OK, extra=info)
-            writes[h] = FileWrite(
-                h, edit.path, new, expected_sha=sha256(text), keep_backups=keep_backups
-            )
+            texts[h] = text
         except SparkOpsError as exc:
             results[h] = _from_error(h, exc)
 
-    await asyncio.gather(*(prepare(h) for h in hosts))
+    await asyncio.gather(*(read(h) for h in hosts))
+    distinct = list(dict.fromkeys(texts[h] for h in hosts if h in texts))  # inventory order
+    try:
+        answers = dict(zip(distinct, await edit.substitute(distinct), strict=True)) if texts else {}
+    except _Runaway as exc:
+        for h in texts:
+            results[h] = _from_error(h, exc.on(h))
+        return _finish(hosts, results, writes, start, written=False)
+    for h, text in texts.items():
+        try:
+            new, old_line, new_line = edit.outcome(h, answers[text])
+        except SparkOpsError as exc:
+            results[h] = _from_error(h, exc)
+            continue
+        info = {"path": edit.path, "old_line": old_line, "new_line": new_line, "backup": None}
+        if new == text:
+            results[h] = HostResult(h, UNCHANGED, extra=info)
+            continue
+        results[h] = HostResult(h, OK, extra=info)
+        writes[h] = FileWrite(
+            h, edit.path, new, expected_sha=sha256(text), keep_backups=keep_backups
+        )
     if not writes or any(not r.ok for r in results.values()):
         return _finish(hosts, results, writes, start, written=False)
     order = list(writes)

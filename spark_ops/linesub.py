@@ -4,9 +4,10 @@ Python's `re` holds the interpreter while it matches: a pattern that backtracks 
 repetition like `(a+)+$` on a long line) would freeze spark-ops whole, its event loop and its
 SSH connections with it, and no timeout could fire. So the match runs here, in a process of its
 own (`python -m spark_ops.linesub`, JSON on stdin and stdout, stdlib only), which the caller
-kills at its deadline. The semantics are exactly `re`'s. The child also arms SIGALRM at the
-deadline (plus a margin): if spark-ops itself is SIGKILLed, nobody is left to kill the child, and
-a runaway match would otherwise spin for ever.
+kills at its deadline. The semantics are exactly `re`'s. One child serves a whole run: it gets
+every distinct text the nodes hold (usually one) and answers for each, in order. The child also
+arms SIGALRM at the deadline (plus a margin): if spark-ops itself is SIGKILLed, nobody is left to
+kill the child, and a runaway match would otherwise spin for ever.
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ def sub_line(pattern: str, replacement: str, text: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    """Read {"pattern", "replacement", "text"} as JSON on stdin; answer JSON on stdout."""
+    """Read {"pattern", "replacement", "texts": [...]} as JSON on stdin; answer a JSON list of
+    sub_line's results, one per text, on stdout."""
     data = json.loads(sys.stdin.read())
     deadline = float(data.get("deadline_s") or 5.0)
     signal.alarm(max(1, math.ceil(deadline)) + 2)  # default action: the process ends
-    json.dump(sub_line(data["pattern"], data["replacement"], data["text"]), sys.stdout)
+    done = [sub_line(data["pattern"], data["replacement"], text) for text in data["texts"]]
+    json.dump(done, sys.stdout)
 
 
 if __name__ == "__main__":

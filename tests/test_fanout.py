@@ -102,7 +102,7 @@ async def test_line_edit_child_imports_nothing_from_the_cwd(
 def test_line_edit_child_ends_alone_when_spark_ops_is_gone() -> None:
     """The child arms its own alarm at the deadline: with nobody left to kill it (spark-ops
     SIGKILLed), a runaway match still ends (red team E2)."""
-    payload = {"pattern": "(a+)+$", "replacement": "x", "text": "a" * 60 + "!", "deadline_s": 1}
+    payload = {"pattern": "(a+)+$", "replacement": "x", "texts": ["a" * 60 + "!"], "deadline_s": 1}
     proc = subprocess.run(
         [sys.executable, "-m", "spark_ops.linesub"], input=json.dumps(payload),
         capture_output=True, text=True, timeout=60, cwd=fanout.PACKAGE_HOME,
@@ -351,6 +351,47 @@ async def test_edit_all_or_nothing(openssh_cluster: Any) -> None:
     for n in openssh_cluster:
         assert (n.home / "recipe.yaml").read_text() == RECIPE.replace(": 6", ": 64"), n.name
         assert sorted(p.name for p in n.home.iterdir()) == before[n.name], "no backup left"
+
+
+@pytest.mark.openssh
+async def test_edit_substitutes_once_per_distinct_text(
+    openssh_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nodes holding the same text share one substitution: one child for the run, given each
+    distinct text once; a pattern that backtracks for ever is refused on every node at the
+    child's deadline, and nothing is written."""
+    cluster = inventory_for(openssh_cluster)
+    put_recipe(openssh_cluster)
+    other = RECIPE.replace("model: glm", "model: other")
+    odd = openssh_cluster["node3"].home / "recipe.yaml"
+    odd.write_text(other)
+    calls: list[list[str]] = []
+    real = fanout.LineEdit.substitute
+
+    async def spy(self: fanout.LineEdit, texts: Any, **kw: Any) -> Any:
+        """The real substitution, its texts noted."""
+        calls.append(list(texts))
+        return await real(self, texts, **kw)
+
+    monkeypatch.setattr(fanout.LineEdit, "substitute", spy)
+    edit = fanout.LineEdit("~/recipe.yaml", r"^max_num_seqs: .*", "max_num_seqs: 48")
+    rep = await fanout.edit_line(cluster, edit)
+    assert rep.ok, rep.to_dict()
+    assert calls == [[RECIPE, other]], "one child, each distinct text once"
+    assert odd.read_text() == other.replace(": 6", ": 48")
+    for n in openssh_cluster:
+        assert "max_num_seqs: 48\n" in (n.home / "recipe.yaml").read_text()
+
+    calls.clear()
+    put_recipe(openssh_cluster, "x: " + "a" * 60 + "!\nmax_num_seqs: 6\n")
+    runaway = fanout.LineEdit("~/recipe.yaml", r"(a+)+$", "x")
+    rep2 = await fanout.edit_line(cluster, runaway)
+    assert len(calls) == 1 and len(calls[0]) == 1
+    assert {h.kind for h in rep2.hosts} == {fanout.ERROR}
+    for h in rep2.hosts:
+        assert "did not finish matching within 5 s" in (h.error or ""), h
+    for n in openssh_cluster:
+        assert (n.home / "recipe.yaml").read_text().endswith("max_num_seqs: 6\n"), "not written"
 
 
 @pytest.mark.openssh

@@ -75,8 +75,14 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     thread.join(5)
 
 
-def write(c: Cluster, writes: list[FileWrite], before_commit: Hook | None = None) -> Any:
-    """Run write_atomic over SSH; before_commit(write, staged) runs just before each commit."""
+def write(
+    c: Cluster,
+    writes: list[FileWrite],
+    before_commit: Hook | None = None,
+    after_commit: Hook | None = None,
+) -> Any:
+    """Run write_atomic over SSH; before_commit(write, staged) runs just before each commit,
+    after_commit(write, staged) just after each one that renamed."""
 
     async def go() -> list[WriteOutcome]:
         """Connect, hook the commit, write."""
@@ -88,7 +94,10 @@ def write(c: Cluster, writes: list[FileWrite], before_commit: Hook | None = None
                 """The real commit, after the test's hook."""
                 if before_commit is not None:
                     before_commit(w, staged)
-                return await real(w, staged)
+                out = await real(w, staged)
+                if after_commit is not None:
+                    after_commit(w, staged)
+                return out
 
             s.commit = commit  # type: ignore[method-assign]
             return await s.write_atomic(writes)
@@ -220,6 +229,34 @@ def test_undo_on_a_full_disk_needs_no_space(pair: Pair) -> None:
     assert getattr(err.value, "written", []) == []
 
 
+def test_renames_run_concurrently_and_one_refused_puts_the_others_back(pair: Pair) -> None:
+    """Once every node has staged, the renames start together (both begin before either ends);
+    node2's is refused (its staged file gone), node1's lands and is put back from its backup,
+    exactly as when they ran one by one: both copies old, no staged file or backup left."""
+    case = "concurrent-undo"
+    writes = pair.seed(case)
+    events: list[str] = []
+
+    def begin(w: FileWrite, staged: WriteOutcome) -> None:
+        """Note the start; node2 loses its staged file."""
+        events.append(f"begin {w.host}")
+        if w.host == "node2":
+            assert staged.staged
+            os.unlink(staged.staged)
+
+    def end(w: FileWrite, staged: WriteOutcome) -> None:
+        """Note a rename that landed."""
+        events.append(f"end {w.host}")
+
+    with pytest.raises(RemoteError, match=r"^node2: .*rename over") as err:
+        write(pair.cluster, writes, begin, end)
+    assert events[:2] == ["begin node1", "begin node2"] and events[2:] == ["end node1"]
+    for node in ("node1", "node2"):
+        assert pair.recipe(node, case).read_text() == OLD, f"{node} holds its old content"
+        assert pair.left(node, case) == [], f"{node}: no staged file or backup left"
+    assert getattr(err.value, "written", []) == []
+
+
 def test_staging_on_a_full_disk_leaves_no_file(pair: Pair) -> None:
     """No byte free on node1: its staging fails naming the node, the path and the full disk;
     the half-made (0-byte) staged file is removed, node2's staged file too."""
@@ -243,17 +280,21 @@ def test_undo_that_fails_names_every_copy(pair: Pair) -> None:
     case = "undo-fails"
     writes = pair.seed(case)
 
-    def break_both(w: FileWrite, staged: WriteOutcome) -> None:
-        """Before node2's rename: its staged file lost, node1's new copy made immutable."""
+    def lose_staged(w: FileWrite, staged: WriteOutcome) -> None:
+        """Before node2's rename: its staged file lost."""
         if w.host == "node2":
             assert staged.staged
             os.unlink(staged.staged)
+
+    def pin_new(w: FileWrite, staged: WriteOutcome) -> None:
+        """After node1's rename (the renames run concurrently): its new copy made immutable."""
+        if w.host == "node1":
             subprocess.run(["chattr", "+i", str(pair.recipe("node1", case))], check=True)
 
     need_root()
     try:
         with pytest.raises(RemoteError) as err:
-            write(pair.cluster, writes, break_both)
+            write(pair.cluster, writes, lose_staged, pin_new)
     finally:
         subprocess.run(["chattr", "-i", str(pair.recipe("node1", case))], check=True)
     assert pair.recipe("node1", case).read_text() == NEW

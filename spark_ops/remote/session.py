@@ -53,6 +53,12 @@ T = TypeVar("T")
 OLD_STATE = "its old content"  # a copy's state after a failed undo: as before the write
 
 
+def _staged(out: WriteOutcome | SparkOpsError) -> WriteOutcome:
+    """A staging outcome known to have succeeded."""
+    assert isinstance(out, WriteOutcome)
+    return out
+
+
 async def _run_or_error(
     session: ClusterSession, host: str, command: str, label: str, *, sudo: bool = True
 ) -> Result | SparkOpsError:
@@ -472,16 +478,19 @@ class ClusterSession:
         if failures:
             left = await self._discard(writes, staged, range(len(writes)))
             raise _with_leftovers(failures[0], left)
-        done: list[WriteOutcome] = []
-        for n, w in enumerate(writes):
-            out = staged[str(n)]
-            assert isinstance(out, WriteOutcome)
-            try:
-                done.append(await self.commit(w, out))
-            except SparkOpsError as exc:
-                await self._undo(writes, staged, done, n, exc)
-                raise
-        return done
+        # every node staged: the renames run concurrently (each is checked and undone alone)
+        committed = await self.gather(
+            [str(i) for i in range(len(writes))],
+            lambda i: self.commit(writes[int(i)], _staged(staged[i])),
+        )
+        done = {int(i): v for i, v in committed.items() if isinstance(v, WriteOutcome)}
+        failed = [int(i) for i, v in committed.items() if isinstance(v, SparkOpsError)]
+        if failed:
+            cause = committed[str(failed[0])]
+            assert isinstance(cause, SparkOpsError)
+            await self._undo(writes, staged, done, failed, cause)
+            raise cause
+        return [done[n] for n in range(len(writes))]
 
     async def _discard(
         self,
@@ -503,18 +512,19 @@ class ClusterSession:
         self,
         writes: Sequence[FileWrite],
         staged: dict[str, WriteOutcome | SparkOpsError],
-        done: list[WriteOutcome],
-        failed_at: int,
+        done: dict[int, WriteOutcome],
+        failed_at: Sequence[int],
         cause: SparkOpsError,
     ) -> None:
-        """A rename failed: drop the staged files not renamed, put the renamed copies back.
+        """Renames failed (failed_at): drop the staged files not renamed, put the renamed copies
+        (done, by write index) back.
 
         Returns when every copy holds its old content again (the caller re-raises `cause`);
         raises WriteNotUndone, naming each copy's state, when one could not be put back.
         """
-        left = await self._discard(writes, staged, range(failed_at, len(writes)))
+        left = await self._discard(writes, staged, [n for n in range(len(writes)) if n not in done])
         failed: dict[str, str] = {}
-        for n, out in enumerate(done):
+        for n, out in sorted(done.items()):
             new = sha256(writes[n].content)
             cmd = UNDO.line(
                 out.path, out.target or out.path, out.backup or "", new, out.old_sha or "-"
@@ -533,10 +543,10 @@ class ClusterSession:
             line = f"{key} holds {state}"
             if key in failed:
                 line += f" (putting it back failed: {failed[key]})"
-            renamed = n < len(done) or (n == failed_at and not state.startswith("content"))
+            renamed = n in done or (n in failed_at and not state.startswith("content"))
             if renamed and state != OLD_STATE:  # renamed by this run and not put back
                 written.append(key)
-            if n < len(done) and done[n].backup:
+            if n in done and done[n].backup:
                 line += f"; its old content is in {done[n].backup}"
             lines.append(line)
         first = next(iter(failed)).split(":", 1)[0]
@@ -555,7 +565,7 @@ class ClusterSession:
         self,
         writes: Sequence[FileWrite],
         staged: dict[str, WriteOutcome | SparkOpsError],
-        done: list[WriteOutcome],
+        done: dict[int, WriteOutcome],
     ) -> dict[str, str]:
         """What each copy holds now: its new content, its old, someone else's, or unknown."""
 
