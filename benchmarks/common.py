@@ -77,6 +77,16 @@ def spark_ops_argv() -> list[str]:
     return [str(script)] if script.exists() else [shutil.which("spark-ops") or "spark-ops"]
 
 
+BASELINE = "spark-ops (baseline)"  # a variant row: $SPARK_OPS_BASELINE_VENV's spark-ops
+
+
+def baseline_argv() -> list[str] | None:
+    """$SPARK_OPS_BASELINE_VENV/bin/spark-ops (another build to compare with), or None."""
+    venv = os.environ.get("SPARK_OPS_BASELINE_VENV")
+    script = Path(venv) / "bin" / "spark-ops" if venv else None
+    return [str(script)] if script is not None and script.exists() else None
+
+
 def peer_tool(name: str) -> str | None:
     """Path of a peer's executable: the peers venv first, then PATH; None when not installed."""
     venv = PEERS_VENV / "bin" / name

@@ -19,6 +19,10 @@ peer that is not installed is skipped and marked so. Peers are looked for in $SP
     python benchmarks/fanout.py [--sizes 4,32] [--repeats 5] [--ops true,edit]
     python benchmarks/fanout.py --limits-only   # connect cap / MaxStartups / MaxSessions
 
+It ends with the table the targets are set on (issue 32: each ratio with its per-round spread).
+SPARK_OPS_BASELINE_VENV=DIR adds DIR/bin/spark-ops (another build, e.g. main's) as a row of its
+own, interleaved with this one, so before and after meet the same load.
+
 Targets: within 1.1x of the fastest peer at 4 nodes, the fastest of all at 32, >= 3x faster
 than Ansible.
 """
@@ -50,6 +54,8 @@ def cases_for(t: c.Target, op: str) -> dict[str, Case]:
     tools: dict[str, c.Builder] = dict(c.PEERS)
     if c.NO_CAP in t.files:
         tools[c.NO_CAP] = c.PEERS["spark-ops"]
+    if c.baseline_argv() is not None:
+        tools[c.BASELINE] = c.PEERS["spark-ops"]
     for name, build in tools.items():
 
         def case(rnd: int, name: str = name, build: c.Builder = build) -> Any:
@@ -57,13 +63,16 @@ def cases_for(t: c.Target, op: str) -> dict[str, Case]:
             value = edit_value(name, rnd)
             env = c.ansible_env(t) if name.startswith("ansible") else None
             inventory = str(t.files[name if name == c.NO_CAP else "spark-ops"])
+            script = c.baseline_argv() if name == c.BASELINE else c.spark_ops_argv()
             if op == "true":
                 argv = build(t, ["true"])
                 if argv is not None and name == c.NO_CAP:
                     argv = [inventory if a == str(t.files["spark-ops"]) else a for a in argv]
+                if argv is not None and name == c.BASELINE:
+                    argv = [*(script or []), *argv[len(c.spark_ops_argv()) :]]
             elif name.startswith("spark-ops"):
                 argv = [
-                    *c.spark_ops_argv(), "-q", "-i", inventory, "exec",
+                    *(script or []), "-q", "-i", inventory, "exec",
                     "--edit", "~/" + c.RECIPE_NAME,
                     "--sub", "^max_num_seqs: .*", f"max_num_seqs: {value}",
                 ]  # fmt: skip
@@ -77,7 +86,7 @@ def cases_for(t: c.Target, op: str) -> dict[str, Case]:
 
 def edit_value(name: str, rnd: int) -> int:
     """The max_num_seqs value a tool writes in a round (unique per round and tool)."""
-    return 1000 + rnd * 10 + [*c.PEERS, c.NO_CAP].index(name)
+    return 1000 + rnd * 10 + [*c.PEERS, c.NO_CAP, c.BASELINE].index(name)
 
 
 def edit_verifier(cluster: Any) -> Callable[[str, int], str | None]:
@@ -141,7 +150,7 @@ def fanout_tables(results: dict[str, Any], sizes: list[int]) -> str:
                 if not name.startswith("spark-ops") and s.median
             ]
             fastest[n] = min(peers) if peers else float("nan")
-        variants = [c.NO_CAP] if any(c.NO_CAP in by_size[n] for n in sizes) else []
+        variants = [v for v in (c.NO_CAP, c.BASELINE) if any(v in by_size[n] for n in sizes)]
         for name in [*c.PEERS, *variants]:
             row = [name]
             for n in sizes:
@@ -179,6 +188,58 @@ def fanout_tables(results: dict[str, Any], sizes: list[int]) -> str:
                     )
         text.append("")
     return "\n".join(text)
+
+
+def ratio(by_size: dict[int, Any], n: int, a: str, b: str) -> str:
+    """a's median over b's at n nodes, with the spread of the per-round ratios (rounds are
+    interleaved, so a round's two runs met the same load), or why there is none."""
+    sa, sb = by_size.get(n, {}).get(a), by_size.get(n, {}).get(b)
+    for name, s in ((a, sa), (b, sb)):
+        if s is None or not s.times:
+            return f"{name}: {'not installed' if s is not None and s.skipped else 'not run'}"
+    assert sa is not None and sb is not None
+    pairs = sorted(x / y for x, y in zip(sa.times, sb.times, strict=False))
+    return f"{(sa.median or 0) / (sb.median or 1):.2f}x ({pairs[0]:.2f}–{pairs[-1]:.2f})"
+
+
+ISSUE_ROWS = [  # (figure, op, nodes, numerator, denominator); issue 32's table, in its order
+    ("`exec -- true`, 4 nodes, vs parallel-ssh", "true", 4, "spark-ops", "parallel-ssh"),
+    ("`exec -- true`, 32 nodes, vs the minimal asyncssh script", "true", 32, "spark-ops",
+     "asyncssh (minimal script)"),
+    ("atomic edit, 4 nodes, vs parallel-ssh's `sed -i`", "edit", 4, "spark-ops", "parallel-ssh"),
+    ("atomic edit, 32 nodes, vs the minimal script's `sed -i`", "edit", 32, "spark-ops",
+     "asyncssh (minimal script)"),
+    ("Ansible's time ÷ spark-ops' (edit, 4 nodes)", "edit", 4, "ansible (raw)", "spark-ops"),
+    ("Ansible's time ÷ spark-ops' (edit, 32 nodes)", "edit", 32, "ansible (raw)", "spark-ops"),
+    ("Ansible's time ÷ spark-ops' (`true`, 4 nodes)", "true", 4, "ansible (raw)", "spark-ops"),
+    ("Ansible's time ÷ spark-ops' (`true`, 32 nodes)", "true", 32, "ansible (raw)", "spark-ops"),
+]  # fmt: skip
+
+
+def issue_table(results: dict[str, Any]) -> str:
+    """The figures the targets are set on (issue 32), as ratios of medians with their per-round
+    spread; with $SPARK_OPS_BASELINE_VENV, the baseline's ratio beside this code's."""
+    cols = ["figure", "this code"]
+    base = c.baseline_argv() is not None
+    if base:
+        cols.insert(1, "baseline")
+    rows = []
+    for figure, op, n, a, b in ISSUE_ROWS:
+        by_size = results.get(op, {})
+        row = [figure, ratio(by_size, n, a, b)]
+        if base:
+            a0, b0 = (c.BASELINE if x == "spark-ops" else x for x in (a, b))
+            row.insert(1, ratio(by_size, n, a0, b0))
+        rows.append(row)
+    for n in sorted(results.get("edit", {})):
+        s = results["edit"][n].get("spark-ops")
+        row = [f"atomic edit, {n} nodes, spark-ops' median", c.fmt_s(s.median if s else None)]
+        if base:
+            s0 = results["edit"][n].get(c.BASELINE)
+            row.insert(1, c.fmt_s(s0.median if s0 else None))
+        rows.append(row)
+    title = "issue 32's figures: ratio of medians (min–max of the per-round ratios)"
+    return c.table(title, cols, rows)
 
 
 # ----------------------------------------------------------------------------- limits
@@ -238,16 +299,17 @@ def connect_caps(target: c.Target, runs: int, n: int) -> str:
 
     from spark_ops import fanout
     from spark_ops.inventory import load_inventory
+    from spark_ops.remote import session
 
     base = load_inventory(target.files["spark-ops"]).cluster()
     caps = sorted({n, 12, 10, 8, 4}, reverse=True)
     stats: dict[tuple[int, int], list[tuple[int, float]]] = {}
-    saved = fanout.CONNECT_RETRIES
+    saved = session.CONNECT_RETRIES  # what ClusterSession.connect reads (remote/connector's)
     try:
         for _ in range(runs):
             for cap in caps:
                 for retries in (0, saved):
-                    fanout.CONNECT_RETRIES = retries
+                    session.CONNECT_RETRIES = retries
                     ssh = dataclasses.replace(base.ssh, max_concurrent_connects=cap)
                     cl = dataclasses.replace(base, ssh=ssh)
                     t0 = time.perf_counter()
@@ -255,7 +317,7 @@ def connect_caps(target: c.Target, runs: int, n: int) -> str:
                     took = time.perf_counter() - t0
                     stats.setdefault((cap, retries), []).append((len(rep.failed), took))
     finally:
-        fanout.CONNECT_RETRIES = saved
+        session.CONNECT_RETRIES = saved
     rows = []
     for (cap, retries), got in stats.items():
         label = f"{cap} (no cap for {n} endpoints)" if cap == n else str(cap)
@@ -323,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.limits_only:
         results = run_fanout(sizes, args.repeats, ops, work)
         print(fanout_tables(results, sizes))
+        print(issue_table(results))
     if not args.no_limits:
         print(limits(work, args.limits_runs))
     print(f"# load average at the end {os.getloadavg()[0]:.1f}")
