@@ -4,8 +4,10 @@ Times whole processes (medians of interleaved runs) of spark-ops installed as op
 (common.bench_venv: `pip install .` in a venv of its own): `spark-ops --help` through the console
 script itself and through whatever `spark-ops` is first on PATH (a pyenv shim, for instance), and
 `spark-ops budget` / `spark-ops exec -- true` against the embedded cluster (`spark-ops sim up`, 4
-nodes). Then the cost of each import layer on the exec path, as the difference between `python -c
-'import …'` processes, and the top imports by `python -X importtime`.
+nodes). Then what each command imports when it runs, read from a fresh process's sys.modules as
+tests/test_imports.py reads it (tests/import_graph.py: no list by hand), each timed as a `python
+-c 'import …'` process against `python -c pass`; and the top imports of exec's path by `python -X
+importtime`.
 
     python benchmarks/startup.py [--repeats 15] [--no-sim]
 
@@ -31,27 +33,30 @@ import common as c
 HELP_TARGET_S = 0.150
 PY = sys.executable  # replaced in main() by the benchmark venv's interpreter
 
-# Import layers of the `exec` path, each including the previous ones.
-LAYERS: list[tuple[str, str]] = [
-    ("python -c pass (interpreter + site)", "pass"),
-    ("+ click, spark_ops.cli.main", "import spark_ops.cli.main"),
-    ("+ structlog (spark_ops.log)", "import spark_ops.cli.main, spark_ops.log"),
-    (
-        "+ yaml, inventory, fanout, remote",
-        "import spark_ops.cli.main, spark_ops.log, yaml, "
-        "spark_ops.inventory, spark_ops.fanout, spark_ops.remote",
-    ),
-    (
-        "+ asyncssh",
-        "import spark_ops.cli.main, spark_ops.log, yaml, spark_ops.inventory, "
-        "spark_ops.fanout, spark_ops.remote, asyncssh",
-    ),
-    (
-        "same, ending with os._exit (no teardown)",
-        "import spark_ops.cli.main, spark_ops.log, yaml, "
-        "spark_ops.inventory, spark_ops.fanout, spark_ops.remote, asyncssh, os; os._exit(0)",
-    ),
-]
+
+def command_paths(work: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """What each command imports when it runs: {command line: (spark_ops modules, third-party
+    packages)}, read from a fresh process's sys.modules as tests/test_imports.py reads them
+    (tests/import_graph.py), the command run against nodes that refuse."""
+    import import_graph as graph
+
+    inv = str(graph.refusing_inventory(work))
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    for argv in COMMAND_LINES:
+        modules = graph.loaded(["-i", inv, *argv] if argv != ["--help"] else argv, work)
+        out[" ".join(["spark-ops", *argv])] = graph.importable(modules)
+    return out
+
+
+# The command lines whose paths are timed (each path itself is read from the run, not listed).
+COMMAND_LINES = [["--help"], ["exec", "--", "true"], ["status"], ["budget"]]
+
+
+def import_code(modules: list[str], third: list[str]) -> str:
+    """`python -c` code importing a path's modules (a missing optional package is skipped)."""
+    lines = [f"import {m}" for m in modules]
+    lines += [f"try:\n    import {m}\nexcept ImportError:\n    pass" for m in third]
+    return "\n".join(lines) or "pass"
 
 
 def fixed(argv: list[str], env: dict[str, str] | None = None) -> Any:
@@ -131,17 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     verdict = "met" if helps < HELP_TARGET_S else "NOT met"
     print(f"- `spark-ops --help` {helps * 1000:.0f} ms: target < 150 ms {verdict}\n")
 
-    layer_cases = {name: fixed([PY, "-c", code]) for name, code in LAYERS}
+    paths = command_paths(work)
+    layer_cases = {"python -c pass": fixed([PY, "-c", "pass"])}
+    for name, (ours, theirs) in paths.items():
+        layer_cases[name] = fixed([PY, "-c", import_code(ours, theirs)])
     layers = c.interleaved(layer_cases, args.repeats, warmup=1)
-    rows, prev = [], 0.0
-    for name, _ in LAYERS:
+    base = layers["python -c pass"].median or 0.0
+    rows = [["python -c pass (interpreter + site)", "", "", f"{base * 1000:.0f} ms", ""]]
+    for name, (ours, theirs) in paths.items():
         med = layers[name].median or 0.0
-        rows.append([name, f"{med * 1000:.0f} ms", f"{(med - prev) * 1000:+.0f} ms"])
-        prev = med
-    cols = ["layer", "total", "delta"]
-    print(c.table("what the exec path imports cost (python -c, median)", cols, rows))
+        rows.append([name, len(ours), ", ".join(theirs) or "-", f"{med * 1000:.0f} ms",
+                     f"{(med - base) * 1000:+.0f} ms"])  # fmt: skip
+    cols = ["command", "spark_ops modules", "third-party", "imports", "over python"]
+    print(c.table("what each command's path imports (derived from the import graph; python -c, "
+                  "median)", cols, rows))  # fmt: skip
 
-    code = "import spark_ops.cli.main, spark_ops.log, spark_ops.fanout, spark_ops.remote, asyncssh"
+    code = import_code(*paths["spark-ops exec -- true"])
     rows = [[mod, f"{ms:.1f} ms"] for mod, ms in importtime_top(code)]
     print(c.table("top imports of the exec path (python -X importtime, cumulative)",
                   ["module", "ms"], rows))  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import socket
 import subprocess
 import sys
 from functools import cache
@@ -152,6 +153,42 @@ def command_roots(argv: list[str]) -> list[str]:
             roots.append(COMMANDS[w][0])
             break
     return roots
+
+
+def refusing_inventory(work: Path) -> Path:
+    """An inventory of two loopback nodes whose ports refuse: a command runs up to its connect
+    (its whole import path taken) and fails there, with no cluster needed."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+    (work / "known_hosts").write_text("")
+    path = work / "inventory.yaml"
+    path.write_text(
+        "clusters:\n"
+        "  c:\n"
+        f"    ssh: {{connect_timeout: 5, agent: false, config: /dev/null, "
+        f"known_hosts: {work / 'known_hosts'}}}\n"
+        "    nodes:\n"
+        f"      node1: {{host: 127.0.0.1, port: {ports[0]}, user: nobody, role: head}}\n"
+        f"      node2: {{host: 127.0.0.1, port: {ports[1]}, user: nobody}}\n"
+        "    recipe: {path: ~/recipe.yaml}\n"
+        "    watchdog: {restart_command: 'true', history_file: ~/restarts}\n"
+    )
+    return path
+
+
+def importable(modules: set[str]) -> tuple[list[str], list[str]]:
+    """Of a process's modules, (spark_ops modules, third-party top-level packages): what a
+    `python -c 'import …'` of the same path imports."""
+    ours = sorted(m for m in modules if module_file(m) is not None)
+    theirs = sorted(
+        m
+        for m in modules
+        if "." not in m and not m.startswith("_") and m not in STDLIB and m != "spark_ops"
+    )
+    return ours, theirs
 
 
 def loaded(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> set[str]:

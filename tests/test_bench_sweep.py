@@ -6,6 +6,7 @@ import csv
 import importlib.util
 import json
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -243,14 +244,23 @@ async def test_completions_api_and_midstream_error(serve: Serve) -> None:
 
 
 async def test_sustained_keeps_concurrency_for_the_duration(serve: Serve) -> None:
-    """sustained: C requests kept in flight until the duration passes."""
+    """sustained: C requests kept in flight until the duration passes. Three rounds per stream
+    is a count, not a speed: on a loaded machine the duration doubles until they are reached
+    (idle, the first 0.6 s does ~10 rounds per stream), under a generous deadline."""
     engine, url = await serve(step_s=0.005)
-    result = await run_sweep(config(url, levels=[3], mode="sustained", duration_s=0.6))
-    level = result.levels[0]
-    assert level.completed >= 3 * 3  # each request takes >= 0.06 s: ~10 rounds per stream
-    assert level.duration >= 0.6
-    assert level.steady_window_s is not None and 0 < level.steady_window_s <= level.duration
-    assert engine.requests == level.completed
+    duration, give_up = 0.6, time.monotonic() + 600
+    while True:
+        before = engine.requests
+        result = await run_sweep(config(url, levels=[3], mode="sustained", duration_s=duration))
+        level = result.levels[0]
+        assert level.duration >= duration
+        assert level.steady_window_s is not None and 0 < level.steady_window_s <= level.duration
+        assert engine.requests - before == level.completed
+        if level.completed >= 3 * 3 or time.monotonic() > give_up:
+            break
+        duration *= 2
+    assert level.completed >= 3 * 3, f"{level.completed} requests in {duration} s"
+    print(f"reached: {level.completed} requests in a {duration:g} s run")
 
 
 async def test_poisson_is_seeded(serve: Serve) -> None:

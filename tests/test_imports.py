@@ -5,37 +5,17 @@ from __future__ import annotations
 
 import ast
 import importlib
-import socket
 from pathlib import Path
 
 import import_graph as graph
 import pytest
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An inventory of two nodes whose ports refuse: a command runs up to its connect and fails."""
+    """A directory holding an inventory whose nodes refuse (import_graph.refusing_inventory)."""
     work = tmp_path_factory.mktemp("imports")
-    (work / "known_hosts").write_text("")
-    a, b = closed_port(), closed_port()
-    (work / "inventory.yaml").write_text(
-        "clusters:\n"
-        "  c:\n"
-        f"    ssh: {{connect_timeout: 5, agent: false, config: /dev/null, "
-        f"known_hosts: {work / 'known_hosts'}}}\n"
-        "    nodes:\n"
-        f"      node1: {{host: 127.0.0.1, port: {a}, user: nobody, role: head}}\n"
-        f"      node2: {{host: 127.0.0.1, port: {b}, user: nobody}}\n"
-        "    recipe: {path: ~/recipe.yaml}\n"
-        "    watchdog: {restart_command: 'true', history_file: ~/restarts}\n"
-    )
+    graph.refusing_inventory(work)
     return work
 
 

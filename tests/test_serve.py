@@ -642,8 +642,10 @@ def test_browser_pages_token_and_live_boot(served: Served, browser: Any, tmp_pat
         time.sleep(0.2)
     _, err = apply.communicate(timeout=60)
     assert apply.returncode == 0, err
-    time.sleep(1.0)
-    seen = d.execute_script("return window.__seen")
+    give_up = time.monotonic() + 60  # the page's last events arrive: wait for READY, not a time
+    while "READY" not in (seen := d.execute_script("return window.__seen")):
+        assert time.monotonic() < give_up, seen
+        time.sleep(0.1)
     assert d.execute_script("return window.__same_page") == 1  # no reload happened
     assert "STARTING" in seen and "READY" in seen, seen
     ranks = [RANKS[p] for p in seen if p in RANKS]

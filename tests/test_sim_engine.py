@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -464,9 +465,12 @@ async def test_missing_ray_worker_stalls_then_joins(tmp_path: Path) -> None:
         tmp_path, "--tensor-parallel-size", "3", "--distributed-executor-backend", "ray", env=env
     ) as p:
         await p.wait_line(r"Waiting for creating a placement group of specs for \d+ seconds")
-        await asyncio.sleep(0.5)
-        waits = [ln for ln in p.out if "Waiting for creating a placement group" in ln]
-        assert len(waits) >= 2 and not any("Loading weights" in ln for ln in p.out)
+        give_up = time.monotonic() + 120  # the line repeats: wait for two, not for a time
+        while len(waits := [ln for ln in p.out if "Waiting for creating a placement" in ln]) < 2:
+            assert time.monotonic() < give_up, f"the wait line never repeated: {p.out[-5:]}"
+            await asyncio.sleep(0.05)
+        assert not any("Loading weights" in ln for ln in p.out)
+        print(f"reached: {len(waits)} placement-group wait lines")
         assert "{'GPU': 1.0}" in waits[0]
         late = await asyncio.start_server(lambda r, w: None, "127.0.0.1", late_port)
         await p.url()
