@@ -141,8 +141,11 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
 def recovery(cluster: Cluster, engine: dict[str, Any]) -> str | None:
     """What brings a crashed engine back when the watchdog will not (None: it will, or the
     engine serves, or its instance could not be read)."""
-    if engine.get("up") or "leftovers_error" in engine or engine.get("instance") is not None:
+    instance = engine.get("instance")
+    if engine.get("up") or "leftovers_error" in engine:
         return None
+    if isinstance(instance, dict) and instance.get("alive", True):
+        return None  # an engine runs (booting, or wedged): the watchdog's to judge
     if cluster.watchdog.restarts_missing_engine:
         return None
     return no_recovery(cluster.watchdog.restart_command)
