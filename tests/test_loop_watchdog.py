@@ -329,3 +329,35 @@ def test_a_stamp_the_planned_restart_caused_is_pruned_exactly(tmp_path: Path) ->
         if running is not None:
             stop_loop(running)
         down(sim.root)
+
+
+def test_init_recognises_the_loop_from_what_runs(loop: Loop, tmp_path: Path) -> None:
+    """init finds the running loop (its process, script and environment) and writes every value
+    it names, warning that its budget does not survive a reboot and that it restarts nothing
+    after a crash; doctor agrees; apply with that inventory leaves the history exact."""
+    from test_init import hosts_of, key_args
+
+    out = tmp_path / "cluster.yaml"
+    res = spark_ops(loop.sim, "init", "--hosts", hosts_of(loop.sim.state["ports"]),
+                    *key_args(loop.sim.root), "-o", str(out), "--json")  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    found = {f["key"]: f for f in json.loads(res.stdout)["findings"]}
+    wd = yaml.safe_load(out.read_text())["clusters"]["spark"]["watchdog"]
+    assert wd["kind"] == "loop" and wd["reports_stamp"] is False
+    assert wd["history_file"] == str(loop.stamps) and wd["history_locked"] is False
+    assert wd["pause_file"] == str(loop.pause) and wd["gave_up_file"] == str(loop.gave_up)
+    assert wd["budget"] == {"max_restarts": 3, "window_s": 21600}
+    assert wd["grace_s"] == 8 and wd["restarts_missing_engine"] is False
+    assert wd["restart_command"] == (
+        f"sh -c '{sys.executable} {LAUNCHER} stop' && sh -c '{sys.executable} {LAUNCHER} start "
+        f"{RECIPE}'"
+    )
+    assert "a reboot empties" in found["watchdog.history_file"]["detail"], found
+    assert "stopped on purpose" in found["watchdog.restarts_missing_engine"]["detail"]
+    doc = spark_ops(loop.sim, "-i", str(out), "doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(doc.stdout)["checks"]}
+    assert checks["watchdog-loop"]["status"] == "ok", checks["watchdog-loop"]
+    before = history_bytes(loop)
+    res = spark_ops(loop.sim, "-i", str(out), "apply", "--max-num-seqs", "32", "--yes")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert history_bytes(loop) == before and not loop.pause.exists()
