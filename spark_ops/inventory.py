@@ -23,6 +23,10 @@ ENV_VAR = "SPARK_OPS_INVENTORY"
 ROLES = ("head", "worker")
 LOG_KINDS = ("file", "journalctl", "docker", "command")
 HISTORY_FORMATS = ("stamps", "jsonl", "auto")
+# forced: restart_command forces a restart through the watchdog (its --restart-now); loop: the
+# watchdog only loops (probe, stamp, restart), so restart_command is the launcher's own stop and
+# start, which the watchdog never sees (docs/adopting-a-watchdog.md)
+WATCHDOG_KINDS = ("forced", "loop")
 # Run on each worker when the placement group waits: exit 1 means its Ray worker is not running
 # (the raylet's process name; a container's processes show in the host's process table).
 DEFAULT_WORKER_CHECK = "pgrep -x raylet >/dev/null"
@@ -96,6 +100,15 @@ class WatchdogSettings:
     reports_stamp: bool = False
     python: str = "python3"
     lock_timeout_s: float = 10.0  # how long a change waits for the history's lock (history.py)
+    kind: str = "forced"  # WATCHDOG_KINDS
+    history_locked: bool = True  # the watchdog takes lock_file around its own appends
+    grace_s: float | None = None  # it leaves an engine younger than this alone (None: unknown)
+    restarts_missing_engine: bool = True  # False: no engine running reads as stopped on purpose
+
+    @property
+    def loops_only(self) -> bool:
+        """True for a watchdog with no forced restart: restart_command is the launcher's."""
+        return self.kind == "loop"
 
     @property
     def lock_path(self) -> str:
@@ -345,7 +358,7 @@ _RECIPE_KEYS = ("path", "nodes", "keep_backups")
 _WATCHDOG_KEYS = (
     "restart_command", "status_command", "history_file", "history_format", "lock_file",
     "journal_file", "pause_file", "gave_up_file", "budget", "reports_stamp", "python",
-    "lock_timeout_s",
+    "lock_timeout_s", "kind", "history_locked", "grace_s", "restarts_missing_engine",
 )  # fmt: skip
 _ENGINE_KEYS = (
     "log", "api", "boot_deadline_s", "probe_timeout_s", "worker_stall_s", "min_mem_available_gb",
@@ -433,6 +446,27 @@ def _lock_timeout(wsec: _Section, ssh: SSHSettings) -> float:
     return value
 
 
+def _loop_keys(wsec: _Section) -> dict[str, Any]:
+    """watchdog.kind and what a loop-only watchdog does on its own: whether it locks its history,
+    its start-up grace, whether it restarts an engine that is not running at all."""
+    kind = wsec.choice("kind", WATCHDOG_KINDS, "forced")
+    if kind == "loop" and wsec.get("reports_stamp", bool, False):
+        raise wsec.error(
+            wsec.path("reports_stamp"),
+            "must be false with kind: loop (restart_command is the launcher's stop and start, "
+            "which writes no stamp and prints none)",
+        )
+    grace = wsec.get("grace_s", float)
+    if grace is not None and grace < 0:
+        raise wsec.error(wsec.path("grace_s"), f"must be >= 0, got {excerpt(grace)}")
+    return {
+        "kind": kind,
+        "history_locked": wsec.get("history_locked", bool, True),
+        "grace_s": grace,
+        "restarts_missing_engine": wsec.get("restarts_missing_engine", bool, True),
+    }
+
+
 def _load_cluster(source: str, name: str, data: Any) -> Cluster:
     """Validate one cluster mapping."""
     sec = _Section(source, f"clusters.{name}", data, _CLUSTER_KEYS)
@@ -470,6 +504,7 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
         reports_stamp=wsec.get("reports_stamp", bool, False),
         python=wsec.get("python", str, "python3"),
         lock_timeout_s=_lock_timeout(wsec, ssh),
+        **_loop_keys(wsec),
     )
 
     esec = sec.sub("engine", _ENGINE_KEYS)

@@ -15,6 +15,7 @@ from spark_ops.lock import describe_holder, lock_state
 from spark_ops.readiness import BootHistory, history_key
 from spark_ops.recipe import knob_values
 from spark_ops.remote import ClusterSession
+from spark_ops.watchdog.loop import no_recovery
 from spark_ops.workflows.converge import effective_args
 from spark_ops.workflows.journal import Run, holds_lock, read_runs, unfinished_runs
 from spark_ops.workflows.operation import Operation
@@ -72,6 +73,7 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
             data["engine"]["effective"] = None
             data["engine"]["last_started_with"] = args
         data["engine"].update(await _instance(session, cluster))
+        data["recovery"] = recovery(cluster, data["engine"])
     data["last_boot"] = _last_boot(cluster)
     data["verdict"] = verdict(data)
     return data
@@ -101,7 +103,8 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
     down = [n["name"] for n in data.get("nodes") or [] if not n.get("reachable")]
     if not engine.get("up"):
         why = engine.get("error") or "the engine does not answer"
-        return {"state": "not-serving", "reasons": [str(why), *[f"{n} down" for n in down]]}
+        alone = [data["recovery"]] if data.get("recovery") else []  # no watchdog brings it back
+        return {"state": "not-serving", "reasons": [str(why), *alone, *[f"{n} down" for n in down]]}
     probe = engine.get("completion")
     if isinstance(probe, dict) and not probe.get("ok", True):
         said = CompletionProbe.from_dict(probe).describe()
@@ -133,6 +136,19 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
     elif recipe and not recipe.get("same_on_all_nodes", True):
         reasons.append("recipe copies differ between nodes")
     return {"state": "degraded" if reasons else "serving", "reasons": reasons}
+
+
+def recovery(cluster: Cluster, engine: dict[str, Any]) -> str | None:
+    """What brings a crashed engine back when the watchdog will not (None: it will, or the
+    engine serves, or its instance could not be read)."""
+    instance = engine.get("instance")
+    if engine.get("up") or "leftovers_error" in engine:
+        return None
+    if isinstance(instance, dict) and instance.get("alive", True):
+        return None  # an engine runs (booting, or wedged): the watchdog's to judge
+    if cluster.watchdog.restarts_missing_engine:
+        return None
+    return no_recovery(cluster.watchdog.restart_command)
 
 
 async def _runs(session: ClusterSession) -> dict[str, Any]:

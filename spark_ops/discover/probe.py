@@ -42,6 +42,7 @@ from spark_ops.remote.programs.discover import (
 from spark_ops.remote.programs.node import HOME
 from spark_ops.sim import RAYLET_CHECK, RAYLET_PORT_ENV
 from spark_ops.watchdog.config import WatchdogConfigError, parse_config
+from spark_ops.watchdog.loop import find_loop_watchdog, volatile_history
 from spark_ops.yamlsafe import load_yaml
 
 
@@ -285,7 +286,10 @@ class Discovery:
         }
 
     async def find_watchdog(self, config: dict[str, Any] | None) -> None:
-        """Restart command, history, lock, journal, pause / gave-up files and budget."""
+        """Restart command, history, lock, journal, pause / gave-up files and budget: of the loop
+        watchdog that runs on the head, else of the reference one, else of a bash script."""
+        if await self._loop_watchdog():
+            return
         if config is not None:
             await self._reference_watchdog(config)
         else:
@@ -336,6 +340,54 @@ class Discovery:
         for key in ("engine.log.path", "engine.api.url", "recipe.path", "engine.model"):
             if cfg.get(key):
                 self.values[f"config:{key}"] = cfg[key]
+
+    async def _loop_watchdog(self) -> bool:
+        """A watchdog that only loops, recognised from what runs on the head (its process, its
+        script, its environment): every value it names; False when none runs."""
+        facts = await find_loop_watchdog(self.session, self.head)
+        if facts is None:
+            return False
+        where = f"{facts.script} (pid {facts.pid}, running on {self.head})"
+        self.found("watchdog.kind", "loop", f"{where} only loops: it has no forced restart")
+        if facts.restart_command:
+            self.found(
+                "watchdog.restart_command", facts.restart_command,
+                f"the launcher's stop and start, as {facts.script} runs them",
+            )  # fmt: skip
+        else:
+            self.missing(
+                "watchdog.restart_command",
+                f"{facts.script}'s restart was not read; write the launcher's stop and start",
+            )
+        if facts.history_file:
+            self.found("watchdog.history_file", facts.history_file, f"the stamps {where} appends")
+            self.values["watchdog.history_format"] = "stamps"
+            reboot = await volatile_history(self.session, self.head, facts.history_file)
+            if reboot:
+                self.warn("watchdog.history_file", reboot, facts.history_file)
+        for key, value in (
+            ("watchdog.pause_file", facts.pause_file),
+            ("watchdog.gave_up_file", facts.gave_up_file),
+            ("watchdog.grace_s", facts.grace_s),
+        ):
+            if value is not None:
+                self.found(key, value, f"from {facts.script}")
+        self.values["watchdog.reports_stamp"] = False
+        self.values["watchdog.history_locked"] = facts.history_locked
+        if not facts.history_locked:
+            self.warn("watchdog.history_locked", f"{facts.script} appends without a lock", False)
+        self.values["watchdog.restarts_missing_engine"] = facts.restarts_missing_engine
+        if not facts.restarts_missing_engine:
+            self.warn(
+                "watchdog.restarts_missing_engine",
+                f"{facts.script} reads a missing engine as stopped on purpose: after a crash "
+                "nothing restarts it (`spark-ops restart` does)",
+                False,
+            )
+        if facts.max_restarts is not None and facts.window_s:
+            self.found("watchdog.budget.max_restarts", facts.max_restarts, f"from {facts.script}")
+            self.found("watchdog.budget.window_s", int(facts.window_s), f"from {facts.script}")
+        return True
 
     async def _bash_watchdog(self) -> None:
         """A bash watchdog of the community kind: find the script and its stamps history."""

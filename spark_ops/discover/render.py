@@ -76,6 +76,7 @@ def render_inventory(
         out.append("      # path: ~/spark-vllm-docker/recipes/4x-spark-cluster/MODEL.yaml")
     out.append("    watchdog:")
     for key in (
+        "kind",
         "restart_command",
         "status_command",
         "reports_stamp",
@@ -85,6 +86,9 @@ def render_inventory(
         "journal_file",
         "pause_file",
         "gave_up_file",
+        "history_locked",
+        "grace_s",
+        "restarts_missing_engine",
     ):
         full = f"watchdog.{key}"
         if full in values:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from spark_ops.doctor.engine import EngineChecks
 from spark_ops.doctor.last import keep_report, read_last
+from spark_ops.doctor.loop import LoopChecks
 from spark_ops.doctor.nodes import NodeChecks
 from spark_ops.doctor.report import Checker, DoctorReport
 from spark_ops.doctor.watchdog import WatchdogChecks, command_program
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 
-class Doctor(NodeChecks, EngineChecks, WatchdogChecks):
+class Doctor(NodeChecks, EngineChecks, WatchdogChecks, LoopChecks):
     """Runs every check against a connected session and fills a DoctorReport."""
 
 
@@ -56,10 +57,12 @@ async def run_doctor(
         await doc.check_ray_workers()
         await doc.check_recipe()
         await doc.check_watchdog()
+        await doc.check_loop_watchdog()
         await doc.check_budget()
         await doc.check_engine_log()
         await doc.check_engine()
         await doc.check_engine_leftovers()
+        await doc.check_restart_policy()
     finally:
         if own:
             await sess.close()

@@ -24,7 +24,7 @@ from spark_ops.readiness import record as record_boot
 from spark_ops.remote import FileWrite, engine_log_follow, sha256
 from spark_ops.remote.programs.engine import LOG_SIZE
 from spark_ops.remote.shell import REMOVE
-from spark_ops.watchdog.contract import BudgetView, Trigger
+from spark_ops.watchdog.contract import BudgetView, Trigger, operator
 from spark_ops.watchdog.identify import (
     SLACK_S,
     HistEntry,
@@ -36,6 +36,7 @@ from spark_ops.watchdog.identify import (
     stamps_json,
     stamps_text,
 )
+from spark_ops.watchdog.loop import LoopPause
 from spark_ops.workflows import interrupt
 from spark_ops.workflows.gate import budget_refusal
 from spark_ops.workflows.journal import RunJournal, write_facts
@@ -336,6 +337,7 @@ async def _restart_and_wait(
         await journal.note(name, "triggered", window_to=trigger.after, stamp=out.stamp)
         run.finish(name, _stamp_note(found, stamp_error))
 
+    pause = await loop_pause(op, opts.reason)  # the lease of issue 30 stands in for it later
     run.start(name)
     try:
         await interrupt.atomic(fire())
@@ -364,15 +366,26 @@ async def _restart_and_wait(
             run.fail(name, why)
         raise
     finally:
-        if trigger is None:  # interrupted while triggering: a stamp may exist anyway
-            after = await op.watchdog.clock()
-            trigger = Trigger(clock_before, after, None, "")
-        if (found is None or found.entry is None) and stamp_error is None:
-            found, stamp_error = await _identify(op, trigger, before, opts.reason)
-            out.stamp = found.stamp if found else None
-        await interrupt.atomic(_prune_step(op, run, out, found, stamp_error, rollback, journal))
+        try:
+            if trigger is None:  # interrupted while triggering: a stamp may exist anyway
+                after = await op.watchdog.clock()
+                trigger = Trigger(clock_before, after, None, "")
+            if (found is None or found.entry is None) and stamp_error is None:
+                found, stamp_error = await _identify(op, trigger, before, opts.reason)
+                out.stamp = found.stamp if found else None
+            await interrupt.atomic(_prune_step(op, run, out, found, stamp_error, rollback, journal))
+        finally:
+            await pause.release()
     if boot_error is not None:
         raise boot_error
+
+
+async def loop_pause(op: Operation, reason: str) -> LoopPause:
+    """A loop-only watchdog paused through its pause file for the restart (none otherwise)."""
+    wd = op.cluster.watchdog
+    path = wd.pause_file if wd.loops_only else None
+    content = f"{operator()} {op.name}: {reason}"[:200].replace("\n", " ")
+    return await LoopPause.take(op.session, op.cluster.head.name, path, content)
 
 
 async def _time_from_engine(

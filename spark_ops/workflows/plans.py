@@ -23,6 +23,7 @@ from spark_ops.recipe import (
 from spark_ops.recipe.changes import refuse_unknown_options, requested_flags
 from spark_ops.recipe.source import load_recipe_text
 from spark_ops.remote import sha256
+from spark_ops.watchdog.policy import crash_loop_warning, engine_policy
 from spark_ops.workflows.converge import booting_note, engine_differs, plan_settle
 from spark_ops.workflows.gate import check_budget
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
@@ -324,6 +325,9 @@ async def _settle_and_gate(op: Operation, opts: ApplyOptions, plan: Plan) -> Non
     await plan_settle(op, plan)
     if plan.has(StepKind.RESTART):
         await check_budget(op, opts, plan)
+        loop = crash_loop_warning(await engine_policy(op.session))  # a policy is a watchdog too
+        if loop and loop not in plan.warnings:
+            plan.warnings.append(loop)
 
 
 def _restart_steps(plan: Plan, op: Operation, opts: ApplyOptions, *, write: bool) -> None:
@@ -338,7 +342,14 @@ def _restart_steps(plan: Plan, op: Operation, opts: ApplyOptions, *, write: bool
         what = "wait for in-flight requests to finish (vllm:num_requests_running → 0)"
         plan.add(StepKind.DRAIN, what, head)
     command = op.watchdog.restart_command(opts.reason)
-    plan.add(StepKind.RESTART, f"force a restart through the watchdog: {command}", head)
+    if c.watchdog.loops_only:  # no forced restart: the launcher's own stop and start
+        paused = (
+            f", the watchdog paused by {c.watchdog.pause_file}" if c.watchdog.pause_file else ""
+        )
+        what = f"restart with the launcher (the watchdog only loops{paused}): {command}"
+    else:
+        what = f"force a restart through the watchdog: {command}"
+    plan.add(StepKind.RESTART, what, head)
     plan.add(
         StepKind.BOOT,
         "follow the boot until a real completion answers "
@@ -346,6 +357,11 @@ def _restart_steps(plan: Plan, op: Operation, opts: ApplyOptions, *, write: bool
         head,
     )
     what = "remove exactly the stamp this planned restart wrote from the history"
+    if c.watchdog.loops_only:
+        what = (
+            "the launcher writes no stamp: nothing to prune unless the watchdog stamped a "
+            "restart of its own during this one (then exactly that stamp)"
+        )
     plan.add(StepKind.PRUNE, what, head)
     what = "check effective args, KV pool, free memory, Xid lines"
     plan.add(StepKind.VERIFY, what, [n.name for n in c.nodes])
