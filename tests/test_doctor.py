@@ -302,7 +302,8 @@ async def test_cluster_lock_held_by_another_operator(mini: MiniCluster) -> None:
 
 
 def test_dead_ray_worker_fails_doctor(tmp_path: Path) -> None:
-    """A worker whose Ray worker died (SSH up) fails `ray-worker` naming it, with the fix shown.
+    """A worker whose Ray worker died (SSH up) fails `ray-worker` naming it, with the fix shown;
+    apply and plan refuse the restart it predicts would fail, before anything is written.
 
     Its own cluster: the engine loses the worker too (its completions stop), which would leave the
     shared one wedged for the cases after it.
@@ -317,8 +318,22 @@ def test_dead_ray_worker_fails_doctor(tmp_path: Path) -> None:
         assert stop.returncode == 0 and stop.stdout == "node3: Ray worker stopped\n", stop
         res = spark_ops(s.inventory, "doctor", "--json")
         data = json.loads(res.stdout)
+        recipe = s.recipe.read_text()
+        history = (s.root / "nodes/node1/.local/state/spark-watchdog/restarts").read_text()
+        # the same check is part of the plan: refused before anything is written
+        applied = spark_ops(s.inventory, "apply", "--max-num-seqs", "8", "--yes", "--json")
+        planned = spark_ops(s.inventory, "plan", "--max-num-seqs", "8")
+        assert s.recipe.read_text() == recipe
+        assert (s.root / "nodes/node1/.local/state/spark-watchdog/restarts").read_text() == history
     finally:
         down(s.root)
+    for run in (applied, planned):
+        assert run.returncode == ExitStatus.CHECK_FAILED, run.stdout + run.stderr
+    error = json.loads(applied.stderr.strip().splitlines()[-1])
+    assert error["error"] == "BootWouldFail", error
+    assert "node3 (`" in error["message"] and "node2" not in error["message"], error
+    assert "nothing was written" in error["message"]
+    assert "start the Ray worker on node3" in error["hint"], error
     assert res.returncode == ExitStatus.CHECK_FAILED, res.stdout + res.stderr
     rays = {c["host"]: c for c in data["checks"] if c["name"] == "ray-worker"}
     assert sorted(rays) == ["node2", "node3", "node4"]
