@@ -100,8 +100,7 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
         return {"state": "restarting", "reasons": [f"a run is under way: {runs['in_progress']}"]}
     down = [n["name"] for n in data.get("nodes") or [] if not n.get("reachable")]
     if not engine.get("up"):
-        why = engine.get("error") or "the engine does not answer"
-        return {"state": "not-serving", "reasons": [str(why), *[f"{n} down" for n in down]]}
+        return not_serving(data, str(engine.get("error") or "the engine does not answer"), down)
     probe = engine.get("completion")
     if isinstance(probe, dict) and not probe.get("ok", True):
         said = CompletionProbe.from_dict(probe).describe()
@@ -133,6 +132,43 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
     elif recipe and not recipe.get("same_on_all_nodes", True):
         reasons.append("recipe copies differ between nodes")
     return {"state": "degraded" if reasons else "serving", "reasons": reasons}
+
+
+def not_serving(data: dict[str, Any], why: str, down: list[str]) -> dict[str, Any]:
+    """The not-serving verdict as one sentence: the engine's silence, its dead process, the
+    watchdog's give-up and a spent budget together, and the one command to run next."""
+    engine = data.get("engine") or {}
+    budget = data.get("budget") or {}
+    inst = engine.get("instance") or {}
+    reasons = [why]
+    if inst and inst.get("alive") is False:
+        reasons.append(f"its process (pid {inst.get('pid')}) is gone")
+    used, allowed = budget.get("used"), budget.get("allowed", 0)
+    spent = isinstance(used, int) and used >= allowed
+    if budget.get("gave_up"):
+        spent_text = f" (its restart budget spent, {used}/{allowed})" if spent else ""
+        reasons.append(f"the watchdog gave up{spent_text}: nothing will restart it")
+    elif spent:
+        reasons.append(
+            f"the restart budget is spent ({used}/{allowed}): the watchdog will not restart it"
+        )
+    elif budget.get("paused"):
+        reasons.append("the watchdog is paused: it will not restart it")
+    dead = bool(inst) and inst.get("alive") is False
+    if dead and isinstance(used, int) and not spent and not budget.get("paused"):
+        reasons.append(f"the watchdog restarts it ({used}/{allowed} of its budget used)")
+    reasons += [f"{n} down" for n in down]
+    if down:
+        then = "spark-ops doctor"
+    elif spent or budget.get("gave_up"):
+        then = "spark-ops restart --over-budget"
+    elif dead and budget.get("paused"):
+        then = "spark-ops restart"
+    elif dead:
+        then = "spark-ops status --watch 5"
+    else:
+        then = "spark-ops doctor"
+    return {"state": "not-serving", "reasons": reasons, "next": then}
 
 
 async def _runs(session: ClusterSession) -> dict[str, Any]:
@@ -226,6 +262,7 @@ async def _engine(op: Operation) -> dict[str, Any]:
         up = await api.health()
         info: dict[str, Any] = {"up": up, "url": op.cluster.engine.api_url}
         if not up:
+            info["error"] = f"no answer on {op.cluster.engine.api_url}/health"
             return info
         info["version"] = await api.version()
         info["models"] = await api.models()

@@ -89,6 +89,8 @@ def check_row(row: dict[str, Any], env: dict[str, str], cwd: Path, subs: dict[st
             assert res.stdout == "", (where, "stdout under a --json error", res.stdout[:300])
             error = json.loads(err_lines[-1])
             assert error["error"] and error["message"], (where, error)
+            logs = [ln for ln in err_lines[:-1] if {"level", "timestamp"} <= set(json.loads(ln))]
+            assert not logs, (where, "a log line without -v under --json", logs[:3])
     if "pipe" in row:
         res = _run(args, env, cwd, closed=True)
         assert res.returncode == row["pipe"]["exit"], (where, "closed stdout", res.stderr)
@@ -102,7 +104,9 @@ def check_row(row: dict[str, Any], env: dict[str, str], cwd: Path, subs: dict[st
         assert res.returncode == want["exit"], (where, "plain", res.returncode, res.stderr[-2000:])
         mixed = [ln for ln in (res.stdout + res.stderr).splitlines() if _is_json_line(ln)]
         assert not mixed, (where, "a JSON line without --json", mixed[:3])
-        assert want["stderr_has"].format(**subs) in res.stderr, (where, res.stderr[-2000:])
+        assert want.get("stderr_has", "").format(**subs) in res.stderr, (where, res.stderr[-2000:])
+        if "stderr_lacks" in want:
+            assert want["stderr_lacks"] not in res.stderr, (where, res.stderr[-2000:])
 
 
 def _subs(tmp_path: Path) -> dict[str, str]:
