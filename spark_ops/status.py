@@ -9,7 +9,7 @@ from typing import Any
 
 from spark_ops.engine.api import CompletionProbe
 from spark_ops.engine.identity import leftovers, stop_hint
-from spark_ops.errors import SparkOpsError
+from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
 from spark_ops.inventory import Cluster
 from spark_ops.lock import describe_holder, lock_state
 from spark_ops.readiness import BootHistory, history_key
@@ -39,6 +39,8 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
                     if err is None
                     else None,
                     "error": err.message if err else None,
+                    # a key unknown or refused is set-up, not the cluster's state (exit 4)
+                    "refused": isinstance(err, HostKeyError | AuthError),
                 }
             )
         if cluster.head.name in session.errors:

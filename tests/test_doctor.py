@@ -8,8 +8,10 @@ damage is undone after each case, so one cluster serves the whole module.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -195,8 +197,17 @@ async def test_doctor_case(mini: MiniCluster, tmp_path: Path, case: str) -> None
     inv = dict(spec.get("inventory") or {})
     undo = [apply_damage(mini, tmp_path, d, inv) for d in spec.get("damage") or []]
     try:
-        cluster: Cluster = load_inventory(inventory_with(mini, tmp_path, inv)).cluster()
+        path = inventory_with(mini, tmp_path, inv)
+        cluster: Cluster = load_inventory(path).cluster()
         report = await run_doctor(cluster)
+        if spec.get("fix_runs"):  # a fix must fix: run its command, then its check passes
+            fix = next(c.fix for c in report.checks if c.name == spec["expect"]["check"])
+            command = shlex.split(fix[fix.rindex("spark-ops ") :])[1:]
+            ran = await asyncio.to_thread(spark_ops, path, *command, "-y")
+            assert ran.returncode == 0, (command, ran.stdout, ran.stderr)
+            again = await run_doctor(cluster)
+            after = [c for c in again.checks if c.name == spec["expect"]["check"]]
+            assert after and all(c.status == "ok" for c in after), (command, after)
     finally:
         for u in reversed(undo):
             u()

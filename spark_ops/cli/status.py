@@ -155,6 +155,20 @@ def _boot_text(boot: dict[str, Any], last: dict[str, Any] | None) -> str:
     return text
 
 
+def _exit_status(data: dict[str, Any]) -> ExitStatus:
+    """The verdict's code; 4 (UNREACHABLE) when a node's host key is unknown or changed, or it
+    refused our credentials: a set-up problem to fix first, as docs/exit-codes.md says."""
+    refused = [n["name"] for n in data.get("nodes") or [] if n.get("refused")]
+    if refused:
+        click.echo(
+            f"hint: fix SSH to {', '.join(refused)} first (host key or credentials): "
+            "`spark-ops doctor` names the fix",
+            err=True,
+        )
+        return ExitStatus.UNREACHABLE
+    return VERDICT_EXIT[(data.get("verdict") or {}).get("state", "not-serving")]
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
 @click.option(
@@ -172,13 +186,21 @@ def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
 
     cluster = load_cluster(ctx)
     while True:
-        data = run_async(collect_status(cluster))
-        if as_json:
-            emit_json(data)
-        else:
-            if watch:
-                click.clear()
-            echo_status(data)
-        if not watch:
-            ctx.exit(int(VERDICT_EXIT[(data.get("verdict") or {}).get("state", "not-serving")]))
-        time.sleep(watch)
+        try:
+            data = run_async(collect_status(cluster))
+            if as_json:
+                emit_json(data)
+            else:
+                if watch:
+                    click.clear()
+                    stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+                    click.echo(f"{stamp}  every {watch:g} s; Ctrl-C to stop")
+                echo_status(data)
+            if not watch:
+                ctx.exit(int(_exit_status(data)))
+            time.sleep(watch)
+        except KeyboardInterrupt:
+            if not watch:
+                raise
+            click.echo("", err=True)  # leaving a watch is how it ends: no error, exit 0
+            ctx.exit(0)
