@@ -294,7 +294,9 @@ def _print_whatif(console: Any, state: ExperimentState, width: int) -> None:
             try:
                 whatif = whatif_of(result, caps)
             except BenchError as exc:
-                console.print(f"what-if from {name}: {exc.message}", highlight=False, soft_wrap=True)
+                console.print(
+                    f"what-if from {name}: {exc.message}", highlight=False, soft_wrap=True
+                )
                 continue
             for check in checks:
                 distrust_others(whatif, check)
