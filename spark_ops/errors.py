@@ -156,6 +156,16 @@ class ConnectError(RemoteError):
 
     exit_status = ExitStatus.UNREACHABLE
 
+    def __init__(self, host: str, message: str, *, hint: str | None = None) -> None:
+        """Keep the message; without a hint of its own, say what to do about a node down."""
+        super().__init__(
+            host,
+            message,
+            hint=hint
+            or f"is {host} up, and its sshd listening? `spark-ops doctor` checks every node and "
+            "names the fix",
+        )
+
 
 class HostKeyError(ConnectError):
     """A node's host key is unknown or changed."""

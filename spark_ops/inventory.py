@@ -7,6 +7,7 @@ anywhere.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -201,8 +202,10 @@ class Inventory:
                 f"{self.path}: holds clusters {sorted(self.clusters)}; choose one with --cluster"
             )
         if name not in self.clusters:
+            near = difflib.get_close_matches(name, list(self.clusters), n=1, cutoff=0.6)
             raise InventoryError(
-                f"{self.path}: no cluster {name!r}; clusters are {sorted(self.clusters)}"
+                f"{self.path}: no cluster {name!r}; clusters are {sorted(self.clusters)}",
+                hint=f"did you mean -c {near[0]}?" if near else "pass -c with one of them",
             )
         return self.clusters[name]
 
@@ -219,10 +222,17 @@ class _Section:
             raise self.error(key, f"must be a mapping, got {type(data).__name__}")
         unknown = sorted(str(k)[:60] for k in data if k not in allowed)
         if unknown:
-            raise self.error(
+            near = difflib.get_close_matches(unknown[0], allowed, n=1, cutoff=0.6)
+            error = self.error(
                 f"{key}.{unknown[0]}" if key else unknown[0],
                 f"unknown key; allowed keys: {', '.join(allowed)}",
             )
+            error.hint = (
+                f"did you mean {self.path(near[0])}? rename the key in {source}"
+                if near
+                else f"remove the key from {source}, or use one of the allowed keys"
+            )
+            raise error
         self.data: Mapping[str, Any] = data
 
     def error(self, key: str, message: str) -> InventoryError:
@@ -573,7 +583,11 @@ def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
         default = Path("inventory/cluster.yaml")
         if not default.exists():
             raise InventoryError(
-                f"no inventory given: pass --inventory FILE or set {ENV_VAR} (looked for {default})"
+                f"no inventory given: pass --inventory FILE or set {ENV_VAR} "
+                f"(looked for {default})",
+                hint="write one from your nodes: spark-ops init --hosts HEAD,WORKER,... -o "
+                f"{default}; or try the embedded cluster: spark-ops sim up (it prints the "
+                f"{ENV_VAR} to export)",
             )
         chosen = default
     p = Path(chosen).expanduser()

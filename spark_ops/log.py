@@ -1,5 +1,7 @@
 """Logging: structlog with a console renderer on a TTY, JSON lines otherwise; always on stderr.
 
+The CLI logs only when asked (cli_verbosity): warnings by default, -v info, --log-json JSON lines.
+
 structlog (and the rich modules it pulls in) is imported only when a message passes the level, so a
 quiet command pays nothing for it: `get_logger()` returns a small proxy.
 """
@@ -15,10 +17,33 @@ _LEVELS.update(warn=logging.WARNING, error=logging.ERROR, critical=logging.CRITI
 _state: dict[str, Any] = {"level": logging.INFO, "json": None, "ready": False}
 
 
+SILENT = -2  # no log line at all (the CLI under --json without -v: its error object alone)
+
+
 def configure(verbosity: int = 0, *, json: bool | None = None) -> None:
-    """Set the level (-1 quiet, 0 info, 1+ debug) and format (None: JSON unless stderr is a TTY)."""
-    level = logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO
+    """Set the level (-2 silent, -1 warnings, 0 info, 1+ debug) and format (None: JSON unless
+    stderr is a TTY)."""
+    levels = {SILENT: logging.CRITICAL + 10, -1: logging.WARNING, 0: logging.INFO}
+    level = levels.get(max(verbosity, SILENT), logging.DEBUG)
     _state.update(level=level, json=json, ready=False)
+
+
+def cli_verbosity(verbose: int, *, quiet: bool, as_json: bool, log_json: bool) -> int:
+    """The CLI's log level: a report is for a person, so logs reach stderr only when asked.
+
+    Warnings by default (and with -q, which wins); -v info, -vv debug; --log-json info as JSON
+    lines. Under
+    --json without -v or --log-json, no log line at all: stderr holds the error object alone.
+    """
+    if quiet:
+        return -1
+    if verbose:
+        return verbose - 1
+    if log_json:
+        return 0
+    if as_json:
+        return SILENT
+    return -1
 
 
 def _structlog() -> Any:

@@ -42,3 +42,27 @@ def parse_human_int(text: str) -> int:
             f"invalid value {excerpt(text)}: use an integer or a number with one suffix "
             "(K M G T binary, k m g t decimal)"
         ) from None
+
+
+def human_bytes(n: int | float) -> str:
+    """A byte count as a person reads it: 60 GiB, 1.5 GiB, 512 MiB, 100 B (binary units)."""
+    value = float(n)
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        scale = 1024.0 ** ("KMGT".index(unit[0]) + 1)
+        if abs(value) >= scale:
+            scaled = value / scale
+            return f"{scaled:.0f} {unit}" if scaled == int(scaled) else f"{scaled:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def human_share(fraction: float) -> str:
+    """A fraction 0..1 as a percentage (KV cache usage): 0 %, <0.1 %, 12.3 %, 100 %."""
+    pct = float(fraction) * 100
+    if pct == 0:
+        return "0 %"
+    return "<0.1 %" if 0 < pct < 0.1 else f"{pct:.1f} %".replace(".0 %", " %")
+
+
+def human_count(value: float) -> str:
+    """A gauge that counts things (requests running): 1, not 1.0."""
+    return f"{value:.0f}" if float(value) == int(value) else f"{value:.1f}"

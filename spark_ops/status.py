@@ -9,7 +9,7 @@ from typing import Any
 
 from spark_ops.engine.api import CompletionProbe
 from spark_ops.engine.identity import leftovers, stop_hint
-from spark_ops.errors import SparkOpsError
+from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
 from spark_ops.inventory import Cluster
 from spark_ops.lock import describe_holder, lock_state
 from spark_ops.readiness import BootHistory, history_key
@@ -40,6 +40,8 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
                     if err is None
                     else None,
                     "error": err.message if err else None,
+                    # a key unknown or refused is set-up, not the cluster's state (exit 4)
+                    "refused": isinstance(err, HostKeyError | AuthError),
                 }
             )
         if cluster.head.name in session.errors:
@@ -102,9 +104,7 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
         return {"state": "restarting", "reasons": [f"a run is under way: {runs['in_progress']}"]}
     down = [n["name"] for n in data.get("nodes") or [] if not n.get("reachable")]
     if not engine.get("up"):
-        why = engine.get("error") or "the engine does not answer"
-        alone = [data["recovery"]] if data.get("recovery") else []  # no watchdog brings it back
-        return {"state": "not-serving", "reasons": [str(why), *alone, *[f"{n} down" for n in down]]}
+        return not_serving(data, str(engine.get("error") or "the engine does not answer"), down)
     probe = engine.get("completion")
     if isinstance(probe, dict) and not probe.get("ok", True):
         said = CompletionProbe.from_dict(probe).describe()
@@ -136,6 +136,46 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
     elif recipe and not recipe.get("same_on_all_nodes", True):
         reasons.append("recipe copies differ between nodes")
     return {"state": "degraded" if reasons else "serving", "reasons": reasons}
+
+
+def not_serving(data: dict[str, Any], why: str, down: list[str]) -> dict[str, Any]:
+    """The not-serving verdict as one sentence: the engine's silence, its dead process, the
+    watchdog's give-up and a spent budget together, and the one command to run next."""
+    engine = data.get("engine") or {}
+    budget = data.get("budget") or {}
+    inst = engine.get("instance") or {}
+    reasons = [why]
+    if data.get("recovery"):
+        reasons.append(str(data["recovery"]))  # no watchdog brings it back: the command that does
+    if inst and inst.get("alive") is False:
+        reasons.append(f"its process (pid {inst.get('pid')}) is gone")
+    used, allowed = budget.get("used"), budget.get("allowed", 0)
+    spent = isinstance(used, int) and used >= allowed
+    if budget.get("gave_up"):
+        spent_text = f" (its restart budget spent, {used}/{allowed})" if spent else ""
+        reasons.append(f"the watchdog gave up{spent_text}: nothing will restart it")
+    elif spent:
+        reasons.append(
+            f"the restart budget is spent ({used}/{allowed}): the watchdog will not restart it"
+        )
+    elif budget.get("paused"):
+        reasons.append("the watchdog is paused: it will not restart it")
+    dead = bool(inst) and inst.get("alive") is False
+    alone = bool(data.get("recovery"))  # a watchdog that reads a missing engine as stopped
+    if dead and isinstance(used, int) and not spent and not budget.get("paused") and not alone:
+        reasons.append(f"the watchdog restarts it ({used}/{allowed} of its budget used)")
+    reasons += [f"{n} down" for n in down]
+    if down:
+        then = "spark-ops doctor"
+    elif spent or budget.get("gave_up"):
+        then = "spark-ops restart --over-budget"
+    elif dead and (budget.get("paused") or alone):
+        then = "spark-ops restart"
+    elif dead:
+        then = "spark-ops status --watch 5"
+    else:
+        then = "spark-ops doctor"
+    return {"state": "not-serving", "reasons": reasons, "next": then}
 
 
 def recovery(cluster: Cluster, engine: dict[str, Any]) -> str | None:
@@ -242,6 +282,7 @@ async def _engine(op: Operation) -> dict[str, Any]:
         up = await api.health()
         info: dict[str, Any] = {"up": up, "url": op.cluster.engine.api_url}
         if not up:
+            info["error"] = f"no answer on {op.cluster.engine.api_url}/health"
             return info
         info["version"] = await api.version()
         info["models"] = await api.models()

@@ -83,12 +83,14 @@ def check_row(row: dict[str, Any], env: dict[str, str], cwd: Path, subs: dict[st
         assert res.returncode == want["exit"], (where, "--json", res.returncode, res.stderr[-2000:])
         err_lines = res.stderr.splitlines()
         assert all(_is_json_line(ln) for ln in err_lines), (where, "stderr not JSON", err_lines)
-        if want["exit"] == 0:
+        if want["exit"] == 0 or want.get("answer"):
             json.loads(res.stdout)  # one document, nothing else
         else:
             assert res.stdout == "", (where, "stdout under a --json error", res.stdout[:300])
             error = json.loads(err_lines[-1])
             assert error["error"] and error["message"], (where, error)
+            logs = [ln for ln in err_lines[:-1] if {"level", "timestamp"} <= set(json.loads(ln))]
+            assert not logs, (where, "a log line without -v under --json", logs[:3])
     if "pipe" in row:
         res = _run(args, env, cwd, closed=True)
         assert res.returncode == row["pipe"]["exit"], (where, "closed stdout", res.stderr)
@@ -102,7 +104,9 @@ def check_row(row: dict[str, Any], env: dict[str, str], cwd: Path, subs: dict[st
         assert res.returncode == want["exit"], (where, "plain", res.returncode, res.stderr[-2000:])
         mixed = [ln for ln in (res.stdout + res.stderr).splitlines() if _is_json_line(ln)]
         assert not mixed, (where, "a JSON line without --json", mixed[:3])
-        assert want["stderr_has"].format(**subs) in res.stderr, (where, res.stderr[-2000:])
+        assert want.get("stderr_has", "").format(**subs) in res.stderr, (where, res.stderr[-2000:])
+        if "stderr_lacks" in want:
+            assert want["stderr_lacks"] not in res.stderr, (where, res.stderr[-2000:])
 
 
 def _subs(tmp_path: Path) -> dict[str, str]:
@@ -164,11 +168,12 @@ def test_sim_status_and_down_from_another_directory(tmp_path: Path) -> None:
         mp.setenv("HOME", str(home))
         control.record_running(root, {"pid": os.getpid()})
     res = _run(["sim", "status"], env, here)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 14, res.stderr  # NOT_SERVING: none runs here
     assert f"no embedded cluster is running in {here / '.sim'}" in res.stdout
     assert f"running elsewhere: {root} (pid {os.getpid()})" in res.stdout
     assert "--dir DIR or SPARK_OPS_SIM_DIR" in res.stdout
     res = _run(["sim", "status", "--json"], env, here)
+    assert res.returncode == 14, res.stderr
     assert json.loads(res.stdout)["elsewhere"] == [{"root": str(root), "pid": os.getpid()}]
     res = _run(["sim", "status"], {**env, "SPARK_OPS_SIM_DIR": str(root)}, here)
     assert res.stdout.startswith(f"running (pid {os.getpid()})"), res.stdout

@@ -102,7 +102,7 @@ def status(env: dict[str, str]) -> dict[str, Any]:
 
 def audit(env: dict[str, str]) -> list[dict[str, Any]]:
     """The head's audit log."""
-    return json.loads(cli(env, "log", "--json", "--limit", "400").stdout)
+    return json.loads(cli(env, "log", "--json", "--raw", "--limit", "400").stdout)
 
 
 def wait_serving(env: dict[str, str], timeout: float = 120) -> dict[str, Any]:

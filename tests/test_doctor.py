@@ -8,8 +8,10 @@ damage is undone after each case, so one cluster serves the whole module.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -195,8 +197,17 @@ async def test_doctor_case(mini: MiniCluster, tmp_path: Path, case: str) -> None
     inv = dict(spec.get("inventory") or {})
     undo = [apply_damage(mini, tmp_path, d, inv) for d in spec.get("damage") or []]
     try:
-        cluster: Cluster = load_inventory(inventory_with(mini, tmp_path, inv)).cluster()
+        path = inventory_with(mini, tmp_path, inv)
+        cluster: Cluster = load_inventory(path).cluster()
         report = await run_doctor(cluster)
+        if spec.get("fix_runs"):  # a fix must fix: run its command, then its check passes
+            fix = next(c.fix for c in report.checks if c.name == spec["expect"]["check"])
+            command = shlex.split(fix[fix.rindex("spark-ops ") :])[1:]
+            ran = await asyncio.to_thread(spark_ops, path, *command, "-y")
+            assert ran.returncode == 0, (command, ran.stdout, ran.stderr)
+            again = await run_doctor(cluster)
+            after = [c for c in again.checks if c.name == spec["expect"]["check"]]
+            assert after and all(c.status == "ok" for c in after), (command, after)
     finally:
         for u in reversed(undo):
             u()
@@ -302,7 +313,8 @@ async def test_cluster_lock_held_by_another_operator(mini: MiniCluster) -> None:
 
 
 def test_dead_ray_worker_fails_doctor(tmp_path: Path) -> None:
-    """A worker whose Ray worker died (SSH up) fails `ray-worker` naming it, with the fix shown.
+    """A worker whose Ray worker died (SSH up) fails `ray-worker` naming it, with the fix shown;
+    apply and plan refuse the restart it predicts would fail, before anything is written.
 
     Its own cluster: the engine loses the worker too (its completions stop), which would leave the
     shared one wedged for the cases after it.
@@ -317,8 +329,22 @@ def test_dead_ray_worker_fails_doctor(tmp_path: Path) -> None:
         assert stop.returncode == 0 and stop.stdout == "node3: Ray worker stopped\n", stop
         res = spark_ops(s.inventory, "doctor", "--json")
         data = json.loads(res.stdout)
+        recipe = s.recipe.read_text()
+        history = (s.root / "nodes/node1/.local/state/spark-watchdog/restarts").read_text()
+        # the same check is part of the plan: refused before anything is written
+        applied = spark_ops(s.inventory, "apply", "--max-num-seqs", "8", "--yes", "--json")
+        planned = spark_ops(s.inventory, "plan", "--max-num-seqs", "8")
+        assert s.recipe.read_text() == recipe
+        assert (s.root / "nodes/node1/.local/state/spark-watchdog/restarts").read_text() == history
     finally:
         down(s.root)
+    for run in (applied, planned):
+        assert run.returncode == ExitStatus.CHECK_FAILED, run.stdout + run.stderr
+    error = json.loads(applied.stderr.strip().splitlines()[-1])
+    assert error["error"] == "BootWouldFail", error
+    assert "node3 (`" in error["message"] and "node2" not in error["message"], error
+    assert "nothing was written" in error["message"]
+    assert "start the Ray worker on node3" in error["hint"], error
     assert res.returncode == ExitStatus.CHECK_FAILED, res.stdout + res.stderr
     rays = {c["host"]: c for c in data["checks"] if c["name"] == "ray-worker"}
     assert sorted(rays) == ["node2", "node3", "node4"]

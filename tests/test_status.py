@@ -31,6 +31,8 @@ def test_verdict(case: dict[str, Any]) -> None:
     assert len(got["reasons"]) == len(case["reasons"]), got
     for words, reason in zip(case["reasons"], got["reasons"], strict=True):
         assert words in reason, got
+    if "next" in case:  # the one command the verdict says to run next
+        assert got.get("next") == case["next"], got
 
 
 def _status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -356,7 +356,7 @@ def _interrupted(
         f"interrupted: {len(finished)} of {len(levels)} level(s) finished "
         f"({','.join(str(lv.max_concurrency) for lv in finished)}), kept in {partial}\n"
         f"continue with: {shlex.join(words)}",
-        highlight=False, markup=False,
+        highlight=False, markup=False, soft_wrap=True,  # a line to copy: never wrapped
     )  # fmt: skip
 
 

@@ -74,7 +74,7 @@ def _sweep_settings(kw: dict[str, Any], caps: list[int], what_if: list[int]) -> 
     }  # fmt: skip
 
 
-def echo_plan(plan: ExperimentPlan, n_done: int) -> None:
+def echo_plan(plan: ExperimentPlan, n_done: int, history: str | None = None) -> None:
     """The configurations, the restarts they take and the restore, for a person."""
     click.secho(f"Experiment on cluster {plan.cluster}", bold=True)
     click.echo(
@@ -101,7 +101,7 @@ def echo_plan(plan: ExperimentPlan, n_done: int) -> None:
     click.echo(f"  at the end: {end}")
     from spark_ops.readiness.eta import estimate
 
-    boot = sum(estimate(plan.cluster).values())
+    boot = sum(estimate(history or plan.cluster).values())  # the boots of this cluster
     took = f", ~{boot:.0f} s by the boots watched from here" if boot else ""
     click.echo(
         f"  restarts: {plan.restarts} planned (each a full boot{took}; each stamp pruned, the "
@@ -132,9 +132,17 @@ def _knobs(values: dict[str, Any]) -> str:
 class _Progress:
     """Steps, boot views and sweep levels on stderr; one boot view per restart."""
 
-    def __init__(self, cluster: str, workers: int | None = None, as_json: bool = False) -> None:
-        """Nothing shown yet; `workers` is the inventory's worker count; JSON lines under --json."""
+    def __init__(
+        self,
+        cluster: str,
+        workers: int | None = None,
+        as_json: bool = False,
+        history: str | None = None,
+    ) -> None:
+        """Nothing shown yet; `workers` is the inventory's worker count; JSON lines under --json;
+        `history` the cluster's boot-history key (readiness.history_key), for the ETA."""
         self.cluster = cluster
+        self.history = history
         self.workers = workers
         self.as_json = as_json
         self.steps = step_reporter(as_json)
@@ -166,7 +174,11 @@ class _Progress:
 
         if self.boot is None:
             self.boot = make_reporter(
-                self.cluster, self.as_json, workers_expected=self.workers, quiet=self.quiet
+                self.cluster,
+                self.as_json,
+                history=self.history,
+                workers_expected=self.workers,
+                quiet=self.quiet,
             )
         self.boot(event)
 
@@ -231,7 +243,7 @@ def render_report(outcome: ExperimentOutcome, *, width: int = 160) -> str:
         console.print()
         console.print(report.fit_table(report.sweep_table(result), width, report.SWEEP_DROP))
         for line in report.reading_lines(result):
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, soft_wrap=True)
         b = run["budget"]
         console.print(
             f"Restart budget: {b['used_before']} used before, {b['used_after']} after"
@@ -251,8 +263,8 @@ def render_report(outcome: ExperimentOutcome, *, width: int = 160) -> str:
     if done < total:
         console.print(f"Partial reading: {done} of {total} configurations measured.")
     for line in outcome.reading.lines:
-        console.print(line, highlight=False)
-    console.print(_ending(outcome), highlight=False)
+        console.print(line, highlight=False, soft_wrap=True)
+    console.print(_ending(outcome), highlight=False, soft_wrap=True)
     return console.export_text()
 
 
@@ -282,17 +294,19 @@ def _print_whatif(console: Any, state: ExperimentState, width: int) -> None:
             try:
                 whatif = whatif_of(result, caps)
             except BenchError as exc:
-                console.print(f"what-if from {name}: {exc.message}", highlight=False)
+                console.print(
+                    f"what-if from {name}: {exc.message}", highlight=False, soft_wrap=True
+                )
                 continue
             for check in checks:
                 distrust_others(whatif, check)
             whatif.lines = reading_lines(whatif)
             console.print(fit_table(whatif_table(whatif), width, []))
             for line in whatif_lines(whatif):
-                console.print(line, highlight=False)
+                console.print(line, highlight=False, soft_wrap=True)
         for check in checks:
             for line in check.lines():
-                console.print(line, highlight=False)
+                console.print(line, highlight=False, soft_wrap=True)
 
 
 def _ending(outcome: ExperimentOutcome) -> str:
@@ -460,7 +474,9 @@ def cli(ctx: click.Context, **kw: Any) -> int:
         drain=not kw["no_drain"], deadline_s=kw["deadline"], force=kw["force"],
         over_budget=kw["over_budget"],
     )  # fmt: skip
-    progress = _Progress(cluster.name, len(cluster.workers), kw["as_json"])
+    from spark_ops.readiness import history_key
+
+    progress = _Progress(cluster.name, len(cluster.workers), kw["as_json"], history_key(cluster))
     hooks = Hooks(progress.on_config, progress.on_step, progress.on_event, progress.on_level,
                   progress.on_note)  # fmt: skip
 
@@ -486,7 +502,7 @@ def cli(ctx: click.Context, **kw: Any) -> int:
             err = kw["as_json"]  # under --json, stdout carries the report only
             if not quiet() or asked or kw["dry_run"]:  # -q: the plan when a prompt asks
                 with contextlib.redirect_stdout(sys.stderr if err else sys.stdout):
-                    echo_plan(plan, len(state.results))
+                    echo_plan(plan, len(state.results), progress.history)
                     if gate is not None:
                         echo_gate(gate)
             refusal = gate_refusal(gate)

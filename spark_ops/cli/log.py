@@ -16,28 +16,26 @@ def _clean(value: object) -> str:
 
 
 def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
-    """Print entries for a person, one block per entry."""
+    """Print operations (workflows.oplog) for a person, one block per operation."""
     if not entries:
         click.echo("The audit log is empty: no operation has been recorded on this cluster yet.")
         return
-    from spark_ops.workflows.journal import runs_of
-
-    runs = {r.run: r for r in runs_of(entries)}
     for e in entries:
         if "malformed" in e:
-            click.secho(f"(unreadable line) {e['malformed'][:200]}", fg="yellow")
+            click.secho(f"(unreadable line) {_clean(e['malformed'])[:200]}", fg="yellow")
             continue
-        run = runs.get(str(e.get("run")))
-        if e.get("phase") == "step" or (e.get("phase") == "intent" and run and not run.unfinished):
-            continue  # a run shows once: by its end, or by its intent while it has none
         what = e.get("what") or {}
         args = what.get("args") or {}
-        arg_text = " ".join(f"{_clean(k)}={_clean(v)}" for k, v in args.items())
+        arg_text = " ".join(
+            f"{_clean(k)}={_clean(v)}" for k, v in args.items() if v not in (None, False, [], "")
+        )
         outcome = str(e.get("outcome", ""))
-        if e.get("phase") == "intent" and run is not None:
-            outcome = f"did not end (killed, or still running); last recorded: {run.last_step}"
+        if e.get("unfinished"):
+            outcome = f"did not end (killed, or still running); last recorded: {e['last_step']}"
+        elif e.get("settled_by"):
+            outcome = f"did not end; finished by run {e['settled_by']}"
         color = "green" if outcome in ("ok", "done") else ("red" if outcome else None)
-        stamp = e.get("when")
+        stamp = e.get("started", e.get("when"))
         head = (
             f"{when(float(stamp)) if isinstance(stamp, int | float) else '-'}  "
             f"{_clean(e.get('who', '?'))}"
@@ -45,6 +43,10 @@ def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
         click.echo(f"{head}  {_clean(what.get('operation', '?'))} {arg_text}".rstrip())
         nodes = ", ".join(_clean(n) for n in e.get("nodes") or []) or "-"
         click.secho(f"    nodes: {nodes}  outcome: {_clean(outcome) or '-'}", fg=color)
+        steps = [s for s in e.get("steps") or [] if isinstance(s, dict)]
+        if steps:
+            said = ", ".join(f"{_clean(s.get('step'))} {_clean(s.get('status'))}" for s in steps)
+            click.echo(f"    steps: {said}")
         if diffs and e.get("diff"):
             for line in str(e["diff"]).splitlines():
                 click.echo(f"    {line}")
@@ -57,17 +59,27 @@ def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
     type=click.IntRange(min=1),
     default=20,
     show_default=True,
-    help="How many of the latest entries.",
+    help="How many of the latest operations (each with its steps).",
 )
 @click.option("--diff", "diffs", is_flag=True, help="Show each entry's recipe diff too.")
+@click.option(
+    "--raw", is_flag=True, help="With --json: the audit file's lines as kept (-n counts lines)."
+)
 @click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
 @click.pass_context
-def cli(ctx: click.Context, limit: int, diffs: bool, as_json: bool) -> None:
-    """Show the audit log kept on the head: when, who, what, on which nodes, the outcome."""
+def cli(ctx: click.Context, limit: int, diffs: bool, raw: bool, as_json: bool) -> None:
+    """Show the audit log kept on the head: when, who, what, on which nodes, the outcome, the
+    steps; one entry per operation (a run's intent, step records and end together)."""
     cluster = load_cluster(ctx)
+    if raw and not as_json:
+        raise click.UsageError("--raw is for --json (the audit file's lines as kept)")
     from spark_ops.audit import read_log
+    from spark_ops.workflows.oplog import read_log_operations
 
-    entries = run_async(read_log(cluster, limit))
+    if raw:
+        entries = run_async(read_log(cluster, limit))
+    else:
+        entries = run_async(read_log_operations(cluster, limit))
     if as_json:
         emit_json(entries)
     else:

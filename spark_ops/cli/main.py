@@ -110,17 +110,24 @@ class LazyGroup(click.Group):
     help="Inventory file (env SPARK_OPS_INVENTORY).",
 )
 @click.option("-c", "--cluster", envvar="SPARK_OPS_CLUSTER", help="Cluster name when several.")
-@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.option("-v", "--verbose", count=True, help="Log lines on stderr (-vv for debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors on stderr.")
+@click.option("--log-json", is_flag=True, help="Log lines on stderr, as JSON lines.")
 @click.version_option(__version__, prog_name="spark-ops")
 @click.pass_context
 def cli(
-    ctx: click.Context, inventory: str | None, cluster: str | None, verbose: int, quiet: bool
+    ctx: click.Context,
+    inventory: str | None,
+    cluster: str | None,
+    verbose: int,
+    quiet: bool,
+    log_json: bool,
 ) -> None:
     """Operate a vLLM cluster of DGX Spark nodes: knobs, planned restarts, budget, sweeps."""
-    from spark_ops.log import configure
+    from spark_ops.log import cli_verbosity, configure
 
-    configure(-1 if quiet else verbose, json=_JSON["flag"])
+    level = cli_verbosity(verbose, quiet=quiet, as_json=_JSON["flag"], log_json=log_json)
+    configure(level, json=log_json or _JSON["flag"])
     ctx.obj = {"inventory": inventory, "cluster": cluster, "verbose": verbose, "quiet": quiet}
 
 

@@ -92,8 +92,10 @@ def down(root: Path) -> int:
 @cli.command()
 @_DIR
 @click.option("--json", "as_json", is_flag=True)
-def status(root: Path, as_json: bool) -> None:
-    """Say whether the embedded cluster runs, and where."""
+@click.pass_context
+def status(ctx: click.Context, root: Path, as_json: bool) -> None:
+    """Say whether the embedded cluster runs, and where (exit 14 when none runs here)."""
+    from spark_ops.errors import ExitStatus
     from spark_ops.sim.control import POINT_HINT, not_running, read_state, running_elsewhere
 
     state: Any = read_state(root.resolve())
@@ -107,6 +109,8 @@ def status(root: Path, as_json: bool) -> None:
         click.echo(f"hint: {POINT_HINT}")
     else:
         click.echo(f"running (pid {state['pid']}); inventory {state['inventory']}")
+    if state is None:
+        ctx.exit(int(ExitStatus.NOT_SERVING))
 
 
 # command, control request, help, what it prints

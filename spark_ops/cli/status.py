@@ -37,20 +37,17 @@ def echo_status(data: dict[str, Any]) -> None:
         from spark_ops.engine.api import CompletionProbe
 
         said = CompletionProbe.from_dict(probe).describe()
-        click.secho(
-            f"Engine: {said}; running {e.get('running')}, waiting {e.get('waiting')}", fg="red"
-        )
+        click.secho(f"Engine: {said}; {_load(e)}", fg="red")
     elif e.get("up"):
         click.echo(
             f"Engine: serving {', '.join(e.get('models') or [])} (vLLM {e.get('version')}); "
-            f"running {e.get('running')}, waiting {e.get('waiting')}, "
-            f"KV usage {e.get('kv_cache_usage')}"
+            f"{_load(e)}"
         )
     else:
-        click.secho(f"Engine: not serving {e.get('error', '')}", fg="red")
+        click.secho(f"Engine: not serving: {e.get('error') or 'no answer'}", fg="red")
     r = data.get("recipe") or {}
     if "knobs" in r:
-        knobs = ", ".join(f"{k}={v}" for k, v in r["knobs"].items())
+        knobs = ", ".join(f"{k}={_knob(k, v)}" for k, v in r["knobs"].items())
         drift = "" if r.get("same_on_all_nodes") else "  (copies DIFFER between nodes)"
         click.echo(f"Recipe {r['path']}: {knobs}{drift}")
     elif r:
@@ -58,12 +55,14 @@ def echo_status(data: dict[str, Any]) -> None:
     eff = e.get("effective")
     keys = ("max_num_seqs", "kv_cache_memory_bytes", "moe_backend", "enforce_eager")
     if eff:
-        click.echo("Effective (engine log): " + ", ".join(f"{k}={eff.get(k)}" for k in keys))
+        click.echo(
+            "Effective (engine log): " + ", ".join(f"{k}={_knob(k, eff.get(k))}" for k in keys)
+        )
     elif e.get("last_started_with"):
         last_args = e["last_started_with"]
         click.echo(
-            "Last started with (never served, not effective): "
-            + ", ".join(f"{k}={last_args.get(k)}" for k in keys)
+            "Last started with (its log's last start; not serving now): "
+            + ", ".join(f"{k}={_knob(k, last_args.get(k))}" for k in keys)
         )
     inst = e.get("instance")
     if inst:
@@ -84,7 +83,7 @@ def echo_status(data: dict[str, Any]) -> None:
         )
     boot = data.get("last_boot")
     if boot and boot.get("total_s") is not None:
-        click.echo(f"Last boot watched from here: {boot['total_s']:.0f} s")
+        click.echo(f"Last boot watched from here: {_boot_text(boot, last)}")
     runs = data.get("runs") or {}
     if runs.get("experiment"):
         click.secho(runs["experiment"][0].upper() + runs["experiment"][1:], fg="yellow")
@@ -111,12 +110,63 @@ def echo_status(data: dict[str, Any]) -> None:
         )
         why = f": {'; '.join(v['reasons'])}" if v["reasons"] else ""
         click.secho(f"Verdict: {v['state']}{why}", fg=color, bold=True)
+        if v.get("next"):
+            click.echo(f"next: {v['next']}")
     own = data.get("watchdog_status")
     if own and own["answered"]:
         state = f"state {own['state']}" if own["state"] else own["text"].splitlines()[0][:120]
         click.echo(f"Watchdog says: {state}")
     elif own:
         click.secho(f"Watchdog status command did not answer: {own['text'][:200]}", fg="yellow")
+
+
+def _knob(key: str, value: Any) -> str:
+    """A knob's value as a person reads it (a byte count in GiB)."""
+    if key.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
+        from spark_ops.sizes import human_bytes
+
+        return human_bytes(value)
+    return str(value)
+
+
+def _load(e: dict[str, Any]) -> str:
+    """The engine's load: requests running and waiting, KV cache usage in %."""
+    from spark_ops.sizes import human_count, human_share
+
+    def count(key: str) -> str:
+        """One gauge, or ? when the metrics did not say."""
+        value = e.get(key)
+        return human_count(value) if isinstance(value, int | float) else "?"
+
+    usage = e.get("kv_cache_usage")
+    kv = human_share(usage) if isinstance(usage, int | float) else "?"
+    return f"running {count('running')}, waiting {count('waiting')}, KV cache {kv} used"
+
+
+def _boot_text(boot: dict[str, Any], last: dict[str, Any] | None) -> str:
+    """How long the last watched boot took, when, and whether a restart came after it."""
+    started = boot.get("started_at")
+    text = f"{boot['total_s']:.0f} s"
+    if isinstance(started, int | float):
+        text += f", at {when(float(started))}"
+        stamp = (last or {}).get("stamp") or (last or {}).get("time")
+        if isinstance(stamp, int | float) and float(stamp) > float(started) + 60:
+            text += " (before the last restart, whose boot was not watched from here)"
+    return text
+
+
+def _exit_status(data: dict[str, Any]) -> ExitStatus:
+    """The verdict's code; 4 (UNREACHABLE) when a node's host key is unknown or changed, or it
+    refused our credentials: a set-up problem to fix first, as docs/exit-codes.md says."""
+    refused = [n["name"] for n in data.get("nodes") or [] if n.get("refused")]
+    if refused:
+        click.echo(
+            f"hint: fix SSH to {', '.join(refused)} first (host key or credentials): "
+            "`spark-ops doctor` names the fix",
+            err=True,
+        )
+        return ExitStatus.UNREACHABLE
+    return VERDICT_EXIT[(data.get("verdict") or {}).get("state", "not-serving")]
 
 
 @click.command()
@@ -136,13 +186,21 @@ def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
 
     cluster = load_cluster(ctx)
     while True:
-        data = run_async(collect_status(cluster))
-        if as_json:
-            emit_json(data)
-        else:
-            if watch:
-                click.clear()
-            echo_status(data)
-        if not watch:
-            ctx.exit(int(VERDICT_EXIT[(data.get("verdict") or {}).get("state", "not-serving")]))
-        time.sleep(watch)
+        try:
+            data = run_async(collect_status(cluster))
+            if as_json:
+                emit_json(data)
+            else:
+                if watch:
+                    click.clear()
+                    stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+                    click.echo(f"{stamp}  every {watch:g} s; Ctrl-C to stop")
+                echo_status(data)
+            if not watch:
+                ctx.exit(int(_exit_status(data)))
+            time.sleep(watch)
+        except KeyboardInterrupt:
+            if not watch:
+                raise
+            click.echo("", err=True)  # leaving a watch is how it ends: no error, exit 0
+            ctx.exit(0)

@@ -187,8 +187,9 @@ class EngineChecks(Checker):
                 self.head,
                 "fail",
                 probe.describe() + (" (a Ray worker lost, NCCL hung)" if probe.timed_out else ""),
-                "see docs/troubleshooting.md ('/health 200 while wedged'); a restart is needed "
-                "before apply can prove its own",
+                "see docs/troubleshooting.md, 'The engine answers /health but nothing else "
+                '("wedged")\'; a restart is needed before apply can prove its own: '
+                "spark-ops restart",
             )
 
     async def check_engine_log(self) -> None:

@@ -8,7 +8,9 @@ from spark_ops.doctor.report import Checker, parse_kv
 from spark_ops.errors import SparkOpsError
 from spark_ops.remote.programs.doctor import FIND_COMMAND, WRITABLE
 from spark_ops.remote.programs.node import HOME
-from spark_ops.watchdog.contract import WatchdogContract
+from spark_ops.watchdog.contract import BudgetView, WatchdogContract
+from spark_ops.watchdog.history import DEFAULT_PLANNED_BY
+from spark_ops.watchdog.identify import fmt_stamp
 
 
 def command_program(command: str) -> tuple[str | None, str | None]:
@@ -245,7 +247,9 @@ class WatchdogChecks(Checker):
             (
                 "gave-up",
                 wd.gave_up_file,
-                "see why, then `spark-ops budget` and clear it once the window has room",
+                "the watchdog no longer restarts a failed engine: see why (`spark-ops budget`), "
+                "then clear it once the window has room: spark-ops budget prune --clear-gave-up "
+                "(with no room, the budget check's fix makes it)",
             ),
         ):
             if not path:
@@ -288,8 +292,37 @@ class WatchdogChecks(Checker):
                 "fail",
                 f"{detail}: none left; if apply's boot failed the watchdog could not recover "
                 f"the engine (next slot frees in {wait / 60:.0f} min)",
-                "remove planned stamps left by earlier experiments: spark-ops budget prune "
-                "--planned (see `spark-ops budget`), or wait for the window to free a slot",
+                budget_fix(view),
             )
         else:
             self.report.add("budget", self.head, "ok", f"{detail}, {left} left")
+
+
+def budget_fix(view: BudgetView) -> str:
+    """The fix for a spent budget that really frees a slot: `--planned` only when planned stamps
+    left by earlier runs are in the window; else wait, or remove one stamp by its value (an
+    automatic one is the watchdog's record of a failure, a forced one someone's restart)."""
+    inside = [s for s in view.stamps if float(s.get("stamp", 0)) > view.now - view.window_s]
+    planned = [
+        s for s in inside if s.get("forced") and str(s.get("by")).startswith(DEFAULT_PLANNED_BY)
+    ]
+    wait = max(0.0, view.next_free_at - view.now)
+    gave_up = " --clear-gave-up" if view.gave_up else ""
+    if planned and view.used - len(planned) < view.allowed:
+        return (
+            f"remove the {len(planned)} planned stamp(s) earlier runs left: spark-ops budget "
+            f"prune --planned{gave_up}"
+        )
+    oldest = min(inside, key=lambda s: float(s.get("stamp", 0)), default=None)
+    if oldest is None:
+        return f"wait {wait / 60:.0f} min for the window to free a slot"
+    kind = (
+        f"forced by {oldest.get('by') or '?'}"
+        if oldest.get("forced")
+        else "automatic: the watchdog's record of a failure"
+    )
+    return (
+        f"wait {wait / 60:.0f} min for the window to free a slot; or, once the cause is "
+        f"understood, remove the oldest stamp ({kind}): spark-ops budget prune --stamp "
+        f"{fmt_stamp(float(oldest['stamp']))}{gave_up}"
+    )

@@ -47,9 +47,14 @@ class Change:
         if knob == "moe_backend":
             text = str(value).strip()
             if text not in moe_backends(NEWEST_KNOWN) or not text:
+                known = list(moe_backends(NEWEST_KNOWN))
+                near = difflib.get_close_matches(text, known, n=2, cutoff=0.6)
                 raise KnobError(
                     f"--moe-backend: {text!r} is not a backend any known vLLM accepts; allowed: "
-                    f"{', '.join(moe_backends(NEWEST_KNOWN))}"
+                    f"{', '.join(known)}",
+                    hint=f"did you mean --moe-backend {' or '.join(near)}? nothing was written"
+                    if near
+                    else "choose one of the backends listed; nothing was written",
                 )
             return cls("knob", knob, text)
         return cls("knob", knob, _as_bool(value, "--enforce-eager"))
@@ -58,7 +63,16 @@ class Change:
     def setting(cls, key: str, value: object) -> Change:
         """A `defaults` key (or, when no such key, the matching literal flag); knobs route."""
         if not _KEY.match(key):
-            raise KnobError(f"--set: key {key!r} is not a defaults key (letters, digits, _)")
+            snake = key.replace("-", "_").lstrip("_")
+            hint = (
+                f"--set takes the recipe's defaults keys (snake_case): --set {snake}={value}"
+                f" (or the option: --{key.lstrip('-')} {value})"
+                if _KEY.match(snake)
+                else "--set KEY=VALUE with KEY of letters, digits and _ (a recipe defaults key)"
+            )
+            raise KnobError(
+                f"--set: key {key!r} is not a defaults key (letters, digits, _)", hint=hint
+            )
         if key in KNOB_KEYS:
             return cls.knob(key, value)
         return cls("setting", key, str(value))

@@ -17,7 +17,7 @@ from typing import Any
 from spark_ops import audit
 from spark_ops.errors import HistoryError, InputError, Interrupted, SparkOpsError
 from spark_ops.watchdog.contract import BudgetView
-from spark_ops.watchdog.identify import HistEntry, stamps_json, stamps_text
+from spark_ops.watchdog.identify import HistEntry, fmt_stamp, stamps_json, stamps_text
 from spark_ops.workflows import interrupt
 from spark_ops.workflows.converge import dead_runs, left_by
 from spark_ops.workflows.journal import RunJournal
@@ -136,6 +136,24 @@ async def resolve_times(
     return lo, hi
 
 
+async def _say_automatic(op: Operation, plan: PrunePlan) -> None:
+    """A note for each chosen stamp the journal records as an automatic restart: it is the
+    watchdog's record of a failure, and removing it hands the watchdog a restart back."""
+    try:
+        view = await op.watchdog.budget()
+    except SparkOpsError:
+        return
+    by_stamp = {float(s["stamp"]): s for s in view.stamps if "stamp" in s}
+    for entry in plan.chosen:
+        rec = by_stamp.get(entry.stamp)
+        if rec is not None and rec.get("forced") is False:
+            plan.notes.append(
+                f"{fmt_stamp(entry.stamp)} is an automatic restart ({rec.get('reason') or '?'}, "
+                f"by {rec.get('by') or '?'}): the watchdog's record of a failure; removing it "
+                "lets the watchdog restart a failing engine again within this window"
+            )
+
+
 async def plan_prune(
     op: Operation, selection: PruneSelection, *, clear_gave_up: bool = False
 ) -> PrunePlan:
@@ -158,6 +176,8 @@ async def plan_prune(
     plan.not_found = list(preview.get("not_found", []))
     if selection.planned:
         await _dead_runs_stamps(op, plan)
+    elif plan.chosen:
+        await _say_automatic(op, plan)
     size = sum(len(e.raw.encode("utf-8", "replace")) + 8 for e in plan.chosen)
     if size > MAX_PRUNE_BYTES:
         raise HistoryError(

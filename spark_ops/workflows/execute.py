@@ -38,7 +38,7 @@ from spark_ops.watchdog.identify import (
 )
 from spark_ops.watchdog.loop import LoopPause
 from spark_ops.workflows import interrupt
-from spark_ops.workflows.gate import budget_refusal
+from spark_ops.workflows.gate import budget_refusal, missing_workers
 from spark_ops.workflows.journal import RunJournal, write_facts
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
 from spark_ops.workflows.plan import Plan, Step, StepKind, StepRun, StepRunner
@@ -596,26 +596,6 @@ async def _wait(
             tracker=tracker,
             args_grace_s=30.0 if c.engine.log_kind in ("file", "docker", "command") else 0.0,
         )
-
-
-async def missing_workers(op: Operation) -> list[str]:
-    """Workers whose Ray worker cannot be up: no SSH answer, or the worker check says not running.
-
-    The check (`engine.worker_check`, default `pgrep -x raylet`) counts only when it exits 1, its
-    "no such process"; any other failure (not installed, no permission) leaves the node unknown,
-    never wrongly named missing.
-    """
-    engine = op.cluster.engine
-    names = [n.name for n in op.cluster.workers]
-    check = engine.worker_check or "true"
-    results = await op.session.run_all(check, names, check=False, timeout=5)
-    missing = []
-    for host, res in results.items():
-        if isinstance(res, SparkOpsError):
-            missing.append(f"{host} (no SSH answer)")
-        elif engine.worker_check and engine.worker_down(res.exit_code):
-            missing.append(f"{host} (`{check}` exited 1: its Ray worker is not running)")
-    return missing
 
 
 async def _prune_step(

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spark_ops.engine.identity import current_instance
-from spark_ops.errors import OverBudget, PlanChanged, SparkOpsError
+from spark_ops.errors import ExitStatus, OverBudget, PlanChanged, SparkOpsError
 from spark_ops.watchdog.history import budget_of
 from spark_ops.workflows.operation import ApplyOptions, Operation
 from spark_ops.workflows.plan import Plan, PlanFacts, StepKind
@@ -119,6 +119,49 @@ def gate_refusal(gate: dict[str, Any] | None, *, ignore_option: bool = False) ->
         "budget` shows them, `spark-ops budget prune --planned` removes them); or pass "
         "--over-budget to restart anyway, knowing a failed boot then stays down until someone "
         "restarts it",
+    )
+
+
+class BootWouldFail(SparkOpsError):
+    """A restart refused before anything is written: a check doctor makes says its boot would fail
+    (a worker's Ray worker down, a worker unreachable)."""
+
+    exit_status = ExitStatus.CHECK_FAILED
+
+
+async def missing_workers(op: Operation) -> list[str]:
+    """Workers whose Ray worker cannot be up: no SSH answer, or the worker check says not running.
+
+    The check (`engine.worker_check`, default `pgrep -x raylet`) counts only when it exits 1, its
+    "no such process"; any other failure (not installed, no permission) leaves the node unknown,
+    never wrongly named missing. Doctor's ray-worker check, the plan's worker gate and the boot
+    watch's missing workers read the same answer.
+    """
+    engine = op.cluster.engine
+    names = [n.name for n in op.cluster.workers]
+    check = engine.worker_check or "true"
+    results = await op.session.run_all(check, names, check=False, timeout=5)
+    missing = []
+    for host, res in results.items():
+        if isinstance(res, SparkOpsError):
+            missing.append(f"{host} (no SSH answer)")
+        elif engine.worker_check and engine.worker_down(res.exit_code):
+            missing.append(f"{host} (`{check}` exited 1: its Ray worker is not running)")
+    return missing
+
+
+async def check_workers(op: Operation, plan: Plan) -> None:
+    """Refuse a restart whose boot would wait for a missing worker (doctor's ray-worker check)."""
+    missing = await missing_workers(op)
+    if not missing:
+        return
+    names = [m.split(" ", 1)[0] for m in missing]
+    raise BootWouldFail(
+        f"the restart would fail: a tensor-parallel boot needs every worker, and "
+        f"{'; '.join(missing)}; nothing was written and the engine was not restarted",
+        hint=f"start the Ray worker on {', '.join(names)} (the launcher's container, e.g. "
+        "`docker ps -a`, `docker logs vllm_node`), check with `spark-ops doctor`, then run the "
+        "command again",
     )
 
 

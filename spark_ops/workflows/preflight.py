@@ -5,9 +5,12 @@ restart from the budget. The check runs on the head, in the engine's environment
 `env`, and inside the engine's container when the inventory reads its log with docker): a small
 Python program, sent over stdin to the interpreter beside the `vllm` found on PATH, builds vLLM's
 own `serve` parser the way the installed version does, parses the arguments after `serve`, runs
-vLLM's quick serve checks and the numeric bounds of vLLM's config fields. No model is loaded
-and nothing is fetched. On the embedded cluster, whose `vllm` is a shim to the simulated engine,
-the same program runs the simulated engine's own parser instead.
+vLLM's quick serve checks, the numeric bounds of vLLM's config fields, then vLLM's own engine
+config construction and its validators (e.g. max_num_batched_tokens >= max_num_seqs), as far as
+they go without the weights: the model's config when it is at hand, else the config classes that
+need no model (a rule counts then only when it names values the command line gave). No weights
+are loaded and nothing is fetched. On the embedded cluster, whose `vllm` is a shim to the
+simulated engine, the same program runs the simulated engine's own parser instead.
 
 When no vLLM can be asked (none on PATH, no interpreter that imports it, the container is down,
 the check timed out), the result says so with `ok=None` and the caller goes on.
@@ -73,7 +76,7 @@ class PreflightResult:
     seconds: float
     host: str = ""
     stage: str | None = (
-        None  # parse (argparse), validate (vLLM's serve checks), config (field limits)
+        None  # parse, validate (serve checks), config (field limits), engine-config (validators)
     )
     vllm_version: str | None = None
     python: str | None = None

@@ -103,6 +103,79 @@ def field_problems(parser, ns):
     return problems
 
 
+def config_rule(exc):
+    """`Class: rule` when exc is a vLLM config class refusing its values (pydantic's error
+    titled with the class), else None (the construction stopped for another reason)."""
+    title = getattr(exc, "title", None)
+    errors = getattr(exc, "errors", None)
+    if not isinstance(title, str) or not title.endswith("Config") or not callable(errors):
+        return None
+    try:
+        first = errors()[0]
+        msg = str(first.get("msg") or exc).removeprefix("Value error, ")
+    except Exception:
+        msg = str(exc)
+    return f"{title}: {msg}"
+
+
+def given(parser, ns):
+    """The dests the command line set to something else than the parser's default."""
+    return {a.dest for a in parser._actions if getattr(ns, a.dest, a.default) != a.default}
+
+
+def engine_config_problem(parser, ns, notes):
+    """vLLM's own config construction and validators, as far as they go without weights.
+
+    First the whole engine config (EngineArgs.create_engine_config: reads the model's config
+    when it is at hand, loads no weights); a config class refusing its values is the answer.
+    When that stops earlier (the model's config not here, no device), the config classes that
+    need no model are built from the values given, and only a rule naming given values counts.
+    """
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+        import vllm.config as vc
+    except Exception as exc:
+        notes.append(f"vLLM's config validators not run (cannot import them: {exc!r})")
+        return None
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            EngineArgs.from_cli_args(ns).create_engine_config()
+        return None
+    except Exception as exc:
+        rule = config_rule(exc)
+        if rule is not None:
+            return rule
+        stopped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    dests = given(parser, ns)
+    checked = []
+    for name in ("SchedulerConfig", "CacheConfig"):
+        cls = getattr(vc, name, None)
+        fields = getattr(cls, "__dataclass_fields__", None)
+        if cls is None or not isinstance(fields, dict):
+            continue
+        kwargs = {k: getattr(ns, k) for k in fields if k in dests and k != "max_model_len"}
+        if not kwargs:
+            continue
+        if "max_model_len" in fields:
+            kwargs["max_model_len"] = getattr(ns, "max_model_len", None) or 1
+        if "is_encoder_decoder" in fields:
+            kwargs["is_encoder_decoder"] = False
+        checked.append(name)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                cls(**kwargs)
+        except Exception as exc:
+            rule = config_rule(exc)
+            named = {k for k in fields if k in (rule or "")}
+            if rule is not None and named and named <= dests:
+                return rule
+    notes.append(
+        "vLLM's engine config was not built whole (" + stopped + "); checked without the model: "
+        + (", ".join(checked) or "no config class had a value given")
+    )
+    return None
+
+
 # Where vLLM keeps its serve parser, newest layout first; `vllm serve`'s own module imports all
 # three names from wherever the installed version keeps them, so it is the last resort.
 PARSER_HOMES = (
@@ -167,6 +240,10 @@ def main():
     problems = field_problems(parser, ns)
     if problems:
         answer(ok=False, stage="config", error="; ".join(problems), **info)
+    notes = info.setdefault("notes", [])
+    rule = engine_config_problem(parser, ns, notes)
+    if rule is not None:
+        answer(ok=False, stage="engine-config", error=rule, **info)
     answer(ok=True, **info)
 
 
