@@ -227,12 +227,15 @@ def test_adopting_a_watchdog_examples_are_valid_inventories() -> None:
 
     doc = Path(__file__).parents[1] / "docs" / "adopting-a-watchdog.md"
     blocks = re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     clusters = [parse_inventory(b, f"{doc.name} block {i}").cluster() for i, b in enumerate(blocks)]
     assert clusters[0].watchdog.reports_stamp is True
     bash = clusters[1]
     assert bash.watchdog.lock_path == "~/.watchdog/restart_history.lock"
     assert (bash.engine.log_kind, bash.engine.log_target) == ("docker", "vllm_node")
+    loop = clusters[2].watchdog
+    assert loop.loops_only and not loop.history_locked and not loop.restarts_missing_engine
+    assert (loop.max_restarts, loop.window_s, loop.grace_s) == (3, 21600, 1800)
 
 
 FAKE_DOCKER = """#!/bin/sh
