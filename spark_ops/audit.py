@@ -24,11 +24,6 @@ from spark_ops.remote import ClusterSession
 from spark_ops.remote.programs.lock import AUDIT_APPEND, AUDIT_READ
 
 
-def audit_path(state_dir: str, key: str) -> str:
-    """The audit file of a cluster key under the head's state dir."""
-    return f"{state_dir.rstrip('/')}/cluster-{key}.audit.jsonl"
-
-
 def who() -> str:
     """The operator as user@host of the machine spark-ops runs on."""
     return f"{local_account()}@{socket.gethostname()}"

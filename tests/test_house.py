@@ -677,3 +677,18 @@ def test_facts_and_steps_are_typed(tmp_path: Path) -> None:
         '    pass\nif s.name == "boot":\n    pass\nc = plan.facts.budget\n'
     )
     assert [line.split(":")[1] for line in string_keyed_facts(tmp_path)] == ["1", "2", "3", "5"]
+
+
+EXECUTOR_MAX_LINES = 400  # the executor reads in one sitting: its loop and its table of steps
+
+
+def test_the_executor_reads_in_one_sitting() -> None:
+    """workflows/execute.py holds one loop and one table (its runners live beside it) and stays
+    under 400 lines; every StepKind has its row in the table."""
+    path = REPO / "spark_ops" / "workflows" / "execute.py"
+    lines = path.read_text("utf-8").count("\n")
+    assert lines < EXECUTOR_MAX_LINES, f"{path.name}: {lines} lines"
+    from spark_ops.workflows.execute import STEPS
+    from spark_ops.workflows.plan import StepKind
+
+    assert set(STEPS) == set(StepKind), set(StepKind) - set(STEPS)

@@ -137,3 +137,20 @@ def test_flag_spellings_route_to_knobs() -> None:
     assert Change.flag("--kv-cache-memory", "8g") == Change.knob("kv_cache_memory", "8g")
     assert Change.setting("kv_cache_memory_bytes", "8g") == Change.knob("kv_cache_memory", "8g")
     assert Change.flag("--max_model_len", "5").name == "--max-model-len"
+
+
+def test_an_edit_the_rendered_command_does_not_show_is_refused() -> None:
+    """verify_edit's promise: a new text whose rendered command does not carry each requested
+    value is an internal error and nothing is written (here the "new" text is the old one)."""
+    from pathlib import Path
+
+    from spark_ops.errors import RecipeError
+    from spark_ops.recipe import Change
+    from spark_ops.recipe.diff import verify_edit
+
+    path = Path(__file__).parent / "fixtures" / "recipes" / "all_four_knobs" / "before.yaml"
+    old = path.read_text("utf-8")
+    change = Change.knob("max_num_seqs", 64)
+    with pytest.raises(RecipeError, match="did not take effect in the rendered command"):
+        verify_edit(old, old, [change], "node1:recipe.yaml", "0.26.0")
+    verify_edit(old, old.replace("max_num_seqs: 6", "max_num_seqs: 64"), [change], "r", "0.26.0")

@@ -656,3 +656,14 @@ def test_browser_pages_token_and_live_boot(served: Served, browser: Any, tmp_pat
     for page in ("history", "sweeps"):
         d.get(f"{served.url}/{page}")
         _shot(d, page, tmp_path)
+
+
+@pytest.mark.parametrize("given", [None, "", "x", "ab" * 16 + "!"])
+def test_same_token_refuses_anything_but_the_token(given: str | None) -> None:
+    """The one comparison behind the Bearer header and ?token=: nothing, an empty value or
+    another value is never the token."""
+    from spark_ops.serve.auth import same_token
+
+    token = "ab" * 16
+    assert not same_token(given, token)
+    assert same_token(token, token)

@@ -221,8 +221,3 @@ def quiet() -> bool:
     ctx = click.get_current_context(silent=True)
     obj = ctx.find_root().obj if ctx is not None else None
     return bool(isinstance(obj, dict) and obj.get("quiet"))
-
-
-def is_tty() -> bool:
-    """True when stdout is a terminal."""
-    return sys.stdout.isatty()

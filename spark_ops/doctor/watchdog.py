@@ -37,11 +37,6 @@ def command_program(command: str) -> tuple[str | None, str | None]:
     return directory, None
 
 
-def _first_word(command: str) -> str | None:
-    """The program a shell command runs (see command_program)."""
-    return command_program(command)[1]
-
-
 class WatchdogChecks(Checker):
     """The watchdog on the head: its restart command, history file, lock, flags and budget."""
 

@@ -93,7 +93,6 @@ _EXCEPTION_RE = re.compile(
     r"(?::\s|:$|$)"
 )
 _TRACEBACK_RE = re.compile(r"Traceback \(most recent call last\):")
-EXIT_MARKER = "[spark-ops] engine exited"
 _EXIT_RE = re.compile(r"^\[spark-ops\] engine exited(?: with status (?P<status>-?\d+))?")
 
 _NON_DEFAULT_RE = re.compile(r"non-default args:\s*(?P<args>\{.*)$")

@@ -11,9 +11,6 @@ from spark_ops.sizes import parse_human_int
 #: Newest vLLM version whose knob facts are encoded here; assumed when no version is known.
 NEWEST_KNOWN = "0.33"
 
-#: The four knobs spark-ops rewrites, by their defaults-key spelling.
-KNOB_NAMES = ("max_num_seqs", "kv_cache_memory", "moe_backend", "enforce_eager")
-
 #: Flag aliases as vLLM's parser resolves them (argparse abbreviation and short options).
 FLAG_ALIASES = {
     "--kv-cache-memory": "--kv-cache-memory-bytes",

@@ -193,8 +193,3 @@ async def plan_settle(op: Operation, plan: Plan) -> list[Run]:
         0, Step(StepKind.SETTLE, f"finish run(s) {ids}: {what}", (op.cluster.head.name,))
     )
     return dead
-
-
-def settle_commands(entries: list[HistEntry]) -> list[str]:
-    """The commands that remove stamps by exact line (shown when they cannot be pruned now)."""
-    return [prune_command(e) for e in entries]

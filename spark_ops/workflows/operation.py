@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from spark_ops import audit
 from spark_ops.engine import EngineAPI
 from spark_ops.errors import (
     InputError,
@@ -192,15 +191,6 @@ class Operation:
         """An EngineAPI client bound to the resolved URL (use after api_url())."""
         assert self._api_url is not None
         return EngineAPI(self._api_url, timeout=timeout, model=self.cluster.engine.model)
-
-    async def record_audit(self, entry: dict[str, Any]) -> None:
-        """Append to the head's audit log; a failure to do so is logged, never raised."""
-        try:
-            await audit.record(self.session, entry)
-        except SparkOpsError as exc:
-            self.log.warning("audit log not written", error=exc.message)
-        except Exception as exc:  # never hide the failure being audited behind the audit's own
-            self.log.error("audit log not written", error=repr(exc)[:300])
 
     async def read_recipes(self) -> dict[str, str]:
         """The recipe text on every node that holds it; a missing copy is an error naming it."""

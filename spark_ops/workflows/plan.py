@@ -32,6 +32,14 @@ class FileChange:
         return {"host": self.host, "path": self.path, "old_sha256": self.old_sha, "diff": self.diff}
 
 
+class OperationKind(StrEnum):
+    """What a plan does (the value is the name the JSON, the journal and the audit show)."""
+
+    APPLY = "apply"
+    RESTART = "restart"
+    ROLLBACK = "rollback"
+
+
 class StepKind(StrEnum):
     """Every step a plan or its run can hold (the value is the name the JSON and audit show)."""
 
@@ -193,17 +201,16 @@ class RunFacts:
 class Plan:
     """What an operation will do: file changes, steps, warnings and the facts it was planned on."""
 
-    operation: str
+    operation: OperationKind
     cluster: str
     changes: list[FileChange] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     facts: PlanFacts = field(default_factory=PlanFacts)
 
-    @property
-    def changes_files(self) -> bool:
-        """True when at least one file would change."""
-        return any(c.diff for c in self.changes)
+    def __post_init__(self) -> None:
+        """Take the operation as given in text ("restart"); an unknown one is refused."""
+        self.operation = OperationKind(self.operation)
 
     def has(self, kind: StepKind) -> bool:
         """True when the plan holds a step of this kind."""
@@ -226,7 +233,7 @@ class Plan:
         """Serialize the plan; with a run's steps and facts, as that run left them."""
         steps = list(runs) if runs is not None else [StepRun(s) for s in self.steps]
         return {
-            "operation": self.operation,
+            "operation": self.operation.value,
             "cluster": self.cluster,
             "changes": [c.to_dict() for c in self.changes],
             "steps": [s.to_dict() for s in steps],

@@ -27,7 +27,7 @@ from spark_ops.watchdog.policy import crash_loop_warning, engine_policy
 from spark_ops.workflows.converge import booting_note, engine_differs, plan_settle
 from spark_ops.workflows.gate import check_budget, check_workers
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
-from spark_ops.workflows.plan import FileChange, Plan, StepKind
+from spark_ops.workflows.plan import FileChange, OperationKind, Plan, StepKind
 from spark_ops.workflows.postboot import kv_pool
 from spark_ops.workflows.preflight import PreflightResult, preflight, serve_options
 
@@ -50,7 +50,7 @@ async def plan_apply(op: Operation, opts: ApplyOptions, shown: Plan | None = Non
     checked is the same (planning again under the lock then costs no second vLLM start-up).
     """
     cluster = op.cluster
-    plan = Plan("apply", cluster.name)
+    plan = Plan(OperationKind.APPLY, cluster.name)
     texts = await op.read_recipes()
     drift = _drift(texts, cluster.recipe.path)
     if drift and not opts.force:
@@ -210,7 +210,7 @@ async def _kv_capacity(op: Operation, rendered: Rendered) -> str | None:
 
 async def plan_restart(op: Operation, opts: ApplyOptions) -> Plan:
     """Lay out a planned maintenance restart: no recipe change, same wait and prune."""
-    plan = Plan("restart", op.cluster.name)
+    plan = Plan(OperationKind.RESTART, op.cluster.name)
     texts = await op.read_recipes()
     head_text = texts.get(op.cluster.head.name, next(iter(texts.values())))
     knobs = jsonable(knob_values(head_text, source="recipe"))
@@ -282,7 +282,7 @@ def rollback_source(names: list[str], to: str | None) -> str | None:
 
 async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None) -> Plan:
     """Plan restoring the newest backup an apply made (or the one whose name holds `to`)."""
-    plan = Plan("rollback", op.cluster.name)
+    plan = Plan(OperationKind.ROLLBACK, op.cluster.name)
     texts = await op.read_recipes()
     found = await list_backups(op)
     backups: dict[str, str] = {}

@@ -13,16 +13,11 @@ from spark_ops.errors import SparkOpsError, VerifyError
 from spark_ops.remote.programs.engine import GPU_APPS, KERNEL_LOG
 from spark_ops.remote.programs.node import MEMINFO
 from spark_ops.workflows.operation import Operation, Outcome
-from spark_ops.workflows.plan import Plan, StepKind, StepRunner
+from spark_ops.workflows.plan import Plan
 
 
-async def verify_boot(
-    op: Operation, plan: Plan, run: StepRunner, out: Outcome
-) -> list[verify.Check]:
+async def verify_boot(op: Operation, plan: Plan, out: Outcome) -> list[verify.Check]:
     """After a good boot: effective args, KV pool, workers' free memory, no new Xid."""
-    if not plan.has(StepKind.VERIFY):
-        return []
-    run.start(StepKind.VERIFY)
     c = op.cluster
     head = c.head.name
     args = out.boot.non_default_args if out.boot is not None else {}
@@ -55,12 +50,6 @@ async def verify_boot(
         checks.extend(await _xid_checks(op, float(since)))
         checks.extend(await _gpu_process_checks(op, float(since)))
     checks.append(await _still_serving(op, head))
-    bad = [ch for ch in checks if not ch.ok]
-    run.finish(
-        StepKind.VERIFY,
-        f"{len(checks) - len(bad)}/{len(checks)} checks passed",
-        "done" if not bad else "failed",
-    )
     return checks
 
 
