@@ -80,6 +80,21 @@ class RecipeSettings:
 
 
 @dataclass(frozen=True)
+class WatchdogProbe:
+    """How the watchdog probes the engine: every interval_s, a probe waits timeout_s at most, and
+    `failures` failed probes in a row make it restart the engine (watchdog.probe)."""
+
+    interval_s: float
+    timeout_s: float
+    failures: int
+
+    def trip_s(self) -> float:
+        """How long failing probes take to make the watchdog act (the first one's timeout, then
+        `failures - 1` intervals)."""
+        return self.timeout_s + (self.failures - 1) * self.interval_s
+
+
+@dataclass(frozen=True)
 class WatchdogSettings:
     """The watchdog contract: how to force a restart and where its history and flags live."""
 
@@ -96,6 +111,7 @@ class WatchdogSettings:
     reports_stamp: bool = False
     python: str = "python3"
     lock_timeout_s: float = 10.0  # how long a change waits for the history's lock (history.py)
+    probe: WatchdogProbe | None = None  # its probe, when the inventory describes it
 
     @property
     def lock_path(self) -> str:
@@ -345,7 +361,7 @@ _RECIPE_KEYS = ("path", "nodes", "keep_backups")
 _WATCHDOG_KEYS = (
     "restart_command", "status_command", "history_file", "history_format", "lock_file",
     "journal_file", "pause_file", "gave_up_file", "budget", "reports_stamp", "python",
-    "lock_timeout_s",
+    "lock_timeout_s", "probe",
 )  # fmt: skip
 _ENGINE_KEYS = (
     "log", "api", "boot_deadline_s", "probe_timeout_s", "worker_stall_s", "min_mem_available_gb",
@@ -433,6 +449,21 @@ def _lock_timeout(wsec: _Section, ssh: SSHSettings) -> float:
     return value
 
 
+def _probe(wsec: _Section) -> WatchdogProbe | None:
+    """watchdog.probe: {interval_s, timeout_s, failures}, all three, or none."""
+    if wsec.data.get("probe") is None:
+        return None
+    psec = wsec.sub("probe", ("interval_s", "timeout_s", "failures"))
+    for key in ("interval_s", "timeout_s", "failures"):
+        if psec.data.get(key) is None:
+            raise psec.error(psec.path(key), "is required (interval_s, timeout_s, failures)")
+    return WatchdogProbe(
+        interval_s=float(psec.positive("interval_s", float, None)),
+        timeout_s=float(psec.positive("timeout_s", float, None)),
+        failures=psec.bounded("failures", 3, 1000),
+    )
+
+
 def _load_cluster(source: str, name: str, data: Any) -> Cluster:
     """Validate one cluster mapping."""
     sec = _Section(source, f"clusters.{name}", data, _CLUSTER_KEYS)
@@ -470,6 +501,7 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
         reports_stamp=wsec.get("reports_stamp", bool, False),
         python=wsec.get("python", str, "python3"),
         lock_timeout_s=_lock_timeout(wsec, ssh),
+        probe=_probe(wsec),
     )
 
     esec = sec.sub("engine", _ENGINE_KEYS)

@@ -49,6 +49,10 @@ class SimError(SparkOpsError):
         self.exit_status = status
 
 
+SIM_PROBE_TIMEOUT_S = 10  # the embedded watchdog's probe (its config and the inventory alike)
+SIM_PROBE_FAILURES = 3
+
+
 @dataclass
 class SimOptions:
     """How to lay out the embedded cluster."""
@@ -139,6 +143,8 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
         .replace("@HOME@", str(head))
         .replace("@PORT@", str(engine_port))
         .replace("@INTERVAL@", str(opts.watchdog_interval_s))
+        .replace("@TIMEOUT@", str(SIM_PROBE_TIMEOUT_S))
+        .replace("@FAILURES@", str(SIM_PROBE_FAILURES))
         .replace("@GRACE@", str(opts.watchdog_grace_s))
     )
     hist = str(state / "restarts")
@@ -146,7 +152,10 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
         history.append(
             hist, stamp=int(time.time()) - 7200, reason="probe failed 3 times", by="watchdog"
         )
-    layout = {"root": str(root), "names": names, "engine_port": engine_port, "netns": opts.netns}
+    layout = {
+        "root": str(root), "names": names, "engine_port": engine_port, "netns": opts.netns,
+        "probe_interval_s": opts.watchdog_interval_s,
+    }  # fmt: skip
     (root / "layout.json").write_text(json.dumps(layout, indent=2))
     return layout
 
@@ -191,6 +200,10 @@ def _shipped_boot() -> dict[str, Any]:
 def inventory_text(root: Path, ports: dict[str, int], engine_port: int) -> str:
     """The inventory spark-ops uses to reach this embedded cluster."""
     names = list(ports)
+    try:
+        interval = float(json.loads((root / "layout.json").read_text())["probe_interval_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        interval = SimOptions.watchdog_interval_s
     nodes = "\n".join(
         f"      {n}: {{host: 127.0.0.1, port: {p}, role: {'head' if i == 0 else 'worker'}}}"
         for i, (n, p) in enumerate(ports.items())
@@ -201,6 +214,9 @@ def inventory_text(root: Path, ports: dict[str, int], engine_port: int) -> str:
         tp=len(names),
         engine_port=engine_port,
         worker_check=json.dumps(RAYLET_CHECK),
+        probe_interval_s=f"{interval:g}",
+        probe_timeout_s=SIM_PROBE_TIMEOUT_S,
+        probe_failures=SIM_PROBE_FAILURES,
     )
 
 

@@ -37,6 +37,8 @@ from spark_ops.watchdog.identify import (
     stamps_text,
 )
 from spark_ops.workflows import interrupt
+from spark_ops.workflows.converge import dead_runs
+from spark_ops.workflows.disruption import Leases, restart_lease_seconds, settle_leases
 from spark_ops.workflows.gate import budget_refusal
 from spark_ops.workflows.journal import RunJournal, write_facts
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
@@ -71,9 +73,10 @@ async def execute(
     out.found.run = journal.run
     run = StepRunner(out.steps, on_step)
     failure: BaseException | None = None
+    leases = Leases(op, journal.run)
     try:
         with interrupt.listening(lambda sig: _note_where(out, sig)):
-            await _execute(op, plan, opts, out, run, on_event, journal)
+            await _execute(op, plan, opts, out, run, on_event, journal, leases)
     except (asyncio.CancelledError, KeyboardInterrupt):
         interrupt.absorb()
         failure = interrupted(plan, out, opts, run)
@@ -82,6 +85,7 @@ async def execute(
         failure = exc
         raise
     finally:
+        await _release(plan, out, run, leases, journal)
         await journal.steps(out.steps)
         try:
             entry = audit_entry(plan, opts, out, failure)
@@ -210,6 +214,7 @@ async def _execute(
     run: StepRunner,
     on_event: EventReporter | None,
     journal: RunJournal,
+    leases: Leases,
 ) -> None:
     """The steps of apply / restart; our stamp is pruned even if the boot fails."""
     if plan.has(StepKind.SETTLE):
@@ -220,6 +225,8 @@ async def _execute(
     await op.api_url()
     if plan.has(StepKind.WRITE):
         await interrupt.atomic(_write(op, plan, run, out, journal))
+    if plan.has(StepKind.LEASE):
+        await _lease(op, opts, run, leases, journal)
     try:
         try:
             await _restart_and_wait(op, plan, run, out, opts, on_event, journal)
@@ -263,9 +270,11 @@ async def _settle(
 ) -> None:
     """Finish the dead runs the plan names: remove the planned stamps they left, by exact line."""
     run.start(StepKind.SETTLE)
+    ended = await settle_leases(op, await dead_runs(op))
     raws = [str(r) for r in plan.facts.left_stamps or []]
     if not raws:
-        run.finish(StepKind.SETTLE, f"nothing was left by {', '.join(plan.facts.settles or [])}")
+        left = f"nothing was left by {', '.join(plan.facts.settles or [])}"
+        run.finish(StepKind.SETTLE, f"{ended}; no stamp was left" if ended else left)
         await journal.steps(run.steps)
         return
 
@@ -278,6 +287,36 @@ async def _settle(
         await journal.steps(run.steps)
 
     await interrupt.atomic(unit())
+
+
+async def _lease(
+    op: Operation, opts: ApplyOptions, run: StepRunner, leases: Leases, journal: RunJournal
+) -> None:
+    """Pause the watchdog with a lease for the restart; the journal records it (its run id is in
+    the lease, so a dead run's is found by the next run's settle step)."""
+    run.start(StepKind.LEASE)
+    await journal.note(StepKind.LEASE.value, "taking", path=op.cluster.watchdog.pause_file)
+    why = f"planned restart ({op.name}, run {leases.run})"
+    held = await leases.take(why, restart_lease_seconds(op.cluster, opts))
+    status = "done" if held.state in ("held", "found") else "skipped"
+    run.finish(StepKind.LEASE, held.text(), status)
+    await journal.steps(run.steps, {StepKind.LEASE: {"lease": held.to_dict()}})
+
+
+async def _release(
+    plan: Plan, out: Outcome, run: StepRunner, leases: Leases, journal: RunJournal
+) -> None:
+    """End the run's lease on every way out (never raises: a lease not ended lapses); a pause
+    found, or one that appeared meanwhile, becomes a warning (once)."""
+    if plan.has(StepKind.RELEASE):
+        if leases.held:
+            run.start(StepKind.RELEASE)
+            said = await leases.end_all()
+            run.finish(StepKind.RELEASE, "; ".join(said) or "no lease of this run to end")
+        elif run.step(StepKind.RELEASE).status == "pending":
+            run.skip(StepKind.RELEASE, "no lease of this run to end")
+        await journal.steps(run.steps)
+    out.warnings.extend(n for n in leases.notes if n not in out.warnings)
 
 
 async def _restart_and_wait(
