@@ -395,6 +395,11 @@ def _ending(outcome: ExperimentOutcome) -> str:
     is_flag=True,
     help="Restart even when the watchdog's restart budget has no slot left.",
 )
+@click.option(
+    "--unleased-load",
+    is_flag=True,
+    help="Run a level that would starve the watchdog's probe even when no lease can pause it.",
+)
 @click.option("--no-restore", is_flag=True, help="Leave the last configuration in place.")
 @click.option("--resume", is_flag=True, help="Continue the experiment recorded in the state file.")
 @click.option(
@@ -458,7 +463,7 @@ def cli(ctx: click.Context, **kw: Any) -> int:
     )  # fmt: skip
     settings = ApplySettings(
         drain=not kw["no_drain"], deadline_s=kw["deadline"], force=kw["force"],
-        over_budget=kw["over_budget"],
+        over_budget=kw["over_budget"], unleased_load=kw["unleased_load"],
     )  # fmt: skip
     progress = _Progress(cluster.name, len(cluster.workers), kw["as_json"])
     hooks = Hooks(progress.on_config, progress.on_step, progress.on_event, progress.on_level,
