@@ -4,9 +4,10 @@ The harness (tests/crash/harness.py) runs the CLI as a black box on one embedded
 the module: it interrupts the command at the kill point, runs the same command again with --yes
 and checks (a) the recipe copies are old or new, whole, agreeing; (b) the engine runs what the
 recipe says; (c) the history holds exactly the watchdog's own entries; (d) every changing run has
-an audit record; (e) every lock is free — plus the operator's own file beside the recipe untouched
-and no staged file left. The full sweep (200+ points, every command and signal) is
-benchmarks/crash_sweep.py. SPARK_OPS_CRASH_RECORD=FILE appends one JSON line per case.
+an audit record; (e) every lock is free; (f) no lease of spark-ops' outlives the re-run, none
+left by the kill is without a bounded expiry, an operator's pause is kept — plus the operator's
+own file beside the recipe untouched and no staged file left. The full sweep (200+ points, every
+command and signal) is benchmarks/crash_sweep.py. SPARK_OPS_CRASH_RECORD=FILE appends one JSON line per case.
 
 Every case failed before issue 20's fixes (items 1-3, SIGTERM): the records of that run are in
 docs/reliability.md. A case that regresses fails here with the checks that did not hold.
@@ -88,6 +89,17 @@ def test_apply_sigkilled_at_each_step_boundary(
 ) -> None:
     """apply SIGKILLed when each step starts and ends, then re-run: the cluster converges."""
     _check(crash_cluster, command, point)
+
+
+def test_an_operators_pause_is_never_removed(crash_cluster: CrashCluster) -> None:
+    """An operator paused the watchdog before apply: the run keeps the pause (reported), is
+    SIGKILLed at its boot, re-run: the pause is there as it was, and the run converged."""
+    crash_cluster.pause.write_text("paused by alice: switch maintenance\n")
+    try:
+        _check(crash_cluster, "apply", KillPoint("boot:running"))
+        assert crash_cluster.pause_text() == "paused by alice: switch maintenance\n"
+    finally:
+        crash_cluster.pause.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize(("command", "point"), [_marked(cmd, p, why) for cmd, p, why in SAMPLE])

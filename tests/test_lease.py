@@ -90,7 +90,7 @@ def test_a_lease_is_never_written_through_a_link_nor_over_a_pause(tmp_path: Path
     lease = parse_lease(res.stdout)
     assert lease is not None and lease.run == "r1" and lease.taken is not None
     assert lease.expires - lease.taken == 60 and made.read_text() == res.stdout
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".spark-ops-lease")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".spark-ops.lease")]
     # the end compares the content: an operator's file, or ours replaced meanwhile, stays
     assert _sh(LEASE_END, str(op), sha256(res.stdout)).returncode == 45 and op.exists()
     link = tmp_path / "link"

@@ -18,10 +18,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spark_ops import audit
 from spark_ops.bench.stats import LevelResult
+from spark_ops.bench.sweep import SweepConfig, SweepResult, run_sweep
 from spark_ops.errors import ExitStatus, SparkOpsError
-from spark_ops.inventory import WatchdogProbe
+from spark_ops.inventory import Cluster, WatchdogProbe
 from spark_ops.workflows.disruption import Leases
+from spark_ops.workflows.journal import RunJournal
+from spark_ops.workflows.operation import Operation, head_knobs
 
 MARGIN_S = 120.0  # a leased level's lease past its expected length
 
@@ -131,6 +135,8 @@ class LoadGuard:
     engine_request_s: float | None = None
     unleased: bool = False  # --unleased-load: the operator accepts the risk
     on_note: Callable[[str], None] | None = None
+    journal: RunJournal | None = None  # its intent written before the first lease (bench)
+    begun: bool = False
 
     def _say(self, text: str) -> None:
         """Pass a note on."""
@@ -162,6 +168,9 @@ class LoadGuard:
             return
         sum_up = wait.arithmetic()
         if self.leases is not None and self.leases.op.cluster.watchdog.pause_file:
+            if self.journal is not None and not self.begun:
+                await self.journal.intent(detail={"levels": [concurrency], "cap": self.cap})
+                self.begun = True
             why = f"load at concurrency {concurrency} (run {self.leases.run}): {sum_up}"
             held = await self.leases.take(why, self.seconds(wait))
             if held.state in ("held", "found"):
@@ -181,6 +190,45 @@ class LoadGuard:
             )
         self._say(f"concurrency {concurrency}: unleased (--unleased-load): {sum_up}")
         yield
+
+
+async def sweep_cluster(
+    cluster: Cluster, config: SweepConfig, *, unleased: bool = False,
+    on_note: Callable[[str], None] | None = None, **kw: Any,
+) -> SweepResult:  # fmt: skip
+    """`bench` against the inventory's engine: each level that would starve the watchdog's probe
+    runs under a lease of a `bench-load` journal run (written only when one is taken), or is
+    refused (LoadGuard)."""
+    async with Operation.open(cluster, "bench", lock=False, nodes=[cluster.head.name]) as op:
+        config.base_url = await op.api_url()
+        config.knobs = config.knobs or await head_knobs(op)
+        cap = cap_of(config.knobs)
+        journal = RunJournal(op, "bench-load", "spark-ops bench")
+        leases = Leases(op, journal.run)
+        guard = LoadGuard(
+            leases, cluster.watchdog.probe, cap, config.repeats, unleased=unleased,
+            on_note=on_note, journal=journal,
+        )  # fmt: skip
+        outcome = "failed"
+        try:
+            result = await run_sweep(config, guard=guard.level, **kw)
+            outcome = "ok"
+            return result
+        finally:
+            await leases.end_all()
+            for text in leases.notes:
+                if on_note is not None:
+                    on_note(text)
+            if guard.begun:
+                await journal.end(audit.make_entry("bench-load", outcome=outcome))
+
+
+def cap_of(knobs: dict[str, Any] | None) -> int | None:
+    """The engine's max_num_seqs from a sweep's knobs (None when not known)."""
+    knob = (knobs or {}).get("max_num_seqs")
+    if isinstance(knob, bool) or not isinstance(knob, int | str):
+        return None
+    return int(knob) if str(knob).isdigit() else None
 
 
 def wait_text(probe: WatchdogProbe | None) -> str:

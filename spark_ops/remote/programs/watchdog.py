@@ -30,7 +30,7 @@ shown() { if [ -f "$p" ] && [ ! -L "$p" ]; then head -c 4096 -- "$p"; fi; exit 4
 [ -d "$d" ] || { echo "directory $d does not exist" >&2; exit 66; }
 if [ -e "$p" ] || [ -L "$p" ]; then shown; fi
 now=$(date +%s) || exit 66
-tmp=$(mktemp "$d/.spark-ops-lease.XXXXXX") || { echo "cannot create a file in $d" >&2; exit 66; }
+tmp=$(mktemp "$d/.spark-ops.lease.XXXXXX") || { echo "cannot create a file in $d" >&2; exit 66; }
 trap 'rm -f -- "$tmp"' EXIT
 chmod 644 -- "$tmp"
 { printf '{"expires": %s, "taken": %s, ' "$((now + ttl))" "$now" && cat; } > "$tmp" || {

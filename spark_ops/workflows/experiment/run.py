@@ -35,7 +35,7 @@ from spark_ops.workflows.gate import next_slot, spent_sentence
 from spark_ops.workflows.journal import RunJournal
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plans import plan_apply
-from spark_ops.workflows.probe_load import LoadGuard
+from spark_ops.workflows.probe_load import LoadGuard, cap_of
 
 
 @dataclass
@@ -146,8 +146,7 @@ async def _leased_sweep(
 ) -> SweepResult:
     """Sweep one configuration; a level that would starve the watchdog's probe runs under a lease
     of its own journal run (ended on every way out), or is refused (probe_load.py)."""
-    knob = (cfg.knobs or {}).get("max_num_seqs")
-    cap = int(knob) if isinstance(knob, int) or (isinstance(knob, str) and knob.isdigit()) else None
+    cap = cap_of(cfg.knobs)
     journal = RunJournal(op, "experiment-load", "spark-ops experiment")
     await journal.intent(detail={"knobs": cfg.knobs, "levels": list(cfg.levels)})
     leases = Leases(op, journal.run)
