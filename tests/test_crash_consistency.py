@@ -7,7 +7,8 @@ recipe says; (c) the history holds exactly the watchdog's own entries; (d) every
 an audit record; (e) every lock is free; (f) no lease of spark-ops' outlives the re-run, none
 left by the kill is without a bounded expiry, an operator's pause is kept — plus the operator's
 own file beside the recipe untouched and no staged file left. The full sweep (200+ points, every
-command and signal) is benchmarks/crash_sweep.py. SPARK_OPS_CRASH_RECORD=FILE appends one JSON line per case.
+command and signal) is benchmarks/crash_sweep.py. SPARK_OPS_CRASH_RECORD=FILE appends one JSON
+line per case.
 
 Every case failed before issue 20's fixes (items 1-3, SIGTERM): the records of that run are in
 docs/reliability.md. A case that regresses fails here with the checks that did not hold.
