@@ -38,8 +38,9 @@ def test_readme_experiment_keeps_the_budget_under_a_probing_watchdog(tmp_path: P
     from spark_ops.sim.control import down, wait_serving
 
     s = start_sim(
-        tmp_path / "sim", time_scale=TIME_SCALE, watchdog_interval_s=2.0, watchdog_grace_s=1.0
-    )
+        tmp_path / "sim", time_scale=TIME_SCALE, watchdog_interval_s=2.0,
+        watchdog_probe_timeout_s=3.0,
+    )  # fmt: skip
     try:
         wait_serving(s.state)
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
@@ -72,7 +73,7 @@ def test_readme_experiment_keeps_the_budget_under_a_probing_watchdog(tmp_path: P
         assert st["paused"] is False and st["lease"] is None, st
         engine = cli(env, "status", "--json")
         verdict = json.loads(engine.stdout)
-        assert verdict["verdict"]["state"] in ("ok", "degraded"), verdict["verdict"]
+        assert verdict["verdict"]["state"] == "serving", verdict["verdict"]
     finally:
         down(s.root)
 
@@ -102,7 +103,7 @@ def test_without_a_pause_file_the_starving_level_is_refused_and_the_start_restor
         assert "concurrency 64 would starve the watchdog's probe" in res.stderr
         assert ">= the watchdog's probe timeout 10 s" in res.stderr
         assert "Recommendation:" not in res.stdout
-        assert "No recommendation: the reading is partial" in res.stdout
+        assert "No configuration was measured." in res.stdout  # cap 6 was refused midway
         data = json.loads(report.read_text())
         assert data["state"]["restore"]["ok"] is True, data["state"]["restore"]
         assert s.history.read_bytes() == history, "the budget is exactly as before"

@@ -302,11 +302,8 @@ def _ending(outcome: ExperimentOutcome) -> str:
     if state.status == "finished":
         text = f"Experiment finished: {done}/{total} configurations measured."
     else:
-        why = (
-            "interrupted"
-            if outcome.interrupted
-            else f"failed ({(state.error or {}).get('message')})"
-        )
+        # the failure's message is the `error:` line on stderr: said once, not here again
+        why = "interrupted" if outcome.interrupted else "failed (the error below says why)"
         text = f"Experiment {why} after {done}/{total} configurations; --resume continues it."
     r = state.restore
     if r is None:
