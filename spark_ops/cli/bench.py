@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import sys
@@ -286,9 +287,11 @@ def cli(
         from spark_ops.workflows.probe_load import sweep_cluster
 
         def note(text: str) -> None:
-            """A lease taken, or a level run unleased: one line on stderr."""
-            if not quiet():
-                click.echo(f"note: {text}", err=True)
+            """A lease taken, or a level run unleased: one line on stderr (JSON under --json)."""
+            if quiet():
+                return
+            shown = json.dumps({"event": "note", "text": text}) if as_json else f"note: {text}"
+            click.echo(shown, err=True)
 
         return await sweep_cluster(
             load_cluster(ctx), config, unleased=unleased_load, on_note=note, **kw
