@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import pytest
 from crash.harness import (
     BOUNDARIES,
+    CaseResult,
     CrashCluster,
     KillPoint,
     random_points,
@@ -57,7 +58,7 @@ def crash_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashClu
         c.close()
 
 
-def _check(c: CrashCluster, command: str, point: KillPoint) -> None:
+def _check(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
     """Run one case and fail naming every check that did not hold and the state left."""
     result = run_case(c, command, point)
     write_record(os.environ.get("SPARK_OPS_CRASH_RECORD"), result)
@@ -71,6 +72,7 @@ def _check(c: CrashCluster, command: str, point: KillPoint) -> None:
         + "\n".join(result.problems)
         + f"\nstate: {result.state}\nre-run printed:\n{result.rerun_lines[-1500:]}"
     )
+    return result
 
 
 def _marked(command: str, point: KillPoint, reason: str | None) -> object:
@@ -95,10 +97,12 @@ def test_apply_sigkilled_at_each_step_boundary(
 def test_an_operators_pause_is_never_removed(crash_cluster: CrashCluster) -> None:
     """An operator paused the watchdog before apply: the run keeps the pause (reported), is
     SIGKILLed at its boot, re-run: the pause is there as it was, and the run converged."""
-    crash_cluster.pause.write_text("paused by alice: switch maintenance\n")
+    said = "paused by alice: switch maintenance\n"
+    crash_cluster.pause.write_text(said)
     try:
-        _check(crash_cluster, "apply", KillPoint("boot:running"))
-        assert crash_cluster.pause_text() == "paused by alice: switch maintenance\n"
+        result = _check(crash_cluster, "apply", KillPoint("boot:running"))
+        # (f) compared it before the harness's repair removed it: as it was after kill and re-run
+        assert result.state["pause_after_kill"] == said == result.state["pause_after_rerun"]
     finally:
         crash_cluster.pause.unlink(missing_ok=True)
 
