@@ -85,6 +85,21 @@ class RecipeSettings:
 
 
 @dataclass(frozen=True)
+class WatchdogProbe:
+    """How the watchdog probes the engine: every interval_s, a probe waits timeout_s at most, and
+    `failures` failed probes in a row make it restart the engine (watchdog.probe)."""
+
+    interval_s: float
+    timeout_s: float
+    failures: int
+
+    def trip_s(self) -> float:
+        """How long failing probes take to make the watchdog act (the first one's timeout, then
+        `failures - 1` intervals)."""
+        return self.timeout_s + (self.failures - 1) * self.interval_s
+
+
+@dataclass(frozen=True)
 class WatchdogSettings:
     """The watchdog contract: how to force a restart and where its history and flags live."""
 
@@ -105,6 +120,7 @@ class WatchdogSettings:
     history_locked: bool = True  # the watchdog takes lock_file around its own appends
     grace_s: float | None = None  # it leaves an engine younger than this alone (None: unknown)
     restarts_missing_engine: bool = True  # False: no engine running reads as stopped on purpose
+    probe: WatchdogProbe | None = None  # its probe, when the inventory describes it
 
     @property
     def loops_only(self) -> bool:
@@ -368,7 +384,7 @@ _RECIPE_KEYS = ("path", "nodes", "keep_backups")
 _WATCHDOG_KEYS = (
     "restart_command", "status_command", "history_file", "history_format", "lock_file",
     "journal_file", "pause_file", "gave_up_file", "budget", "reports_stamp", "python",
-    "lock_timeout_s", "kind", "history_locked", "grace_s", "restarts_missing_engine",
+    "lock_timeout_s", "kind", "history_locked", "grace_s", "restarts_missing_engine", "probe",
 )  # fmt: skip
 _ENGINE_KEYS = (
     "log", "api", "boot_deadline_s", "probe_timeout_s", "worker_stall_s", "min_mem_available_gb",
@@ -477,6 +493,21 @@ def _loop_keys(wsec: _Section) -> dict[str, Any]:
     }
 
 
+def _probe(wsec: _Section) -> WatchdogProbe | None:
+    """watchdog.probe: {interval_s, timeout_s, failures}, all three, or none."""
+    if wsec.data.get("probe") is None:
+        return None
+    psec = wsec.sub("probe", ("interval_s", "timeout_s", "failures"))
+    for key in ("interval_s", "timeout_s", "failures"):
+        if psec.data.get(key) is None:
+            raise psec.error(psec.path(key), "is required (interval_s, timeout_s, failures)")
+    return WatchdogProbe(
+        interval_s=float(psec.positive("interval_s", float, None)),
+        timeout_s=float(psec.positive("timeout_s", float, None)),
+        failures=psec.bounded("failures", 3, 1000),
+    )
+
+
 def _load_cluster(source: str, name: str, data: Any) -> Cluster:
     """Validate one cluster mapping."""
     sec = _Section(source, f"clusters.{name}", data, _CLUSTER_KEYS)
@@ -515,6 +546,7 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
         python=wsec.get("python", str, "python3"),
         lock_timeout_s=_lock_timeout(wsec, ssh),
         **_loop_keys(wsec),
+        probe=_probe(wsec),
     )
 
     esec = sec.sub("engine", _ENGINE_KEYS)

@@ -4,9 +4,11 @@ The harness (tests/crash/harness.py) runs the CLI as a black box on one embedded
 the module: it interrupts the command at the kill point, runs the same command again with --yes
 and checks (a) the recipe copies are old or new, whole, agreeing; (b) the engine runs what the
 recipe says; (c) the history holds exactly the watchdog's own entries; (d) every changing run has
-an audit record; (e) every lock is free — plus the operator's own file beside the recipe untouched
-and no staged file left. The full sweep (200+ points, every command and signal) is
-benchmarks/crash_sweep.py. SPARK_OPS_CRASH_RECORD=FILE appends one JSON line per case.
+an audit record; (e) every lock is free; (f) no lease of spark-ops' outlives the re-run, none
+left by the kill is without a bounded expiry, an operator's pause is kept — plus the operator's
+own file beside the recipe untouched and no staged file left. The full sweep (200+ points, every
+command and signal) is benchmarks/crash_sweep.py. SPARK_OPS_CRASH_RECORD=FILE appends one JSON
+line per case.
 
 Every case failed before issue 20's fixes (items 1-3, SIGTERM): the records of that run are in
 docs/reliability.md. A case that regresses fails here with the checks that did not hold.
@@ -20,6 +22,7 @@ from collections.abc import Iterator
 import pytest
 from crash.harness import (
     BOUNDARIES,
+    CaseResult,
     CrashCluster,
     KillPoint,
     random_points,
@@ -55,7 +58,7 @@ def crash_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashClu
         c.close()
 
 
-def _check(c: CrashCluster, command: str, point: KillPoint) -> None:
+def _check(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
     """Run one case and fail naming every check that did not hold and the state left."""
     result = run_case(c, command, point)
     write_record(os.environ.get("SPARK_OPS_CRASH_RECORD"), result)
@@ -69,6 +72,7 @@ def _check(c: CrashCluster, command: str, point: KillPoint) -> None:
         + "\n".join(result.problems)
         + f"\nstate: {result.state}\nre-run printed:\n{result.rerun_lines[-1500:]}"
     )
+    return result
 
 
 def _marked(command: str, point: KillPoint, reason: str | None) -> object:
@@ -88,6 +92,19 @@ def test_apply_sigkilled_at_each_step_boundary(
 ) -> None:
     """apply SIGKILLed when each step starts and ends, then re-run: the cluster converges."""
     _check(crash_cluster, command, point)
+
+
+def test_an_operators_pause_is_never_removed(crash_cluster: CrashCluster) -> None:
+    """An operator paused the watchdog before apply: the run keeps the pause (reported), is
+    SIGKILLed at its boot, re-run: the pause is there as it was, and the run converged."""
+    said = "paused by alice: switch maintenance\n"
+    crash_cluster.pause.write_text(said)
+    try:
+        result = _check(crash_cluster, "apply", KillPoint("boot:running"))
+        # (f) compared it before the harness's repair removed it: as it was after kill and re-run
+        assert result.state["pause_after_kill"] == said == result.state["pause_after_rerun"]
+    finally:
+        crash_cluster.pause.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize(("command", "point"), [_marked(cmd, p, why) for cmd, p, why in SAMPLE])

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +25,8 @@ DEFAULT_LEVELS = (1, 6, 16, 32, 64)
 SCHEMA = "spark-ops.bench/1"
 
 LevelCallback = Callable[[stats.LevelResult], Awaitable[None] | None]
+# Held around each level (a lease on the watchdog), or raises to refuse it: workflows/probe_load.py
+LevelGuard = Callable[[int, Sequence[stats.LevelResult]], AbstractAsyncContextManager[None]]
 
 
 @dataclass(frozen=True)
@@ -340,6 +344,11 @@ async def _recheck(
     return check
 
 
+def held_nothing() -> AbstractAsyncContextManager[None]:
+    """No guard (no speed check to run)."""
+    return contextlib.nullcontext()
+
+
 def _now() -> str:
     """UTC time as ISO 8601."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -368,12 +377,18 @@ def _resumed(
 async def run_sweep(
     config: SweepConfig, *, on_level: LevelCallback | None = None,
     on_run: RunCallback | None = None, done: Sequence[stats.LevelResult] = (),
+    guard: LevelGuard | None = None,
 ) -> SweepResult:  # fmt: skip
     """Run every level `repeats` times and return the figures and their reading (no printing).
 
     `done`: levels an interrupted sweep finished (kept, not run again); `on_run` hears every run
-    start and end.
+    start and end; `guard` is held around each level (and the speed check), or refuses it.
     """
+
+    def held(c: int) -> AbstractAsyncContextManager[None]:
+        """What the guard holds while level c runs (nothing without a guard)."""
+        return guard(c, levels) if guard is not None else contextlib.nullcontext()
+
     config.validate()
     kept = _resumed(config, done)
     total_runs = len(config.levels) * config.repeats + (config.recheck is not None)
@@ -434,32 +449,33 @@ async def run_sweep(
                 levels.append(kept[c])
                 continue
             runs: list[stats.RunStats] = []
-            for rep in range(config.repeats):
-                tell(c, rep + 1)
-                run = await _run_once(
-                    client, scraper, config, c, rotation, config.seed + 1000 * rep + c
-                )
-                finished += 1
-                tell(c, rep + 1, run)
-                runs.append(run)
-                total_cpu += run.client_cpu_s
-                frac = run.client_cpu_s / run.wall_s if run.wall_s > 0 else 0.0
-                max_cpu_fraction = max(max_cpu_fraction, frac)
-                if frac >= config.cpu_warn_fraction:
-                    msg = (
-                        f"client used {frac:.0%} of a core at concurrency {c}: "
-                        "the client may be what is measured"
+            async with held(c):
+                for rep in range(config.repeats):
+                    tell(c, rep + 1)
+                    run = await _run_once(
+                        client, scraper, config, c, rotation, config.seed + 1000 * rep + c
                     )
-                    warnings.append(msg)
-                    log.warning("bench_client_cpu", concurrency=c, cpu_fraction=round(frac, 3))
-                log.debug(
-                    "bench_run",
-                    concurrency=c,
-                    repeat=rep + 1,
-                    wall_s=round(run.wall_s, 3),
-                    tok_s=round(run.aggregate_tok_s, 1),
-                    failed=run.failed,
-                )
+                    finished += 1
+                    tell(c, rep + 1, run)
+                    runs.append(run)
+                    total_cpu += run.client_cpu_s
+                    frac = run.client_cpu_s / run.wall_s if run.wall_s > 0 else 0.0
+                    max_cpu_fraction = max(max_cpu_fraction, frac)
+                    if frac >= config.cpu_warn_fraction:
+                        msg = (
+                            f"client used {frac:.0%} of a core at concurrency {c}: "
+                            "the client may be what is measured"
+                        )
+                        warnings.append(msg)
+                        log.warning("bench_client_cpu", concurrency=c, cpu_fraction=round(frac, 3))
+                    log.debug(
+                        "bench_run",
+                        concurrency=c,
+                        repeat=rep + 1,
+                        wall_s=round(run.wall_s, 3),
+                        tok_s=round(run.aggregate_tok_s, 1),
+                        failed=run.failed,
+                    )
             level = stats.summarize_level(runs)
             if level.completed == 0:
                 first = next(iter(level.errors), "no request was sent")
@@ -476,7 +492,8 @@ async def run_sweep(
                     await maybe
         if config.recheck is not None:
             tell(config.recheck, 0)
-        speed_check = await _recheck(client, scraper, config, rotation, levels)
+        async with held(config.recheck) if config.recheck is not None else held_nothing():
+            speed_check = await _recheck(client, scraper, config, rotation, levels)
         metrics_available = scraper is not None and scraper.available
     knob = (config.knobs or {}).get("max_num_seqs")
     reading = stats.read_levels(

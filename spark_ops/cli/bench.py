@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import sys
@@ -139,6 +140,11 @@ def _knob_value(text: str) -> Any:
 @click.option("--seed", type=int, default=0, show_default=True, help="Poisson arrivals seed.")
 @click.option("--no-metrics", is_flag=True, help="Do not scrape /metrics.")
 @click.option(
+    "--unleased-load",
+    is_flag=True,
+    help="Run a level that would starve the watchdog's probe even when no lease can pause it.",
+)
+@click.option(
     "--what-if-cap",
     "what_if_cap",
     help="Lower max-num-seqs values to predict from this sweep, comma-separated (e.g. 6,16,32); "
@@ -199,6 +205,7 @@ def cli(
     knobs: tuple[str, ...],
     seed: int,
     no_metrics: bool,
+    unleased_load: bool,
     what_if_cap: str | None,
     prompts_path: Path | None,
     as_json: bool,
@@ -277,12 +284,18 @@ def cli(
         if url:
             return await run_sweep(config, **kw)
         from spark_ops.cli.common import load_cluster
-        from spark_ops.workflows import engine_endpoint
+        from spark_ops.workflows.probe_load import sweep_cluster
 
-        async with engine_endpoint(load_cluster(ctx)) as (base_url, recipe_knobs):
-            config.base_url = base_url
-            config.knobs = config.knobs or recipe_knobs
-            return await run_sweep(config, **kw)
+        def note(text: str) -> None:
+            """A lease taken, or a level run unleased: one line on stderr (JSON under --json)."""
+            if quiet():
+                return
+            shown = json.dumps({"event": "note", "text": text}) if as_json else f"note: {text}"
+            click.echo(shown, err=True)
+
+        return await sweep_cluster(
+            load_cluster(ctx), config, unleased=unleased_load, on_note=note, **kw
+        )
 
     try:
         result = run_async(sweep())

@@ -316,11 +316,8 @@ def _ending(outcome: ExperimentOutcome) -> str:
     if state.status == "finished":
         text = f"Experiment finished: {done}/{total} configurations measured."
     else:
-        why = (
-            "interrupted"
-            if outcome.interrupted
-            else f"failed ({(state.error or {}).get('message')})"
-        )
+        # the failure's message is the `error:` line on stderr: said once, not here again
+        why = "interrupted" if outcome.interrupted else "failed (the error below says why)"
         text = f"Experiment {why} after {done}/{total} configurations; --resume continues it."
     r = state.restore
     if r is None:
@@ -409,6 +406,11 @@ def _ending(outcome: ExperimentOutcome) -> str:
     is_flag=True,
     help="Restart even when the watchdog's restart budget has no slot left.",
 )
+@click.option(
+    "--unleased-load",
+    is_flag=True,
+    help="Run a level that would starve the watchdog's probe even when no lease can pause it.",
+)
 @click.option("--no-restore", is_flag=True, help="Leave the last configuration in place.")
 @click.option("--resume", is_flag=True, help="Continue the experiment recorded in the state file.")
 @click.option(
@@ -472,7 +474,7 @@ def cli(ctx: click.Context, **kw: Any) -> int:
     )  # fmt: skip
     settings = ApplySettings(
         drain=not kw["no_drain"], deadline_s=kw["deadline"], force=kw["force"],
-        over_budget=kw["over_budget"],
+        over_budget=kw["over_budget"], unleased_load=kw["unleased_load"],
     )  # fmt: skip
     from spark_ops.readiness import history_key
 

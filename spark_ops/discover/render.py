@@ -101,6 +101,12 @@ def render_inventory(
     if "watchdog.budget.max_restarts" not in values:
         out.append("      # budget: spark-ops' default (2 per 6 h); set it to your watchdog's")
     out.append(f"      budget: {{max_restarts: {mx}, window_s: {win}}}")
+    if "watchdog.probe.interval_s" in values:  # the reference watchdog's probe (its config)
+        interval, timeout = values["watchdog.probe.interval_s"], values["watchdog.probe.timeout_s"]
+        out.append(
+            f"      probe: {{interval_s: {interval:g}, timeout_s: {timeout:g}, "
+            f"failures: {values['watchdog.probe.failures']}}}"
+        )
     out.append("    engine:")
     log = values.get("engine.log")
     if isinstance(log, dict):

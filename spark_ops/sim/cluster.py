@@ -49,6 +49,10 @@ class SimError(SparkOpsError):
         self.exit_status = status
 
 
+SIM_PROBE_TIMEOUT_S = 10  # the embedded watchdog's probe (its config and the inventory alike)
+SIM_PROBE_FAILURES = 3
+
+
 @dataclass
 class SimOptions:
     """How to lay out the embedded cluster."""
@@ -60,6 +64,7 @@ class SimOptions:
     max_num_seqs: int = 6
     watchdog_interval_s: float = 5.0
     watchdog_grace_s: float = 20.0
+    watchdog_probe_timeout_s: float = SIM_PROBE_TIMEOUT_S
     seed_history: bool = True  # one automatic restart two hours ago, as a real cluster would have
     # node name -> network namespace (made by the caller, e.g. tests/ground/ray.py): the head's is
     # the one the whole cluster process runs in (SSH ports, tunnels, watchdog, engine), a worker's
@@ -139,6 +144,8 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
         .replace("@HOME@", str(head))
         .replace("@PORT@", str(engine_port))
         .replace("@INTERVAL@", str(opts.watchdog_interval_s))
+        .replace("@TIMEOUT@", f"{opts.watchdog_probe_timeout_s:g}")
+        .replace("@FAILURES@", str(SIM_PROBE_FAILURES))
         .replace("@GRACE@", str(opts.watchdog_grace_s))
     )
     hist = str(state / "restarts")
@@ -146,7 +153,11 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
         history.append(
             hist, stamp=int(time.time()) - 7200, reason="probe failed 3 times", by="watchdog"
         )
-    layout = {"root": str(root), "names": names, "engine_port": engine_port, "netns": opts.netns}
+    layout = {
+        "root": str(root), "names": names, "engine_port": engine_port, "netns": opts.netns,
+        "probe_interval_s": opts.watchdog_interval_s,
+        "probe_timeout_s": opts.watchdog_probe_timeout_s,
+    }  # fmt: skip
     (root / "layout.json").write_text(json.dumps(layout, indent=2))
     return layout
 
@@ -191,6 +202,11 @@ def _shipped_boot() -> dict[str, Any]:
 def inventory_text(root: Path, ports: dict[str, int], engine_port: int) -> str:
     """The inventory spark-ops uses to reach this embedded cluster."""
     names = list(ports)
+    try:
+        layout = json.loads((root / "layout.json").read_text())
+        interval, timeout = float(layout["probe_interval_s"]), float(layout["probe_timeout_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        interval, timeout = SimOptions.watchdog_interval_s, float(SIM_PROBE_TIMEOUT_S)
     nodes = "\n".join(
         f"      {n}: {{host: 127.0.0.1, port: {p}, role: {'head' if i == 0 else 'worker'}}}"
         for i, (n, p) in enumerate(ports.items())
@@ -201,6 +217,9 @@ def inventory_text(root: Path, ports: dict[str, int], engine_port: int) -> str:
         tp=len(names),
         engine_port=engine_port,
         worker_check=json.dumps(RAYLET_CHECK),
+        probe_interval_s=f"{interval:g}",
+        probe_timeout_s=f"{timeout:g}",
+        probe_failures=SIM_PROBE_FAILURES,
     )
 
 

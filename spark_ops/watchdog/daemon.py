@@ -37,6 +37,7 @@ from spark_ops.watchdog.config import (
     load_config,
     parse_config,
 )
+from spark_ops.watchdog.lease import pause_in_force
 from spark_ops.yamlsafe import MAX_YAML_BYTES, load_yaml
 
 EXIT_OK = 0
@@ -212,6 +213,13 @@ class Watchdog:
         except HeadFailure:  # a lock file it cannot open: nobody is restarting through it
             return False
 
+    def paused(self) -> bool:
+        """True while the pause file exists, unless it holds a lease past its expiry (lapsed)."""
+        paused, lease = pause_in_force(self.paths.pause)
+        if lease is not None and not paused:
+            self.log.warning("lease_lapsed", file=self.paths.pause, run=lease.run, by=lease.holder)
+        return paused
+
     def load_state(self) -> dict[str, Any]:
         """Read the state file (consecutive failures survive --once runs and daemon restarts)."""
         return _read_json(self.paths.state) or {}
@@ -292,7 +300,7 @@ class Watchdog:
             b = self.budget()
             if os.path.exists(self.paths.gave_up):
                 raise RestartRefused(f"{self.paths.gave_up} exists: the watchdog gave up")
-            if os.path.exists(self.paths.pause):
+            if self.paused():
                 raise RestartRefused(f"{self.paths.pause} exists: the watchdog is paused")
             if b["over_budget"]:
                 raise RestartRefused(
@@ -334,7 +342,7 @@ class Watchdog:
 
     def _act(self, failures: int, result: ProbeResult, state: dict[str, Any]) -> str:
         """Decide what N consecutive failures lead to: paused, gave-up, or a restart."""
-        if os.path.exists(self.paths.pause):
+        if self.paused():
             self.log.warning("paused", file=self.paths.pause, consecutive=failures)
             return "paused"
         if os.path.exists(self.paths.gave_up):
@@ -383,7 +391,7 @@ class Watchdog:
                 }
             )
         gave_up = os.path.exists(self.paths.gave_up)
-        paused = os.path.exists(self.paths.pause)
+        paused, lease = pause_in_force(self.paths.pause)
         state = (
             "gave-up"
             if gave_up
@@ -406,6 +414,7 @@ class Watchdog:
             "stamps": stamps,
             "next_free_at": b["next_free_at"],
             "paused": paused,
+            "lease": lease.to_dict() if lease is not None else None,
             "gave_up": _read_json(self.paths.gave_up) if gave_up else None,
             "engine": {"pid": pid, "alive": pid_alive(pid), "pid_file": self.paths.pid},
             "last_restart": (

@@ -23,8 +23,6 @@ from spark_ops.errors import SparkOpsError
 from spark_ops.remote import ClusterSession, quote_word
 from spark_ops.remote.programs.watchdog import (
     FILE_SYSTEM,
-    PAUSE_END,
-    PAUSE_TAKE,
     PROCESS_ENV,
     PROCESSES,
 )
@@ -288,43 +286,3 @@ def unlocked_appends(history: str, lock: str) -> str:
         "spark-ops prunes can be lost (spark-ops prunes only after a planned restart that "
         "caused a stamp, and a loop watchdog's planned restart causes none)"
     )
-
-
-class LoopPause:
-    """The pause spark-ops holds on a loop watchdog through its pause file while a planned
-    restart stops and starts the engine (until the watchdog lease of issue 30 replaces it).
-
-    Taken only when the file is absent (an operator's pause is never written over, nor removed),
-    with content naming the run; ended only while the file still holds exactly that content.
-    """
-
-    def __init__(self, session: ClusterSession, head: str, path: str | None, content: str):
-        """A pause not yet taken (path None: nothing to pause)."""
-        self.session, self.head, self.path, self.content = session, head, path, content
-        self.taken = False
-
-    @classmethod
-    async def take(
-        cls, session: ClusterSession, head: str, path: str | None, content: str
-    ) -> LoopPause:
-        """Create the pause file when absent; never raises (a pause not taken is a pause the
-        watchdog's own grace stands in for)."""
-        pause = cls(session, head, path, content)
-        if path:
-            try:
-                res = await session.call(head, PAUSE_TAKE, path, content, sudo=True)
-                pause.taken = res.ok
-            except SparkOpsError:
-                pause.taken = False
-        return pause
-
-    async def release(self) -> bool:
-        """Remove the pause file if this pause made it and it still says so; True when done."""
-        if not (self.taken and self.path):
-            return False
-        try:
-            res = await self.session.call(self.head, PAUSE_END, self.path, self.content, sudo=True)
-        except SparkOpsError:
-            return False
-        self.taken = not res.ok
-        return res.ok

@@ -39,6 +39,11 @@ def _restarting(ex: Execution) -> bool:
     return bool(ex.entered & {StepKind.DRAIN, StepKind.RESTART})
 
 
+def _leased(ex: Execution) -> bool:
+    """The lease is ended once its step began (taken, found or half-taken), on every path out."""
+    return ex.began(StepKind.LEASE)
+
+
 def _not_rolled_back(ex: Execution) -> bool:
     """The checks follow the new recipe's boot, not a rollback's."""
     return not ex.out.rolled_back
@@ -48,6 +53,7 @@ def _not_rolled_back(ex: Execution) -> bool:
 STEPS: dict[StepKind, Row] = {
     StepKind.SETTLE: Row(steps.settle, atomic=True),
     StepKind.WRITE: Row(steps.write, atomic=True, engine=True),
+    StepKind.LEASE: Row(steps.lease, atomic=True),
     StepKind.DRAIN: Row(steps.drain, engine=True),
     StepKind.RESTART: Row(
         restart.fire, prepare=restart.prepare_restart, atomic=True, engine=True, fails=True
@@ -79,6 +85,7 @@ STEPS: dict[StepKind, Row] = {
     ),
     StepKind.VERIFY: Row(steps.verify, when=_not_rolled_back),
     StepKind.BUDGET: Row(steps.budget, always=True, when=_restarting),
+    StepKind.RELEASE: Row(steps.release, atomic=True, always=True, when=_leased),
 }
 
 
@@ -117,6 +124,7 @@ async def execute(
         failure = exc
         raise
     finally:
+        out.warnings.extend(n for n in ex.leases.notes if n not in out.warnings)  # once each
         await journal.steps(out.steps)
         try:
             entry = audit_entry(plan, opts, out, failure)

@@ -21,6 +21,7 @@ from spark_ops.readiness import BootEvent
 from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.identify import HistEntry, Identification
 from spark_ops.workflows import interrupt
+from spark_ops.workflows.disruption import Leases
 from spark_ops.workflows.journal import RunJournal
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
 from spark_ops.workflows.plan import Plan, StepKind, StepRunner
@@ -57,6 +58,11 @@ class Execution:
     attempt: Attempt | None = None  # the restart in progress
     entered: set[StepKind] = field(default_factory=set)  # the steps the loop reached
     failure: BaseException | None = None  # the failure that stands (a later one replaces it)
+    leases: Leases = field(init=False)  # the watchdog leases this run holds (ended on every way)
+
+    def __post_init__(self) -> None:
+        """The run's leases carry its journal run id (a dead run's are found by it)."""
+        self.leases = Leases(self.op, self.journal.run)
 
     def began(self, kind: StepKind) -> bool:
         """True when the run holds this step and it has started (it is no longer pending)."""

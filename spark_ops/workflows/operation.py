@@ -223,10 +223,15 @@ def jsonable(values: dict[str, Any]) -> dict[str, Any]:
 async def engine_endpoint(cluster: Cluster) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """The engine's URL from here (tunnelled through the head if needed) and the recipe's knobs."""
     async with Operation.open(cluster, "bench", lock=False, nodes=[cluster.head.name]) as op:
-        url = await op.api_url()
-        knobs: dict[str, Any] = {}
-        if cluster.head.name in cluster.recipe.nodes:
-            text = await op.session.read_file(cluster.head.name, cluster.recipe.path, sudo=True)
-            if text is not None:
-                knobs = jsonable(knob_values(text, source=f"{cluster.head.name}:recipe"))
-        yield url, knobs
+        yield await op.api_url(), await head_knobs(op)
+
+
+async def head_knobs(op: Operation) -> dict[str, Any]:
+    """The recipe's knobs as the head's copy says ({} when the head holds no copy)."""
+    cluster = op.cluster
+    if cluster.head.name not in cluster.recipe.nodes:
+        return {}
+    text = await op.session.read_file(cluster.head.name, cluster.recipe.path, sudo=True)
+    if text is None:
+        return {}
+    return jsonable(knob_values(text, source=f"{cluster.head.name}:recipe"))

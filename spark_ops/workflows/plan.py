@@ -45,6 +45,7 @@ class StepKind(StrEnum):
 
     SETTLE = "settle"
     WRITE = "write"
+    LEASE = "lease"  # pause the watchdog for the disruption (watchdog/lease.py)
     DRAIN = "drain"
     RESTART = "restart"
     BOOT = "boot"
@@ -55,6 +56,7 @@ class StepKind(StrEnum):
     RESTART_ROLLBACK = "restart-rollback"
     BOOT_ROLLBACK = "boot-rollback"
     PRUNE_ROLLBACK = "prune-rollback"
+    RELEASE = "release"  # end the lease (on every path out)
 
     def of_rollback(self) -> StepKind:
         """The same step of the rollback's restart (restart -> restart-rollback)."""

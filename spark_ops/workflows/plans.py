@@ -25,6 +25,7 @@ from spark_ops.recipe.source import load_recipe_text
 from spark_ops.remote import sha256
 from spark_ops.watchdog.policy import crash_loop_warning, engine_policy
 from spark_ops.workflows.converge import booting_note, engine_differs, plan_settle
+from spark_ops.workflows.disruption import lease_description
 from spark_ops.workflows.gate import check_budget, check_workers
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, OperationKind, Plan, StepKind
@@ -340,6 +341,7 @@ def _restart_steps(plan: Plan, op: Operation, opts: ApplyOptions, *, write: bool
         hosts = [ch.host for ch in plan.changes]
         what = f"write the recipe atomically (backup kept) on {', '.join(hosts)}"
         plan.add(StepKind.WRITE, what, hosts)
+    plan.add(StepKind.LEASE, lease_description(c, opts), head)
     if opts.drain:
         what = "wait for in-flight requests to finish (vllm:num_requests_running → 0)"
         plan.add(StepKind.DRAIN, what, head)
@@ -368,6 +370,8 @@ def _restart_steps(plan: Plan, op: Operation, opts: ApplyOptions, *, write: bool
     what = "check effective args, KV pool, free memory, Xid lines"
     plan.add(StepKind.VERIFY, what, [n.name for n in c.nodes])
     plan.add(StepKind.BUDGET, "report the restart budget", head)
+    if c.watchdog.pause_file:
+        plan.add(StepKind.RELEASE, "end the lease (remove the pause file only if it is ours)", head)
 
 
 async def _engine_version(op: Operation) -> str | None:

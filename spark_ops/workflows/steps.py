@@ -14,6 +14,8 @@ from spark_ops.headlib.backup import ROLLED_BACK
 from spark_ops.remote import FileWrite, sha256
 from spark_ops.watchdog.contract import Trigger
 from spark_ops.watchdog.identify import SLACK_S, fmt_stamp, prune_command, stamps_text
+from spark_ops.workflows.converge import dead_runs
+from spark_ops.workflows.disruption import restart_lease_seconds, settle_leases
 from spark_ops.workflows.execution import Done, Execution
 from spark_ops.workflows.operation import Operation, Outcome
 from spark_ops.workflows.plan import OperationKind, Step, StepKind
@@ -24,14 +26,33 @@ from spark_ops.workflows.restart import identify
 async def settle(ex: Execution, kind: StepKind) -> Done:
     """Finish the dead runs the plan names: remove the planned stamps they left, by exact line."""
     facts = ex.plan.facts
+    ended = await settle_leases(ex.op, await dead_runs(ex.op))
     raws = [str(r) for r in facts.left_stamps or []]
     if not raws:
-        return Done(f"nothing was left by {', '.join(facts.settles or [])}")
+        left = f"nothing was left by {', '.join(facts.settles or [])}"
+        return Done(f"{ended}; no stamp was left" if ended else left)
     reason = f"planned restart ({ex.op.name}, left)"
     result = await ex.op.watchdog.prune(raws=raws, reason=reason)
     removed = result["removed_stamps"]
     ex.out.pruned.extend(removed)
     return Done(f"removed the stamp(s) left by a dead run: {removed}")
+
+
+async def lease(ex: Execution, kind: StepKind) -> Done:
+    """Pause the watchdog with a lease for the restart; the journal records it (its run id is in
+    the lease, so a dead run's is found by the next run's settle step)."""
+    op = ex.op
+    await ex.journal.note(kind.value, "taking", path=op.cluster.watchdog.pause_file)
+    why = f"planned restart ({op.name}, run {ex.leases.run})"
+    held = await ex.leases.take(why, restart_lease_seconds(op.cluster, ex.opts))
+    status = "done" if held.state in ("held", "found") else "skipped"
+    return Done(held.text(), status, {"lease": held.to_dict()})
+
+
+async def release(ex: Execution, kind: StepKind) -> Done:
+    """End the run's lease on every way out (never raises: a lease not ended lapses)."""
+    said = await ex.leases.end_all() if ex.leases.held else []
+    return Done("; ".join(said) or "no lease of this run to end")
 
 
 async def write(ex: Execution, kind: StepKind) -> Done:

@@ -15,6 +15,9 @@ again with --yes and checks what the operator relies on:
   (d) every run that changed something (recipe written, restart triggered, stamp pruned) has an
       audit record (`spark-ops log --json`; distinct `run` ids when records carry one);
   (e) every lock file under the state directories is free (`flock`, whatever its name or key);
+  (f) the watchdog's lease: a pause spark-ops made and the kill left lapses by itself (a bounded
+      expiry), the re-run leaves none of spark-ops' (its settle step ends the dead run's), and an
+      operator's pause found before the case is there, as it was;
 
 and that the operator's own `<recipe>.bak.known-good` is untouched and no staged file is left.
 Each case gives one JSON-able record. The cluster is shared by cases: `repair()` puts it back
@@ -44,6 +47,7 @@ from typing import Any
 import yaml
 
 from spark_ops.watchdog import history as wd_history
+from spark_ops.watchdog.lease import MAX_LEASE_S, parse_lease
 
 PLANNED_BY = wd_history.DEFAULT_PLANNED_BY
 KNOWN_GOOD = ".bak.known-good"  # an operator's own file beside each recipe copy
@@ -433,6 +437,7 @@ class CrashCluster:
             ],
             "history": self.history.read_bytes().decode("utf-8", "surrogateescape").splitlines(),
             "journal_n": len(wd_history.read_journal(str(self.journal))[0]),
+            "pause": self.pause_text(),
             "dotfiles": sorted(str(f) for d in dirs for f in d.iterdir() if f.name.startswith(".")),
             "known_good": {
                 str(p): Path(f"{p}{KNOWN_GOOD}").read_bytes().hex() for p in self.recipe_copies
@@ -444,6 +449,18 @@ class CrashCluster:
                 if not b.name.endswith(KNOWN_GOOD)
             },
         }
+
+    @property
+    def pause(self) -> Path:
+        """The watchdog's pause file on the head (the inventory's watchdog.pause_file)."""
+        return self.history.parent / "pause"
+
+    def pause_text(self) -> str | None:
+        """What the pause file holds now (None: no file)."""
+        try:
+            return self.pause.read_bytes().decode("utf-8", "surrogateescape")
+        except FileNotFoundError:
+            return None
 
     def journal_since(self, n: int) -> list[dict[str, Any]]:
         """Journal records appended after the first n."""
@@ -617,7 +634,7 @@ COMMANDS: dict[str, Command] = {
 }
 
 # the boundaries each command prints on a clean run (tests/crash: checked by the reference run)
-STEPS = ["write", "restart", "boot", "prune", "verify", "budget"]
+STEPS = ["write", "lease", "restart", "boot", "prune", "verify", "budget", "release"]
 _EXPERIMENT_CONFIG = ["config:running", *(f"{s}:{st}" for s in STEPS for st in ("running", "done"))]
 BOUNDARIES: dict[str, list[tuple[str, int]]] = {
     "apply": [(f"{s}:{st}", 1) for s in STEPS for st in ("running", "done")],
@@ -802,11 +819,28 @@ def run_case(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
     checks["rerun_ok"] = rerun.code == 0
     if rerun.code != 0:
         problems.append(f"the re-run exited {rerun.code}")
+    # (f) the lease: a pause spark-ops made after the kill lapses by itself (an expiry within
+    # MAX_LEASE_S of its taking); after the re-run none of spark-ops' is left (its settle step
+    # ended the dead run's); an operator's pause found before is there as it was
+    left_lease = []
+    for when, snap in (("killed", mid), ("rerun", after)):
+        lease = parse_lease(snap["pause"]) if snap["pause"] is not None else None
+        if lease is None:
+            continue
+        bounded = lease.taken is not None and lease.expires - lease.taken <= MAX_LEASE_S
+        if when == "rerun" or not bounded:
+            left_lease.append(f"{when}: the pause file holds {snap['pause'][:200]!r}")
+    if before["pause"] is not None and after["pause"] != before["pause"]:
+        left_lease.append(f"the operator's pause {before['pause']!r} became {after['pause']!r}")
+    checks["f_lease_ended"] = not left_lease
+    problems += left_lease
     checks["kill_point_reached"] = killed.fired
     if not killed.fired:
         problems.append(f"the kill point was never reached (boundaries: {killed.boundaries})")
 
     state = {
+        "pause_after_kill": mid["pause"],
+        "pause_after_rerun": after["pause"],
         "caps_after_kill": [cap_of(t) for t in mid["recipes"]],
         "caps_after_rerun": [cap_of(t) for t in after["recipes"]],
         "engine_args_max_num_seqs": have,

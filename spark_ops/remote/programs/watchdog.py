@@ -49,20 +49,49 @@ FILE_SYSTEM = RemoteProgram(
     result,
     deadline=15,
 )
-# $1 a pause file, $2 what to write in it: created only when absent (noclobber), so a pause an
-# operator set is never overwritten; exit 0 when this call created it
-PAUSE_TAKE = RemoteProgram(
-    "pause take",
-    'set -C; { printf "%s\\n" "$2" > "$1"; } 2>/dev/null',
-    (path("pause"), text("content")),
-    result,
-    deadline=15,
+# The maintenance lease (watchdog/lease.py): a pause file made by spark-ops. $1 the pause file,
+# $2 how long it lasts (s); stdin: the rest of the lease's JSON object (after its `{`), which
+# this program opens with the expiry in the head's own clock. The file is made beside its name
+# and linked into place (link(2) makes it, or fails when the name exists, a symlink too: never
+# written through a link, never over an operator's pause). Exit 0: the content made, on stdout;
+# 46: a pause file is there (its first 4 KiB on stdout); 66: the directory is missing or the
+# file cannot be made (stderr says why).
+LEASE_TAKE_SH = r"""
+p=$1; ttl=$2
+case $p in */*) d=${p%/*}; [ -n "$d" ] || d=/ ;; *) d=. ;; esac
+shown() { if [ -f "$p" ] && [ ! -L "$p" ]; then head -c 4096 -- "$p"; fi; exit 46; }
+[ -d "$d" ] || { echo "directory $d does not exist" >&2; exit 66; }
+if [ -e "$p" ] || [ -L "$p" ]; then shown; fi
+now=$(date +%s) || exit 66
+tmp=$(mktemp "$d/.spark-ops.lease.XXXXXX") || { echo "cannot create a file in $d" >&2; exit 66; }
+trap 'rm -f -- "$tmp"' EXIT
+chmod 644 -- "$tmp"
+{ printf '{"expires": %s, "taken": %s, ' "$((now + ttl))" "$now" && cat; } > "$tmp" || {
+  echo "cannot write $tmp" >&2; exit 66; }
+sync -- "$tmp" 2>/dev/null || true
+ln -- "$tmp" "$p" 2>/dev/null || shown
+sync -- "$d" 2>/dev/null || true
+cat -- "$tmp"
+"""
+
+# End a lease: remove the pause file $1 only when it is a regular file (not a link) whose sha256
+# is $2 (the content this run, or a dead run, made). Exit 0: removed; 44: no file; 45: another
+# content (its first 4 KiB on stdout) or not a regular file: left as it is.
+LEASE_END_SH = r"""
+p=$1; want=$2
+case $p in */*) d=${p%/*}; [ -n "$d" ] || d=/ ;; *) d=. ;; esac
+[ -e "$p" ] || [ -L "$p" ] || exit 44
+if [ -L "$p" ] || [ ! -f "$p" ]; then echo "$p is not a regular file" >&2; exit 45; fi
+h=$(sha256sum < "$p") || exit 66
+h=${h%% *}
+[ "$h" = "$want" ] || { head -c 4096 -- "$p"; exit 45; }
+rm -f -- "$p" || exit 66
+sync -- "$d" 2>/dev/null || true
+"""
+
+LEASE_TAKE = RemoteProgram(
+    "take the watchdog lease", LEASE_TAKE_SH, (path("pause file"), integer("seconds")), result
 )
-# $1 a pause file, $2 what PAUSE_TAKE wrote: removed only while it still holds exactly that
-PAUSE_END = RemoteProgram(
-    "pause end",
-    '[ "$(cat -- "$1" 2>/dev/null)" = "$2" ] && rm -f -- "$1"',
-    (path("pause"), text("content")),
-    result,
-    deadline=15,
+LEASE_END = RemoteProgram(
+    "end the watchdog lease", LEASE_END_SH, (path("pause file"), text("sha256")), result
 )

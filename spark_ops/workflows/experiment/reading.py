@@ -292,11 +292,13 @@ def _passed_over(configs: list[dict[str, Any]], rec: dict[str, Any], top: int) -
 
 def read_experiment(
     results: list[tuple[str, SweepResult]], *, slo_tok_s: float | None = None,
-    confirm: bool = False,
+    confirm: bool = False, partial: str | None = None,
 ) -> ExperimentReading:  # fmt: skip
     """The verdict first (bottleneck, recommendation), then the best per level and each cap.
 
     A predicted configuration in doubt is recommended only with `confirm` (which measures it).
+    `partial` (why the reading is not whole: a configuration not measured, a level lost) means no
+    recommendation at all: one from part of the configurations would be a guess.
     """
     configs = [_config_reading(name, r) for name, r in results]
     if not configs:
@@ -304,9 +306,14 @@ def read_experiment(
     rows = _level_rows(configs)
     top = rows[-1]["concurrency"]
     measured = [c for c in configs if c["aggregate"].get(top) is not None] or configs
-    rec = _recommended(measured, top, confirm)
     neck = _bottleneck(configs)
     lines = [_bottleneck_line(neck)] if neck is not None else []
+    if partial is not None:
+        lines.append(f"No recommendation: the reading is partial ({partial}).")
+        lines += _level_lines(rows, configs[0]["label"]) if len(configs) > 1 else []
+        lines += [_cap_line(cfg) for cfg in configs]
+        return ExperimentReading(configs, rows, neck, None, slo_tok_s, lines)
+    rec = _recommended(measured, top, confirm)
     lines.append(_recommendation(rec, top, len(configs), slo_tok_s, _doubt(rec, configs, top)))
     lines += _passed_over(configs, rec, top)
     if len(configs) > 1:

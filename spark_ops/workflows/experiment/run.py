@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spark_ops.bench.sweep import SweepConfig, run_sweep
+from spark_ops import audit
+from spark_ops.bench.sweep import SweepConfig, SweepResult, run_sweep
 from spark_ops.errors import Interrupted, OverBudget, SparkOpsError, VerifyError
 from spark_ops.log import get_logger
 from spark_ops.recipe import Change, knob_values, render_recipe
 from spark_ops.watchdog.identify import stamp_json, stamps_json, stamps_text
+from spark_ops.workflows.disruption import Leases
 from spark_ops.workflows.execute import execute
 from spark_ops.workflows.experiment.reading import ExperimentReading
 from spark_ops.workflows.experiment.state import (
@@ -30,8 +32,10 @@ from spark_ops.workflows.experiment.state import (
     now_iso,
 )
 from spark_ops.workflows.gate import next_slot, spent_sentence
+from spark_ops.workflows.journal import RunJournal
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plans import plan_apply
+from spark_ops.workflows.probe_load import LoadGuard, cap_of
 
 
 @dataclass
@@ -59,6 +63,7 @@ class ApplySettings:
     deadline_s: float | None = None
     force: bool = False
     over_budget: bool = False  # restart even when the watchdog's budget has no slot left
+    unleased_load: bool = False  # run a level that starves the watchdog's probe without a lease
 
 
 async def current_knobs(op: Operation) -> dict[str, Any]:
@@ -120,7 +125,7 @@ async def _run_config(
         base_url=await op.api_url(), knobs=applied["knobs"],
         prompts_path=Path(prompts) if prompts else None, **sweep_opts, **secrets,
     )  # fmt: skip
-    result = await run_sweep(cfg, on_level=hooks.on_level)
+    result = await _leased_sweep(op, cfg, settings, hooks)
     used_after, after = await _stamps(op)
     new = sorted(set(after) - set(before))
     if new:
@@ -134,6 +139,31 @@ async def _run_config(
         "sweep": result.to_dict(),
         "finished_at": now_iso(),
     }
+
+
+async def _leased_sweep(
+    op: Operation, cfg: SweepConfig, settings: ApplySettings, hooks: Hooks
+) -> SweepResult:
+    """Sweep one configuration; a level that would starve the watchdog's probe runs under a lease
+    of its own journal run (ended on every way out), or is refused (probe_load.py)."""
+    cap = cap_of(cfg.knobs)
+    journal = RunJournal(op, "experiment-load", "spark-ops experiment")
+    await journal.intent(detail={"knobs": cfg.knobs, "levels": list(cfg.levels)})
+    leases = Leases(op, journal.run)
+    guard = LoadGuard(
+        leases, op.cluster.watchdog.probe, cap, cfg.repeats,
+        unleased=settings.unleased_load, on_note=hooks.note,
+    )  # fmt: skip
+    outcome = "failed"
+    try:
+        result = await run_sweep(cfg, on_level=hooks.on_level, guard=guard.level)
+        outcome = "ok"
+        return result
+    finally:
+        await leases.end_all()
+        for text in leases.notes:
+            hooks.note(text)
+        await journal.end(audit.make_entry("experiment-load", outcome=outcome))
 
 
 @dataclass

@@ -265,7 +265,25 @@ class ExperimentState:
             self.all_results(),
             slo_tok_s=self.spec.sweep.get("slo_tok_s"),
             confirm=self.spec.confirm,
+            partial=self.partial(),
         )
+
+    def partial(self) -> str | None:
+        """Why the measured part is not whole (a configuration not measured, a level whose every
+        request failed, a restart by the watchdog during a sweep), or None."""
+        missing = [label(c) for c in self.spec.measured() if label(c) not in self.results]
+        if missing:
+            return f"not measured: {', '.join(missing)}"
+        lost = []
+        for name, r in self.results.items():
+            levels = (r.get("sweep") or {}).get("levels") or []
+            empty = [lv.get("max_concurrency") for lv in levels if not lv.get("completed")]
+            if empty:
+                at = ", ".join(map(str, empty))
+                lost.append(f"{name}: every request failed at concurrency {at}")
+            elif r.get("budget_as_before") is False:
+                lost.append(f"{name}: the watchdog restarted the engine during its sweep")
+        return "; ".join(lost) or None
 
     def downtime_s(self) -> float:
         """Seconds of boots this experiment spent (every restart, the restore's included)."""

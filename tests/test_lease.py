@@ -1,0 +1,186 @@
+"""Issue 30, items 1-3 without a cluster: the lease's format and the reference watchdog's reading
+of it, its remote programs never writing through a link, the probe arithmetic of a load level and
+its refusal, the inventory's watchdog.probe, and no recommendation from a partial reading."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from spark_ops.bench import stats
+from spark_ops.errors import InventoryError
+from spark_ops.inventory import WatchdogProbe, parse_inventory
+from spark_ops.remote.programs.watchdog import LEASE_END, LEASE_TAKE
+from spark_ops.remote.shell import sha256
+from spark_ops.watchdog.config import load_config
+from spark_ops.watchdog.daemon import Watchdog
+from spark_ops.watchdog.lease import lease_body, lease_seconds, parse_lease, pause_in_force
+from spark_ops.workflows.experiment import read_experiment
+from spark_ops.workflows.probe_load import LoadGuard, ProbeWouldTrip, probe_wait
+
+CASES: dict[str, Any] = yaml.safe_load(
+    (Path(__file__).parent / "fixtures" / "lease" / "cases.yaml").read_text("utf-8")
+)
+NOW = 1_800_000_000.0
+
+
+@pytest.mark.parametrize("case", CASES["pause_files"], ids=lambda c: c["name"])
+def test_the_watchdog_reads_a_pause_file(case: dict[str, Any], tmp_path: Path) -> None:
+    """No file: not paused; a live lease or any other content: paused; a lapsed lease: not."""
+    path = tmp_path / "pause"
+    kind = case.get("kind", "file")
+    if kind == "file":
+        path.write_bytes(case["content"].encode("utf-8", "surrogateescape"))
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    paused, lease = pause_in_force(str(path), NOW)
+    assert paused is case["paused"]
+    assert (lease is not None) is case["lease"]
+
+
+def test_the_daemon_honours_a_live_lease_and_ignores_a_lapsed_one(tmp_path: Path) -> None:
+    """Watchdog.paused() and --status: a lease in force pauses, one past its expiry does not."""
+    config = tmp_path / "watchdog.yaml"
+    action = {"kind": "command", "start": ["true"]}
+    config.write_text(yaml.safe_dump({"paths": {"dir": str(tmp_path)}, "action": action}))
+    dog = Watchdog(load_config(config))
+    pause = Path(dog.paths.pause)
+    for expires, paused in ((time.time() + 600, True), (time.time() - 1, False)):
+        body = {"spark-ops-lease": 1, "holder": "spark-ops:t", "run": "r1", "expires": expires}
+        pause.write_text(json.dumps(body))
+        assert dog.paused() is paused
+        st = dog.status()
+        assert st["paused"] is paused and st["lease"]["run"] == "r1"
+        assert st["state"] == ("paused" if paused else "ok")
+    pause.write_text("")  # an operator's touch: paused for as long as it is there
+    assert dog.paused() is True
+
+
+def _sh(program: Any, *args: str | int, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """Run a remote program on the local sh."""
+    return subprocess.run(
+        ["sh", "-c", program.line(*args)], input=stdin, capture_output=True, text=True, timeout=30
+    )
+
+
+def test_a_lease_is_never_written_through_a_link_nor_over_a_pause(tmp_path: Path) -> None:
+    """A dangling link, a link to a file, an operator's file: left as they are (exit 46)."""
+    body = lease_body(holder="spark-ops:t", run="r1", why="test")
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "target")
+    res = _sh(LEASE_TAKE, str(dangling), 60, stdin=body)
+    assert res.returncode == 46 and not (tmp_path / "target").exists()
+    op = tmp_path / "operator"
+    op.write_text("maintenance by alice\n")
+    res = _sh(LEASE_TAKE, str(op), 60, stdin=body)
+    assert res.returncode == 46 and res.stdout == "maintenance by alice\n"
+    made = tmp_path / "pause"
+    res = _sh(LEASE_TAKE, str(made), 60, stdin=body)
+    assert res.returncode == 0, res.stderr
+    lease = parse_lease(res.stdout)
+    assert lease is not None and lease.run == "r1" and lease.taken is not None
+    assert lease.expires - lease.taken == 60 and made.read_text() == res.stdout
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".spark-ops.lease")]
+    # the end compares the content: an operator's file, or ours replaced meanwhile, stays
+    assert _sh(LEASE_END, str(op), sha256(res.stdout)).returncode == 45 and op.exists()
+    link = tmp_path / "link"
+    link.symlink_to(made)
+    assert _sh(LEASE_END, str(link), sha256(res.stdout)).returncode == 45 and made.exists()
+    assert _sh(LEASE_END, str(made), sha256(res.stdout)).returncode == 0 and not made.exists()
+
+
+def test_a_lease_is_bounded() -> None:
+    """Never under a minute (it would lapse in its own step), never over six hours."""
+    assert lease_seconds(1) == 60 and lease_seconds(10**9) == 6 * 3600 and lease_seconds(90.2) == 91
+
+
+def _level(c: int, duration: float) -> stats.LevelResult:
+    """A measured level (only what the arithmetic reads)."""
+    names = [f.name for f in stats.LevelResult.__dataclass_fields__.values()]
+    kw: dict[str, Any] = dict.fromkeys(names)
+    agg = 300 * c / duration
+    kw.update(
+        max_concurrency=c, repeats=1, duration=duration, completed=c, failed=0,
+        total_output_tokens=300 * c, output_throughput=agg, output_throughput_min=agg,
+        output_throughput_max=agg, output_throughput_stdev=0.0, request_throughput=1.0,
+        per_user_tok_s=300 / duration, usage_reported=True, client_cpu_s=0.0, errors={},
+        samples=[], runs=[],
+    )  # fmt: skip
+    return stats.LevelResult(**kw)
+
+
+@pytest.mark.parametrize("case", CASES["probe_waits"], ids=lambda c: c["name"])
+def test_the_probe_wait_of_a_level(case: dict[str, Any]) -> None:
+    """Requests queued ahead at the cap x their time, against the probe's timeout."""
+    probe = WatchdogProbe(interval_s=2.0, timeout_s=case["timeout_s"], failures=3)
+    levels = [_level(c, d) for c, d in case.get("measured", [])]
+    wait = probe_wait(case["concurrency"], case["cap"], levels, case.get("engine_s"), probe)
+    assert wait.trips is case["trips"], wait.arithmetic()
+    assert case["says"] in wait.arithmetic()
+
+
+async def test_a_level_that_trips_the_probe_is_refused_without_a_lease() -> None:
+    """No way to pause the watchdog: refused with the arithmetic; --unleased-load runs it."""
+    probe = WatchdogProbe(interval_s=2.0, timeout_s=10.0, failures=3)
+    notes: list[str] = []
+    guard = LoadGuard(None, probe, 6, 1, on_note=notes.append)
+    ran = []
+    with pytest.raises(ProbeWouldTrip) as err:
+        async with guard.level(64, [_level(6, 1.5)]):
+            ran.append(64)
+    assert not ran and "= 15 s >= the watchdog's probe timeout 10 s" in err.value.message
+    assert "--unleased-load" in (err.value.hint or "")
+    async with guard.level(16, [_level(6, 1.5)]):  # 2 rounds x 1.5 s: a slot in time
+        ran.append(16)
+    guard.unleased = True
+    async with guard.level(64, [_level(6, 1.5)]):
+        ran.append(64)
+    assert ran == [16, 64] and len(notes) == 1 and "unleased (--unleased-load)" in notes[0]
+    await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("case", CASES["inventory"], ids=lambda c: c["name"])
+def test_the_inventory_describes_the_probe(case: dict[str, Any]) -> None:
+    """watchdog.probe: {interval_s, timeout_s, failures}, all three, each checked."""
+    wd: dict[str, Any] = {"restart_command": "true", "history_file": "~/h"}
+    if case["probe"] is not None:
+        wd["probe"] = case["probe"]
+    nodes = {"n1": {"host": "h1", "role": "head"}}
+    cluster = {"nodes": nodes, "recipe": {"path": "~/r.yaml"}, "watchdog": wd}
+    text = yaml.safe_dump({"clusters": {"c": cluster}})
+    if "error" in case:
+        with pytest.raises(InventoryError) as err:
+            parse_inventory(text, "inv.yaml")
+        assert case["error"] in err.value.message
+        return
+    probe = parse_inventory(text, "inv.yaml").clusters["c"].watchdog.probe
+    assert (probe.__dict__ if probe else None) == case["parsed"]
+
+
+def test_no_recommendation_from_a_partial_reading() -> None:
+    """A configuration not measured (or a level lost): the reading says so, recommends nothing."""
+    from spark_ops.bench.sweep import SweepResult
+
+    r = SweepResult(
+        base_url="http://x", model="m", api="chat", mode="burst", output_tokens=300,
+        levels=[_level(1, 1.0), _level(6, 1.5)], reading=stats.read_levels([]), config={},
+        knobs={"max_num_seqs": 6}, started_at="", finished_at="",
+    )  # fmt: skip
+    whole = read_experiment([("max_num_seqs=6", r)])
+    partial = read_experiment([("max_num_seqs=6", r)], partial="not measured: max_num_seqs=64")
+    assert whole.recommended == "max_num_seqs=6"
+    assert partial.recommended is None
+    assert "No recommendation: the reading is partial (not measured: max_num_seqs=64)." in (
+        partial.lines
+    )
+    assert not any(line.startswith("Recommendation") for line in partial.lines)
