@@ -50,7 +50,38 @@ def render(report: FanoutReport) -> None:
         click.secho(f"{good}/{len(report.hosts)} ok in {report.seconds:.2f} s", fg=color, err=True)
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+class ExecCommand(click.Command):
+    """exec's command: an unknown option before `--` is refused, never sent as the command."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Refuse `--node n2 -- ls` (a mistyped option) before click takes it for the command."""
+        takes: dict[str, int] = {}
+        for param in self.params:
+            if isinstance(param, click.Option):
+                for name in (*param.opts, *param.secondary_opts):
+                    takes[name] = 0 if param.is_flag else param.nargs
+        takes.update({name: 0 for name in ctx.help_option_names})
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--" or not arg.startswith("-") or arg == "-":
+                break
+            name, eq, _ = arg.partition("=")
+            if name not in takes:
+                raise click.UsageError(
+                    f"exec has no option {arg!r}; give the remote command after --, and exec's "
+                    f"own options ({', '.join(sorted(n for n in takes if n.startswith('--')))}) "
+                    "before it",
+                    ctx=ctx,
+                )
+            i += 1 + (0 if eq else takes[name])
+        return super().parse_args(ctx, args)
+
+
+@click.command(
+    cls=ExecCommand,
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
 @click.option("--nodes", "nodes", help="Comma-separated node names (default: every node).")
 @click.option("--json", "as_json", is_flag=True, help="Per-host results as JSON on stdout.")
 @click.option(
