@@ -128,7 +128,7 @@ def holder_info(operation: str) -> dict[str, Any]:
 
 
 def describe_holder(info: dict[str, Any]) -> str:
-    """One line saying who holds the lock: the head's account (the file system's word), its record."""
+    """One line saying who holds the lock: the head's account (its file system's word), record."""
     account = info.get("account")
     acct = (
         f"account {account} on the head"
