@@ -45,11 +45,10 @@ from spark_ops.account import local_account
 from spark_ops.errors import LockError, RemoteError
 from spark_ops.inventory import SHARED_STATE_DIR, Cluster
 from spark_ops.remote import ClusterSession
-from spark_ops.remote.programs.lock import HOLD, LOCK_PROBE
+from spark_ops.remote.programs.lock import HOLD, LOCK_PROBE, OPERATORS_GROUP
 
 LOCK_DIR = SHARED_STATE_DIR  # the head-wide directory of cluster locks (never the state_dir)
 KEY_PREFIX = "history:"  # what the key hashes: this prefix, then the history's real path
-OPERATORS_GROUP = "spark-ops"  # the group the one-time set-up makes for the operators' accounts
 UNSAFE_EXIT = 77  # the head programs' exit when a state dir or file is not the operators' own
 
 

@@ -98,6 +98,12 @@ class ExecCommand(click.Command):
 @click.option(
     "--sub", nargs=2, metavar="REGEX REPLACEMENT", help="With --edit: the line and its rewrite."
 )
+@click.option(
+    "--changes-recipe",
+    is_flag=True,
+    help="COMMAND changes the recipe (or another cluster file): run it under the cluster lock "
+    "and record it in the audit log, as --edit always is.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def cli(
@@ -108,6 +114,7 @@ def cli(
     shell: bool,
     edit_path: str | None,
     sub: tuple[str, str] | None,
+    changes_recipe: bool,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND on every node (remote argv exactly as given); exit non-zero if a host failed.
@@ -122,7 +129,9 @@ def cli(
 
     if timeout is not None and timeout <= 0:
         raise click.BadParameter(f"must be > 0, got {timeout}", param_hint="--timeout")
-    if edit_path is not None and (sub is None or command or shell or timeout is not None):
+    if edit_path is not None and (
+        sub is None or command or shell or timeout is not None or changes_recipe
+    ):
         raise click.UsageError("--edit PATH takes --sub REGEX REPLACEMENT, and no COMMAND")
     if edit_path is None and sub is not None:
         raise click.UsageError("--sub goes with --edit PATH")
@@ -135,7 +144,14 @@ def cli(
         report = run_async(fanout.edit_line(cluster, edit, nodes=_nodes(nodes)))
     else:
         report = run_async(
-            fanout.run_command(cluster, command, nodes=_nodes(nodes), timeout=timeout, shell=shell)
+            fanout.run_command(
+                cluster,
+                command,
+                nodes=_nodes(nodes),
+                timeout=timeout,
+                shell=shell,
+                changes_recipe=changes_recipe,
+            )
         )
     if as_json:
         emit_json(report.to_dict())

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from spark_ops.remote.program import RemoteProgram, checked, integer, path, result, text
 
+OPERATORS_GROUP = "spark-ops"  # the group the one-time set-up makes for the operators' accounts
+
 # The shell side of the key (spark_ops/lock.py's docstring says why it is the watchdog's
 # history), and the rule of the shared state (issue 34): the lock dir, the audit's state dir and
-# their files may be written only by this account, root, and a group this account is in (the
-# operators' group); a missing directory is made 2770 and files 0660. A directory or file any other
+# their files may be written only by this account, root, and the operators' group (spark-ops, as
+# the one-time set-up names it, or a group this account is in); a missing directory is made 2770
+# and files 0660. A directory or file any other
 # account could write is refused ("UNSAFE dir|file PATH<TAB>why", exit 77), never used.
 KEY_SH = r"""
 cluster_key() {  # key= 16 hex digits naming the watchdog whose restart history is $1 here
@@ -16,23 +19,26 @@ cluster_key() {  # key= 16 hex digits naming the watchdog whose restart history 
   [ -n "$r" ] || r=$1
   key=$(printf 'history:%s' "$r" | sha256sum | cut -c1-16)
 }
-me=$(id -u); my_groups=" $(id -G) "
-unsafe() {  # true (and why= says) when an account outside ours, root and our groups may write $1
+me=$(id -u); my_groups=" $(id -G) "; operators=@OPERATORS@
+unsafe() {  # true (and why= says) when an account outside the operators may write $1
   why=
   if [ -L "$1" ]; then why="is a symbolic link"; return 0; fi
   [ -e "$1" ] || return 1
-  st=$(stat -c '%a %u %g %U' -- "$1" 2>/dev/null) || { why="cannot be examined"; return 0; }
+  st=$(stat -c '%a %u %g %U %G' -- "$1" 2>/dev/null) || { why="cannot be examined"; return 0; }
   set -- $st
   m=$((0$1))
   if [ $((m & 2)) -ne 0 ]; then why="is writable by every account (mode $1)"; return 0; fi
-  case $my_groups in *" $3 "*) ingroup=1;; *) ingroup=;; esac
-  if [ $((m & 16)) -ne 0 ] && [ -z "$ingroup" ]; then
-    why="is writable by group $3, which this account is not in (mode $1)"; return 0
+  # the operators: this account, root, and the group named by the set-up or one this account is in
+  case $my_groups in *" $3 "*) ours=1;; *) ours=;; esac
+  [ "$5" = "$operators" ] && ours=1
+  if [ $((m & 16)) -ne 0 ] && [ -z "$ours" ]; then
+    why="is writable by group $5, which is neither $operators nor this account's (mode $1)"
+    return 0
   fi
   if [ "$2" != 0 ] && [ "$2" != "$me" ]; then
     case " $(id -G -- "$4" 2>/dev/null) " in *" $3 "*) owner_in=1;; *) owner_in=;; esac
-    if [ -z "$ingroup" ] || [ -z "$owner_in" ]; then
-      why="belongs to account $4, which shares no group of its own with this account"; return 0
+    if [ -z "$ours" ] || [ -z "$owner_in" ]; then
+      why="belongs to account $4, outside the operators' group"; return 0
     fi
   fi
   return 1
@@ -69,7 +75,7 @@ put() {
   if [ "${2:-}" = append ]; then dd of="$1" oflag=append conv=nocreat,notrunc status=none
   else dd of="$1" conv=nocreat status=none; fi
 }
-"""
+""".replace("@OPERATORS@", OPERATORS_GROUP)
 
 HOLD_SH = (
     KEY_SH
@@ -170,6 +176,22 @@ tail -n "$n" -- "$f"
 )
 
 
+# doctor: "missing DIR", or "ok DIR GROUP" when DIR and its cluster-* files are the operators'
+# only (else the UNSAFE line of the first that is not, exit 77)
+STATE_SAFE_SH = (
+    KEY_SH
+    + r"""
+dir=$1
+if [ ! -e "$dir" ] && [ ! -L "$dir" ]; then echo "missing $dir"; exit 0; fi
+if unsafe "$dir"; then refuse dir "$dir"; fi
+for f in "$dir"/cluster-*; do
+  if [ -e "$f" ] || [ -L "$f" ]; then if unsafe "$f"; then refuse file "$f"; fi; fi
+done
+echo "ok $dir $(stat -c %G -- "$dir")"
+"""
+)
+
+
 # held open on the head: "LOCKED lock", or "BUSY lock" and the owner record, or "ERROR why"
 HOLD = RemoteProgram(
     "cluster lock", HOLD_SH, (path("lock dir"), path("history"), text("owner record")), result
@@ -184,3 +206,5 @@ AUDIT_APPEND = RemoteProgram(
 AUDIT_READ = RemoteProgram(
     "audit read", AUDIT_READ_SH, (path("state dir"), path("history"), integer("lines")), result
 )
+# doctor's look at a state dir: "missing DIR", "ok DIR GROUP", or UNSAFE (exit 77)
+STATE_SAFE = RemoteProgram("state dir safe", STATE_SAFE_SH, (path("directory"),), result)
