@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -101,10 +102,8 @@ async def slow(url: str, token: str, count: int) -> str:
 
     async def watch(reader: asyncio.StreamReader) -> None:
         """Wait for the server to close this connection."""
-        try:
+        with contextlib.suppress(ConnectionResetError):
             await reader.read()
-        except ConnectionResetError:
-            pass
         closed_at.append(time.perf_counter() - t0)
 
     watchers = [asyncio.create_task(watch(r)) for r, _ in conns]
@@ -132,9 +131,8 @@ async def huge(url: str, token: str, count: int, err: Path) -> str:
     codes: dict[bytes, int] = {}
     for _ in range(count):
         reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(
-            f"GET / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {token}{'x' * 9000}\r\n\r\n".encode()
-        )
+        head = f"GET / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {token}{'x' * 9000}\r\n\r\n"
+        writer.write(head.encode())
         line = await asyncio.wait_for(reader.readline(), DEADLINE_S)
         code = line.split(b" ")[1] if line.count(b" ") >= 1 else b"?"
         codes[code] = codes.get(code, 0) + 1
