@@ -73,8 +73,8 @@ def unsafe_error(host: str, line: str) -> UnsafeState | None:
     kind, _, where = head.partition(" ")
     if kind == "dir":
         fix = (
-            f"sudo chgrp {OPERATORS_GROUP} {where} && sudo chmod 2770 {where} (once: "
-            f"{setup_commands(where)})"
+            f"sudo chgrp -R {OPERATORS_GROUP} {where} && sudo chmod 2770 {where} && sudo chmod "
+            f"o-w,g+rw {where}/cluster-* (the group once: {setup_commands(where)})"
         )
     else:
         fix = (
