@@ -188,20 +188,19 @@ class NodeChecks(Checker):
                 return
             usable.append(f"{d} usable ({use})")
         for d in uses:
-            res = await self.session.call(self.head, STATE_SAFE, d)
+            history = self.cluster.watchdog.history_file
+            res = await self.session.call(self.head, STATE_SAFE, d, history)
             unsafe = first_unsafe(self.head, res.stdout)
             if unsafe is not None:
                 self.report.add("state-dir", self.head, "fail", unsafe.message, unsafe.hint or "")
                 return
             word, _, rest = res.stdout.strip().partition(" ")
             group = rest.rpartition(" ")[2] if word == "ok" else ""
-            if group != OPERATORS_GROUP:
-                self.report.add(
-                    "state-dir", self.head, "warn",
-                    f"{d} is {'not made yet' if word == 'missing' else f'of group {group}'}: only "
-                    f"this account can share it, not the other operators (group {OPERATORS_GROUP})",
-                    f"once, on {self.cluster.head.host}: {setup_commands(d)}",
-                )  # fmt: skip
+            if group != OPERATORS_GROUP:  # usable by this account alone: say how to share it
+                usable.append(
+                    f"{d} {'not made yet' if word == 'missing' else f'of group {group}'}: for "
+                    f"other operators, once on {self.cluster.head.host}: {setup_commands(d)}"
+                )
         self.report.add("state-dir", self.head, "ok", "; ".join(usable))
 
 

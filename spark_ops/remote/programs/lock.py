@@ -176,15 +176,17 @@ tail -n "$n" -- "$f"
 )
 
 
-# doctor: "missing DIR", or "ok DIR GROUP" when DIR and its cluster-* files are the operators'
-# only (else the UNSAFE line of the first that is not, exit 77)
+# doctor: "missing DIR", or "ok DIR GROUP" when DIR and this cluster's files in it ($2: the
+# watchdog's history, the key) are the operators' only (else the UNSAFE line of the first that is
+# not, exit 77); another cluster's files are that cluster's doctor's to judge
 STATE_SAFE_SH = (
     KEY_SH
     + r"""
-dir=$1
+dir=$1; history=$2
+cluster_key "$history"
 if [ ! -e "$dir" ] && [ ! -L "$dir" ]; then echo "missing $dir"; exit 0; fi
 if unsafe "$dir"; then refuse dir "$dir"; fi
-for f in "$dir"/cluster-*; do
+for f in "$dir/cluster-$key".*; do
   if [ -e "$f" ] || [ -L "$f" ]; then if unsafe "$f"; then refuse file "$f"; fi; fi
 done
 echo "ok $dir $(stat -c %G -- "$dir")"
@@ -207,4 +209,6 @@ AUDIT_READ = RemoteProgram(
     "audit read", AUDIT_READ_SH, (path("state dir"), path("history"), integer("lines")), result
 )
 # doctor's look at a state dir: "missing DIR", "ok DIR GROUP", or UNSAFE (exit 77)
-STATE_SAFE = RemoteProgram("state dir safe", STATE_SAFE_SH, (path("directory"),), result)
+STATE_SAFE = RemoteProgram(
+    "state dir safe", STATE_SAFE_SH, (path("directory"), path("history")), result
+)
