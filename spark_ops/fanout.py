@@ -13,11 +13,13 @@ import json
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spark_ops import audit
 from spark_ops.errors import (
     CommandTimeout,
     ConnectError,
@@ -28,6 +30,7 @@ from spark_ops.errors import (
     SparkOpsError,
     excerpt,
 )
+from spark_ops.lock import cluster_lock
 from spark_ops.remote import ClusterSession, FileWrite, quote_args, sha256
 
 if TYPE_CHECKING:
@@ -234,14 +237,45 @@ async def run_command(
     timeout: float | None = None,
     shell: bool = False,
     input: str | None = None,
+    changes_recipe: bool = False,
 ) -> FanoutReport:
-    """Run one command (argv, each argument quoted) on the chosen nodes and report per host."""
+    """Run one command (argv, each argument quoted) on the chosen nodes and report per host;
+    `changes_recipe`: as an operation (the cluster lock held, an audit record written)."""
     hosts = select_nodes(cluster, nodes)
     command = build_command(argv, shell=shell)
     start = time.monotonic()
     async with ClusterSession(cluster) as session:
-        results = await exec_on(session, command, hosts, timeout=timeout, input=input)
+        if not changes_recipe:
+            results = await exec_on(session, command, hosts, timeout=timeout, input=input)
+        else:
+            async with as_operation(session, "exec", {"command": command}, hosts) as done:
+                results = await exec_on(session, command, hosts, timeout=timeout, input=input)
+                done.extend(results)
     return FanoutReport(cluster.name, command, results, time.monotonic() - start)
+
+
+@asynccontextmanager
+async def as_operation(
+    session: ClusterSession, operation: str, args: dict[str, Any], hosts: Sequence[str]
+) -> AsyncIterator[list[HostResult]]:
+    """A write to cluster files as an operation (issue 34): under the cluster lock, and recorded
+    in the audit log with its outcome per host, whatever happens (the caller fills the list)."""
+    results: list[HostResult] = []
+    await session.connect([session.cluster.head.name])  # the lock and the audit live there
+    async with cluster_lock(session, operation):
+        outcome = "interrupted"
+        try:
+            yield results
+            failed = [r.host for r in results if not r.ok]
+            outcome = "ok" if results and not failed else f"failed on {', '.join(failed) or 'all'}"
+        finally:
+            detail = {r.host: r.kind for r in results}
+            await audit.record(
+                session,
+                audit.make_entry(
+                    operation, args=args, nodes=list(hosts), outcome=outcome, detail=detail
+                ),
+            )
 
 
 # Every character str.splitlines() (and so YAML, or a reader of the recipe) takes for a line end.
@@ -462,7 +496,13 @@ async def edit_line(
     """Apply a one-line edit of edit.path on the chosen nodes, atomically and all-or-nothing."""
     hosts = select_nodes(cluster, nodes)
     start = time.monotonic()
-    async with ClusterSession(cluster) as session:
-        results = await edit_on(session, edit, hosts, keep_backups=cluster.recipe.keep_backups)
+    args = {"path": edit.path, "pattern": edit.pattern, "replacement": edit.replacement}
+    keep = cluster.recipe.keep_backups
+    async with (
+        ClusterSession(cluster) as session,
+        as_operation(session, "exec --edit", args, hosts) as done,
+    ):
+        results = await edit_on(session, edit, hosts, keep_backups=keep)
+        done.extend(results)
     label = f"edit {edit.path}: s/{edit.pattern}/{edit.replacement}/"
     return FanoutReport(cluster.name, label, results, time.monotonic() - start, mode="edit")

@@ -8,6 +8,7 @@ anywhere.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import os
 import re
@@ -351,6 +352,12 @@ def _load_ssh(sec: _Section) -> SSHSettings:
         identity = [identity]
     if "password" in sec.data:
         raise sec.error(sec.path("password"), "passwords are not accepted; use identity or agent")
+    for i, path in enumerate(identity):
+        if isinstance(path, str):
+            home_path(sec, "identity" if len(identity) == 1 else f"identity[{i}]", path)
+    for key in ("known_hosts", "config"):
+        if isinstance(sec.data.get(key), str):
+            home_path(sec, key, sec.data[key])
     jump = sec.get("jump", str)
     if jump is not None:
         try:
@@ -394,6 +401,7 @@ _CLUSTER_KEYS = ("tensor_parallel", "ssh", "nodes", "recipe", "watchdog", "engin
 
 
 _HOST_RE = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")
+_IPV4_RE = re.compile(r"[0-9.]+")
 
 
 def host_problem(host: str) -> str | None:
@@ -406,7 +414,32 @@ def host_problem(host: str) -> str | None:
             "must be a host name or an IP address (letters, digits and . - _ : %, not starting "
             f"with -), got {excerpt(host)}"
         )
+    if ":" in host or _IPV4_RE.fullmatch(host):
+        try:
+            ipaddress.ip_address(host.partition("%")[0])
+        except ValueError:
+            return f"is neither an IPv4 nor an IPv6 address, got {excerpt(host)}"
+        return None
+    labels = host.rstrip(".").split(".")
+    if "%" in host or any(not 1 <= len(label) <= 63 for label in labels):
+        return (
+            "must be a DNS name (dot-separated labels of 1 to 63 characters, 253 in all) or an IP "
+            f"address, got {excerpt(host)}"
+        )
     return None
+
+
+def home_path(sec: _Section, key: str, value: str) -> str:
+    """A path with `~` or `~user` expanded on this machine; an unknown user names the key."""
+    if value.startswith("~"):
+        expanded = os.path.expanduser(value)
+        if expanded.startswith("~"):
+            user = value[1:].partition("/")[0]
+            raise sec.error(
+                sec.path(key), f"{excerpt(value)} names the home of {excerpt(user)}, an account "
+                "this machine does not know (write the path in full, or ~/ for your own home)",
+            )  # fmt: skip
+    return value
 
 
 def _host(n: _Section) -> str:

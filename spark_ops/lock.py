@@ -9,10 +9,15 @@ What the lock serializes is the watchdog: two runs restarting through one watchd
 moment each take the other's restart for their own (issue 20 #8). So the lock is keyed by what
 names that watchdog on the head, never by what an inventory happens to say:
 
-- where: one fixed directory on the head, LOCK_DIR (/var/tmp/spark-ops, made sticky and
-  world-writable like /tmp, its files 0666, so every operator's account shares it). It is not the
-  inventory's `state_dir`: two inventories with two state dirs still meet in LOCK_DIR. The
+- where: one fixed directory on the head, LOCK_DIR (/var/tmp/spark-ops), which only the
+  operators may write: its owner, root and the group the operators share (made 2770 with the
+  account's own group when missing; `doctor` prints the one-time set-up that shares it, and a
+  directory or file any other account could write is refused: `UnsafeState`, issue 34). It is not
+  the inventory's `state_dir`: two inventories with two state dirs still meet in LOCK_DIR. The
   directory lives on the head's own disk, so the head itself is part of the key.
+- who holds it: the holder writes its owner record as a file of its own (0640, renamed over the
+  last one), so the account named is that file's owner as the head's file system says, never
+  the record's own text; the record adds the operator's machine, pid and operation.
 - which file: `cluster-<key>.lock`, key = the first 16 hex digits of sha256("history:" + the real
   path of the watchdog's restart history on the head) — `readlink -f`, so `~/h`, `/home/a/h` and a
   symlink to it are one watchdog; when the path cannot be resolved (a directory the SSH user may
@@ -40,10 +45,57 @@ from spark_ops.account import local_account
 from spark_ops.errors import LockError, RemoteError
 from spark_ops.inventory import SHARED_STATE_DIR, Cluster
 from spark_ops.remote import ClusterSession
-from spark_ops.remote.programs.lock import HOLD, LOCK_PROBE
+from spark_ops.remote.programs.lock import HOLD, LOCK_PROBE, OPERATORS_GROUP
 
 LOCK_DIR = SHARED_STATE_DIR  # the head-wide directory of cluster locks (never the state_dir)
 KEY_PREFIX = "history:"  # what the key hashes: this prefix, then the history's real path
+UNSAFE_EXIT = 77  # the head programs' exit when a state dir or file is not the operators' own
+
+
+class UnsafeState(RemoteError):
+    """A state directory or file on the head that an account outside the operators could write."""
+
+
+def setup_commands(directory: str) -> str:
+    """The one-time set-up that lets every operator's account, and no other, write `directory`."""
+    return (
+        f"sudo groupadd -f {OPERATORS_GROUP} && sudo usermod -aG {OPERATORS_GROUP} USER "
+        f"(each operator's SSH user; log in again) && sudo install -d -m 2770 -g "
+        f"{OPERATORS_GROUP} {directory}"
+    )
+
+
+def unsafe_error(host: str, line: str) -> UnsafeState | None:
+    """The refusal an `UNSAFE dir|file PATH<TAB>why` line of a head program stands for, or None."""
+    if not line.startswith("UNSAFE "):
+        return None
+    head, _, why = line[7:].partition("\t")
+    kind, _, where = head.partition(" ")
+    if kind == "dir":
+        fix = (
+            f"sudo chgrp -R {OPERATORS_GROUP} {where} && sudo chmod 2770 {where} && sudo chmod "
+            f"o-w,g+rw {where}/cluster-* (the group once: {setup_commands(where)})"
+        )
+    else:
+        fix = (
+            f"sudo chgrp {OPERATORS_GROUP} {where} && sudo chmod 0660 {where}, or remove it "
+            "if nobody's operation wrote it"
+        )
+    return UnsafeState(
+        host,
+        f"refusing the shared state {kind} {where}: it {why or 'is not the operators own'}; only"
+        " the operators' accounts may write the cluster lock, its owner record and the audit log",
+        hint=fix,
+    )
+
+
+def first_unsafe(host: str, text: str) -> UnsafeState | None:
+    """The refusal among a head program's output lines, if any."""
+    for line in text.splitlines():
+        err = unsafe_error(host, line)
+        if err is not None:
+            return err
+    return None
 
 
 def cluster_key(real_history_path: str) -> str:
@@ -75,15 +127,41 @@ def holder_info(operation: str) -> dict[str, Any]:
 
 
 def describe_holder(info: dict[str, Any]) -> str:
-    """One line saying who holds the lock."""
-    if not info:
-        return "another spark-ops process (it left no owner record)"
-    since = info.get("since")
+    """One line saying who holds the lock: the head's account (its file system's word), record."""
+    account = info.get("account")
+    acct = (
+        f"account {account} on the head"
+        if isinstance(account, str) and account not in ("", "?")
+        else "an account the head could not name"
+    )
+    record = {k: v for k, v in info.items() if k != "account"}
+    if not record:
+        return f"{acct} (another spark-ops process: it left no owner record)"
+    since = record.get("since")
     age = f", for {int(time.time() - since)} s" if isinstance(since, int | float) else ""
     return (
-        f"{info.get('user', '?')}@{info.get('host', '?')} (pid {info.get('pid', '?')}, "
-        f"{info.get('operation', '?')}{age})"
+        f"{acct}: {record.get('user', '?')}@{record.get('host', '?')} (pid "
+        f"{record.get('pid', '?')}, {record.get('operation', '?')}{age})"
     )
+
+
+def parse_holder(lines: list[str]) -> dict[str, Any]:
+    """The holder from a program's `ACCOUNT name` line and owner record (the account wins)."""
+    account = "?"
+    record: dict[str, Any] = {}
+    for line in lines:
+        if line.startswith("ACCOUNT "):
+            account = line[8:].strip() or "?"
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            record = value
+            break
+    record.pop("account", None)  # never the record's own claim
+    return {**record, "account": account}
 
 
 def locked_error(cluster: Cluster, holder: dict[str, Any], where: str) -> LockError:
@@ -104,24 +182,20 @@ async def cluster_lock(session: ClusterSession, operation: str) -> AsyncIterator
     info = holder_info(operation)
     program = HOLD.line(*key_args(cluster), json.dumps(info))
     async with session.held(cluster.head.name, program, ready="LOCKED") as lines:
+        unsafe = first_unsafe(cluster.head.name, "\n".join(lines))
+        if unsafe is not None:
+            raise unsafe
         if not lines or lines[0].startswith("ERROR"):
             raise RemoteError(
                 cluster.head.name,
                 (lines[0][6:] if lines else "the lock program ended without an answer")
                 + f" (lock dir {LOCK_DIR})",
-                hint=f"{LOCK_DIR} must be a directory every operator's SSH user can write "
-                "(spark-ops makes it sticky, mode 1777, when it creates it)",
+                hint=f"{LOCK_DIR} must be a directory every operator's SSH user can write and no "
+                f"other account can: {setup_commands(LOCK_DIR)}",
             )
         if not lines[0].startswith("LOCKED"):
-            other: dict[str, Any] = {}
-            for line in lines[1:]:
-                try:
-                    other = json.loads(line)
-                    break
-                except ValueError:
-                    continue
             where = lines[0].partition(" ")[2] if lines else ""
-            raise locked_error(cluster, other, where)
+            raise locked_error(cluster, parse_holder(lines[1:]), where)
         session.log.info(
             "lock taken", host=cluster.head.name, operation=operation, lock=lines[0][7:]
         )
@@ -132,15 +206,14 @@ async def lock_state(session: ClusterSession) -> tuple[bool, dict[str, Any], str
     """Whether the cluster lock is held now, its holder's record and its file (takes nothing)."""
     cluster = session.cluster
     res = await session.call(cluster.head.name, LOCK_PROBE, *key_args(cluster))
+    unsafe = first_unsafe(cluster.head.name, res.stdout)
+    if unsafe is not None:
+        raise unsafe
     first, _, rest = res.stdout.partition("\n")
     state, _, path = first.strip().partition(" ")
     if state != "held":
         return False, {}, path
-    try:
-        holder = json.loads(rest.strip() or "{}")
-    except ValueError:
-        holder = {}
-    return True, holder if isinstance(holder, dict) else {}, path
+    return True, parse_holder(rest.splitlines()), path
 
 
 async def refuse_if_locked(session: ClusterSession) -> None:

@@ -15,6 +15,7 @@ from spark_ops.lock import describe_holder, lock_state
 from spark_ops.readiness import BootHistory, history_key
 from spark_ops.recipe import knob_values
 from spark_ops.remote import ClusterSession
+from spark_ops.verify.checks import check_effective_args
 from spark_ops.watchdog.loop import no_recovery
 from spark_ops.workflows.converge import effective_args
 from spark_ops.workflows.journal import Run, holds_lock, read_runs, unfinished_runs
@@ -71,6 +72,7 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
         args = await effective_args(session)
         if data["engine"].get("up"):
             data["engine"]["effective"] = args
+            recipe_vs_engine(data, args, cluster.head.name)
         else:  # the args of an engine that does not serve are not effective
             data["engine"]["effective"] = None
             data["engine"]["last_started_with"] = args
@@ -135,6 +137,10 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
         reasons.append(f"recipe unreadable: {recipe['error']}")
     elif recipe and not recipe.get("same_on_all_nodes", True):
         reasons.append("recipe copies differ between nodes")
+    elif recipe.get("differs_from_engine"):
+        reasons.append(
+            f"the recipe differs from the running engine: {recipe['differs_from_engine']}"
+        )
     return {"state": "degraded" if reasons else "serving", "reasons": reasons}
 
 
@@ -189,6 +195,18 @@ def recovery(cluster: Cluster, engine: dict[str, Any]) -> str | None:
     if cluster.watchdog.restarts_missing_engine:
         return None
     return no_recovery(cluster.watchdog.restart_command)
+
+
+def recipe_vs_engine(data: dict[str, Any], args: dict[str, Any] | None, head: str) -> None:
+    """Note in data["recipe"] where the recipe's knobs and the serving engine's args differ (an
+    edit nobody restarted for: issue 34); nothing when either is unknown."""
+    recipe = data.get("recipe") or {}
+    knobs = recipe.get("knobs")
+    if args is None or not isinstance(knobs, dict) or not recipe.get("same_on_all_nodes", True):
+        return
+    check = check_effective_args(args, {k: v for k, v in knobs.items() if v is not None}, host=head)
+    if not check.ok:
+        recipe["differs_from_engine"] = check.detail
 
 
 async def _runs(session: ClusterSession) -> dict[str, Any]:

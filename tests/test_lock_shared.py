@@ -10,6 +10,8 @@ the second is refused, told who holds it, and both append to one audit log.
 from __future__ import annotations
 
 import dataclasses
+import grp
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,16 @@ from spark_ops.errors import LockError
 from spark_ops.inventory import Cluster, RecipeSettings
 from spark_ops.lock import cluster_lock
 from spark_ops.remote import ClusterSession
+from spark_ops.remote.programs.lock import OPERATORS_GROUP
 
 pytestmark = pytest.mark.openssh
+
+
+def operators_dir(path: str) -> None:
+    """A state dir as the one-time set-up makes it: the operators' group's, 2770."""
+    os.makedirs(path, exist_ok=True)
+    os.chown(path, 0, grp.getgrnam(OPERATORS_GROUP).gr_gid)
+    os.chmod(path, 0o2770)
 
 
 def as_operator(
@@ -43,7 +53,8 @@ def as_operator(
 async def test_two_ssh_users_one_cluster_one_lock(openssh_cluster: Any, tmp_path: Path) -> None:
     """Operator A (node1's user) holds the lock; operator B (node2's user, another inventory
     name) is refused with A named; both entries land in the one audit log."""
-    state = f"/var/tmp/spark-ops-test-{tmp_path.name}"  # made by the first account, sticky 1777
+    state = f"/var/tmp/spark-ops-test-{tmp_path.name}"  # the operators' own, as set up once
+    operators_dir(state)
     recipe = str(tmp_path / "recipes" / "active.yaml")
     history = str(tmp_path / "watchdog" / "restarts")  # one watchdog: the same name for both
     a = as_operator(openssh_cluster, "node1", "spark", recipe, state, history)
@@ -62,6 +73,8 @@ async def test_two_ssh_users_one_cluster_one_lock(openssh_cluster: Any, tmp_path
                 pass
             entries = await audit.read(sa, 10)
         assert [e["what"]["operation"] for e in entries] == ["apply", "restart"]
-        assert oct(Path(state).stat().st_mode & 0o7777) == "0o1777"
+        assert oct(Path(state).stat().st_mode & 0o7777) == "0o2770"
+        for f in Path(state).iterdir():  # no file any other account could write (issue 34)
+            assert f.stat().st_mode & 0o002 == 0, f
     finally:
         shutil.rmtree(state, ignore_errors=True)

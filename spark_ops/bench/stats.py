@@ -54,6 +54,9 @@ __all__ = [
     "tokens_in_window",
 ]
 
+MAX_LEVEL = 100_000  # the highest concurrency a sweep level or a cap may name (a saved file too)
+MAX_LEVELS = 1_000  # the most levels one sweep may hold
+
 
 @dataclass
 class RunStats:
@@ -235,6 +238,9 @@ class LevelResult:
         """Rebuild from to_dict() output; unknown keys are ignored."""
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in data.items() if k in names}
+        c = kw.get("max_concurrency")
+        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= MAX_LEVEL:
+            raise ValueError(f"max_concurrency must be an integer 1..{MAX_LEVEL}, got {c!r:.40}")
         kw["runs"] = [RunStats.from_dict(r) for r in data.get("runs", [])]
         return cls(**kw)
 

@@ -181,6 +181,10 @@ class SweepResult:
                                  ("config", dict | None, "a mapping")):  # fmt: skip
             if not isinstance(data.get(key), kinds):
                 raise BenchError(f"{source}: bench result key {key!r} must be {said}")
+        if len(data["levels"]) > stats.MAX_LEVELS:
+            raise BenchError(
+                f"{source}: more than {stats.MAX_LEVELS} levels: not a sweep bench wrote"
+            )
         try:
             return cls(
                 base_url=data["base_url"],

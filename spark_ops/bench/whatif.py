@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spark_ops.bench.measures import CapReading, slo_max_concurrency
-from spark_ops.bench.stats import LevelResult, SpeedCheck, read_levels
+from spark_ops.bench.stats import MAX_LEVEL, LevelResult, SpeedCheck, read_levels
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.errors import BenchError
 
@@ -347,7 +347,16 @@ def reading_lines(result: WhatIf) -> list[str]:
 def running_cap_of(knobs: dict[str, Any] | None) -> int | None:
     """The max_num_seqs a sweep ran with (from its knobs), or None when unknown."""
     knob = (knobs or {}).get("max_num_seqs")
-    return int(knob) if isinstance(knob, int | str) and str(knob).isdigit() else None
+    if isinstance(knob, bool) or not isinstance(knob, int | str):
+        return None
+    text = str(knob)
+    if not text.isascii() or not text.isdigit():
+        return None
+    if len(text) > 7 or not 1 <= int(text) <= MAX_LEVEL:
+        raise BenchError(
+            f"max_num_seqs {text[:20]} is not a cap spark-ops predicts (1..{MAX_LEVEL})"
+        )
+    return int(text)
 
 
 def whatif_of(result: SweepResult, caps: list[int], slo_tok_s: float | None = None) -> WhatIf:

@@ -44,8 +44,12 @@ def parse_levels(text: str) -> list[int]:
             f"{text!r}: expected comma-separated integers, e.g. {DEFAULT_CONCURRENCY}",
             param_hint="--concurrency",
         ) from None
-    if not levels or any(c < 1 for c in levels):
-        raise click.BadParameter(f"{text!r}: every level must be >= 1", param_hint="--concurrency")
+    from spark_ops.bench.stats import MAX_LEVEL
+
+    if not levels or any(not 1 <= c <= MAX_LEVEL for c in levels):
+        raise click.BadParameter(
+            f"{text[:80]!r}: every level must be 1..{MAX_LEVEL}", param_hint="--concurrency"
+        )
     return levels
 
 

@@ -50,7 +50,38 @@ def render(report: FanoutReport) -> None:
         click.secho(f"{good}/{len(report.hosts)} ok in {report.seconds:.2f} s", fg=color, err=True)
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+class ExecCommand(click.Command):
+    """exec's command: an unknown option before `--` is refused, never sent as the command."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Refuse `--node n2 -- ls` (a mistyped option) before click takes it for the command."""
+        takes: dict[str, int] = {}
+        for param in self.params:
+            if isinstance(param, click.Option):
+                for name in (*param.opts, *param.secondary_opts):
+                    takes[name] = 0 if param.is_flag else param.nargs
+        takes.update({name: 0 for name in ctx.help_option_names})
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            if arg == "--" or not arg.startswith("-") or arg == "-":
+                break
+            name, eq, _ = arg.partition("=")
+            if name not in takes:
+                raise click.UsageError(
+                    f"exec has no option {arg!r}; give the remote command after --, and exec's "
+                    f"own options ({', '.join(sorted(n for n in takes if n.startswith('--')))}) "
+                    "before it",
+                    ctx=ctx,
+                )
+            i += 1 + (0 if eq else takes[name])
+        return super().parse_args(ctx, args)
+
+
+@click.command(
+    cls=ExecCommand,
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
 @click.option("--nodes", "nodes", help="Comma-separated node names (default: every node).")
 @click.option("--json", "as_json", is_flag=True, help="Per-host results as JSON on stdout.")
 @click.option(
@@ -67,6 +98,12 @@ def render(report: FanoutReport) -> None:
 @click.option(
     "--sub", nargs=2, metavar="REGEX REPLACEMENT", help="With --edit: the line and its rewrite."
 )
+@click.option(
+    "--changes-recipe",
+    is_flag=True,
+    help="COMMAND changes the recipe (or another cluster file): run it under the cluster lock "
+    "and record it in the audit log, as --edit always is.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def cli(
@@ -77,6 +114,7 @@ def cli(
     shell: bool,
     edit_path: str | None,
     sub: tuple[str, str] | None,
+    changes_recipe: bool,
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND on every node (remote argv exactly as given); exit non-zero if a host failed.
@@ -91,7 +129,9 @@ def cli(
 
     if timeout is not None and timeout <= 0:
         raise click.BadParameter(f"must be > 0, got {timeout}", param_hint="--timeout")
-    if edit_path is not None and (sub is None or command or shell or timeout is not None):
+    if edit_path is not None and (
+        sub is None or command or shell or timeout is not None or changes_recipe
+    ):
         raise click.UsageError("--edit PATH takes --sub REGEX REPLACEMENT, and no COMMAND")
     if edit_path is None and sub is not None:
         raise click.UsageError("--sub goes with --edit PATH")
@@ -104,7 +144,14 @@ def cli(
         report = run_async(fanout.edit_line(cluster, edit, nodes=_nodes(nodes)))
     else:
         report = run_async(
-            fanout.run_command(cluster, command, nodes=_nodes(nodes), timeout=timeout, shell=shell)
+            fanout.run_command(
+                cluster,
+                command,
+                nodes=_nodes(nodes),
+                timeout=timeout,
+                shell=shell,
+                changes_recipe=changes_recipe,
+            )
         )
     if as_json:
         emit_json(report.to_dict())

@@ -15,6 +15,11 @@ def _clean(value: object) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def _list(value: object) -> list[object]:
+    """A record's list, or none when a line holds something else there."""
+    return value if isinstance(value, list) else []
+
+
 def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
     """Print operations (workflows.oplog) for a person, one block per operation."""
     if not entries:
@@ -24,8 +29,18 @@ def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
         if "malformed" in e:
             click.secho(f"(unreadable line) {_clean(e['malformed'])[:200]}", fg="yellow")
             continue
-        what = e.get("what") or {}
-        args = what.get("args") or {}
+        raw_what = e.get("what")
+        what: dict[str, Any] = raw_what if isinstance(raw_what, dict) else {}
+        if e.get("unattributed"):
+            click.secho(
+                "(unattributed: not written by spark-ops on the head, never acted on) "
+                f"{_clean(e.get('who', '?'))} {_clean(what.get('operation', '?'))}"
+                f" outcome: {_clean(e.get('outcome', '-'))}",
+                fg="yellow",
+            )
+            continue
+        raw_args = what.get("args")
+        args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
         arg_text = " ".join(
             f"{_clean(k)}={_clean(v)}" for k, v in args.items() if v not in (None, False, [], "")
         )
@@ -38,10 +53,10 @@ def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
         stamp = e.get("started", e.get("when"))
         head = (
             f"{when(float(stamp)) if isinstance(stamp, int | float) else '-'}  "
-            f"{_clean(e.get('who', '?'))}"
+            f"{_clean(e.get('who', '?'))} (account {_clean(e.get('account', '?'))})"
         )
         click.echo(f"{head}  {_clean(what.get('operation', '?'))} {arg_text}".rstrip())
-        nodes = ", ".join(_clean(n) for n in e.get("nodes") or []) or "-"
+        nodes = ", ".join(_clean(n) for n in _list(e.get("nodes"))) or "-"
         click.secho(f"    nodes: {nodes}  outcome: {_clean(outcome) or '-'}", fg=color)
         steps = [s for s in e.get("steps") or [] if isinstance(s, dict)]
         if steps:

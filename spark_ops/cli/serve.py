@@ -70,4 +70,7 @@ def cli(
                        "Ctrl-C stops)", err=True)  # fmt: skip
 
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: the server stops, nothing to undo
-        run_async(serve(cluster, token, host=host, port=port, results=results, on_ready=ready))
+        run_async(
+            serve(cluster, token, host=host, port=port, results=results, on_ready=ready,
+                  token_path=where)
+        )  # fmt: skip

@@ -64,8 +64,8 @@ def read_last(cluster: str, *, state_dir: Path | None = None) -> dict[str, Any] 
         return {"error": f"{path}: larger than {MAX_BYTES} bytes, not a doctor report"}
     try:
         data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        return {"error": f"{path}: not a doctor report ({exc})"}
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # nested past the stack
+        return {"error": f"{path}: not a doctor report ({str(exc)[:200]})"}
     report = data.get("report") if isinstance(data, dict) else None
     if not isinstance(report, dict) or not isinstance(report.get("checks"), list):
         return {"error": f"{path}: not a doctor report (no checks)"}

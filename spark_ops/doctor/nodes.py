@@ -7,8 +7,16 @@ from typing import Any
 from spark_ops.doctor.report import Checker
 from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
 from spark_ops.inventory import Node
-from spark_ops.lock import LOCK_DIR, describe_holder, lock_state
+from spark_ops.lock import (
+    LOCK_DIR,
+    OPERATORS_GROUP,
+    describe_holder,
+    first_unsafe,
+    lock_state,
+    setup_commands,
+)
 from spark_ops.remote.programs.doctor import STATE_DIR, TOOLS
+from spark_ops.remote.programs.lock import STATE_SAFE
 from spark_ops.remote.programs.node import SUDO_OK
 from spark_ops.workflows.journal import holds_lock, read_runs, unfinished_runs
 
@@ -174,11 +182,25 @@ class NodeChecks(Checker):
                     + (
                         ", or set state_dir in the inventory to a directory the SSH user can write"
                         if d == sd
-                        else f" and chmod 1777 {d} (every operator's lock is there)"
+                        else f" (every operator's lock is there): {setup_commands(d)}"
                     ),
                 )
                 return
             usable.append(f"{d} usable ({use})")
+        for d in uses:
+            history = self.cluster.watchdog.history_file
+            res = await self.session.call(self.head, STATE_SAFE, d, history)
+            unsafe = first_unsafe(self.head, res.stdout)
+            if unsafe is not None:
+                self.report.add("state-dir", self.head, "fail", unsafe.message, unsafe.hint or "")
+                return
+            word, _, rest = res.stdout.strip().partition(" ")
+            group = rest.rpartition(" ")[2] if word == "ok" else ""
+            if group != OPERATORS_GROUP:  # usable by this account alone: say how to share it
+                usable.append(
+                    f"{d} {'not made yet' if word == 'missing' else f'of group {group}'}: for "
+                    f"other operators, once on {self.cluster.head.host}: {setup_commands(d)}"
+                )
         self.report.add("state-dir", self.head, "ok", "; ".join(usable))
 
 

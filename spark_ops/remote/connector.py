@@ -404,7 +404,15 @@ def client_options(
     if not ssh.agent:
         opts["agent_path"] = None
     if ssh.config:
-        opts["config"] = [os.path.expanduser(ssh.config)]
+        config = os.path.expanduser(ssh.config)
+        if os.path.isdir(config) or not os.access(config, os.R_OK):
+            raise ConnectError(
+                name,
+                f"the SSH config file {config} (ssh.config) cannot be read: "
+                + ("it does not exist" if not os.path.exists(config) else "not a readable file"),
+                hint="fix its permissions, or name another file in ssh.config (or remove the key)",
+            )
+        opts["config"] = [config]
     return opts
 
 

@@ -1,6 +1,11 @@
 """The aiohttp application: token auth, the pages, the JSON endpoints, /metrics and /events.
 
 Read-only: every route is a GET (HEAD too); anything else is 405. No action is offered.
+
+Bounded (issue 34): at most MAX_CONNECTIONS connections at once (more are closed at once), a
+request's head must arrive within HEADER_TIMEOUT_S of the connection or of the previous answer,
+a handler answers within HANDLER_TIMEOUT_S (503 otherwise; /events streams), idle keep-alive ends
+after KEEPALIVE_S, and no secret nor traceback of a bad request reaches a log (auth.RedactFilter).
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,15 +25,20 @@ from yarl import URL
 from spark_ops.errors import ConflictError
 from spark_ops.inventory import Cluster
 from spark_ops.log import get_logger
-from spark_ops.serve.auth import COOKIE, Sessions, same_token
+from spark_ops.serve.auth import COOKIE, Sessions, TokenSource, guard_http_logs, same_token
 from spark_ops.serve.metrics import render_metrics
 from spark_ops.serve.pages import boot_page, cluster_page, history_page, sweeps_page
 from spark_ops.serve.source import Source, last_run
 
 SOURCE: web.AppKey[Source] = web.AppKey("source", Source)
-TOKEN: web.AppKey[str] = web.AppKey("token", str)
+TOKEN: web.AppKey[TokenSource] = web.AppKey("token", TokenSource)
 SESSIONS: web.AppKey[Sessions] = web.AppKey("sessions", Sessions)
 SSE_KEEPALIVE_S = 15.0
+MAX_CONNECTIONS = 256  # open connections at once; more are closed on arrival
+HEADER_TIMEOUT_S = 10.0  # a request's head arrives within this of the connection or last answer
+HANDLER_TIMEOUT_S = 30.0  # a page or API answer is ready within this (503 otherwise)
+KEEPALIVE_S = 15.0  # an idle keep-alive connection is closed after this
+STREAMS = ("/events",)  # answers that last: no handler deadline
 HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
@@ -49,8 +60,10 @@ class ServeError(ConflictError):
 @web.middleware
 async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every request carries the token: Bearer header, the session cookie, or ?token= once."""
-    token = request.app[TOKEN]
+    token = request.app[TOKEN].current()
     sessions = request.app[SESSIONS]
+    if token is None:  # the token file is gone or refused: nobody is let in (the log said why)
+        raise _unauthorized()
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
     if scheme.lower() == "bearer" and same_token(given.strip(), token):
@@ -66,6 +79,111 @@ async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     if sessions.valid(request.cookies.get(COOKIE)):
         return await _headers(await handler(request))
     raise _unauthorized()
+
+
+@web.middleware
+async def deadline(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A handler answers within HANDLER_TIMEOUT_S (503 otherwise); /events streams on."""
+    if request.path in STREAMS:
+        return await handler(request)
+    try:
+        return await asyncio.wait_for(handler(request), HANDLER_TIMEOUT_S)
+    except TimeoutError:
+        raise web.HTTPServiceUnavailable(
+            text=f"503: no answer within {HANDLER_TIMEOUT_S:.0f} s\n", headers=HEADERS
+        ) from None
+
+
+class Guard:
+    """The connections of one server: a limit on their count and a deadline on each request's
+    head (a slow or silent client is closed, never kept)."""
+
+    def __init__(self, limit: int = MAX_CONNECTIONS, header_s: float = HEADER_TIMEOUT_S) -> None:
+        """Nothing open yet."""
+        self.limit = limit
+        self.header_s = header_s
+        self.open: dict[asyncio.Transport, float] = {}  # transport -> head deadline (0: busy)
+        self.refused = 0
+        self.expired = 0
+
+    def connected(self, transport: asyncio.Transport) -> bool:
+        """Count a new connection; False (and it is closed) when the limit is reached."""
+        if len(self.open) >= self.limit:
+            self.refused += 1
+            transport.abort()
+            return False
+        self.open[transport] = time.monotonic() + self.header_s
+        return True
+
+    def busy(self, transport: asyncio.Transport | None, busy: bool) -> None:
+        """A request's head arrived (busy) or its answer was sent (the next head's deadline)."""
+        if transport in self.open:
+            self.open[transport] = 0.0 if busy else time.monotonic() + self.header_s + KEEPALIVE_S
+
+    def sweep(self) -> None:
+        """Close every connection whose request head is late."""
+        now = time.monotonic()
+        for transport, due in list(self.open.items()):
+            if due and due < now:
+                self.expired += 1
+                self.open.pop(transport, None)
+                transport.abort()
+
+    def wrap(self, factory: Callable[[], asyncio.BaseProtocol]) -> Callable[[], asyncio.Protocol]:
+        """The protocol factory of the listening socket: aiohttp's, counted and timed."""
+        guard = self
+
+        class Counted(asyncio.Protocol):
+            """aiohttp's protocol for one connection, with the guard's bookkeeping around it."""
+
+            def __init__(self) -> None:
+                """aiohttp's handler for this connection."""
+                self.inner: Any = factory()
+                self.transport: asyncio.Transport | None = None
+
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                """Counted, or closed at once over the limit."""
+                assert isinstance(transport, asyncio.Transport)
+                self.transport = transport
+                if guard.connected(transport):
+                    self.inner.connection_made(transport)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                """Forget it."""
+                if self.transport is not None and guard.open.pop(self.transport, None) is not None:
+                    self.inner.connection_lost(exc)
+
+            def data_received(self, data: bytes) -> None:
+                """To aiohttp."""
+                self.inner.data_received(data)
+
+            def eof_received(self) -> bool | None:
+                """To aiohttp."""
+                return bool(self.inner.eof_received())
+
+            def pause_writing(self) -> None:
+                """To aiohttp."""
+                self.inner.pause_writing()
+
+            def resume_writing(self) -> None:
+                """To aiohttp."""
+                self.inner.resume_writing()
+
+        return Counted
+
+
+GUARD: web.AppKey[Guard] = web.AppKey("guard", Guard)
+
+
+@web.middleware
+async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The request's head is in: no head deadline while it is answered, a new one after."""
+    guard = request.app[GUARD]
+    guard.busy(request.transport, True)
+    try:
+        return await handler(request)
+    finally:
+        guard.busy(request.transport, False)
 
 
 def same_page(path: str, query: Mapping[str, str]) -> str:
@@ -198,17 +316,25 @@ def _sse(item: dict[str, Any]) -> bytes:
 
 
 def make_app(
-    cluster: Cluster, token: str, *, results: Path | None = None, ttl: float | None = None
+    cluster: Cluster,
+    token: str | TokenSource,
+    *,
+    results: Path | None = None,
+    ttl: float | None = None,
+    guard: Guard | None = None,
 ) -> web.Application:
     """The application for one cluster; its boot watch runs while the app does."""
-    app = web.Application(middlewares=[auth])
+    app = web.Application(middlewares=[guarded, auth, deadline], handler_args={
+        "max_line_size": 8190, "max_field_size": 8190, "keepalive_timeout": KEEPALIVE_S,
+    })  # fmt: skip
+    app[GUARD] = guard or Guard()
     src = (
         Source(cluster, results=results)
         if ttl is None
         else Source(cluster, results=results, ttl=ttl)
     )
     app[SOURCE] = src
-    app[TOKEN] = token
+    app[TOKEN] = token if isinstance(token, TokenSource) else TokenSource(token)
     app[SESSIONS] = Sessions()
     for path, handler in (
         ("/", cluster_view), ("/history", history_view), ("/boot", boot_view),
@@ -245,28 +371,41 @@ async def serve(
     port: int,
     results: Path | None = None,
     on_ready: Callable[[str], None] | None = None,
+    token_path: Path | None = None,
+    guard: Guard | None = None,
 ) -> None:
     """Run the server until cancelled; on_ready gets the base URL once it listens."""
     log = get_logger(cluster=cluster.name, op="serve")
-    runner = web.AppRunner(make_app(cluster, token, results=results), access_log=None)
+    guard_http_logs()
+    guard = guard or Guard()
+    tokens = TokenSource(token, token_path)
+    app = make_app(cluster, tokens, results=results, guard=guard)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    loop = asyncio.get_running_loop()
+    assert runner.server is not None  # made by setup()
     try:
-        await site.start()
+        server = await loop.create_server(guard.wrap(runner.server), host, port, backlog=128)
     except OSError as exc:
         await runner.cleanup()
         raise ServeError(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}",
             hint="choose another --port, or stop what listens there",
         ) from exc
-    addresses = runner.addresses
-    bound = int(addresses[0][1]) if addresses else port
+    sockets = server.sockets
+    bound = int(sockets[0].getsockname()[1]) if sockets else port
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound}"
     log.info("serving", url=url, loopback=is_loopback(host))
     if on_ready is not None:
         on_ready(url)
     try:
-        await asyncio.Event().wait()
+        while True:
+            await asyncio.sleep(1.0)
+            guard.sweep()
     finally:
-        await runner.cleanup()
+        server.close()
+        for transport in list(guard.open):
+            transport.abort()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(runner.cleanup(), 5.0)

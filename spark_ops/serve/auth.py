@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import logging
 import os
+import re
 import secrets
 import stat
 import time
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from spark_ops.errors import InputError, excerpt
 from spark_ops.files import write_file
+from spark_ops.log import get_logger
 
 DEFAULT_TOKEN_PATH = Path("~/.local/state/spark-ops/serve.token")  # beside boots.json
 COOKIE = "spark_ops_session"
@@ -139,3 +142,98 @@ class Sessions:
             mac.encode("utf-8", "surrogateescape"), self._mac(expiry).encode("ascii")
         )
         return good and int(expiry) > self.clock()
+
+
+TOKEN_RECHECK_S = 1.0  # the token file is looked at again at most this often
+
+
+class TokenSource:
+    """The token a running server checks: its file is re-read when it changes (rotation works), and
+    while the file is gone or refused nobody is let in; each change is logged once (issue 34)."""
+
+    def __init__(self, token: str, path: str | os.PathLike[str] | None = None) -> None:
+        """The token read at start, and the file it came from (None: fixed for the run)."""
+        self.token: str | None = token
+        self.path = Path(path).expanduser() if path is not None else None
+        self.seen = self._signature()
+        self.checked = time.monotonic()
+        self.problem = ""
+        self.log = get_logger(op="serve")
+
+    def _signature(self) -> tuple[int, ...] | None:
+        """What says the file changed: inode, size, mtime and ctime (None: gone)."""
+        if self.path is None:
+            return ()
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def current(self) -> str | None:
+        """The token now, or None while the file is gone or refused."""
+        if self.path is None or time.monotonic() - self.checked < TOKEN_RECHECK_S:
+            return self.token
+        self.checked = time.monotonic()
+        sig = self._signature()
+        if sig == self.seen:
+            return self.token
+        self.seen = sig
+        if sig is None:
+            self._refuse(f"the token file {self.path} was removed: every request is refused")
+            return None
+        try:
+            self.token = read_token_file(self.path)
+        except TokenError as exc:
+            self._refuse(f"the token file changed and is refused ({exc.message})")
+            return None
+        self.problem = ""
+        self.log.warning("token file re-read: the new token is in force", file=str(self.path))
+        return self.token
+
+    def _refuse(self, why: str) -> None:
+        """Let nobody in, and say why once."""
+        self.token = None
+        if why != self.problem:
+            self.problem = why
+            self.log.error(why + " until a valid token file is back")
+
+
+SECRET_RE = re.compile(
+    r"(?i)(authorization\s*:\s*|bearer\s+|cookie\s*:\s*|set-cookie\s*:\s*|token=|"
+    + re.escape(COOKIE)
+    + r"=)[^\s&;,'\"]*"
+)
+
+
+def redact(text: str) -> str:
+    """Text with every token, cookie and Authorization value replaced by [redacted]."""
+    return SECRET_RE.sub(lambda m: m.group(1) + "[redacted]", text)
+
+
+class RedactFilter(logging.Filter):
+    """Keeps secrets and tracebacks of bad requests out of the HTTP server's log records: the
+    message is rendered, redacted, and its exception named by its type only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite the record in place; never drop it."""
+        try:
+            text = record.getMessage()
+        except (TypeError, ValueError):
+            text = str(record.msg)
+        if record.exc_info and record.exc_info[0] is not None:
+            text += f" ({record.exc_info[0].__name__})"
+        record.msg, record.args = redact(text)[:500], ()
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
+HTTP_LOGGERS = ("aiohttp.server", "aiohttp.web", "aiohttp.access", "aiohttp.internal")
+
+
+def guard_http_logs() -> None:
+    """Put RedactFilter on aiohttp's server loggers (once)."""
+    for name in HTTP_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactFilter) for f in logger.filters):
+            logger.addFilter(RedactFilter())

@@ -277,8 +277,13 @@ def history_page(status: dict[str, Any], audit: dict[str, Any]) -> str:
         arg_text = " ".join(f"{k}={v}" for k, v in args.items())
         outcome = e.get("outcome") or ("did not end" if e.get("phase") == "intent" else "")
         cls = "ok" if outcome in ("ok", "done") else "bad"
+        mark = (
+            '<span class="warn">unattributed: not written by spark-ops on the head</span> '
+            if e.get("unattributed")
+            else ""
+        )
         block = (
-            f"<p><strong>{when(e.get('when'))}</strong> {esc(e.get('who'))} "
+            f"<p>{mark}<strong>{when(e.get('when'))}</strong> {esc(e.get('who'))} "
             f"<code>{esc(what.get('operation'))} {esc(arg_text)}</code> "
             f"on {esc(', '.join(str(n) for n in e.get('nodes') or []))}: "
             f'<span class="{cls}">{esc(outcome)}</span></p>'

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from spark_ops.audit import read_log
+from spark_ops.audit import is_attributed, read_log
 from spark_ops.bench.report import load_result
 from spark_ops.bench.whatif import running_cap_of, whatif_of
 from spark_ops.doctor import read_last
@@ -126,6 +126,8 @@ def _mtime(path: Path) -> float:
 def last_run(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest ended run (apply, restart, rollback, experiment) in the audit entries."""
     for e in reversed(entries):
+        if not is_attributed(e):
+            continue  # a line the head's program did not write is no run (issue 34)
         what: dict[str, Any] = e["what"] if isinstance(e.get("what"), dict) else {}
         if what.get("operation") in RUN_OPERATIONS and e.get("phase") not in ("intent", "step"):
             return {

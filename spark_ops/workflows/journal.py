@@ -165,10 +165,14 @@ def runs_of(entries: Sequence[dict[str, Any]]) -> list[Run]:
 
     A run that names dead runs in its intent (`settles`) finishes them only once it did: its
     settle step done, or its end recorded as ok. A settler killed in turn leaves them unfinished.
-    Entries of the wrong shape (a hand-edited or forged line) are skipped.
+    Entries of the wrong shape (a hand-edited or forged line) are skipped, and so is every entry
+    whose account the head's program did not write (`audit.is_attributed`): a forged intent never
+    leads to a prune or a restart.
     """
     runs: dict[str, Run] = {}
     for e in entries:
+        if not audit.is_attributed(e):
+            continue
         rid = e.get("run")
         if not isinstance(rid, str):
             continue

@@ -33,7 +33,11 @@ def operations_of(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     ops: dict[str | int, dict[str, Any]] = {}
     for i, e in enumerate(entries):
         rid = e.get("run")
-        if not isinstance(rid, str) or e.get("phase") not in (INTENT, STEP, END):
+        if (
+            e.get("unattributed")  # a line the head's program did not write joins no run
+            or not isinstance(rid, str)
+            or e.get("phase") not in (INTENT, STEP, END)
+        ):
             order.append(i)
             ops[i] = dict(e) if "malformed" in e else {**e, "steps": []}
             continue

@@ -9,6 +9,7 @@ what a killed run left behind.
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
 import pwd
 import re
@@ -22,6 +23,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from spark_ops.inventory import SHARED_STATE_DIR as LOCK_DIR
+from spark_ops.remote.programs.lock import OPERATORS_GROUP
 
 from . import GroundError, GroundUnavailable
 
@@ -138,7 +142,7 @@ def _kill_pids(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
 def _create_user(user: str, home: Path) -> pwd.struct_passwd:
     """Create a Unix user with this home (not made here), bash and a usable (unlocked) account."""
     argv = ["useradd", "-M", "-d", str(home), "-s", "/bin/bash", "-p", "*", "-c", USER_GECOS]
-    argv += ["-U", user]
+    argv += ["-U", "-G", OPERATORS_GROUP, user]  # every node's user is one of the operators
     for _ in range(50):  # useradd exits 10 while another useradd/userdel holds /etc/passwd's lock
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode == 0:
@@ -155,6 +159,17 @@ def _create_user(user: str, home: Path) -> pwd.struct_passwd:
     else:
         raise GroundError(f"useradd {user}: /etc/passwd stayed locked for 5 s")
     return pwd.getpwnam(user)
+
+
+def operators_setup() -> None:
+    """The one-time set-up `doctor` prints (issue 34): the operators' group, and the head-wide
+    lock dir owned by it, 2770 (the ground's node users are the operators; root is the sim's)."""
+    subprocess.run(["groupadd", "-f", OPERATORS_GROUP], capture_output=True, check=True)
+    gid = grp.getgrnam(OPERATORS_GROUP).gr_gid
+    lock_dir = Path(LOCK_DIR)
+    lock_dir.mkdir(mode=0o2770, parents=True, exist_ok=True)
+    os.chown(lock_dir, 0, gid)
+    lock_dir.chmod(0o2770)
 
 
 def _delete_user(user: str) -> None:
@@ -541,6 +556,7 @@ def start_sshd_nodes(
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     sweep_stale_users()
+    operators_setup()
     Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
     penalties = sshd_version() >= (9, 8)
 
