@@ -367,7 +367,7 @@ async def _restart_and_wait(
         if trigger is None:  # interrupted while triggering: a stamp may exist anyway
             after = await op.watchdog.clock()
             trigger = Trigger(clock_before, after, None, "")
-        if (found is None or found.entry is None) and stamp_error is None:
+        if stamp_error is None:  # counted again at the end: a second restart in the window
             found, stamp_error = await _identify(op, trigger, before, opts.reason)
             out.stamp = found.stamp if found else None
         await interrupt.atomic(_prune_step(op, run, out, found, stamp_error, rollback, journal))
@@ -432,11 +432,11 @@ def _stamp_note(found: Identification | None, error: SparkOpsError | None) -> st
     how = {
         "reported": "printed by the watchdog and in the history",
         "window": "the one new entry in the head-clock window",
-        "identical": "identical entries: one removed",
         "record": "the record marked forced / planned",
     }.get(found.how, found.how)
     notes = f"; {'; '.join(found.notes)}" if found.notes else ""
-    return f"stamp {found.entry.raw.strip()} ({how}){notes}"
+    which = ", ".join(e.raw.strip() for e in found.entries)
+    return f"stamp{'s' if len(found.entries) > 1 else ''} {which} ({how}){notes}"
 
 
 async def _flags(op: Operation) -> dict[str, bool]:
@@ -541,9 +541,9 @@ async def _identify(
         found = await op.watchdog.identify(trigger, before)
     except AmbiguousStamp as exc:
         return None, exc
-    if found.entry is not None:
+    for entry in found.entries:
         try:
-            await op.watchdog.note_planned(found.entry, reason)
+            await op.watchdog.note_planned(entry, reason)
         except SparkOpsError as exc:
             op.log.warning("planned stamp not recorded on the head", error=exc.message)
     return found, None
@@ -658,17 +658,23 @@ async def _prune(
         return
     entry = found.entry
     try:
-        result = await op.watchdog.prune_planned(entry, reason=f"planned restart ({op.name})")
+        result = await op.watchdog.prune_planned(
+            entry, reason=f"planned restart ({op.name})", also=tuple(found.entries[:-1])
+        )
     except SparkOpsError as exc:  # the history lock held too long: recorded, and said (#9)
         run.fail(name, exc.message + (f" ({exc.hint})" if exc.hint else ""))
         raise
     removed = result["removed_stamps"]
     out.pruned.extend(removed)
-    if not removed:
+    if len(removed) < len(found.entries):  # every identified entry, counted
+        taken = [HistEntry(0.0, str(r.get("raw"))) for r in result.get("removed", [])]
+        missing = new_entries(taken, found.entries)
         error = AmbiguousStamp(
-            f"the planned stamp {entry.raw.strip()!r} was not found when pruning "
-            "(the history changed meanwhile)",
-            hint=f"see `spark-ops budget`; remove it with: {prune_command(entry)}",
+            f"the planned stamp(s) {', '.join(repr(e.raw.strip()) for e in missing)} were not "
+            f"all found when pruning ({len(removed)} of {len(found.entries)} removed; the "
+            "history changed meanwhile)",
+            hint="see `spark-ops budget`; remove them with: "
+            + " | ".join(prune_command(e) for e in missing),
         )
         run.fail(name, error.message)
         raise error
