@@ -231,6 +231,13 @@ class AmbiguousStamp(WatchdogError):
     """More than one new stamp appeared around a planned restart: none is pruned."""
 
 
+class BootUnderWayError(SparkOpsError):
+    """A restart refused: the engine is booting (a watchdog's own restart, a colleague's), and
+    killing that boot is never the quiet moment a restart waits for."""
+
+    exit_status = ExitStatus.RESTARTING
+
+
 class OverBudget(SparkOpsError):
     """A planned restart refused: the watchdog's budget has no slot left (or cannot be read)."""
 

@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +94,67 @@ def test_two_restarts_one_unknown_is_exit_10(sim: Sim, tmp_path: Path) -> None:
     for stamp in new:
         assert f"spark-ops budget prune --stamp {stamp}" in out, out[-3000:]
     assert "none pruned" in out
+
+
+# ------------------------------------------------------------------ #4 a boot is not quiet
+
+
+@pytest.fixture
+def slow_boot(tmp_path: Path) -> Iterator[Sim]:
+    """An embedded cluster whose boots take ~15 s: long enough to start a run during one."""
+    from conftest import start_sim
+
+    from spark_ops.sim.control import down, wait_serving
+
+    s = start_sim(tmp_path / "sim", boot_scale=15.0, seed_history=False)
+    try:
+        wait_serving(s.state)
+        yield s
+    finally:
+        down(s.root)
+
+
+def colleague_restart(sim: Sim) -> int:
+    """A colleague's restart by hand on the head, through the watchdog; its engine's pid."""
+    cfg = str(sim.head / ".config" / "spark-watchdog.yaml")
+    res = spark_ops(
+        sim, "exec", "--nodes", "node1", "--", "spark-watchdog", "--config", cfg,
+        "--restart-now", "--force", "--reason", "by hand", "--by", "colleague",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    line = next(x for x in res.stdout.splitlines() if '"stamp"' in x)
+    return int(json.loads(line[line.index("{") :])["engine_pid"])
+
+
+def test_restart_waits_for_a_boot_under_way(slow_boot: Sim) -> None:
+    """A restart started while a colleague's boot runs waits for that boot to serve first (its
+    engine logs its server's start), then restarts: the boot is never killed."""
+    sim = slow_boot
+    before = history(sim)
+    pid = colleague_restart(sim)
+    res = spark_ops(sim, "restart", "--yes", "--no-drain", "--reason", "mine")
+    out = flat(res)
+    assert res.returncode == 0, out[-3000:]
+    assert "boot under way" in out and "is booting" in out, out[-3000:]
+    log = (sim.head / "engine.log").read_text(errors="replace")
+    assert f"Started server process [{pid}]" in log, "the colleague's boot served before ours"
+    assert len(history(sim)) == len(before) + 1, "the colleague's stamp kept, ours pruned"
+
+
+def test_boot_wait_zero_refuses_with_the_reason(slow_boot: Sim) -> None:
+    """`--boot-wait 0` refuses at once (exit 15), naming the boot; nothing written or restarted,
+    and the booting engine goes on to serve."""
+    sim = slow_boot
+    recipe = sim.recipe.read_text()
+    pid = colleague_restart(sim)
+    res = spark_ops(sim, "apply", "--max-num-seqs", "32", "--yes", "--boot-wait", "0")
+    out = flat(res)
+    assert res.returncode == ExitStatus.RESTARTING, out[-3000:]
+    assert "is booting" in out and "no recipe written, no restart made" in out, out[-3000:]
+    assert sim.recipe.read_text() == recipe
+    deadline = time.monotonic() + 120
+    log = ""
+    while time.monotonic() < deadline and f"Started server process [{pid}]" not in log:
+        time.sleep(0.5)
+        log = (sim.head / "engine.log").read_text(errors="replace")
+    assert f"Started server process [{pid}]" in log, "the booting engine was left to serve"

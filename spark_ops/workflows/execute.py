@@ -37,6 +37,7 @@ from spark_ops.watchdog.identify import (
     stamps_text,
 )
 from spark_ops.workflows import interrupt
+from spark_ops.workflows.booting import wait_out_boot
 from spark_ops.workflows.gate import budget_refusal
 from spark_ops.workflows.journal import RunJournal, write_facts
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
@@ -218,6 +219,7 @@ async def _execute(
         out.ok = True
         return
     await op.api_url()
+    await wait_out_boot(op, opts)  # a boot under way is never the quiet moment (issue 30 #4)
     if plan.has(StepKind.WRITE):
         await interrupt.atomic(_write(op, plan, run, out, journal))
     try:
@@ -808,6 +810,8 @@ def _drain_text(d: dict[str, Any]) -> str:
         if d.get("paused")
         else "the engine offers no /pause (VLLM_SERVER_DEV_MODE): new work still admitted"
     )
+    if d.get("running_at_end") is None and not d.get("drained"):  # no /metrics answer
+        return "the engine does not answer: nothing to drain"
     if d.get("running_at_start") == 0:
         return f"no request in flight; {stopped}"
     state = "drained" if d.get("drained") else "not drained (timeout)"
