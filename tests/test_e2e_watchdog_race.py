@@ -3,6 +3,7 @@ restarts twice, a boot already under way, the budget every view shows, a wedged 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -158,3 +159,77 @@ def test_boot_wait_zero_refuses_with_the_reason(slow_boot: Sim) -> None:
         time.sleep(0.5)
         log = (sim.head / "engine.log").read_text(errors="replace")
     assert f"Started server process [{pid}]" in log, "the booting engine was left to serve"
+
+
+# ------------------------------------------------------------------ #7 wedged is a state
+
+
+def send_stuck_requests(sim: Sim, n: int = 3) -> None:
+    """Long completions in background threads: running when the engine wedges, never answered."""
+    import threading
+    import urllib.request
+
+    url = f"http://127.0.0.1:{sim.state['engine_port']}/v1/completions"
+    body = json.dumps({"model": "glm-5.3-flash", "prompt": "x", "max_tokens": 4000}).encode()
+
+    def one() -> None:
+        """One request (its failure when the engine goes is expected)."""
+        req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(req, timeout=300).read()
+
+    for _ in range(n):
+        threading.Thread(target=one, daemon=True).start()
+
+
+@pytest.fixture
+def wedging(tmp_path: Path) -> Iterator[Sim]:
+    """An embedded cluster whose engine wedges once requests run (fault wedged_while_serving);
+    the watchdog probes every 20 s, so status and doctor read the wedge before it acts."""
+    from conftest import start_sim
+
+    from spark_ops.sim.control import down, wait_serving
+
+    s = start_sim(
+        tmp_path / "sim", fault="wedged_while_serving", watchdog_interval_s=20.0,
+        watchdog_grace_s=3.0, seed_history=False,
+    )  # fmt: skip
+    try:
+        wait_serving(s.state)
+        yield s
+    finally:
+        down(s.root)
+
+
+def test_wedged_engine_in_status_doctor_metrics_and_the_watchdog(wedging: Sim) -> None:
+    """/health 200, counters frozen, requests running: status says "wedged" (exit 22), doctor's
+    completion check fails naming it, /metrics has the wedged verdict, and the reference
+    watchdog's probe counts it as a failure and restarts the engine."""
+    import asyncio
+
+    from spark_ops.inventory import load_inventory
+    from spark_ops.serve.metrics import render_metrics
+    from spark_ops.status import collect_status
+
+    sim = wedging
+    send_stuck_requests(sim)
+    time.sleep(2.0)
+    res = spark_ops(sim, "status", "--json")
+    assert res.returncode == ExitStatus.WEDGED, res.stdout[-2000:] + res.stderr[-2000:]
+    data = json.loads(res.stdout)
+    assert data["verdict"]["state"] == "wedged"
+    assert "token counters stayed frozen" in data["verdict"]["reasons"][0]
+    assert data["engine"]["completion"]["wedged"] is True
+    res = spark_ops(sim, "doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(res.stdout)["checks"]}
+    assert checks["engine-completion"]["status"] == "fail"
+    assert "token counters stayed frozen" in checks["engine-completion"]["detail"]
+    cluster = load_inventory(sim.inventory).cluster(None)
+    page = render_metrics(asyncio.run(collect_status(cluster)), {"active": False}, None).decode()
+    assert 'spark_ops_verdict{state="wedged"} 1.0' in page, page[:3000]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not history(sim):
+        time.sleep(1.0)
+    assert len(history(sim)) == 1, "the watchdog's probe failed on the wedge and restarted it"
+    journal = (sim.head / STATE / "restarts.journal.jsonl").read_text()
+    assert '"by": "watchdog"' in journal
