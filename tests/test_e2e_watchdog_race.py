@@ -233,3 +233,56 @@ def test_wedged_engine_in_status_doctor_metrics_and_the_watchdog(wedging: Sim) -
     assert len(history(sim)) == 1, "the watchdog's probe failed on the wedge and restarted it"
     journal = (sim.head / STATE / "restarts.journal.jsonl").read_text()
     assert '"by": "watchdog"' in journal
+
+
+# ------------------------------------------------------------------ #6 one budget, every view
+
+
+def test_mistyped_history_file_is_an_error_in_every_view(sim: Sim, tmp_path: Path) -> None:
+    """watchdog.history_file names a file the watchdog does not count: budget, status, doctor,
+    the gate (plan), serve's status and /metrics all say so, naming the key; none shows 0/2."""
+    import asyncio
+
+    from spark_ops.inventory import load_inventory
+    from spark_ops.serve.metrics import render_metrics
+    from spark_ops.status import collect_status
+
+    typo = inventory_with(
+        sim, tmp_path, "typo", history_file="~/.local/state/spark-watchdog/restart"
+    )
+    said = "watchdog.history_file is wrong"
+    res = spark_ops(sim, "budget", "--json", inventory=typo)
+    assert res.returncode == ExitStatus.BUDGET and said in flat(res), flat(res)[-2000:]
+    assert "~/.local/state/spark-watchdog/restarts" in flat(res), "the config's file named"
+    res = spark_ops(sim, "status", "--json", inventory=typo)
+    data = json.loads(res.stdout)
+    assert "used" not in data["budget"] and said in data["budget"]["error"]
+    assert any(said in r for r in data["verdict"]["reasons"])
+    res = spark_ops(sim, "doctor", "--json", inventory=typo)
+    checks = {c["name"]: c for c in json.loads(res.stdout)["checks"]}
+    assert checks["budget"]["status"] == "fail" and said in checks["budget"]["detail"]
+    res = spark_ops(sim, "plan", "--max-num-seqs", "32", inventory=typo)
+    assert res.returncode == ExitStatus.OVER_BUDGET and said in flat(res), flat(res)[-2000:]
+    cluster = load_inventory(typo).cluster(None)
+    status = asyncio.run(collect_status(cluster))  # what serve's pages and /metrics read
+    assert said in status["budget"]["error"]
+    page = render_metrics(status, {"active": False}, None).decode()
+    assert "spark_ops_budget_readable 0.0" in page and "spark_ops_budget_used " not in page
+    # the right file, absent before any restart but named by the watchdog's config: no error
+    res = spark_ops(sim, "budget", "--json")
+    assert res.returncode == 0, res.stderr
+
+
+def test_missing_history_of_an_unknown_watchdog_is_an_error(sim: Sim, tmp_path: Path) -> None:
+    """A watchdog whose config spark-ops cannot read (not the reference one) and a history file
+    that does not exist: the budget is unknown, an error naming the key, never 0 used."""
+    wd = yaml.safe_load(sim.inventory.read_text())["clusters"]["sim"]["watchdog"]
+    other = inventory_with(
+        sim, tmp_path, "other", history_file="~/nowhere/restarts",
+        restart_command=wd["restart_command"].replace("spark-watchdog --config", "my-wd --conf"),
+        status_command=None,
+    )  # fmt: skip
+    res = spark_ops(sim, "budget", "--json", inventory=other)
+    out = flat(res)
+    assert res.returncode == ExitStatus.BUDGET, out[-2000:]
+    assert "watchdog.history_file: ~/nowhere/restarts does not exist" in out, out[-2000:]

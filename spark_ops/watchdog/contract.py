@@ -29,6 +29,7 @@ from spark_ops.errors import (
 )
 from spark_ops.headlib import head_program
 from spark_ops.remote import ClusterSession, quote_word
+from spark_ops.remote.programs.node import HOME
 from spark_ops.remote.programs.watchdog import HISTORY_PY
 from spark_ops.remote.shell import REMOVE
 from spark_ops.watchdog.config import (
@@ -406,6 +407,7 @@ class WatchdogContract:
             "budget", *self._common(), "--max", str(limits.max_restarts),
             "--window", repr(limits.window_s),
         )  # fmt: skip
+        await self.check_history_is_the_watchdogs(data)
         reasons = await self.journal_by_stamp()
         stamps = []
         for s in data.get("stamps", []):
@@ -437,6 +439,86 @@ class WatchdogContract:
             limits_source=limits.source,
             disagreement=limits.disagreement,
         )
+
+    async def check_history_is_the_watchdogs(self, data: dict[str, Any]) -> None:
+        """Refuse a budget read from a file the watchdog does not count (issue 30 #6): a history
+        that does not exist, another file than the one the watchdog's own config names, or one
+        that did not move when the watchdog recorded a restart (a restart in its journal, inside
+        the window, neither in the history nor pruned). HistoryError names watchdog.history_file.
+
+        budget(), and so every view (`budget`, `status`, `doctor`, the gate, `serve`,
+        `/metrics`), goes through it: none shows "0/2 used" counted from the wrong file.
+        """
+        wd, key = self.wd, "watchdog.history_file"
+        home_res = await self.session.call(self.head, HOME)
+        home = home_res.strip() if home_res else ""
+        own = await self.own_config(home)
+
+        def full(path: str) -> str:
+            """A head path with its leading ~/ as the SSH user's home."""
+            return home + path[1:] if path.startswith("~/") and home else path
+
+        said = own.config.paths.history if own.config is not None else None
+        shown = said
+        if said and home and said.startswith(home + "/"):
+            shown = "~" + said[len(home) :]
+        fix = (
+            f"set {key}: {shown} in the inventory (and lock_file / journal_file beside it)"
+            if said
+            else f"set {key} to the history file your watchdog writes (its config names it)"
+        )
+        if said is not None and said != full(wd.history_file):
+            raise HistoryError(
+                f"{key} is wrong: {wd.history_file} on {self.head} is not the history the "
+                f"watchdog counts; its config {own.where} says {shown}: the budget read here is "
+                "not the watchdog's",
+                hint=fix,
+            )
+        if not data.get("exists", True) and said is None:
+            raise HistoryError(
+                f"{key}: {wd.history_file} does not exist on {self.head}, so the budget the "
+                f"watchdog counts is unknown ({own.why})",
+                hint=f"{fix}; a watchdog that never restarted yet: create it empty "
+                f"(touch {wd.history_file})",
+            )
+        window_from = float(data["now"]) - float(data["window"])
+        present = {round(float(x), 6) for x in data.get("stamps", [])}
+        try:
+            records = await self.journal_all()
+        except SparkOpsError:
+            return
+        pruned = {round(float(r["stamp"]), 6) for r in records if r.get("action") == "prune"}
+        missing = sorted(
+            {
+                round(float(r["stamp"]), 6)
+                for r in records
+                if r.get("action", "restart") == "restart" and float(r["stamp"]) > window_from
+            }
+            - present
+            - pruned
+        )
+        if missing:
+            raise HistoryError(
+                f"{key} is wrong: the watchdog's journal ({self.journal}) recorded restart(s) "
+                f"{', '.join(fmt_stamp(m) for m in missing)} that {wd.history_file} on "
+                f"{self.head} does not hold (it did not move when the watchdog restarted): the "
+                "budget read here is not the watchdog's",
+                hint=fix,
+            )
+
+    async def journal_all(self) -> list[dict[str, Any]]:
+        """Every journal record with a numeric stamp (restarts and prunes), from its last MiB."""
+        text = await self.session.read_tail(self.head, self.journal)
+        out: list[dict[str, Any]] = []
+        for line in (text or "").splitlines():
+            try:
+                rec = json.loads(line)
+                stamp = rec.get("stamp") if isinstance(rec, dict) else None
+                if stamp is not None and math.isfinite(float(stamp)):
+                    out.append(rec)
+            except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
+                continue
+        return out
 
     async def journal_restarts(self) -> list[dict[str, Any]]:
         """The journal's restart records with a numeric stamp, in file order, from its last MiB
