@@ -441,10 +441,11 @@ class WatchdogContract:
         )
 
     async def check_history_is_the_watchdogs(self, data: dict[str, Any]) -> None:
-        """Refuse a budget read from a file the watchdog does not count (issue 30 #6): a history
-        that does not exist, another file than the one the watchdog's own config names, or one
-        that did not move when the watchdog recorded a restart (a restart in its journal, inside
-        the window, neither in the history nor pruned). HistoryError names watchdog.history_file.
+        """Refuse a budget read from a file the watchdog does not count (issue 30 #6): another
+        file than the one the watchdog's own config names, or a history that does not exist
+        with no config to tell. HistoryError names watchdog.history_file. (A history that did
+        not move when the watchdog restarted is caught by the restart itself: execute's
+        history_unmoved; a journal record alone is no proof, an operator may edit by hand.)
 
         budget(), and so every view (`budget`, `status`, `doctor`, the gate, `serve`,
         `/metrics`), goes through it: none shows "0/2 used" counted from the wrong file.
@@ -481,44 +482,6 @@ class WatchdogContract:
                 hint=f"{fix}; a watchdog that never restarted yet: create it empty "
                 f"(touch {wd.history_file})",
             )
-        window_from = float(data["now"]) - float(data["window"])
-        present = {round(float(x), 6) for x in data.get("stamps", [])}
-        try:
-            records = await self.journal_all()
-        except SparkOpsError:
-            return
-        pruned = {round(float(r["stamp"]), 6) for r in records if r.get("action") == "prune"}
-        missing = sorted(
-            {
-                round(float(r["stamp"]), 6)
-                for r in records
-                if r.get("action", "restart") == "restart" and float(r["stamp"]) > window_from
-            }
-            - present
-            - pruned
-        )
-        if missing:
-            raise HistoryError(
-                f"{key} is wrong: the watchdog's journal ({self.journal}) recorded restart(s) "
-                f"{', '.join(fmt_stamp(m) for m in missing)} that {wd.history_file} on "
-                f"{self.head} does not hold (it did not move when the watchdog restarted): the "
-                "budget read here is not the watchdog's",
-                hint=fix,
-            )
-
-    async def journal_all(self) -> list[dict[str, Any]]:
-        """Every journal record with a numeric stamp (restarts and prunes), from its last MiB."""
-        text = await self.session.read_tail(self.head, self.journal)
-        out: list[dict[str, Any]] = []
-        for line in (text or "").splitlines():
-            try:
-                rec = json.loads(line)
-                stamp = rec.get("stamp") if isinstance(rec, dict) else None
-                if stamp is not None and math.isfinite(float(stamp)):
-                    out.append(rec)
-            except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
-                continue
-        return out
 
     async def journal_restarts(self) -> list[dict[str, Any]]:
         """The journal's restart records with a numeric stamp, in file order, from its last MiB
