@@ -31,6 +31,7 @@ class ExitStatus(enum.IntEnum):
     CONFLICT = 19  # local state forbids it: already running, nothing running, a run recorded
     MISSING = 20  # an optional module this option needs is not installed
     EXPERIMENTING = 21  # status: an experiment holds the lock (its restarts and sweeps go on)
+    WEDGED = 22  # status: /health answers, token counters frozen with requests running
 
 
 class SparkOpsError(Exception):
@@ -239,6 +240,13 @@ class TriggerFailed(RemoteError):
 
 class AmbiguousStamp(WatchdogError):
     """More than one new stamp appeared around a planned restart: none is pruned."""
+
+
+class BootUnderWayError(SparkOpsError):
+    """A restart refused: the engine is booting (a watchdog's own restart, a colleague's), and
+    killing that boot is never the quiet moment a restart waits for."""
+
+    exit_status = ExitStatus.RESTARTING
 
 
 class OverBudget(SparkOpsError):

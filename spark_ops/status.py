@@ -84,7 +84,9 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
 
 
 # Every state verdict() gives, most urgent first (serve's /metrics has one gauge per state).
-VERDICT_STATES = ("experimenting", "restarting", "not-serving", "degraded", "serving")
+VERDICT_STATES = (
+    "experimenting", "restarting", "wedged", "not-serving", "degraded", "serving",
+)  # fmt: skip
 
 
 def verdict(data: dict[str, Any]) -> dict[str, Any]:
@@ -92,8 +94,10 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
 
     States, most urgent first: "experimenting" (an experiment holds the lock: restarts and sweeps
     come and go until it ends), "restarting" (another run holds the lock: wait for it),
-    "not-serving" (the engine does not answer, or answers /health but a 1-token completion does
-    not finish: wedged), "degraded" (it serves, but a node is down, the budget is spent,
+    "wedged" (/health answers, a 1-token completion does not finish and the token counters stay
+    frozen with requests in the engine: NCCL or a Ray worker stuck), "not-serving" (the engine
+    does not answer, or a completion does not finish and its counters are unknown), "degraded"
+    (it serves, but a node is down, the budget is spent,
     the watchdog paused or gave up, a run never finished, the dead engine left processes, the
     recipe copies differ, or a part could not be read), "serving" (none of these).
     """
@@ -110,6 +114,8 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
     probe = engine.get("completion")
     if isinstance(probe, dict) and not probe.get("ok", True):
         said = CompletionProbe.from_dict(probe).describe()
+        if probe.get("wedged"):  # its own state (issue 30 #7): a restart is what it needs
+            return {"state": "wedged", "reasons": [said, *[f"{n} down" for n in down]]}
         if not probe.get("progressing"):
             return {"state": "not-serving", "reasons": [said, *[f"{n} down" for n in down]]}
         reasons.append(
@@ -307,13 +313,6 @@ async def _engine(op: Operation) -> dict[str, Any]:
         snap = await api.metrics()
         if snap is not None:
             info.update(snap.to_dict())
-        probe = await api.probe_completion(min(op.cluster.engine.probe_timeout_s, STATUS_PROBE_S))
-        info["completion"] = probe.to_dict()
-        if probe.timed_out:  # wedged, or only busy: did it generate tokens meanwhile?
-            later = await api.metrics()
-            before = snap.generation_tokens if snap is not None else None
-            after = later.generation_tokens if later is not None else None
-            info["completion"]["progressing"] = (
-                before is not None and after is not None and after > before
-            )
+        probe = await api.probe_serving(min(op.cluster.engine.probe_timeout_s, STATUS_PROBE_S))
+        info["completion"] = probe.to_dict()  # timed out: wedged, or only busy (its counters)
     return info

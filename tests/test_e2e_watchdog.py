@@ -138,7 +138,13 @@ def test_history_file_typo_is_said_loudly(sim: Sim, tmp_path: Path) -> None:
     typo = tmp_path / "typo.yaml"
     typo.write_text(yaml.safe_dump(data))
     before = history(sim)
+    # the gate reads the one budget reader, which refuses the wrong file before any restart
     res = spark_ops(sim, "-i", str(typo), "restart", "--yes", "--reason", "kernel update")
+    assert res.returncode == ExitStatus.OVER_BUDGET and history(sim) == before, res.stderr
+    assert "watchdog.history_file is wrong" in " ".join(res.stderr.split()), res.stderr
+    res = spark_ops(
+        sim, "-i", str(typo), "restart", "--yes", "--reason", "kernel update", "--over-budget"
+    )
     new = history(sim)[len(before) :]
     assert len(new) == 1, (before, history(sim), res.stdout + res.stderr)
     out = res.stdout + res.stderr
@@ -163,7 +169,9 @@ def test_history_file_typo_is_said_loudly(sim: Sim, tmp_path: Path) -> None:
     wd["journal_file"] = "~/.local/state/spark-watchdog/jr{0}.jsonl"
     typo.write_text(yaml.safe_dump(data))
     before = history(sim)
-    res = spark_ops(sim, "-i", str(typo), "restart", "--yes", "--reason", "kernel update")
+    res = spark_ops(
+        sim, "-i", str(typo), "restart", "--yes", "--reason", "kernel update", "--over-budget"
+    )
     new = history(sim)[len(before) :]
     out = " ".join((res.stdout + res.stderr).split())
     assert res.returncode == ExitStatus.BUDGET and len(new) == 1, out

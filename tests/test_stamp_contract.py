@@ -66,12 +66,14 @@ def test_identify(case: dict[str, Any]) -> None:
         "window": tuple(case["window"]),
         "reported": case.get("reported"),
         "reports_stamp": case["reports_stamp"],
+        "printed": case.get("printed", ()),
+        "journal": case.get("journal", ()),
     }
     before, after = _entries(case["before"]), _entries(case["after"])
     if "ambiguous" in case:
         with pytest.raises(AmbiguousStamp) as info:
             identify(before, after, **kwargs)  # type: ignore[arg-type]
-        assert "cannot be told apart" in info.value.message
+        assert "none pruned" in info.value.message
         hint = info.value.hint or ""
         for needle in case["ambiguous"]:
             assert needle in hint
@@ -80,8 +82,10 @@ def test_identify(case: dict[str, Any]) -> None:
     got = identify(before, after, **kwargs)  # type: ignore[arg-type]
     if case.get("none"):
         assert got.entry is None
+    elif "raws" in case:  # several planned-looking entries: every one identified
+        assert [e.raw for e in got.entries] == case["raws"]
     else:
-        assert got.entry is not None and got.entry.raw == case["raw"]
+        assert [e.raw for e in got.entries] == [case["raw"]]
     if "how" in case:
         assert got.how == case["how"]
     if "note" in case:

@@ -46,7 +46,7 @@ def _status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 @pytest.mark.slow
 def test_status_exit_codes_on_the_embedded_cluster(sim: Sim, cli_env: dict[str, str]) -> None:
     """Serving 0; the watchdog paused 13; the lock held 15 naming its holder; the engine wedged
-    14 (a worker's Ray worker lost); the head down 14 — in the text and in --json alike."""
+    22 (a worker's Ray worker lost); the head down 14 — in the text and in --json alike."""
     from spark_ops.lock import holder_info
 
     res = _status(cli_env)
@@ -85,14 +85,18 @@ def test_status_exit_codes_on_the_embedded_cluster(sim: Sim, cli_env: dict[str, 
 
     # wedged: node3's Ray worker lost while serving (its SSH up); /health still answers, a
     # completion never finishes (a whole worker down wedges a TP engine the same way)
+    # (issue 30 #7: wedged is its own state, exit 22: the counters stayed frozen with the
+    # probe's request in the engine)
     sim.stop_raylet("node3")
     res = _status(cli_env, "--json")
-    assert res.returncode == ExitStatus.NOT_SERVING, res.stdout + res.stderr
+    assert res.returncode == ExitStatus.WEDGED, res.stdout + res.stderr
     doc = json.loads(res.stdout)
     assert doc["engine"]["up"] is True and doc["engine"]["completion"]["error"] == "timeout"
-    assert doc["verdict"]["reasons"] == [
-        "wedged: /health answers, a 1-token completion did not finish in 10 s"
-    ], doc["verdict"]
+    assert doc["verdict"]["state"] == "wedged"
+    assert doc["verdict"]["reasons"][0].startswith(
+        "wedged: /health answers, a 1-token completion did not finish in 10 s and the token "
+        "counters stayed frozen with"
+    ), doc["verdict"]
 
     sim.stop_node("node1")
     try:

@@ -95,6 +95,13 @@ def restart_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--deadline", type=float, help="Boot deadline in seconds (inventory's by default)."
         ),
         click.option("--reason", help="Reason recorded in the watchdog's journal."),
+        click.option(
+            "--boot-wait",
+            type=float,
+            help="When the engine is booting already (the watchdog's own restart, a colleague's): "
+            "wait this many seconds for that boot to end before restarting, 0 to refuse at once "
+            "(default: the inventory's boot deadline). A boot is never killed.",
+        ),
         over_budget_option,
     ]
     for opt in reversed(options):
@@ -152,6 +159,7 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
         trust_keys=kw.get("trust_keys", False),
         command=command_line(),
         over_budget=kw.get("over_budget", False),
+        boot_wait_s=kw.get("boot_wait"),
     )
 
     async def make_plan(op: Operation, shown: Plan | None) -> Plan:

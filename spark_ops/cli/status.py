@@ -14,6 +14,7 @@ VERDICT_EXIT = {
     "serving": ExitStatus.OK,
     "degraded": ExitStatus.DEGRADED,
     "not-serving": ExitStatus.NOT_SERVING,
+    "wedged": ExitStatus.WEDGED,
     "restarting": ExitStatus.RESTARTING,
     "experimenting": ExitStatus.EXPERIMENTING,
 }

@@ -178,7 +178,7 @@ class EngineChecks(Checker):
                     f"engine.model {eng.model!r} is not served (served: {models})",
                     "set engine.model to one of the served names, or remove it",
                 )
-            probe = await api.probe_completion(eng.probe_timeout_s)
+            probe = await api.probe_serving(eng.probe_timeout_s)
         if probe.ok:
             self.report.add("engine-completion", self.head, "ok", probe.describe())
         else:

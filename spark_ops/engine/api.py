@@ -75,6 +75,14 @@ class CompletionProbe:
     timeout_s: float
     max_tokens: int = PROBE_TOKENS
     error: str = ""  # empty when ok; "timeout" when no answer came within timeout_s
+    progressing: bool | None = None  # timed out: did the token counters move meanwhile?
+    work: int | None = None  # timed out: requests running + waiting after it (from /metrics)
+
+    @property
+    def wedged(self) -> bool:
+        """Wedged (issue 30 #7): /health answers, the completion did not finish, and the token
+        counters stayed frozen with requests in the engine (NCCL or a Ray worker stuck)."""
+        return self.timed_out and self.progressing is False and (self.work or 0) > 0
 
     @property
     def timed_out(self) -> bool:
@@ -86,6 +94,11 @@ class CompletionProbe:
         what = f"a {self.max_tokens}-token completion"
         if self.ok:
             return f"{what} answered in {self.seconds:.1f} s"
+        if self.wedged:
+            return (
+                f"wedged: /health answers, {what} did not finish in {self.timeout_s:g} s and the "
+                f"token counters stayed frozen with {self.work} request(s) running or waiting"
+            )
         if self.timed_out:
             return f"wedged: /health answers, {what} did not finish in {self.timeout_s:g} s"
         return f"/health answers, {what} failed: {self.error}"
@@ -99,6 +112,8 @@ class CompletionProbe:
             timeout_s=float(data.get("timeout_s") or 0.0),
             max_tokens=int(data.get("max_tokens") or PROBE_TOKENS),
             error=str(data.get("error") or ""),
+            progressing=data.get("progressing"),
+            work=data.get("work"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,6 +124,9 @@ class CompletionProbe:
             "timeout_s": self.timeout_s,
             "max_tokens": self.max_tokens,
             "error": self.error,
+            "progressing": self.progressing,
+            "work": self.work,
+            "wedged": self.wedged,
         }
 
 
@@ -206,6 +224,23 @@ class EngineAPI:
     async def complete(self, timeout: float = 30.0) -> bool:
         """Ask for a tiny real completion (5 tokens); True when text came back."""
         return (await self.probe_completion(timeout, max_tokens=5)).ok
+
+    async def probe_serving(self, timeout: float) -> CompletionProbe:
+        """The completion probe, and when it times out whether the engine is wedged: the token
+        counters of /metrics read before and after it (frozen, with requests in the engine, is
+        wedged; moving is only busy). status, doctor, serve and /metrics all read it."""
+        before = await self.metrics()
+        probe = await self.probe_completion(timeout)
+        if not probe.timed_out:
+            return probe
+        later = await self.metrics()
+        was = before.generation_tokens if before is not None else None
+        now = later.generation_tokens if later is not None else None
+        if was is not None and now is not None:
+            probe.progressing = now > was
+        if later is not None:
+            probe.work = int(later.running or 0) + int(later.waiting or 0)
+        return probe
 
     async def probe_completion(
         self, timeout: float, *, max_tokens: int = PROBE_TOKENS

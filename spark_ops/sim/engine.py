@@ -136,6 +136,8 @@ class SimEngine:
         tasks += [asyncio.ensure_future(self._watch_worker(core, w)) for w in workers]
         if active_fault(self.cfg) == "dead_while_serving":
             tasks.append(asyncio.ensure_future(self._die_later(st, fatal)))
+        if active_fault(self.cfg) == "wedged_while_serving":
+            tasks.append(asyncio.ensure_future(self._wedge_later(core)))
         stop = asyncio.ensure_future(self.stop_requested.wait())
         dead = asyncio.ensure_future(fatal.wait())
         await asyncio.wait({stop, dead}, return_when=asyncio.FIRST_COMPLETED)
@@ -248,6 +250,14 @@ class SimEngine:
         finally:
             if writer is not None:
                 writer.close()
+
+    async def _wedge_later(self, core: EngineCore) -> None:
+        """Fault wedged_while_serving: after a while, the first step with requests running never
+        ends (a collective stuck): /health stays 200, they stay running, the counters freeze."""
+        await asyncio.sleep(scaled(self.cfg, "faults.wedged_while_serving.after_s"))
+        while not core.running:
+            await asyncio.sleep(0.05)
+        core.wedge()
 
     async def _die_later(self, st: ServerState, fatal: asyncio.Event) -> None:
         """Fault dead_while_serving: the engine core dies; /health turns 503; then exit 1."""

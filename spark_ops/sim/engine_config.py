@@ -19,6 +19,7 @@ FAULTS = (
     "nccl_timeout",
     "never_ready",
     "dead_while_serving",
+    "wedged_while_serving",
 )
 
 

@@ -11,6 +11,7 @@ come from the head's clock.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -28,6 +29,7 @@ from spark_ops.errors import (
 )
 from spark_ops.headlib import head_program
 from spark_ops.remote import ClusterSession, quote_word
+from spark_ops.remote.programs.node import HOME
 from spark_ops.remote.programs.watchdog import HISTORY_PY
 from spark_ops.remote.shell import REMOVE
 from spark_ops.watchdog.config import (
@@ -144,6 +146,7 @@ class Trigger:
     output: str
     exit_code: int | None = 0
     printed: float | None = None  # a stamp it printed, trusted or not: a restart was recorded
+    printed_all: tuple[float, ...] = ()  # every stamp it printed (a command restarting twice)
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for reports."""
@@ -153,6 +156,7 @@ class Trigger:
             "stamp": stamp_json(self.stamp),
             "exit_code": self.exit_code,
             "printed": self.printed,
+            "printed_all": [stamp_json(s) for s in self.printed_all],
         }
 
 
@@ -403,6 +407,7 @@ class WatchdogContract:
             "budget", *self._common(), "--max", str(limits.max_restarts),
             "--window", repr(limits.window_s),
         )  # fmt: skip
+        await self.check_history_is_the_watchdogs(data)
         reasons = await self.journal_by_stamp()
         stamps = []
         for s in data.get("stamps", []):
@@ -435,21 +440,69 @@ class WatchdogContract:
             disagreement=limits.disagreement,
         )
 
-    async def journal_by_stamp(self) -> dict[float, dict[str, Any]]:
-        """The latest journal record per stamp (reasons for budget displays, planned or not),
-        from the journal's last MiB (it only grows: the stamps in any window are at its end)."""
+    async def check_history_is_the_watchdogs(self, data: dict[str, Any]) -> None:
+        """Refuse a budget read from a file the watchdog does not count (issue 30 #6): another
+        file than the one the watchdog's own config names, or a history that does not exist
+        with no config to tell. HistoryError names watchdog.history_file. (A history that did
+        not move when the watchdog restarted is caught by the restart itself: execute's
+        history_unmoved; a journal record alone is no proof, an operator may edit by hand.)
+
+        budget(), and so every view (`budget`, `status`, `doctor`, the gate, `serve`,
+        `/metrics`), goes through it: none shows "0/2 used" counted from the wrong file.
+        """
+        wd, key = self.wd, "watchdog.history_file"
+        home_res = await self.session.call(self.head, HOME)
+        home = home_res.strip() if home_res else ""
+        own = await self.own_config(home)
+
+        def full(path: str) -> str:
+            """A head path with its leading ~/ as the SSH user's home."""
+            return home + path[1:] if path.startswith("~/") and home else path
+
+        said = own.config.paths.history if own.config is not None else None
+        shown = said
+        if said and home and said.startswith(home + "/"):
+            shown = "~" + said[len(home) :]
+        fix = (
+            f"set {key}: {shown} in the inventory (and lock_file / journal_file beside it)"
+            if said
+            else f"set {key} to the history file your watchdog writes (its config names it)"
+        )
+        if said is not None and said != full(wd.history_file):
+            raise HistoryError(
+                f"{key} is wrong: {wd.history_file} on {self.head} is not the history the "
+                f"watchdog counts; its config {own.where} says {shown}: the budget read here is "
+                "not the watchdog's",
+                hint=fix,
+            )
+        if not data.get("exists", True) and said is None:
+            raise HistoryError(
+                f"{key}: {wd.history_file} does not exist on {self.head}, so the budget the "
+                f"watchdog counts is unknown ({own.why})",
+                hint=f"{fix}; a watchdog that never restarted yet: create it empty "
+                f"(touch {wd.history_file})",
+            )
+
+    async def journal_restarts(self) -> list[dict[str, Any]]:
+        """The journal's restart records with a numeric stamp, in file order, from its last MiB
+        (it only grows: the stamps in any window are at its end); odd lines skipped."""
         text = await self.session.read_tail(self.head, self.journal)
-        out: dict[float, dict[str, Any]] = {}
+        out: list[dict[str, Any]] = []
         for line in (text or "").splitlines():
             try:
                 rec = json.loads(line)
                 if not isinstance(rec, dict) or rec.get("action", "restart") != "restart":
                     continue
                 if rec.get("stamp") is not None:
-                    out[float(rec["stamp"])] = rec
+                    float(rec["stamp"])
+                    out.append(rec)
             except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
                 continue  # an odd line is skipped, never a failed budget
         return out
+
+    async def journal_by_stamp(self) -> dict[float, dict[str, Any]]:
+        """The latest journal record per stamp (reasons for budget displays, planned or not)."""
+        return {float(rec["stamp"]): rec for rec in await self.journal_restarts()}
 
     async def last_restart(self) -> dict[str, Any] | None:
         """The newest restart in the journal (pruned or not): time, reason, by, forced."""
@@ -483,10 +536,11 @@ class WatchdogContract:
         before = await self.clock()
         res = await self.session.run(self.head, command, timeout=timeout, check=False)
         after = await self.clock()
-        printed = _reported_stamp(res.stdout)
+        every = reported_stamps(res.stdout)
+        printed = every[-1] if every else None
         output = res.stdout if res.exit_code == 0 else (res.stderr.strip() or res.stdout.strip())
         trusted = printed if self.wd.reports_stamp else None
-        return Trigger(before, after, trusted, output[-2000:], res.exit_code, printed)
+        return Trigger(before, after, trusted, output[-2000:], res.exit_code, printed, tuple(every))
 
     def failure(self, trigger: Trigger) -> TriggerFailed:
         """The error of a restart command that exited non-zero."""
@@ -506,6 +560,10 @@ class WatchdogContract:
         """
         now = await self.entries()
         end = until if until is not None else await self.clock()
+        try:
+            journal = await self.journal_restarts()
+        except SparkOpsError:
+            journal = []  # no evidence from it: several new entries are then refused
         return identify_entry(
             before,
             now,
@@ -513,6 +571,8 @@ class WatchdogContract:
             reported=trigger.stamp,
             reports_stamp=self.wd.reports_stamp,
             by_prefix=PLANNED_BY,
+            printed=trigger.printed_all if self.wd.reports_stamp else (),
+            journal=journal,
         )
 
     async def note_planned(
@@ -529,7 +589,9 @@ class WatchdogContract:
         ]  # fmt: skip
         return await self.history("note", *args, "--stamp", _fmt(entry.stamp))
 
-    async def prune_planned(self, entry: HistEntry, reason: str) -> dict[str, Any]:
+    async def prune_planned(
+        self, entry: HistEntry, reason: str, *, also: tuple[HistEntry, ...] = ()
+    ) -> dict[str, Any]:
         """Remove the planned restart's own entry (prune's report), or say it could not.
 
         When the history's lock stays held past watchdog.lock_timeout_s (the watchdog holding it
@@ -538,9 +600,11 @@ class WatchdogContract:
         it open, that this stamp was NOT pruned, and the command that removes it.
         """
         try:
-            return await self.prune(raws=[entry.raw], reason=reason)
+            return await self.prune(raws=[e.raw for e in (*also, entry)], reason=reason)
         except HistoryLockBusy as busy:
             try:
+                for other in also:
+                    await self.note_planned(other, reason, lock_timeout=0)
                 noted = await self.note_planned(entry, reason, lock_timeout=0)
                 recorded = f"it is recorded as planned in {noted.get('journal', self.journal)}"
             except SparkOpsError as exc:
@@ -639,18 +703,22 @@ class WatchdogContract:
 _fmt = fmt_stamp
 
 
-def _reported_stamp(output: str) -> float | None:
-    """Find {"stamp": …} in a restart command's output (the reference watchdog prints it)."""
-    for line in reversed(output.strip().splitlines()):
+def reported_stamps(output: str) -> list[float]:
+    """Every {"stamp": …} (or `stamp: N`) line of a restart command's output, in order: the
+    reference watchdog prints one per restart, so a command that restarted twice prints two."""
+    out: list[float] = []
+    for line in output.strip().splitlines():
         line = line.strip()
         if line.startswith("{"):
             try:
-                value = json.loads(line).get("stamp")
-            except ValueError:
+                obj = json.loads(line)
+            except (ValueError, RecursionError):
                 continue
+            value = obj.get("stamp") if isinstance(obj, dict) else None
             if isinstance(value, int | float) and not isinstance(value, bool):
-                return float(value)
+                out.extend([float(value)] if math.isfinite(value) else [])
+            continue
         m = re.match(r"^stamp[=:]\s*([0-9]+(?:\.[0-9]+)?)$", line)
         if m:
-            return float(m.group(1))
-    return None
+            out.append(float(m.group(1)))
+    return out

@@ -460,6 +460,7 @@ def budget(
     return {
         "ok": True,
         "path": path,
+        "exists": hist.exists,
         "format": hist.format,
         **result,
         "malformed": hist.malformed,

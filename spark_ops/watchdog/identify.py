@@ -9,9 +9,13 @@ Pure functions over history entries (no I/O), so every rule is tested from data:
   window decides (and the report says so);
 - the head-clock window runs from the head's clock before the command started to the moment of
   identification (an asynchronous watchdog writes its stamp after its command returned);
-- among several candidates, entries with byte-identical lines are interchangeable; a JSON-lines
-  record marked forced / planned / by spark-ops is told apart from an automatic one; otherwise
-  every candidate is listed and none is picked (never by file order);
+- count before you trust: when several new entries fall in the window (a restart command that
+  restarts twice, a watchdog that retries, an automatic restart racing the planned one), each is
+  told planned or automatic by evidence — a stamp the command printed (`reports_stamp: true`),
+  its own JSON-lines record, else the watchdog's journal record of that stamp (counted per
+  value). Every planned-looking one is identified (all of them pruned); when any is left unknown
+  (byte-identical lines included: how many are ours cannot be counted) every candidate is listed
+  and none is picked (never by file order, never the last printed one alone);
 - a new entry outside the window is never pruned silently: the report names it with the command
   that removes it.
 """
@@ -19,6 +23,7 @@ Pure functions over history entries (no I/O), so every rule is tested from data:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +48,17 @@ class HistEntry:
         stamp = float(data["stamp"])
         return cls(stamp, str(raw) if raw is not None else fmt_stamp(stamp), data.get("record"))
 
+    def kind(self, by_prefix: str) -> str | None:
+        """What its own record says: "planned", "automatic" (it names another actor or says not
+        forced), or None (no record, or one that says neither)."""
+        rec = self.record or {}
+        if self.marked_planned(by_prefix):
+            return "planned"
+        by = rec.get("by")
+        if rec.get("forced") is False or isinstance(by, str):
+            return "automatic"
+        return None
+
     def marked_planned(self, by_prefix: str) -> bool:
         """True when the record itself says it is a forced / planned restart."""
         rec = self.record or {}
@@ -60,16 +76,22 @@ class HistEntry:
 
 @dataclass
 class Identification:
-    """The outcome: the planned entry (or none), how it was found, and what the operator is told."""
+    """The outcome: the planned entries (none, one, or each of several a restart command that
+    restarted more than once left), how they were found, and what the operator is told."""
 
-    entry: HistEntry | None
-    how: str  # reported | window | identical | record | none
+    entries: list[HistEntry]
+    how: str  # reported | window | record | none
     notes: list[str] = field(default_factory=list)
     outside: list[HistEntry] = field(default_factory=list)  # new entries outside the window
 
     @property
+    def entry(self) -> HistEntry | None:
+        """The (last) planned entry, when any is identified."""
+        return self.entries[-1] if self.entries else None
+
+    @property
     def stamp(self) -> float | None:
-        """The planned stamp, when identified."""
+        """The (last) planned stamp, when identified."""
         return self.entry.stamp if self.entry is not None else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,6 +99,7 @@ class Identification:
         return {
             "stamp": stamp_json(self.stamp),
             "raw": self.entry.raw if self.entry else None,
+            "stamps": [stamp_json(e.stamp) for e in self.entries],
             "how": self.how,
             "notes": self.notes,
             "outside": [e.to_dict() for e in self.outside],
@@ -125,16 +148,56 @@ def new_entries(before: list[HistEntry], after: list[HistEntry]) -> list[HistEnt
     return list(reversed(out))
 
 
-def _pick(entries: list[HistEntry], by_prefix: str) -> tuple[HistEntry | None, str]:
-    """One entry of several that stand for the planned restart, or None when they differ."""
-    if len(entries) == 1:
-        return entries[0], "single"
-    if len({e.raw for e in entries}) == 1:
-        return entries[-1], "identical"
-    marked = [e for e in entries if e.marked_planned(by_prefix)]
-    if marked and len({e.raw for e in marked}) == 1:
-        return marked[-1], "record"
-    return None, "ambiguous"
+def journal_kind(record: dict[str, Any], by_prefix: str) -> str | None:
+    """What a journal record says of its stamp: "planned", "automatic", or None (not a restart)."""
+    if record.get("action", "restart") not in ("restart", "append"):
+        return None
+    by = record.get("by")
+    if record.get("planned") is True or (
+        record.get("forced") is True and isinstance(by, str) and by.startswith(by_prefix)
+    ):
+        return "planned"
+    return "automatic"
+
+
+def _kinds(
+    entries: list[HistEntry],
+    printed: Sequence[float],
+    journal: Sequence[dict[str, Any]],
+    by_prefix: str,
+) -> list[tuple[HistEntry, str | None, str]]:
+    """Each entry with its kind and the evidence for it: its own record, else a printed stamp (one
+    entry per print), else a journal record of its stamp (one entry per record)."""
+    prints = Counter(round(float(s), 6) for s in printed)
+    pool: dict[float, list[str]] = {}
+    for rec in journal:
+        stamp = rec.get("stamp")
+        if isinstance(stamp, bool) or not isinstance(stamp, int | float):
+            continue
+        kind = journal_kind(rec, by_prefix)
+        if kind is not None:
+            pool.setdefault(round(float(stamp), 6), []).append(kind)
+    for kinds in pool.values():
+        kinds.sort(key=lambda k: k != "planned")  # a planned record first for a shared value
+    out: list[tuple[HistEntry, str | None, str]] = []
+    for e in entries:  # an entry's own record first: a print never makes an automatic one ours
+        own = e.kind(by_prefix)
+        key = round(e.stamp, 6)
+        if own == "planned" and prints[key] > 0:
+            prints[key] -= 1
+        out.append((e, own, "its record"))
+    for i, (e, own, _) in enumerate(out):
+        key = round(e.stamp, 6)
+        if own is not None:
+            continue
+        if prints[key] > 0:
+            prints[key] -= 1
+            out[i] = (e, "planned", "printed by the restart command")
+        elif pool.get(key):
+            out[i] = (e, pool[key].pop(0), "the watchdog's journal")
+        else:
+            out[i] = (e, None, "no record")
+    return out
 
 
 def identify(
@@ -145,8 +208,15 @@ def identify(
     reported: float | None,
     reports_stamp: bool,
     by_prefix: str = "spark-ops",
+    printed: Sequence[float] = (),
+    journal: Sequence[dict[str, Any]] = (),
 ) -> Identification:
-    """The entry a forced restart wrote, per the stamp contract; AmbiguousStamp in a race."""
+    """The entries a forced restart wrote, per the stamp contract; AmbiguousStamp when several
+    appeared and any of them cannot be told planned or automatic.
+
+    `reported` is the (last) stamp the command printed, `printed` every one it printed (trusted
+    only with `reports_stamp`); `journal` the watchdog's journal records of restarts.
+    """
     new = new_entries(before, after)
     lo, hi = window[0] - SLACK_S, window[1] + SLACK_S
     inside = [e for e in new if lo <= e.stamp <= hi]
@@ -157,27 +227,46 @@ def identify(
             "new history entries outside the restart's head-clock window, not pruned: "
             + "; ".join(f"{e.raw!r} (remove with: {prune_command(e)})" for e in outside)
         )
-    if reports_stamp and reported is not None:
-        matches = [e for e in new if abs(e.stamp - reported) < 1e-6]
-        if matches:
-            entry, _ = _pick(matches, by_prefix)
-            if entry is not None:
-                return Identification(entry, "reported", notes, [e for e in outside if e != entry])
-            inside = matches
-        else:
+    shown = list(printed) if printed else ([reported] if reported is not None else [])
+    trusted = [s for s in shown if reports_stamp]
+    matched = [s for s in trusted if any(abs(e.stamp - s) < 1e-6 for e in new)]
+    for s in trusted:
+        if s not in matched:
             notes.append(
-                f"the watchdog printed stamp {fmt_stamp(reported)}, which is not one of the "
-                "history's new entries: identified by the head's clock instead"
+                f"the watchdog printed stamp {fmt_stamp(s)}, which is not one of the history's "
+                "new entries: identified by the head's clock instead"
             )
+    if matched:  # a printed stamp is the command's own, even outside the window
+        inside += [e for e in outside if any(abs(e.stamp - s) < 1e-6 for s in matched)]
+        outside = [e for e in outside if e not in inside]
+        inside = [e for e in new if e in inside]
     if not inside:
-        return Identification(None, "none", notes, outside)
-    entry, how = _pick(inside, by_prefix)
-    if entry is not None:
-        return Identification(entry, "window" if how == "single" else how, notes, outside)
-    listed = ", ".join(repr(e.raw) for e in inside)
+        return Identification([], "none", notes, outside)
+    kinds = _kinds(inside, matched, journal, by_prefix)
+    if len(inside) == 1:
+        return Identification(inside, "reported" if matched else "window", notes, outside)
+    planned = [e for e, k, _ in kinds if k == "planned"]
+    unknown = [e for e, k, _ in kinds if k is None]
+    if not unknown:
+        automatic = [e for e, k, _ in kinds if k == "automatic"]
+        if automatic:
+            notes.append(
+                "new history entries the watchdog recorded as its own (automatic), kept: "
+                + ", ".join(repr(e.raw.strip()) for e in automatic)
+            )
+        if len(planned) > 1:
+            notes.append(
+                f"{len(planned)} planned-looking entries appeared in the restart's window (the "
+                "restart command restarted more than once): all identified"
+            )
+        by_print = all(why.startswith("printed") for _, k, why in kinds if k == "planned")
+        how = "none" if not planned else "reported" if by_print else "record"
+        return Identification(planned, how, notes, outside)
+    listed = ", ".join(f"{e.raw.strip()!r} ({k or 'unknown'}: {why})" for e, k, why in kinds)
     raise AmbiguousStamp(
-        f"{len(inside)} new history entries appeared around the planned restart ({listed}) and "
-        "cannot be told apart (an automatic restart raced it); none pruned",
-        hint="see `spark-ops budget`; the planned one is one of: "
+        f"{len(inside)} new history entries appeared in the planned restart's window ({listed}) "
+        "and cannot all be told planned or automatic (an automatic restart raced it, or the "
+        "restart command restarted more than once); none pruned",
+        hint="see `spark-ops budget`; each planned one is removed by its command: "
         + " | ".join(prune_command(e) for e in inside),
     )

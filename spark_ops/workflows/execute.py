@@ -18,7 +18,7 @@ from typing import Any
 from spark_ops import audit
 from spark_ops.errors import Interrupted
 from spark_ops.watchdog.identify import stamp_json, stamps_json
-from spark_ops.workflows import interrupt, restart, steps
+from spark_ops.workflows import booting, interrupt, restart, steps
 from spark_ops.workflows.execution import EventReporter, Execution, Row, failure_text
 from spark_ops.workflows.gate import budget_refusal
 from spark_ops.workflows.journal import RunJournal, write_facts
@@ -52,11 +52,11 @@ def _not_rolled_back(ex: Execution) -> bool:
 # Every kind of step, in the order a run takes them; a run skips those it does not hold.
 STEPS: dict[StepKind, Row] = {
     StepKind.SETTLE: Row(steps.settle, atomic=True),
-    StepKind.WRITE: Row(steps.write, atomic=True, engine=True),
-    StepKind.LEASE: Row(steps.lease, atomic=True),
-    StepKind.DRAIN: Row(steps.drain, engine=True),
+    StepKind.WRITE: Row(steps.write, prepare=booting.before_disruption, atomic=True, engine=True),
+    StepKind.LEASE: Row(steps.lease, prepare=booting.before_disruption, atomic=True),
+    StepKind.DRAIN: Row(steps.drain, prepare=booting.before_disruption, engine=True),
     StepKind.RESTART: Row(
-        restart.fire, prepare=restart.prepare_restart, atomic=True, engine=True, fails=True
+        restart.fire, prepare=booting.before_restart, atomic=True, engine=True, fails=True
     ),
     StepKind.BOOT: Row(restart.boot, fails=True),
     StepKind.PRUNE: Row(

@@ -58,6 +58,7 @@ class Execution:
     attempt: Attempt | None = None  # the restart in progress
     entered: set[StepKind] = field(default_factory=set)  # the steps the loop reached
     failure: BaseException | None = None  # the failure that stands (a later one replaces it)
+    quiet: bool = False  # a boot under way was waited out before the first disruption
     leases: Leases = field(init=False)  # the watchdog leases this run holds (ended on every way)
 
     def __post_init__(self) -> None:

@@ -47,6 +47,7 @@ class ApplyOptions:
     trust_keys: bool = False  # write --set/--flag keys the head's vLLM parser could not check
     command: str = ""  # the command line as run, for "run it again" and the audit
     over_budget: bool = False  # restart even when the watchdog's budget has no slot left
+    boot_wait_s: float | None = None  # a boot under way: wait this long (None: boot deadline)
 
     def __post_init__(self) -> None:
         """Refuse, before anything connects, a value that could not be sent or written whole.
@@ -78,6 +79,7 @@ class ApplyOptions:
             ("--drain-timeout", self.drain_timeout_s, True),
             ("--deadline", self.deadline_s, False),
             ("--preflight-timeout", self.preflight_timeout_s, False),
+            ("--boot-wait", self.boot_wait_s, True),
         ):
             if seconds is None:
                 continue

@@ -90,9 +90,9 @@ async def identify(
         found = await op.watchdog.identify(trigger, before)
     except AmbiguousStamp as exc:
         return None, exc
-    if found.entry is not None:
+    for entry in found.entries:
         try:
-            await op.watchdog.note_planned(found.entry, reason)
+            await op.watchdog.note_planned(entry, reason)
         except SparkOpsError as exc:
             op.log.warning("planned stamp not recorded on the head", error=exc.message)
     return found, None
@@ -155,11 +155,11 @@ def stamp_note(found: Identification | None, error: SparkOpsError | None) -> str
     how = {
         "reported": "printed by the watchdog and in the history",
         "window": "the one new entry in the head-clock window",
-        "identical": "identical entries: one removed",
         "record": "the record marked forced / planned",
     }.get(found.how, found.how)
     notes = f"; {'; '.join(found.notes)}" if found.notes else ""
-    return f"stamp {found.entry.raw.strip()} ({how}){notes}"
+    which = ", ".join(e.raw.strip() for e in found.entries)
+    return f"stamp{'s' if len(found.entries) > 1 else ''} {which} ({how}){notes}"
 
 
 async def flags(op: Operation) -> dict[str, bool]:

@@ -13,7 +13,14 @@ from spark_ops.errors import AmbiguousStamp, BootError, SparkOpsError, WriteErro
 from spark_ops.headlib.backup import ROLLED_BACK
 from spark_ops.remote import FileWrite, sha256
 from spark_ops.watchdog.contract import Trigger
-from spark_ops.watchdog.identify import SLACK_S, fmt_stamp, prune_command, stamps_text
+from spark_ops.watchdog.identify import (
+    SLACK_S,
+    HistEntry,
+    fmt_stamp,
+    new_entries,
+    prune_command,
+    stamps_text,
+)
 from spark_ops.workflows.converge import dead_runs
 from spark_ops.workflows.disruption import restart_lease_seconds, settle_leases
 from spark_ops.workflows.execution import Done, Execution
@@ -95,6 +102,8 @@ def drain_text(d: dict[str, Any]) -> str:
         if d.get("paused")
         else "the engine offers no /pause (VLLM_SERVER_DEV_MODE): new work still admitted"
     )
+    if d.get("running_at_end") is None and not d.get("drained"):  # no /metrics answer
+        return "the engine does not answer: nothing to drain"
     if d.get("running_at_start") == 0:
         return f"no request in flight; {stopped}"
     state = "drained" if d.get("drained") else "not drained (timeout)"
@@ -106,13 +115,14 @@ def drain_text(d: dict[str, Any]) -> str:
 
 async def prepare_prune(ex: Execution, kind: StepKind) -> None:
     """Before the prune: a restart interrupted while triggering, or whose stamp was not found
-    yet, is identified again now (the boot has had time to let the watchdog write it)."""
+    yet, is identified again now (the boot has had time to let the watchdog write it), and every
+    restart is counted again (a command that restarted twice left two entries)."""
     a = ex.attempt
     assert a is not None
     if a.trigger is None:  # interrupted while triggering: a stamp may exist anyway
         after = await ex.op.watchdog.clock()
         a.trigger = Trigger(a.clock_before, after, None, "")
-    if (a.found is None or a.found.entry is None) and a.stamp_error is None:
+    if a.stamp_error is None:  # counted again at the end: a second restart in the window
         a.found, a.stamp_error = await identify(ex.op, a.trigger, a.before, ex.opts.reason)
         ex.out.stamp = a.found.stamp if a.found else None
 
@@ -154,17 +164,23 @@ async def _prune(ex: Execution, kind: StepKind) -> Done:
         )
     entry = found.entry
     try:
-        result = await op.watchdog.prune_planned(entry, reason=f"planned restart ({op.name})")
+        result = await op.watchdog.prune_planned(
+            entry, reason=f"planned restart ({op.name})", also=tuple(found.entries[:-1])
+        )
     except SparkOpsError as exc:  # the history lock held too long: recorded, and said (#9)
         run.fail(kind, exc.message + (f" ({exc.hint})" if exc.hint else ""))
         raise
     removed = result["removed_stamps"]
     out.pruned.extend(removed)
-    if not removed:
+    if len(removed) < len(found.entries):  # every identified entry, counted
+        taken = [HistEntry(0.0, str(r.get("raw"))) for r in result.get("removed", [])]
+        missing = new_entries(taken, found.entries)
         error = AmbiguousStamp(
-            f"the planned stamp {entry.raw.strip()!r} was not found when pruning "
-            "(the history changed meanwhile)",
-            hint=f"see `spark-ops budget`; remove it with: {prune_command(entry)}",
+            f"the planned stamp(s) {', '.join(repr(e.raw.strip()) for e in missing)} were not "
+            f"all found when pruning ({len(removed)} of {len(found.entries)} removed; the "
+            "history changed meanwhile)",
+            hint="see `spark-ops budget`; remove them with: "
+            + " | ".join(prune_command(e) for e in missing),
         )
         run.fail(kind, error.message)
         raise error

@@ -1,0 +1,134 @@
+"""A boot in progress is not a quiet moment (issue 30 #4).
+
+Before a planned restart spark-ops drains the engine: "no request in flight" is the quiet moment a
+restart waits for. An engine that is booting — the watchdog's own restart, a colleague's by hand —
+has no request in flight either, and killing it then throws that boot away (10–30 minutes on the
+real cluster) and races the watchdog. So the moment is read first: the engine's instance alive on
+the head while its API does not answer is a boot under way; the run waits for it to end (served,
+or its engine gone), with the ETA the boot history gives, and refuses (exit 15) past its wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from spark_ops.engine.identity import current_instance
+from spark_ops.errors import BootUnderWayError, SparkOpsError
+from spark_ops.readiness import BootHistory, history_key
+from spark_ops.workflows.execution import Execution
+from spark_ops.workflows.operation import ApplyOptions, Operation
+from spark_ops.workflows.plan import StepKind
+from spark_ops.workflows.restart import prepare_restart
+
+POLL_S = 2.0
+
+
+@dataclass(frozen=True)
+class BootUnderWay:
+    """An engine instance that runs on the head and does not answer yet: a boot under way."""
+
+    instance: str
+    started_at: float | None  # the instance's start, head clock
+    elapsed_s: float | None
+    eta_s: float | None  # seconds left, by the boot history (None: no earlier boot known)
+
+    def describe(self) -> str:
+        """The boot in words: which instance, for how long, and when it should serve."""
+        since = f" for {self.elapsed_s:.0f} s" if self.elapsed_s is not None else ""
+        eta = (
+            f"; it should serve in about {self.eta_s:.0f} s (the boot history)"
+            if self.eta_s is not None
+            else "; no earlier boot is known to give an ETA"
+        )
+        return f"the engine ({self.instance}) is booting{since} and does not answer yet{eta}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json and the journal."""
+        return {
+            "instance": self.instance, "started_at": self.started_at,
+            "elapsed_s": self.elapsed_s, "eta_s": self.eta_s,
+        }  # fmt: skip
+
+
+async def _answers(op: Operation) -> bool:
+    """True when the engine's API answers /health."""
+    try:
+        await op.api_url()
+        async with op.engine(timeout=5) as api:
+            return bool(await api.health())
+    except SparkOpsError:
+        return False
+
+
+async def boot_under_way(op: Operation) -> BootUnderWay | None:
+    """The boot under way on the head, or None (the engine answers, or no instance of it runs)."""
+    if await _answers(op):
+        return None
+    try:
+        instance = await current_instance(op.session, op.cluster)
+    except SparkOpsError:
+        return None
+    if instance is None or not instance.alive:
+        return None
+    started = instance.engine_started_at or instance.started_at
+    elapsed: float | None = None
+    if started is not None:
+        try:
+            elapsed = max(0.0, await op.watchdog.clock() - started)
+        except SparkOpsError:
+            elapsed = None
+    previous = BootHistory().previous(history_key(op.cluster)) or {}
+    total = previous.get("total_s")
+    eta = (
+        max(0.0, float(total) - elapsed)
+        if isinstance(total, int | float) and elapsed is not None
+        else None
+    )
+    return BootUnderWay(instance.label(), started, elapsed, eta)
+
+
+async def wait_out_boot(op: Operation, opts: ApplyOptions) -> BootUnderWay | None:
+    """Wait for a boot under way to end before a planned restart; the boot first seen, or None.
+
+    Ends when the engine answers or its instance is gone (a failed boot: the restart is then
+    what it needs); refuses with BootUnderWayError (exit 15) once `--boot-wait` (default: the
+    inventory's boot deadline) has passed, or at once with `--boot-wait 0`. Never kills it.
+    """
+    first = await boot_under_way(op)
+    if first is None:
+        return None
+    wait = op.cluster.engine.boot_deadline_s if opts.boot_wait_s is None else opts.boot_wait_s
+    op.log.warning("boot under way: waiting for it", boot=first.describe(), wait_s=wait)
+    end = time.monotonic() + wait
+    latest = first
+    while time.monotonic() < end:
+        await asyncio.sleep(min(POLL_S, max(0.0, end - time.monotonic())))
+        now = await boot_under_way(op)
+        if now is None:
+            op.log.warning("the boot under way ended: restarting now", instance=first.instance)
+            return first
+        latest = now
+    raise BootUnderWayError(
+        f"{latest.describe()}; a restart now would kill that boot, so none was made "
+        f"(waited {wait:g} s; no recipe written, no restart made)",
+        hint="wait for it (`spark-ops status`), or give --boot-wait SECONDS to wait longer; an "
+        "engine that hangs rather than boots is stopped by its pid (`spark-ops status` names it)",
+    )
+
+
+async def before_disruption(ex: Execution, kind: StepKind) -> None:
+    """The first of write, lease, drain and restart waits out a boot under way (once per run; a
+    plan with no restart disrupts no boot)."""
+    if ex.quiet or not ex.plan.has(StepKind.RESTART):
+        return
+    ex.quiet = True
+    await wait_out_boot(ex.op, ex.opts)
+
+
+async def before_restart(ex: Execution, kind: StepKind) -> None:
+    """The restart's reads, after a boot under way was waited out (when no earlier step did)."""
+    await before_disruption(ex, kind)
+    await prepare_restart(ex, kind)
