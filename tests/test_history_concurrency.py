@@ -290,6 +290,7 @@ def test_prunes_through_a_symlink_lose_no_watchdog_append(tmp_path: Path) -> Non
     appends and prunes through the link is lost, and no marker of ours is left."""
     link = str(tmp_path / "restarts")
     appended, rounds, lines = race_through_link(tmp_path, appends=21, rounds_wanted=20)
+    print(f"reached: {appended} watchdog appends, {rounds} prunes")
     lost = sorted(set(range(1, appended + 1)) - {int(x) for x in lines if int(x) < 10**12})
     assert lost == [], f"{len(lost)} of {appended} watchdog appends lost in {rounds} prunes"
     assert lines == [str(i) for i in range(1, appended + 1)], "exactly the watchdog's lines"
