@@ -19,6 +19,8 @@ FAULTS = (
     "nccl_timeout",
     "never_ready",
     "dead_while_serving",
+    "rank_fail",
+    "rank_lingers",
 )
 
 

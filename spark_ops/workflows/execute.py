@@ -582,6 +582,7 @@ async def _wait(
             instance=watch.poll if watch.source else None,
             tracker=tracker,
             args_grace_s=30.0 if c.engine.log_kind in ("file", "docker", "command") else 0.0,
+            rank_logs=watch.rank_logs(),
         )
 
 
