@@ -14,6 +14,8 @@ from spark_ops.verify.checks import (
     check_mem_available,
     check_no_new_xid,
     check_no_stale_gpu_processes,
+    check_rank_args,
+    check_rank_leftovers,
     check_ray_nodes,
 )
 from spark_ops.verify.parse import (
@@ -47,6 +49,8 @@ __all__ = [
     "check_mem_available",
     "check_no_new_xid",
     "check_no_stale_gpu_processes",
+    "check_rank_args",
+    "check_rank_leftovers",
     "check_ray_nodes",
     "missing_nodes",
     "parse_cache_config_info",

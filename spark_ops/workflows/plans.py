@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from spark_ops.engine.identity import leftover_ranks
 from spark_ops.errors import (
     KnobError,
     RecipeError,
@@ -323,6 +324,7 @@ async def _settle_and_gate(op: Operation, opts: ApplyOptions, plan: Plan) -> Non
     """Finish dead runs first (plan_settle), then weigh the restart against the budget left."""
     await plan_settle(op, plan)
     if plan.has(StepKind.RESTART):
+        plan.warnings.extend(await leftover_ranks(op.session, op.cluster))  # ranks without Ray
         await check_budget(op, opts, plan)
 
 

@@ -12,6 +12,7 @@ from spark_ops import verify
 from spark_ops.errors import SparkOpsError, VerifyError
 from spark_ops.remote.programs.engine import GPU_APPS, KERNEL_LOG
 from spark_ops.remote.programs.node import MEMINFO
+from spark_ops.verify.ranks import rank_leftover_checks
 from spark_ops.workflows.operation import Operation, Outcome
 from spark_ops.workflows.plan import Plan, StepKind, StepRunner
 
@@ -54,6 +55,9 @@ async def verify_boot(
     if since is not None:
         checks.extend(await _xid_checks(op, float(since)))
         checks.extend(await _gpu_process_checks(op, float(since)))
+    if c.engine.executor == "mp" and out.boot is not None:  # per rank, where visible
+        checks.extend(verify.check_rank_args(out.boot.ranks, expected))
+        checks.extend(await rank_leftover_checks(op.session, c, since))
     checks.append(await _still_serving(op, head))
     bad = [ch for ch in checks if not ch.ok]
     run.finish(
