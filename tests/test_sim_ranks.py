@@ -181,8 +181,8 @@ def test_rank_leftover_check_names_the_process_and_the_stop() -> None:
 
 @pytest.mark.parametrize("executor", ["mp", "ray"])
 def test_the_two_launch_shapes(tmp_path: Path, executor: str) -> None:
-    """`sim up` writes the recipe and inventory of the shape asked for: ranks without Ray by
-    default, the Ray launch kept as the other shape."""
+    """`sim up` writes the recipe and inventory of the shape asked for: ranks without Ray
+    (`--executor mp`) or the Ray launch."""
     from spark_ops.sim.cluster import SimOptions, inventory_text, prepare
 
     prepare(tmp_path, SimOptions(executor=executor))
@@ -229,7 +229,7 @@ def test_apply_restart_rollback_in_rank_mode(tmp_path: Path) -> None:
     boot is followed on every rank and done with every rank new, the args checked per rank."""
     from spark_ops.sim.control import down, wait_serving
 
-    s = start_sim(tmp_path / "sim")
+    s = start_sim(tmp_path / "sim", executor="mp")
     try:
         wait_serving(s.state)
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
@@ -279,7 +279,7 @@ def test_worker_rank_failing_at_start_is_named_before_the_deadline(tmp_path: Pat
     deadline (a 240 s one), while rank 0 stays up, hanging, as on a broken NCCL ring."""
     from spark_ops.sim.control import down, wait_serving
 
-    s = start_sim(tmp_path / "sim")
+    s = start_sim(tmp_path / "sim", executor="mp")
     try:
         wait_serving(s.state)
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
@@ -308,7 +308,9 @@ def test_experiment_in_rank_mode(tmp_path: Path) -> None:
     from spark_ops.sim.control import down
 
     scale = 10.0
-    s = start_sim(tmp_path / "sim", time_scale=scale, watchdog_interval_s=30.0)
+    s = start_sim(
+        tmp_path / "sim", time_scale=scale, watchdog_interval_s=30.0, executor="mp"
+    )
     try:
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
         env.pop("SPARK_OPS_CLUSTER", None)
