@@ -308,9 +308,7 @@ def test_experiment_in_rank_mode(tmp_path: Path) -> None:
     from spark_ops.sim.control import down
 
     scale = 10.0
-    s = start_sim(
-        tmp_path / "sim", time_scale=scale, watchdog_interval_s=30.0, executor="mp"
-    )
+    s = start_sim(tmp_path / "sim", time_scale=scale, watchdog_interval_s=30.0, executor="mp")
     try:
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
         env.pop("SPARK_OPS_CLUSTER", None)
