@@ -288,13 +288,12 @@ def test_worker_rank_failing_at_start_is_named_before_the_deadline(tmp_path: Pat
         cfg.write_text(cfg.read_text().replace("fault: null", "fault: rank_fail"))
         res = cli(env, "restart", "--yes", "--deadline", "240", "--json")
         assert res.returncode == ExitStatus.BOOT_FAILED, res.stderr[-3000:]
-        said = res.stdout + res.stderr
-        assert "worker rank on node3 failed" in said, said[-3000:]
-        assert "not ready after" not in said, "named before the deadline"
-        assert any(
-            line.strip().startswith("node3: ") and "OutOfMemoryError" in line
-            for line in said.splitlines()
-        ), said[-3000:]
+        err = next(json.loads(line) for line in res.stderr.splitlines()
+                   if line.startswith('{"error"'))  # fmt: skip
+        assert "worker rank on node3 failed" in err["message"], err
+        assert "not ready after" not in err["message"], "named before the deadline"
+        assert err["lines"] and all(line.startswith("node3: ") for line in err["lines"]), err
+        assert "OutOfMemoryError" in err["lines"][-1], err
         head_pid = int((s.head / ".local/state/spark-watchdog/engine.pid").read_text())
         assert alive(head_pid), "rank 0 hangs rather than exiting"
     finally:
