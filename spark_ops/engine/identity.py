@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
 from spark_ops.remote import ClusterSession
 from spark_ops.remote.programs.engine import (
@@ -366,7 +368,6 @@ def stop_hint(procs: list[Proc]) -> str:
 async def worker_ranks(session: ClusterSession, cluster: Cluster) -> dict[str, list[Proc] | str]:
     """An engine run as ranks: the engine processes on each worker (its rank and what that
     rank started), or why they could not be read there."""
-    from spark_ops.errors import SparkOpsError
 
     found: dict[str, list[Proc] | str] = {}
     for node in cluster.workers:
@@ -399,9 +400,6 @@ def stray_ranks(procs: list[Proc], engine_start: float | None) -> list[Proc]:
 async def leftover_ranks(session: ClusterSession, cluster: Cluster) -> list[str]:
     """An engine run as ranks: each worker rank left from an old engine (it still holds the
     node's memory), named with the command that stops it; empty for the Ray shape."""
-    import time
-
-    from spark_ops.errors import SparkOpsError
 
     if cluster.engine.executor != "mp":
         return []

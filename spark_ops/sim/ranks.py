@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.sim.engine_config import active_fault, cfg_get, scaled
+from spark_ops.sim.engine_log import WORKER_FRAMES
 
 RANKS_ENV = "SPARK_SIM_RANKS"  # the head's: path of ranks.json (worker homes, env, namespaces)
 RANK_PID = ".local/state/spark-sim/rank.pid"  # a worker rank's pid, in the worker's tree
@@ -217,8 +218,6 @@ async def run_headless(cfg: dict[str, Any], args: Any, log: Any, stop: asyncio.E
     start = time.monotonic()
     await asyncio.sleep(scaled(cfg, "boot.weights_s"))
     if active_fault(cfg) == "rank_fail" and str(cfg_get(cfg, "faults.rank_fail.node")) == node:
-        from spark_ops.sim.engine_log import WORKER_FRAMES
-
         where = "multiproc_executor.py:953"
         log.error(w, where, "WorkerProc failed to start.")
         log.traceback(w, where, WORKER_FRAMES, str(cfg_get(cfg, "faults.rank_fail.root_cause")))
