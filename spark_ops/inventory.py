@@ -154,6 +154,10 @@ class EngineSettings:
     model: str | None = None
     pid_file: str | None = None
     worker_check: str | None = DEFAULT_WORKER_CHECK
+    # how the engine spans the nodes: ray (the head's engine joins the workers' Ray workers) or
+    # mp (one rank per node without Ray: rank 0 on the head serves the API, the workers' ranks
+    # run headless and log on their own nodes, at the same log target)
+    executor: str = "ray"
 
     def worker_down(self, exit_code: int | None) -> bool | None:
         """What worker_check's exit says: True (no Ray worker: exit 1), False (exit 0), None.
@@ -395,9 +399,22 @@ _WATCHDOG_KEYS = (
 )  # fmt: skip
 _ENGINE_KEYS = (
     "log", "api", "boot_deadline_s", "probe_timeout_s", "worker_stall_s", "min_mem_available_gb",
-    "model", "pid_file", "worker_check",
+    "model", "pid_file", "worker_check", "executor",
 )  # fmt: skip
 _CLUSTER_KEYS = ("tensor_parallel", "ssh", "nodes", "recipe", "watchdog", "engine", "state_dir")
+
+
+EXECUTORS = ("ray", "mp")
+
+
+def _executor(esec: _Section) -> str:
+    """engine.executor: ray or mp (ranks without Ray); anything else names what is allowed."""
+    value = esec.get("executor", str, "ray")
+    if value not in EXECUTORS:
+        raise esec.error(
+            esec.path("executor"), f"must be one of {', '.join(EXECUTORS)}, got {excerpt(value)}"
+        )
+    return str(value)
 
 
 _HOST_RE = re.compile(r"[A-Za-z0-9_.:%-]{1,253}")
@@ -607,6 +624,7 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
         model=esec.get("model", str),
         pid_file=esec.get("pid_file", str),
         worker_check=esec.get("worker_check", str, DEFAULT_WORKER_CHECK) or None,
+        executor=_executor(esec),
     )
     tp = sec.positive("tensor_parallel", int, len(nodes))
     return Cluster(

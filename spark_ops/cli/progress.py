@@ -96,6 +96,9 @@ class BootProgress:
                 total = total or self.workers_expected
                 self.workers = f"{joined}/{total or '?'} workers joined"
             return False
+        if event.kind == "ranks":  # an engine run as ranks: rank 0's `k/N ranks joined`
+            self.workers = f"{event.data.get('joined')}/{event.data.get('total')} ranks joined"
+            return False
         if event.kind == "fatal":
             self.outcome = f"failed: {event.data.get('message', '')}"
             return False

@@ -36,11 +36,16 @@ def cli() -> None:
     is_flag=True,
     help="Start the engine under a wrapper shell (the pid file names the shell).",
 )
+@click.option("--executor", type=click.Choice(["mp", "ray"]), default="ray", show_default=True,
+              help="mp: one engine rank per node without Ray (rank 0 on the head serves the API, "
+              "the workers' ranks run headless), as launchers start it today; ray: the head's "
+              "engine over the workers' Ray workers.")  # fmt: skip
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Return once the engine serves, not when the nodes listen.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 def up(root: Path, nodes: int, max_num_seqs: int, time_scale: float, boot_scale: float,
-       fault: str | None, engine_wrapper: bool, wait: bool, as_json: bool) -> None:  # fmt: skip
+       fault: str | None, engine_wrapper: bool, executor: str, wait: bool,
+       as_json: bool) -> None:  # fmt: skip
     """Lay out and start the embedded cluster in the background."""
     from spark_ops.sim.cluster import SimOptions
     from spark_ops.sim.control import record_running, wait_serving
@@ -48,7 +53,7 @@ def up(root: Path, nodes: int, max_num_seqs: int, time_scale: float, boot_scale:
 
     opts = SimOptions(
         nodes=nodes, time_scale=time_scale, boot_scale=boot_scale, fault=fault,
-        max_num_seqs=max_num_seqs, engine_wrapper=engine_wrapper,
+        max_num_seqs=max_num_seqs, engine_wrapper=engine_wrapper, executor=executor,
     )  # fmt: skip
     state = sim_up(root, opts)
     record_running(root, state)
@@ -61,6 +66,7 @@ def up(root: Path, nodes: int, max_num_seqs: int, time_scale: float, boot_scale:
         return
     click.echo(
         f"Embedded cluster up: {nodes} nodes on 127.0.0.1 ports {list(state['ports'].values())}"
+        f" (engine {'ranks without Ray' if executor == 'mp' else 'over Ray'})"
     )
     if "engine_ready_after_s" in state:
         click.echo(f"Engine serving after {state['engine_ready_after_s']} s")

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
 from spark_ops.remote import ClusterSession
 from spark_ops.remote.programs.engine import (
@@ -31,6 +33,7 @@ from spark_ops.remote.programs.engine import (
     UNIT_IDENTITY,
 )
 
+RANK_SLACK_S = 120.0  # a launcher starts the ranks of one engine within this of each other
 START_SLACK_S = 1.5  # process_start_time_seconds reads up to 1 s early (whole-second btime)
 # A command line that runs vLLM's server: `vllm serve`, `python -m vllm.entrypoints…`, the sim's.
 ENGINE_COMMAND = re.compile(r"vllm serve|vllm\.entrypoints|sim\.engine serve")
@@ -360,3 +363,59 @@ def stop_hint(procs: list[Proc]) -> str:
     if len(groups) <= 2:
         return "kill -TERM -- " + " ".join(f"-{g}" for g in groups)
     return "kill -TERM " + " ".join(str(p.pid) for p in procs)
+
+
+async def worker_ranks(session: ClusterSession, cluster: Cluster) -> dict[str, list[Proc] | str]:
+    """An engine run as ranks: the engine processes on each worker (its rank and what that
+    rank started), or why they could not be read there."""
+
+    found: dict[str, list[Proc] | str] = {}
+    for node in cluster.workers:
+        try:
+            res = await session.call(node.name, ENGINE_PROCS)
+        except SparkOpsError as exc:
+            found[node.name] = exc.message
+            continue
+        seen = _parse_pid_probe("F 0\n" + res.stdout, None)
+        found[node.name] = sorted(seen.members if seen is not None else (), key=lambda p: p.pid)
+    return found
+
+
+def old_ranks(procs: list[Proc], since: float) -> list[Proc]:
+    """The engine processes that started before `since` (a restart): the old engine's ranks."""
+    return [p for p in procs if p.started_at < since - START_SLACK_S]
+
+
+def stray_ranks(procs: list[Proc], engine_start: float | None) -> list[Proc]:
+    """A worker's ranks not part of the running engine (their top processes): every rank when
+    the head's engine is not running (`engine_start` None), else those started well before it
+    (a launcher starts the nodes' ranks one after another, within RANK_SLACK_S)."""
+    pids = {p.pid for p in procs}
+    tops = sorted((p for p in procs if p.ppid not in pids), key=lambda p: p.started_at)
+    if engine_start is None:
+        return tops
+    return [p for p in tops if p.started_at < engine_start - RANK_SLACK_S]
+
+
+async def leftover_ranks(session: ClusterSession, cluster: Cluster) -> list[str]:
+    """An engine run as ranks: each worker rank left from an old engine (it still holds the
+    node's memory), named with the command that stops it; empty for the Ray shape."""
+
+    if cluster.engine.executor != "mp":
+        return []
+    try:
+        instance = await current_instance(session, cluster)
+    except SparkOpsError:
+        return []  # the head's engine unknown: no rank can be told from it
+    start = instance.engine_started_at if instance is not None and instance.alive else None
+    found = []
+    for node, procs in (await worker_ranks(session, cluster)).items():
+        if isinstance(procs, str):
+            continue
+        for p in stray_ranks(procs, start):
+            since = time.strftime("%H:%M:%S", time.localtime(p.started_at))
+            found.append(
+                f"{node}: a rank of an earlier engine still runs ({p.label()} since {since}); "
+                f"it holds the node's memory into the next boot: kill -TERM -- -{p.pgid}"
+            )
+    return found

@@ -9,6 +9,7 @@ the wait with the processes it left named).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 
 from spark_ops.engine.api import EngineAPI
 from spark_ops.engine.identity import (
@@ -23,6 +24,8 @@ from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
 from spark_ops.readiness.wait import InstanceView
 from spark_ops.remote import ClusterSession
+from spark_ops.remote.programs.engine import LOG_SIZE
+from spark_ops.remote.shell import engine_log_follow
 
 
 class OutgoingEngineAnswered(Exception):
@@ -50,6 +53,9 @@ class EngineWatch:
         self.source = identity_source(cluster)
         self.seen: EngineInstance | None = None  # the new instance, once seen
         self.latest: InstanceView | None = None
+        # an engine run as ranks (engine.executor: mp): each worker rank's log size before the
+        # restart (a file log), so that its lines are followed from the restart on
+        self.rank_offsets: dict[str, int | None] = {}
 
     @classmethod
     async def before_restart(
@@ -61,7 +67,26 @@ class EngineWatch:
         except SparkOpsError:
             old = None
         start = await api.start_time() if api is not None else None
-        return cls(session, cluster, old=old, old_api_start=start, restart_at=restart_at)
+        watch = cls(session, cluster, old=old, old_api_start=start, restart_at=restart_at)
+        if cluster.engine.executor == "mp":
+            watch.rank_offsets = await _rank_offsets(session, cluster)
+        return watch
+
+    def rank_logs(self) -> dict[str, AsyncIterator[str]] | None:
+        """Each worker rank's log, from the restart on (None: not an engine run as ranks)."""
+        eng = self.cluster.engine
+        if eng.executor != "mp":
+            return None
+        logs: dict[str, AsyncIterator[str]] = {}
+        for node in self.cluster.workers:
+            if eng.log_kind == "file":
+                cmd = engine_log_follow(eng, from_offset=self.rank_offsets.get(node.name))
+            elif eng.log_kind in ("docker", "journalctl"):
+                cmd = engine_log_follow(eng, from_time=f"@{int(self.restart_at) - 1}")
+            else:
+                cmd = engine_log_follow(eng)
+            logs[node.name] = self.session.stream_lines(node.name, cmd)
+        return logs
 
     async def current(self) -> EngineInstance | None:
         """The instance the head runs now (the new one's processes still searched once seen)."""
@@ -123,3 +148,18 @@ class EngineWatch:
             raise OutgoingEngineAnswered(
                 "an engine answered, but the head shows no new engine instance yet"
             )
+
+
+async def _rank_offsets(session: ClusterSession, cluster: Cluster) -> dict[str, int | None]:
+    """Each worker's engine log size now (None: unknown or not a file: read from the start)."""
+    if cluster.engine.log_kind != "file":
+        return {}
+    names = [n.name for n in cluster.workers]
+    found: dict[str, int | None] = {}
+    for name in names:
+        try:
+            res = await session.call(name, LOG_SIZE, cluster.engine.log_target)
+            found[name] = int(res.stdout.strip() or 0)
+        except (SparkOpsError, ValueError):
+            found[name] = None
+    return found

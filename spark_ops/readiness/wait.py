@@ -21,6 +21,14 @@ from spark_ops.readiness.phases import (
     Phase,
     split_prefix,
 )
+from spark_ops.readiness.ranks import (
+    RankLog,
+    not_started,
+    rank_error,
+    rank_summary,
+    ranks_joined,
+    read_rank,
+)
 
 
 def _log() -> Any:
@@ -107,6 +115,7 @@ class BootReport:
     restart_command_s: float | None = None
     engine_started_at: float | None = None  # head clock
     engine_start_from: str | None = None  # what told the engine's start (its process, the API)
+    ranks: dict[str, Any] = field(default_factory=dict)  # worker node -> its rank's boot (mp)
 
     def from_engine_start(self, engine_started_at: float, ready_at: float, source: str) -> None:
         """Time the boot from the engine's own start (both head clock): total_s runs from it,
@@ -145,6 +154,7 @@ class BootReport:
             ),
             "engine_started_at": self.engine_started_at,
             "engine_start_from": self.engine_start_from,
+            "ranks": self.ranks,
         }
 
 
@@ -212,6 +222,8 @@ class _Boot:
         self.instance: InstanceView | None = None
         self.new_seen_at: float | None = None  # when the new engine instance was first seen
         self.exited_at: float | None = None  # when the new instance was seen dead
+        self.ranks: list[RankLog] = []  # the worker ranks' logs (an engine run as ranks)
+        self.joined: tuple[int, int] | None = None  # rank 0's last `k/N ranks joined`
 
     def elapsed(self) -> float:
         """Seconds since waiting began."""
@@ -258,6 +270,10 @@ class _Boot:
                 expected=[p.value for p in self.expected()],
                 **info.data,
             )
+        ranks = ranks_joined(line) if self.ranks and not self.tracker.old_engine else None
+        if ranks is not None and ranks != self.joined:
+            self.joined = ranks
+            self.emit("ranks", line, joined=ranks[0], total=ranks[1])
         joined = len(self.tracker.worker_ips)
         if joined != self.workers_joined:
             self.workers_joined = joined
@@ -294,6 +310,7 @@ class _Boot:
             metrics=dict(t.metrics),
             skipped=skipped,
             warnings=[f.line for f in t.fatals],
+            ranks=rank_summary(self.ranks),
         )
 
     def fatal_error(self, fatal: Fatal) -> BootError:
@@ -515,6 +532,7 @@ async def wait_for_boot(
     instance_poll_s: float = 0.5,
     tracker: BootTracker | None = None,
     args_grace_s: float = 0.0,
+    rank_logs: dict[str, AsyncIterator[str]] | None = None,
 ) -> BootReport:
     """Follow a boot until the engine answers a completion; raise BootError / BootTimeout early.
 
@@ -528,6 +546,10 @@ async def wait_for_boot(
     10 s), so that the outgoing engine's last words are never taken for the new boot's.
     An answer before the new engine's `non-default args:` line was read waits up to
     `args_grace_s` for it (the log may lag the API), so READY carries the new engine's args.
+
+    `rank_logs` (an engine run as ranks: worker node -> its rank's log from the restart on) are
+    followed too (readiness/ranks.py): a worker rank's fatal line fails the boot naming its node,
+    and READY waits until every worker rank started anew.
     """
     if deadline_s <= 0:
         raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
@@ -554,6 +576,14 @@ async def wait_for_boot(
                 _watch_instance(boot, instance, instance_poll_s), name="boot-instance"
             )
         )
+    for node, source in (rank_logs or {}).items():
+        rank = RankLog(node)
+        boot.ranks.append(rank)
+        tasks.append(
+            asyncio.create_task(
+                read_rank(rank, source, boot.emit, boot.clock, boot.wake.set), name=f"rank-{node}"
+            )
+        )
     last_tick = boot.clock()
     try:
         while True:
@@ -568,7 +598,7 @@ async def wait_for_boot(
                 and not t.non_default_args
                 and not boot.source_ended
                 and now - boot.ready_at < args_grace_s
-            )
+            ) or (boot.ready_at is not None and bool(not_started(boot.ranks)))
             if boot.ready_at is not None and not waiting_args:
                 report = boot.report()
                 boot.emit("phase", None, total_s=report.total_s)
@@ -595,6 +625,15 @@ async def wait_for_boot(
                         if view.survivors and view.stop_hint:
                             error.hint = f"{view.stop_hint}; then {error.hint}"
                     raise error
+            for rank in boot.ranks:
+                if rank.fatal_at is not None and (
+                    rank.ended or now - rank.fatal_at >= max(fatal_grace_s, 1.0)
+                ):
+                    rank_failed = rank_error(rank)
+                    if rank_failed is not None:
+                        boot.emit("fatal", rank_failed.lines[-1] if rank_failed.lines else None,
+                                  reason="rank", message=rank_failed.message)  # fmt: skip
+                        raise rank_failed
             exited_for = now - boot.exited_at if boot.exited_at is not None else -1.0
             if exited_for >= max(fatal_grace_s, 1.0) and t.best_fatal() is None:
                 raise _exit_error(boot)
@@ -613,6 +652,10 @@ async def wait_for_boot(
                     f"engine not ready after {deadline_s:g} s: last phase {t.phase.value} "
                     f"(reached at +{reached:.0f} s), {t.lines_seen} lines seen{probe_note}"
                 )
+                if not_started(boot.ranks):
+                    message += "; worker rank(s) not started anew: " + ", ".join(
+                        not_started(boot.ranks)
+                    )
                 boot.emit("timeout", None, message=message)
                 raise BootTimeout(
                     message,
@@ -623,7 +666,8 @@ async def wait_for_boot(
                 )
             if now - last_tick >= tick_s:
                 last_tick = now
-                boot.emit("tick", None, missing_workers=boot.missing, probes=boot.probes)
+                boot.emit("tick", None, missing_workers=boot.missing, probes=boot.probes,
+                          ranks_not_started=not_started(boot.ranks))  # fmt: skip
             wait = min(tick_s, 0.25, max(0.0, deadline - now))
             if boot.fatal_at is not None:
                 wait = min(wait, max(0.0, boot.fatal_at + fatal_grace_s - now))

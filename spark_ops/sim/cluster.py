@@ -24,12 +24,14 @@ from typing import Any
 
 from spark_ops.errors import ExitStatus, SparkOpsError
 from spark_ops.log import configure
-from spark_ops.sim import RAYLET_CHECK
+from spark_ops.sim import RANK_CHECK, RAYLET_CHECK
 from spark_ops.sim.node import NodeSpec, SimNode
+from spark_ops.sim.ranks import RANKS_ENV, stop_rank
 from spark_ops.watchdog import history
 from spark_ops.yamlsafe import load_yaml
 
 STATE = "state.json"
+EXECUTORS = ("mp", "ray")
 CONTROL = "control.sock"
 
 
@@ -73,6 +75,11 @@ class SimOptions:
     # the head's `vllm` runs the engine as its child instead of exec'ing it: the pid file then
     # names a wrapper shell, as a site's `sh -c 'vllm serve …'` start script does
     engine_wrapper: bool = False
+    # mp: one engine rank per node without Ray, as eugr/spark-vllm-docker launches it (rank 0 on
+    # the head serves the API, the workers' ranks run headless, each logs on its node:
+    # sim/ranks.py); ray: the engine on the head joins the workers' Ray workers (the default
+    # until every suite that uses the embedded cluster passes in rank mode)
+    executor: str = "ray"
 
 
 def asset(name: str) -> str:
@@ -110,6 +117,11 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
     client.write_private_key(str(keys / "client_ed25519"))
     client.write_public_key(str(keys / "client_ed25519.pub"))
     os.chmod(keys / "client_ed25519", 0o600)
+    if opts.executor not in EXECUTORS:
+        raise SimError(
+            f"executor {opts.executor!r} unknown; allowed: {', '.join(EXECUTORS)}",
+            status=ExitStatus.USAGE,
+        )
     names = node_names(opts.nodes)
     engine_port = _free_port()
     head = root / "nodes" / names[0]
@@ -134,6 +146,7 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
         asset("glm-5.3-flash-sim.yaml")
         .replace("port: 8000", f"port: {engine_port}")
         .replace("max_num_seqs: 6 ", f"max_num_seqs: {opts.max_num_seqs} ")
+        .replace("-executor-backend mp", f"-executor-backend {opts.executor}")
     )
     state = head / ".local" / "state" / "spark-watchdog"
     state.mkdir(parents=True, exist_ok=True)
@@ -157,6 +170,7 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
         "root": str(root), "names": names, "engine_port": engine_port, "netns": opts.netns,
         "probe_interval_s": opts.watchdog_interval_s,
         "probe_timeout_s": opts.watchdog_probe_timeout_s,
+        "executor": opts.executor, "master_port": _free_port(),
     }  # fmt: skip
     (root / "layout.json").write_text(json.dumps(layout, indent=2))
     return layout
@@ -199,7 +213,9 @@ def _shipped_boot() -> dict[str, Any]:
     return dict(data.get("boot", {}))
 
 
-def inventory_text(root: Path, ports: dict[str, int], engine_port: int) -> str:
+def inventory_text(
+    root: Path, ports: dict[str, int], engine_port: int, executor: str = "mp"
+) -> str:
     """The inventory spark-ops uses to reach this embedded cluster."""
     names = list(ports)
     try:
@@ -216,7 +232,8 @@ def inventory_text(root: Path, ports: dict[str, int], engine_port: int) -> str:
         nodes=nodes,
         tp=len(names),
         engine_port=engine_port,
-        worker_check=json.dumps(RAYLET_CHECK),
+        worker_check=json.dumps(RAYLET_CHECK if executor == "ray" else RANK_CHECK),
+        executor=executor,
         probe_interval_s=f"{interval:g}",
         probe_timeout_s=f"{timeout:g}",
         probe_failures=SIM_PROBE_FAILURES,
@@ -232,6 +249,11 @@ class SimCluster:
         layout = json.loads((self.root / "layout.json").read_text())
         self.engine_port = int(layout["engine_port"])
         self.names: list[str] = layout["names"]
+        self.executor = str(layout.get("executor", "ray"))
+        self.master = (
+            str(layout.get("master_addr", "127.0.0.1")),
+            int(layout.get("master_port", 0)),
+        )
         self.nodes: dict[str, SimNode] = {}
         for i, name in enumerate(self.names):
             spec = NodeSpec(
@@ -254,16 +276,31 @@ class SimCluster:
         head.spec.env["SPARK_SIM_RAY_WORKERS"] = ",".join(
             f"{n}=127.0.0.1:{self.nodes[n].spec.raylet_port}" for n in self.names[1:]
         )
+        if self.executor == "mp":
+            self._write_ranks(head)
         await head.start()
         ports = {n: self.nodes[n].spec.port for n in self.names}
         (self.root / "inventory.yaml").write_text(
-            inventory_text(self.root, ports, self.engine_port)
+            inventory_text(self.root, ports, self.engine_port, self.executor)
         )
         known = ""
         for n in self.names:
             pub = (self.root / "keys" / f"host_{n}.pub").read_text().strip()
             known += f"[127.0.0.1]:{ports[n]} {pub}\n"
         (self.root / "keys" / "known_hosts").write_text(known)
+
+    def _write_ranks(self, head: SimNode) -> None:
+        """Where the head's launcher starts the worker ranks (sim/ranks.py): each worker's tree,
+        environment and network namespace, and the master address."""
+        workers = [
+            {"node": n, "home": str(self.nodes[n].spec.home), "env": self.nodes[n].env(),
+             "netns": self.nodes[n].spec.netns}
+            for n in self.names[1:]
+        ]  # fmt: skip
+        doc = {"master_addr": self.master[0], "master_port": self.master[1], "workers": workers}
+        path = self.root / "ranks.json"
+        path.write_text(json.dumps(doc, indent=2))
+        head.spec.env[RANKS_ENV] = str(path)
 
     def head_env(self) -> dict[str, str]:
         """The environment of commands on the head."""
@@ -329,6 +366,8 @@ class SimCluster:
         for pidfile in head.glob(".local/state/spark-watchdog/engine.pid"):
             with contextlib.suppress(ValueError, OSError):
                 _killpg(int(pidfile.read_text().split()[0]))
+        for name in self.names[1:]:  # the worker ranks of an engine run as ranks
+            stop_rank(self.root / "nodes" / name)
 
     async def stop(self) -> None:
         """Stop processes, then nodes."""

@@ -28,6 +28,7 @@ from spark_ops.sim.engine_config import (
 )
 from spark_ops.sim.engine_log import VllmLog
 from spark_ops.sim.engine_model import EngineCore
+from spark_ops.sim.ranks import launch_if_ranks, run_headless
 
 USAGE = "usage: python -m spark_ops.sim.engine serve MODEL [vllm serve flags] [--sim-config FILE]"
 
@@ -64,6 +65,11 @@ class SimEngine:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal)
+        if self.args.extras.get("headless"):  # a worker rank: no API server (sim/ranks.py)
+            self.log.info(
+                "Worker", "api_utils.py:286", f"non-default args: {self.args.non_default!r}"
+            )
+            return await run_headless(self.cfg, self.args, self.log, self.stop_requested)
         booter = Booter(self.cfg, self.args, self.log)
         boot = asyncio.ensure_future(booter.run())
         stop = asyncio.ensure_future(self.stop_requested.wait())
@@ -72,6 +78,7 @@ class SimEngine:
             boot.cancel()
             with contextlib.suppress(asyncio.CancelledError, BootFailed):
                 await boot
+            booter.close_ranks()
             self.log.info(
                 "APIServer", "launcher.py:254", "[shutdown] API server: shutdown triggered"
             )
@@ -80,10 +87,14 @@ class SimEngine:
         try:
             result = boot.result()
         except BootFailed as exc:
+            booter.close_ranks()
             return exc.code
-        return await self._serve(result, booter.workers)
+        try:
+            return await self._serve(result, booter)
+        finally:
+            booter.close_ranks()
 
-    async def _serve(self, boot: BootResult, workers: list[Worker]) -> int:
+    async def _serve(self, boot: BootResult, booter: Booter) -> int:
         """Start the HTTP API on the reserved socket and the engine loop; wait for the end."""
         from aiohttp import web
 
@@ -133,7 +144,9 @@ class SimEngine:
                 stats_logger(st, scaled(self.cfg, "server.stats_log_interval_s"))
             ),
         ]
-        tasks += [asyncio.ensure_future(self._watch_worker(core, w)) for w in workers]
+        tasks += [asyncio.ensure_future(self._watch_worker(core, w)) for w in booter.workers]
+        if booter.ranks is not None:
+            tasks.append(asyncio.ensure_future(booter.ranks.watch(core.wedge)))
         if active_fault(self.cfg) == "dead_while_serving":
             tasks.append(asyncio.ensure_future(self._die_later(st, fatal)))
         if active_fault(self.cfg) == "wedged_while_serving":
@@ -340,6 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] != "serve":
         sys.stderr.write(USAGE + "\n")
         return 2
+    try:
+        argv = launch_if_ranks(argv)
+    except (OSError, ValueError, KeyError) as exc:
+        sys.stderr.write(f"error: cannot start the worker ranks: {exc}\n")
+        return 1
     try:
         cfg = load_config(_prescan_sim_config(argv[1:]))
         args = parse_serve_args(cfg, argv[1:])

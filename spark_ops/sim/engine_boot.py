@@ -26,6 +26,7 @@ from spark_ops.sim.engine_log import (
     engine_core_failed,
     stderr_traceback,
 )
+from spark_ops.sim.ranks import RankGroup
 
 _BANNER = [
     "",
@@ -119,6 +120,12 @@ class Booter:
         self.cfg, self.args, self.log = cfg, args, log
         self.fault = active_fault(cfg)
         self.workers = parse_workers(os.environ.get("SPARK_SIM_RAY_WORKERS"))
+        self.ranks: RankGroup | None = None  # rank 0 of an engine run as ranks (sim/ranks.py)
+
+    def close_ranks(self) -> None:
+        """Drop the worker ranks' connections (they then end, as when rank 0 goes)."""
+        if self.ranks is not None:
+            self.ranks.close()
 
     async def _phase(self, key: str) -> float:
         """Sleep for a boot phase's (scaled) duration; return the seconds it took."""
@@ -185,6 +192,13 @@ class Booter:
         await self._phase("engine_core_start_s")
         if self.workers:
             await self._ray()
+        nnodes = int(a.extras.get("nnodes") or 1)
+        if nnodes > 1 and int(a.extras.get("node_rank") or 0) == 0:
+            self.ranks = RankGroup(cfg, nnodes, log)
+            await self.ranks.gather(
+                str(a.extras.get("master_addr") or "127.0.0.1"),
+                int(a.extras.get("master_port") or 29501),
+            )
         w = "Worker"
         log.info(w, "gpu_model_runner.py:3420", f"Starting to load model {a.model}...")
         moe = a.non_default.get("moe_backend")
@@ -206,6 +220,8 @@ class Booter:
             "gpu_model_runner.py:3512",
             f"Model loading took {gib:.4f} GiB memory and {took + 0.3:.6f} seconds",
         )
+        if self.ranks is not None:
+            await self.ranks.all_loaded()
         await self._maybe_hang("weights")
         start = time.monotonic()
         await self._phase("profile_s")

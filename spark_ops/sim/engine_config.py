@@ -20,6 +20,8 @@ FAULTS = (
     "never_ready",
     "dead_while_serving",
     "wedged_while_serving",
+    "rank_fail",
+    "rank_lingers",
 )
 
 

@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # the names are imported on first use (a command imports what
         check_mem_available,
         check_no_new_xid,
         check_no_stale_gpu_processes,
+        check_rank_args,
+        check_rank_leftovers,
         check_ray_nodes,
     )
     from spark_ops.verify.parse import (
@@ -49,6 +51,8 @@ __getattr__, __dir__ = lazy_exports(
             "check_mem_available",
             "check_no_new_xid",
             "check_no_stale_gpu_processes",
+            "check_rank_args",
+            "check_rank_leftovers",
             "check_ray_nodes",
         ),
         "spark_ops.verify.parse": (
@@ -85,6 +89,8 @@ __all__ = [
     "check_mem_available",
     "check_no_new_xid",
     "check_no_stale_gpu_processes",
+    "check_rank_args",
+    "check_rank_leftovers",
     "check_ray_nodes",
     "missing_nodes",
     "parse_cache_config_info",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from spark_ops.verify.parse import ComputeApp, RayStatus, XidEvent
@@ -279,3 +279,35 @@ def check_ray_nodes(status: RayStatus, *, expected: int, host: str = "") -> Chec
         "start Ray on the missing worker (ray start --address=HEAD:6379) with the same network "
         "environment as the others",
     )
+
+
+def check_rank_leftovers(procs: list[Any], since: float, *, host: str) -> Check:
+    """An engine run as ranks: no process of the old engine's rank still runs on a worker
+    (it would hold the node's memory into the new boot); `procs` are the worker's engine
+    processes that started before the restart at `since`."""
+    if not procs:
+        return Check("rank-leftovers", host, "ok", "every engine process here started anew")
+    stamp = datetime.fromtimestamp(since, tz=timezone.utc).strftime("%H:%M:%S")
+    named = ", ".join(p.label() for p in procs)
+    groups = " ".join(f"-{g}" for g in sorted({p.pgid for p in procs}))
+    return Check(
+        "rank-leftovers",
+        host,
+        "fail",
+        f"a rank of the old engine still runs here (started before the restart at {stamp} "
+        f"UTC): {named}",
+        f"it holds this node's memory: stop it (kill -TERM -- {groups}) and restart",
+    )
+
+
+def check_rank_args(ranks: Mapping[str, Any], expected: Mapping[str, Any]) -> list[Check]:
+    """An engine run as ranks: every worker rank's own non-default args carry the recipe's
+    values (each rank logs its own on its node)."""
+    checks = []
+    for node, rank in sorted(ranks.items()):
+        if not rank.get("started"):
+            checks.append(Check("effective-args", node, "fail", "its rank did not start anew"))
+        else:
+            checks.append(check_effective_args(rank.get("non_default_args", {}), expected,
+                                               host=node))  # fmt: skip
+    return checks

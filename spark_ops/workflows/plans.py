@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from spark_ops.engine.identity import leftover_ranks
 from spark_ops.errors import (
     KnobError,
     RecipeError,
@@ -327,6 +328,7 @@ async def _settle_and_gate(op: Operation, opts: ApplyOptions, plan: Plan) -> Non
     await plan_settle(op, plan)
     if plan.has(StepKind.RESTART):
         await check_workers(op, plan)
+        plan.warnings.extend(await leftover_ranks(op.session, op.cluster))  # ranks without Ray
         await check_budget(op, opts, plan)
         loop = crash_loop_warning(await engine_policy(op.session))  # a policy is a watchdog too
         if loop and loop not in plan.warnings:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from contextlib import suppress
 
 from spark_ops import verify
+from spark_ops.engine.identity import old_ranks, worker_ranks
 from spark_ops.errors import SparkOpsError, VerifyError
 from spark_ops.remote.programs.engine import GPU_APPS, KERNEL_LOG
 from spark_ops.remote.programs.node import MEMINFO
@@ -49,6 +50,9 @@ async def verify_boot(op: Operation, plan: Plan, out: Outcome) -> list[verify.Ch
     if since is not None:
         checks.extend(await _xid_checks(op, float(since)))
         checks.extend(await _gpu_process_checks(op, float(since)))
+    if c.engine.executor == "mp" and out.boot is not None:  # per rank, where visible
+        checks.extend(verify.check_rank_args(out.boot.ranks, expected))
+        checks.extend(await _rank_leftover_checks(op, since))
     checks.append(await _still_serving(op, head))
     return checks
 
@@ -131,4 +135,18 @@ async def _gpu_process_checks(op: Operation, since: float) -> list[verify.Check]
         checks.append(
             verify.check_no_stale_gpu_processes(apps, starts, restart_at=since, host=host)
         )
+    return checks
+
+
+async def _rank_leftover_checks(op: Operation, since: float | None) -> list[verify.Check]:
+    """An engine run as ranks: one `rank-leftovers` check per worker, no engine process there
+    older than the restart (the old engine's rank would hold the node's memory)."""
+    if since is None:
+        return []
+    checks = []
+    for node, procs in (await worker_ranks(op.session, op.cluster)).items():
+        if isinstance(procs, str):
+            checks.append(verify.Check("rank-leftovers", node, "warn", f"not checked: {procs}"))
+        else:
+            checks.append(verify.check_rank_leftovers(old_ranks(procs, since), since, host=node))
     return checks

@@ -277,6 +277,7 @@ async def wait(ex: Execution, start_at: int | None, watch: EngineWatch) -> BootR
             instance=watch.poll if watch.source else None,
             tracker=tracker,
             args_grace_s=30.0 if c.engine.log_kind in ("file", "docker", "command") else 0.0,
+            rank_logs=watch.rank_logs(),
         )
 
 

@@ -1,0 +1,328 @@
+"""Ranks without Ray (issue 33): the embedded cluster launches one engine rank per node as
+eugr/spark-vllm-docker's launcher does, and spark-ops follows, fails and verifies the boot on
+every rank.
+
+Fast cases: the readiness of an engine run as ranks read from given lines (a worker rank's fatal
+line names its node; READY waits until every worker rank started anew), the inventory's
+engine.executor, the two recipe shapes. Slow cases (the embedded cluster in rank mode, real SSH):
+apply --max-num-seqs 64, restart, rollback and experiment, and a worker rank that fails at start
+named before the deadline while rank 0 hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from conftest import Sim, start_sim
+
+from spark_ops.errors import BootError, ExitStatus, InventoryError
+from spark_ops.inventory import load_inventory
+from spark_ops.readiness import BootEvent, wait_for_boot
+
+HEAD = [
+    "(APIServer pid=100) INFO 12-03 10:00:00 [api_utils.py:286] non-default args: "
+    "{'model_tag': 'm', 'max_num_seqs': 64, 'nnodes': 3, 'node_rank': 0}",
+    "(EngineCore pid=101) INFO 12-03 10:00:00 [core.py:133] Initializing a V1 LLM engine "
+    "(v0.32.0) with config: model='m', tensor_parallel_size=3",
+    "(EngineCore pid=101) INFO 12-03 10:00:01 [multiproc_executor.py:212] Rank 1 (node2) "
+    "joined: 2/3 ranks joined",
+    "(EngineCore pid=101) INFO 12-03 10:00:01 [multiproc_executor.py:212] Rank 2 (node3) "
+    "joined: 3/3 ranks joined",
+]
+
+
+def rank_lines(node: str, rank: int, *, fail: bool = False) -> list[str]:
+    """A worker rank's log from the restart on: the old rank's last line, then the new one's."""
+    w = "(Worker pid=%d) %s 12-03 10:00:0%d [%s] %s"
+    lines = [
+        w % (7, "ERROR", 0, "multiproc_executor.py:733", f"Rank {rank}: lost rank 0"),
+        w % (200 + rank, "INFO", 0, "api_utils.py:286",
+             f"non-default args: {{'model_tag': 'm', 'node_rank': {rank}, 'headless': True}}"),
+        w % (200 + rank, "INFO", 1, "gpu_model_runner.py:3420", "Starting to load model m..."),
+    ]  # fmt: skip
+    if fail:
+        where = "multiproc_executor.py:953"
+        lines += [
+            w % (200 + rank, "ERROR", 2, where, "WorkerProc failed to start."),
+            w % (200 + rank, "ERROR", 2, where, "Traceback (most recent call last):"),
+            w % (200 + rank, "ERROR", 2, where, "torch.OutOfMemoryError: CUDA out of memory."),
+        ]
+    else:
+        lines.append(w % (200 + rank, "INFO", 2, "default_loader.py:501", "Loading weights took 1"))
+    return lines
+
+
+async def feed(lines: list[str], *, hold: asyncio.Event | None = None) -> AsyncIterator[str]:
+    """Yield lines, then stay open (a followed log) until hold is set."""
+    for line in lines:
+        yield line
+        await asyncio.sleep(0)
+    await (hold or asyncio.Event()).wait()
+
+
+def test_worker_rank_fatal_line_names_its_node_at_once() -> None:
+    """node3's rank dies loading weights: the boot fails naming node3 and its lines, while rank
+    0 (which only hangs) never answers, long before the deadline."""
+
+    async def never() -> bool:
+        """Rank 0 hangs: no completion ever answers."""
+        return False
+
+    async def run() -> BootError:
+        with pytest.raises(BootError) as info:
+            await wait_for_boot(
+                feed(HEAD), probe=never, deadline_s=600, probe_interval_s=0.05,
+                rank_logs={"node2": feed(rank_lines("node2", 1)),
+                           "node3": feed(rank_lines("node3", 2, fail=True))},
+            )  # fmt: skip
+        return info.value
+
+    err = asyncio.run(asyncio.wait_for(run(), 120))
+    assert "worker rank on node3 failed" in err.message and "OutOfMemoryError" in err.message
+    assert err.lines and all(line.startswith("node3: ") for line in err.lines)
+    assert "lost rank 0" not in "\n".join(err.lines), "the outgoing rank's line is not evidence"
+
+
+def test_ready_waits_for_every_worker_rank_to_start_anew() -> None:
+    """A completion answers, but node3's new rank has not logged yet: not READY until it has;
+    then READY carries the per-rank summary and rank 0's joined count is reported."""
+    events: list[tuple[str, dict]] = []
+    gate = asyncio.Event()
+    ready_with_gate: list[bool] = []
+
+    def on_event(e: BootEvent) -> None:
+        """Record events; note whether node3's new rank had logged when READY came."""
+        events.append((e.kind, dict(e.data)))
+        if e.kind == "phase" and "total_s" in e.data:
+            ready_with_gate.append(gate.is_set())
+
+    async def run() -> dict:
+        late: list[str] = rank_lines("node3", 2)
+
+        async def node3() -> AsyncIterator[str]:
+            """The old rank's line at once, the new rank's only after the gate."""
+            yield late[0]
+            await gate.wait()
+            for line in late[1:]:
+                yield line
+            await asyncio.Event().wait()
+
+        async def answer() -> bool:
+            """Rank 0 answers at once; node3's new rank logs a second later."""
+            asyncio.get_running_loop().call_later(1.0, gate.set)
+            return True
+
+        report = await wait_for_boot(
+            feed(HEAD), probe=answer, deadline_s=600, probe_interval_s=0.05,
+            on_event=on_event,
+            rank_logs={"node2": feed(rank_lines("node2", 1)), "node3": node3()},
+        )  # fmt: skip
+        return report.to_dict()
+
+    report = asyncio.run(asyncio.wait_for(run(), 120))
+    assert ready_with_gate == [True], "READY only once every worker rank started anew"
+    assert set(report["ranks"]) == {"node2", "node3"}
+    assert all(r["started"] for r in report["ranks"].values())
+    assert report["ranks"]["node3"]["non_default_args"]["node_rank"] == 2
+    assert ("ranks", {"joined": 3, "total": 3}) in events
+
+
+def test_inventory_executor(tmp_path: Path) -> None:
+    """engine.executor is ray (default) or mp; anything else names the key and what is allowed."""
+    base = (
+        "clusters:\n  c:\n    nodes:\n      n1: {host: 127.0.0.1, role: head}\n"
+        "      n2: {host: 127.0.0.2, role: worker}\n"
+        "    recipe: {path: ~/r.yaml, nodes: [n1]}\n"
+        "    watchdog: {restart_command: 'x --restart-now', history_file: /tmp/h}\n"
+    )
+    for text, want in (("", "ray"), ("    engine: {executor: mp}\n", "mp")):
+        path = tmp_path / f"inv-{want}.yaml"
+        path.write_text(base + text)
+        assert load_inventory(path).cluster("c").engine.executor == want
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(base + "    engine: {executor: 'ray; rm -rf /'}\n")
+    with pytest.raises(InventoryError, match=r"engine\.executor: must be one of ray, mp"):
+        load_inventory(bad).cluster("c")
+
+
+def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
+    """A worker's rank started well before the head's engine is an earlier engine's (it holds
+    the node's memory); with no engine running every rank is; children never count twice."""
+    from spark_ops.engine.identity import RANK_SLACK_S, Proc, stray_ranks
+
+    engine_start = 10_000.0
+    old = Proc(11, 1, 11, "S", engine_start - RANK_SLACK_S - 60, "python")
+    old_child = Proc(12, 11, 11, "S", engine_start - RANK_SLACK_S - 59, "VLLM::Worker")
+    new = Proc(21, 1, 21, "S", engine_start - 2, "python")
+    procs = [old, old_child, new]
+    assert stray_ranks(procs, engine_start) == [old]
+    assert stray_ranks([new], engine_start) == []
+    assert stray_ranks(procs, None) == [old, new]
+
+
+def test_rank_leftover_check_names_the_process_and_the_stop() -> None:
+    """verify's rank-leftovers check fails naming the old rank and the command that stops it."""
+    from spark_ops.engine.identity import Proc
+    from spark_ops.verify import check_rank_leftovers
+
+    ok = check_rank_leftovers([], 1_000.0, host="node3")
+    assert ok.ok
+    bad = check_rank_leftovers([Proc(77, 1, 76, "S", 900.0, "python")], 1_000.0, host="node3")
+    assert not bad.ok and bad.host == "node3"
+    assert "77 (python)" in bad.detail and "kill -TERM -- -76" in (bad.fix or "")
+
+
+@pytest.mark.parametrize("executor", ["mp", "ray"])
+def test_the_two_launch_shapes(tmp_path: Path, executor: str) -> None:
+    """`sim up` writes the recipe and inventory of the shape asked for: ranks without Ray
+    (`--executor mp`) or the Ray launch."""
+    from spark_ops.sim.cluster import SimOptions, inventory_text, prepare
+
+    prepare(tmp_path, SimOptions(executor=executor))
+    recipe = (tmp_path / "nodes" / "node1" / "recipes" / "glm-5.3-flash-sim.yaml").read_text()
+    assert f"      --distributed-executor-backend {executor} \\" in recipe
+    inv = inventory_text(tmp_path, {"node1": 1, "node2": 2}, 3, executor)
+    assert f"executor: {executor}" in inv
+    assert ("rank.pid" in inv) == (executor == "mp")
+
+
+def cli(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "spark_ops.cli.main", *args],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def rank_pids(sim: Sim) -> dict[str, int]:
+    """The worker ranks' pids, from each worker's own pid file."""
+    return {
+        n: int((sim.root / "nodes" / n / ".local/state/spark-sim/rank.pid").read_text())
+        for n in ("node2", "node3", "node4")
+    }
+
+
+def alive(pid: int) -> bool:
+    """True while pid runs (zombies excluded)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def ranks_of(out: dict) -> dict:
+    """The per-rank boot summary of an apply/restart/rollback --json."""
+    return dict(out["boot"]["ranks"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_apply_restart_rollback_in_rank_mode(tmp_path: Path) -> None:
+    """apply --max-num-seqs 64, restart and rollback on the embedded cluster in rank mode: every
+    boot is followed on every rank and done with every rank new, the args checked per rank."""
+    from spark_ops.sim.control import down, wait_serving
+
+    s = start_sim(tmp_path / "sim", executor="mp")
+    try:
+        wait_serving(s.state)
+        env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
+        env.pop("SPARK_OPS_CLUSTER", None)
+        first = rank_pids(s)
+        history = s.history.read_bytes()
+
+        res = cli(env, "apply", "--max-num-seqs", "64", "--yes", "--json")
+        assert res.returncode == 0, res.stderr[-3000:]
+        out = json.loads(res.stdout)
+        assert out["boot"]["non_default_args"]["max_num_seqs"] == 64
+        ranks = ranks_of(out)
+        assert sorted(ranks) == ["node2", "node3", "node4"]
+        for i, node in enumerate(("node2", "node3", "node4"), start=1):
+            args = ranks[node]["non_default_args"]
+            assert ranks[node]["started"] and args["max_num_seqs"] == 64, ranks[node]
+            assert args["node_rank"] == i and args["headless"] is True
+        applied = rank_pids(s)
+        assert not set(applied.values()) & set(first.values()), "every rank is new"
+        assert not any(alive(p) for p in first.values()), "no rank of the old engine is left"
+        assert all(c["ok"] for c in out["checks"]), out["checks"]
+        assert "ranks joined" in res.stderr  # the progress says how many joined
+
+        res = cli(env, "restart", "--yes", "--json")
+        assert res.returncode == 0, res.stderr[-3000:]
+        restarted = rank_pids(s)
+        assert not set(restarted.values()) & set(applied.values())
+        assert all(r["started"] for r in ranks_of(json.loads(res.stdout)).values())
+
+        res = cli(env, "rollback", "--yes", "--json")
+        assert res.returncode == 0, res.stderr[-3000:]
+        out = json.loads(res.stdout)
+        assert out["boot"]["non_default_args"]["max_num_seqs"] == 6
+        assert {r["non_default_args"]["max_num_seqs"] for r in ranks_of(out).values()} == {6}
+        assert s.history.read_bytes() == history, "every planned stamp was pruned"
+        for node in ("node2", "node3", "node4"):  # each rank logs on its own node
+            log = (s.root / "nodes" / node / "engine.log").read_text()
+            assert "'headless': True" in log and "'max_num_seqs': 64" in log
+    finally:
+        down(s.root)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_worker_rank_failing_at_start_is_named_before_the_deadline(tmp_path: Path) -> None:
+    """node3's rank dies at start-up: restart fails naming node3 and its lines, not at the
+    deadline (a 240 s one), while rank 0 stays up, hanging, as on a broken NCCL ring."""
+    from spark_ops.sim.control import down, wait_serving
+
+    s = start_sim(tmp_path / "sim", executor="mp")
+    try:
+        wait_serving(s.state)
+        env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
+        env.pop("SPARK_OPS_CLUSTER", None)
+        cfg = s.root / "engine.yaml"
+        cfg.write_text(cfg.read_text().replace("fault: null", "fault: rank_fail"))
+        res = cli(env, "restart", "--yes", "--deadline", "240", "--json")
+        assert res.returncode == ExitStatus.BOOT_FAILED, res.stderr[-3000:]
+        err = next(json.loads(line) for line in res.stderr.splitlines()
+                   if line.startswith('{"error"'))  # fmt: skip
+        assert "worker rank on node3 failed" in err["message"], err
+        assert "not ready after" not in err["message"], "named before the deadline"
+        assert err["lines"] and all(line.startswith("node3: ") for line in err["lines"]), err
+        assert "OutOfMemoryError" in err["lines"][-1], err
+        head_pid = int((s.head / ".local/state/spark-watchdog/engine.pid").read_text())
+        assert alive(head_pid), "rank 0 hangs rather than exiting"
+    finally:
+        down(s.root)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_experiment_in_rank_mode(tmp_path: Path) -> None:
+    """experiment 6 vs 64 on the ranks: both configurations measured, the start restored."""
+    from spark_ops.sim.control import down
+
+    scale = 10.0
+    s = start_sim(tmp_path / "sim", time_scale=scale, watchdog_interval_s=30.0, executor="mp")
+    try:
+        env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
+        env.pop("SPARK_OPS_CLUSTER", None)
+        history, recipe = s.history.read_bytes(), s.recipe.read_bytes()
+        report = tmp_path / "report.json"
+        res = cli(
+            env, "experiment", "--max-num-seqs", "6,64", "--concurrency", "1,16",
+            "--output-tokens", "100", "--slo-tok-s", str(9 * scale), "--measure-all", "--yes",
+            "--state", str(tmp_path / "exp.json"), "-o", str(report), timeout=400,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "restarts: 2 planned" in res.stdout
+        assert "Starting configuration restored: max_num_seqs=6" in res.stdout
+        data = json.loads(report.read_text())
+        assert data["state"]["finished"] is True and data["state"]["restore"]["ok"] is True
+        assert s.history.read_bytes() == history and s.recipe.read_bytes() == recipe
+    finally:
+        down(s.root)
