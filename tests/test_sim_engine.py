@@ -459,7 +459,9 @@ def _free_port() -> int:
 async def test_missing_ray_worker_stalls_then_joins(tmp_path: Path) -> None:
     """A worker that does not accept repeats the placement-group line; the boot resumes on join."""
     up, up_port, _ = await _listener()
-    late_port = _free_port()
+    held = socket.socket()  # bound, not listening: connections refused, and no one else takes it
+    held.bind(("127.0.0.1", 0))
+    late_port = held.getsockname()[1]
     env = {"SPARK_SIM_RAY_WORKERS": f"node2=127.0.0.1:{up_port},node3=127.0.0.1:{late_port}"}
     async with engine(
         tmp_path, "--tensor-parallel-size", "3", "--distributed-executor-backend", "ray", env=env
@@ -472,7 +474,7 @@ async def test_missing_ray_worker_stalls_then_joins(tmp_path: Path) -> None:
         assert not any("Loading weights" in ln for ln in p.out)
         print(f"reached: {len(waits)} placement-group wait lines")
         assert "{'GPU': 1.0}" in waits[0]
-        late = await asyncio.start_server(lambda r, w: None, "127.0.0.1", late_port)
+        late = await asyncio.start_server(lambda r, w: None, sock=held)  # the worker joins
         await p.url()
         late.close()
     up.close()
