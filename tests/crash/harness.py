@@ -172,8 +172,8 @@ def run_interrupted(
     """Run `spark-ops ARGS`; at `point` signal the tool or SIGKILL the restart command."""
     out_path = root / f"stdout.{os.getpid()}.{threading.get_ident()}"
     with open(out_path, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "spark_ops.cli.main", *args],
+        proc = subprocess.Popen(  # --log-json: the log events that mark boundaries (lock taken)
+            [sys.executable, "-m", "spark_ops.cli.main", "--log-json", *args],
             env=env, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
             text=True, errors="replace", start_new_session=True,
         )  # fmt: skip
