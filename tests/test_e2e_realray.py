@@ -294,17 +294,38 @@ def _stdout(report: dict[str, Any], host: str) -> str:
 
 
 @pytest.mark.timeout(600)
+def test_worker_absent_is_refused_before_anything_is_written(ground: RayGround) -> None:
+    """No Ray worker on node2: the plan refuses the restart (exit 11, node2 named) before the
+    recipe is written or the serving engine is touched (issue 35 #1: doctor's check in the plan)."""
+    g = ground
+    pid_before = g.engine_pid()
+    recipe_before = g.sim.recipe.read_bytes()
+    g.ray.stop_worker()
+    g.ray.wait_active(1, timeout=90)
+    code, _out, err, _took = g.apply("--max-num-seqs", "4")
+    assert code == ExitStatus.CHECK_FAILED, (code, err[-3000:])
+    message = _error_message(err)
+    assert "node2" in message and "nothing was written" in message, message
+    assert g.sim.recipe.read_bytes() == recipe_before, "the recipe was written"
+    assert g.engine_pid() == pid_before, "the engine was restarted"
+
+
+@pytest.mark.timeout(600)
 def test_worker_absent_at_boot_fails_at_the_stall_limit(ground: RayGround) -> None:
-    """No worker node: spark-ops names node2 and fails at worker_stall_s, not vLLM's 1,800 s."""
+    """A worker lost after the plan (here: a worker check the plan cannot use): spark-ops names
+    node2 and fails at worker_stall_s, not vLLM's 1,800 s."""
     g = ground
     g.ray.stop_worker()
     g.ray.wait_active(1, timeout=90)
-    g.set_engine(worker_stall_s=STALL_S)
+    g.set_engine(worker_stall_s=STALL_S, worker_check="true")  # the plan sees no missing worker
     offset = g.log.stat().st_size
-    code, _out, err, took = g.apply("--max-num-seqs", "4")
+    try:
+        code, _out, err, took = g.apply("--max-num-seqs", "4")
+    finally:
+        g.set_engine(worker_check=WORKER_CHECK)
     assert code == ExitStatus.BOOT_FAILED, (code, err[-3000:])
     message = _error_message(err)
-    assert "node2" in message and "missing for" in message, message
+    assert "missing for" in message, message
     assert f"limit {STALL_S} s" in message, message
     # meanwhile the real engine is alive and still waiting for its placement group (for 1,800 s)
     pid = g.engine_pid()
@@ -344,7 +365,11 @@ def test_worker_back_during_the_wait_boot_finishes(ground: RayGround) -> None:
 
     helper = threading.Thread(target=rejoin)
     helper.start()
-    code, out, err, took = g.apply("--max-num-seqs", "8")
+    g.set_engine(worker_check="true")  # a worker lost after the plan (the plan refuses otherwise)
+    try:
+        code, out, err, took = g.apply("--max-num-seqs", "8")
+    finally:
+        g.set_engine(worker_check=WORKER_CHECK)
     helper.join(timeout=60)
     assert code == 0, err[-3000:]
     assert out["boot"]["last_phase"] == "READY"

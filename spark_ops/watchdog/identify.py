@@ -244,6 +244,13 @@ def identify(
         return Identification([], "none", notes, outside)
     kinds = _kinds(inside, matched, journal, by_prefix)
     if len(inside) == 1:
+        (entry, kind, why) = kinds[0]
+        if kind == "automatic":  # its own record says the watchdog restarted on its own: kept
+            notes.append(
+                f"the one new history entry {entry.raw.strip()!r} is the watchdog's own "
+                f"(automatic: {why}), kept; no stamp of this restart to prune"
+            )
+            return Identification([], "none", notes, outside)
         return Identification(inside, "reported" if matched else "window", notes, outside)
     planned = [e for e, k, _ in kinds if k == "planned"]
     unknown = [e for e, k, _ in kinds if k is None]
