@@ -112,3 +112,40 @@ def test_without_a_pause_file_the_starving_level_is_refused_and_the_start_restor
         assert len(lines) == 1, lines
     finally:
         down(s.root)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_lapsed_lease_found_is_no_pause_and_the_lease_follows_the_deadline(
+    tmp_path: Path,
+) -> None:
+    """Red team 2026-12-03 F3: a lease found past its expiry (a dead run's) pauses nothing; the
+    restart says the watchdog is NOT paused and keeps the file as it is. F1: the lease and the
+    boot step follow `--deadline`, not the inventory's boot deadline."""
+    from spark_ops.sim.control import down, wait_serving
+
+    s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE)
+    try:
+        wait_serving(s.state)
+        env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
+        pause = s.head / ".local" / "state" / "spark-watchdog" / "pause"
+        old = {
+            "expires": 1000, "taken": 900, "spark-ops-lease": 1, "holder": "spark-ops:eve",
+            "run": "zzz-old", "why": "planned restart (a run long dead)",
+        }  # fmt: skip
+        pause.write_text(json.dumps(old))
+        before = pause.read_bytes()
+        plan = cli(env, "restart", "--dry-run", "--json", "--deadline", "900")
+        assert plan.returncode == 0, plan.stderr[-3000:]
+        steps = {s["name"]: s["description"] for s in json.loads(plan.stdout)["plan"]["steps"]}
+        assert "deadline 900 s" in steps["boot"], steps
+        at_most = int(steps["lease"].split("for at most ", 1)[1].split(" s", 1)[0])
+        assert at_most >= 900 + 300, steps["lease"]  # the boot's --deadline and the margin
+        res = cli(env, "restart", "--yes", "--json", "--no-drain")
+        assert res.returncode == 0, res.stderr[-3000:]
+        out = json.loads(res.stdout)
+        lease = next(st for st in out["plan"]["steps"] if st["name"] == "lease")
+        assert "NOT paused" in lease["detail"] and "zzz-old" in lease["detail"], lease
+        assert pause.read_bytes() == before, "a pause file not ours is kept as it is"
+    finally:
+        down(s.root)

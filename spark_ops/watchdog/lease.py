@@ -115,7 +115,8 @@ class LeaseHeld:
     """What a run did to the watchdog's pause: the lease it holds, or why it holds none.
 
     state: "held" (ours), "found" (a pause someone else set, or another run's lease: kept, the
-    watchdog is paused all the same), "none" (no pause file in the inventory), "failed".
+    watchdog is paused all the same), "lapsed" (a lease found past its expiry: kept, but the
+    watchdog is not paused), "none" (no pause file in the inventory), "failed".
     """
 
     path: str | None
@@ -147,6 +148,12 @@ class LeaseHeld:
             return f"watchdog paused{until} ({self.path}, run {self.run}): {self.why}"
         if self.state == "found":
             return f"the watchdog was already paused by {self.found_who()}: kept as it is"
+        if self.state == "lapsed":
+            return (
+                f"no lease: {self.path} holds a lapsed lease ({self.found_who()}), which the "
+                "watchdog ignores: it is NOT paused; kept as it is (the next run's settle step "
+                "ends it when its run is dead, or remove it by hand)"
+            )
         if self.state == "none":
             return "no lease: the inventory names no watchdog.pause_file"
         return f"no lease ({self.error}): the watchdog is not paused"

@@ -30,7 +30,8 @@ def restart_lease_seconds(cluster: Cluster, opts: ApplyOptions) -> float:
     """How long a restart's lease lasts: the drain, the boot (twice with a rollback), a margin."""
     boots = 2 if opts.rollback_on_failure else 1
     drain = opts.drain_timeout_s if opts.drain else 0.0
-    return lease.lease_seconds(drain + boots * cluster.engine.boot_deadline_s + MARGIN_S)
+    deadline = opts.deadline_s or cluster.engine.boot_deadline_s  # --deadline, as the boot uses
+    return lease.lease_seconds(drain + boots * deadline + MARGIN_S)
 
 
 def lease_description(cluster: Cluster, opts: ApplyOptions) -> str:
@@ -68,8 +69,12 @@ class Leases:
         held = await interrupt.atomic(
             lease.take(self.op.session, run=self.run, holder=operator(), why=why, seconds=seconds)
         )
+        if held.state == "found":  # a lease past its expiry pauses nothing (the watchdog ignores)
+            found = lease.parse_lease(held.found)
+            if found is not None and not found.live(await self.op.watchdog.clock()):
+                held.state = "lapsed"
         self.held.append(held)
-        if held.state in ("found", "failed"):
+        if held.state in ("found", "lapsed", "failed"):
             self.note(held.text())
             self.op.log.warning("watchdog lease", detail=held.text())
         return held

@@ -359,7 +359,7 @@ def _restart_steps(plan: Plan, op: Operation, opts: ApplyOptions, *, write: bool
     plan.add(
         StepKind.BOOT,
         "follow the boot until a real completion answers "
-        f"(deadline {c.engine.boot_deadline_s:.0f} s)",
+        f"(deadline {opts.deadline_s or c.engine.boot_deadline_s:.0f} s)",
         head,
     )
     what = "remove exactly the stamp this planned restart wrote from the history"
