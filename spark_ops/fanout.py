@@ -495,6 +495,7 @@ async def edit_line(
 ) -> FanoutReport:
     """Apply a one-line edit of edit.path on the chosen nodes, atomically and all-or-nothing."""
     hosts = select_nodes(cluster, nodes)
+    edit.compiled()  # a bad pattern or template is refused before connecting (and locking)
     start = time.monotonic()
     args = {"path": edit.path, "pattern": edit.pattern, "replacement": edit.replacement}
     keep = cluster.recipe.keep_backups
