@@ -50,8 +50,9 @@ def test_ssh_config_that_cannot_be_read_is_named(tmp_path: Path, kind: str) -> N
     elif kind == "unreadable":
         config.write_text("Host *\n")
         config.chmod(0)
-        if os.access(config, os.R_OK):  # root reads anything: nothing to test as root
-            pytest.skip("root can read a mode-0 file")
+        if os.access(config, os.R_OK):  # root reads anything: a path no one can open instead
+            (tmp_path / "a-file").write_text("")
+            config = tmp_path / "a-file" / "cfg"  # ENOTDIR, for root too
     known = tmp_path / "known_hosts"
     known.write_text("")
     ssh = SSHSettings(config=str(config), known_hosts=str(known))
