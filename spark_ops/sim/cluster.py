@@ -93,9 +93,24 @@ def asset_path(name: str) -> Path:
 
 
 def _free_port() -> int:
-    """A currently free loopback TCP port."""
+    """A currently free loopback TCP port for a server started later, picked below the kernel's
+    ephemeral range: a port 0 bind (every other listener, a client's socket) never takes it
+    meanwhile, as it could take a free ephemeral port picked now and bound later."""
+    import random
     import socket
 
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    for _ in range(64 if low > 12000 else 0):
+        port = random.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
