@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import Sim, start_sim
+from crash.harness import pids_running
 from test_e2e_watchdog import engine_pid, serving, spark_ops, wait_for
 
 from spark_ops.errors import ExitStatus
@@ -73,17 +74,9 @@ class Loop:
 
 def _daemon(sim: Sim) -> int:
     """The pid of the reference watchdog the embedded cluster started."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        words = [a.decode(errors="replace") for a in argv]
-        if "spark_ops.watchdog.daemon" in words and any(str(sim.root) in w for w in words):
-            return int(entry.name)
-    raise AssertionError("the embedded cluster's reference watchdog is not running")
+    pids = pids_running("spark_ops.watchdog.daemon", sim.root)
+    assert pids, "the embedded cluster's reference watchdog is not running"
+    return pids[0]
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -150,8 +150,9 @@ class Interrupted:
     boundaries: list[str] = field(default_factory=list)
 
 
-def _restart_command_pids(root: Path) -> list[int]:
-    """Pids of the watchdog's `--restart-now` processes of this embedded cluster (by cmdline)."""
+def pids_running(word: str, root: Path) -> list[int]:
+    """Pids of the processes whose command line holds the word `word` and names a path under
+    `root` (one embedded cluster's), by /proc."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -161,9 +162,14 @@ def _restart_command_pids(root: Path) -> list[int]:
         except OSError:
             continue
         words = [a.decode("utf-8", "replace") for a in argv]
-        if "--restart-now" in words and any(str(root) in w for w in words):
+        if word in words and any(str(root) in w for w in words):
             found.append(int(entry.name))
     return found
+
+
+def _restart_command_pids(root: Path) -> list[int]:
+    """Pids of the watchdog's `--restart-now` processes of this embedded cluster."""
+    return pids_running("--restart-now", root)
 
 
 def run_interrupted(
