@@ -29,6 +29,7 @@ LEASE_KEY = "spark-ops-lease"  # its value: the lease format's version
 LEASE_VERSION = 1
 MIN_LEASE_S = 60  # a lease shorter than a minute would lapse while its own step runs
 MAX_LEASE_S = 6 * 3600  # never longer: a lease is a bounded pause, not a switch
+MAX_EXPIRY = 1e11  # an expiry past this (year 5138) is no lease spark-ops made
 MAX_LEASE_BYTES = 4096
 
 
@@ -59,10 +60,15 @@ def parse_lease(data: bytes | str) -> Lease | None:
         obj = json.loads(data)
     except ValueError:
         return None
-    if not isinstance(obj, dict) or obj.get(LEASE_KEY) != LEASE_VERSION:
+    if not isinstance(obj, dict):
+        return None
+    version = obj.get(LEASE_KEY)
+    if type(version) is not int or version != LEASE_VERSION:  # not true, not 1.0
         return None
     expires, taken = obj.get("expires"), obj.get("taken")
-    if not _number(expires):
+    if not _number(expires) or expires > MAX_EXPIRY:
+        return None  # not a lease spark-ops made: a pause like any other content
+    if _number(taken) and expires - taken > MAX_LEASE_S + 60:
         return None
     return Lease(
         holder=str(obj.get("holder", "?")),
@@ -77,7 +83,10 @@ def _number(value: object) -> TypeGuard[int | float]:
     """A finite JSON number (not a boolean)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
-    return math.isfinite(value)
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def pause_in_force(path: str, now: float | None = None) -> tuple[bool, Lease | None]:
@@ -170,7 +179,10 @@ def _when(ts: float | None) -> str:
     """A Unix time as UTC text."""
     if ts is None:
         return "?"
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return f"{ts:g} (no date)"
 
 
 async def take(

@@ -90,14 +90,15 @@ async def boot_under_way(op: Operation) -> BootUnderWay | None:
     return BootUnderWay(instance.label(), started, elapsed, eta)
 
 
-def _hung(op: Operation, boot: BootUnderWay) -> bool:
-    """A "boot" older than the boot deadline is a hang, not a boot: the restart is what it needs
-    (said in the log; nothing waits for it)."""
-    hung = boot.elapsed_s is not None and boot.elapsed_s >= op.cluster.engine.boot_deadline_s
+def _hung(op: Operation, opts: ApplyOptions, boot: BootUnderWay) -> bool:
+    """A boot older than the boot deadline (`--deadline`, else the inventory's) is a hang, not a
+    boot: the restart is what it needs (said in the log; nothing waits for it)."""
+    deadline = opts.deadline_s or op.cluster.engine.boot_deadline_s
+    hung = boot.elapsed_s is not None and boot.elapsed_s >= deadline
     if hung:
         op.log.warning(
-            "the engine has not answered for longer than the boot deadline: hung, restarting it",
-            boot=boot.describe(), deadline_s=op.cluster.engine.boot_deadline_s,
+            "the engine has booted for longer than the boot deadline without answering: hung, "
+            "restarting it", boot=boot.describe(), deadline_s=deadline,
         )  # fmt: skip
     return hung
 
@@ -106,12 +107,12 @@ async def wait_out_boot(op: Operation, opts: ApplyOptions) -> BootUnderWay | Non
     """Wait for a boot under way to end before a planned restart; the boot first seen, or None.
 
     Ends when the engine answers, its instance is gone (a failed boot: the restart is then what
-    it needs) or it has been silent longer than the boot deadline (a hang, not a boot); refuses
+    it needs) or it has booted longer than the boot deadline (a hang, not a boot); refuses
     with BootUnderWayError (exit 15) once `--boot-wait` (default: the inventory's boot deadline)
     has passed, or at once with `--boot-wait 0`. Never kills a boot.
     """
     first = await boot_under_way(op)
-    if first is None or _hung(op, first):
+    if first is None or _hung(op, opts, first):
         return None
     wait = op.cluster.engine.boot_deadline_s if opts.boot_wait_s is None else opts.boot_wait_s
     op.log.warning("boot under way: waiting for it", boot=first.describe(), wait_s=wait)
@@ -120,7 +121,7 @@ async def wait_out_boot(op: Operation, opts: ApplyOptions) -> BootUnderWay | Non
     while time.monotonic() < end:
         await asyncio.sleep(min(POLL_S, max(0.0, end - time.monotonic())))
         now = await boot_under_way(op)
-        if now is None or _hung(op, now):
+        if now is None or _hung(op, opts, now):
             op.log.warning("the boot under way ended: restarting now", instance=first.instance)
             return first
         latest = now
