@@ -378,7 +378,8 @@ def test_worker_back_during_the_wait_boot_finishes(ground: RayGround) -> None:
     finally:
         g.set_engine(worker_check=WORKER_CHECK)
     helper.join(timeout=60)
-    assert code == 0, err[-3000:]
+    failed = [c for c in out.get("checks", []) if c.get("status") != "ok"]
+    assert code == 0, f"failed checks: {failed}\n{err[-3000:]}"
     assert out["boot"]["last_phase"] == "READY"
     assert out["boot"]["non_default_args"]["max_num_seqs"] == 8
     log = g.log.read_text(errors="replace")[offset:]

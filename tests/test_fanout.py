@@ -16,7 +16,7 @@ from ground.cluster import bare_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_ops import fanout
+from spark_ops import fanout, log
 from spark_ops.errors import ConnectError, ExitStatus, HostKeyError, InputError, InventoryError
 from spark_ops.inventory import Cluster, parse_inventory
 
@@ -199,8 +199,16 @@ async def test_retries_are_logged_per_host() -> None:
     cluster = parse_inventory(FLAKY_INVENTORY, "t.yaml").cluster()
     FlakyConnector.attempts.clear()
     session = ClusterSession(cluster, connector_factory=FlakyConnector)  # type: ignore[arg-type]
-    with structlog.testing.capture_logs() as logs:
-        await session.connect(required=False)
+    # an in-process CLI run earlier on this worker may have left the level at warnings: info here,
+    # and structlog configured before capture_logs swaps its processors in (not after, over them)
+    saved = dict(log._state)
+    log.configure(0)
+    log._structlog()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            await session.connect(required=False)
+    finally:
+        log._state.update(saved, ready=False)
     retries = [e for e in logs if e["event"] == "connection dropped: retrying"]
     assert [(e["host"], e["attempt"]) for e in retries] == [("node2", 1), ("node2", 2)]
     assert all("Connection reset by peer" in e["error"] for e in retries)

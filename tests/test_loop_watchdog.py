@@ -324,6 +324,45 @@ def test_a_stamp_the_planned_restart_caused_is_pruned_exactly(tmp_path: Path) ->
         down(sim.root)
 
 
+def _stranger_loop(loop: Loop, where: Path) -> subprocess.Popen[bytes]:
+    """A second loop on the head, another cluster's: its own port, stamps and pid file (no engine
+    there, so it only says "no engine" and never restarts anything)."""
+    where.mkdir()
+    env = {
+        "PATH": os.environ["PATH"],
+        "LOOPDOG_URL": "http://127.0.0.1:9",
+        "LOOPDOG_STAMPS": str(where / "restarts"),
+        "LOOPDOG_PAUSE": str(where / "pause"),
+        "LOOPDOG_PIDFILE": str(where / "engine.pid"),
+        "LOOPDOG_LOG": str(where / "loop.log"),
+        "LOOPDOG_INTERVAL": "0.5",
+    }
+    proc = subprocess.Popen(
+        ["sh", str(SCRIPT)], env=env, cwd=where, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    wait_for(lambda: "no engine" in _text(where / "loop.log"), 30, "the stranger loop")
+    return proc
+
+
+def _text(path: Path) -> str:
+    """A file's text, or '' while it does not exist."""
+    return path.read_text() if path.exists() else ""
+
+
+def test_pick_loop_takes_this_clusters_loop() -> None:
+    """Among several loops on one head: the one whose stamps are the inventory's, else the one
+    whose probe names the engine's port, whatever order the process list gives."""
+    from spark_ops.watchdog.loop import LoopFacts, pick_loop
+
+    other = LoopFacts("/o/w.sh", pid=10, history_file="/o/stamps", probe_url="http://h:9/v1")
+    ours = LoopFacts("/x/w.sh", pid=20, history_file="/x/stamps", probe_url="http://h:8000")
+    assert pick_loop([other, ours], port="8000") is ours
+    assert pick_loop([other, ours], port="80") is other  # no match: the first, and a warning
+    assert pick_loop([other, ours], history="/x/stamps", port="9") is ours
+    assert pick_loop([], port="8000") is None and pick_loop([other]) is other
+
+
 def test_init_recognises_the_loop_from_what_runs(loop: Loop, tmp_path: Path) -> None:
     """init finds the running loop (its process, script and environment) and writes every value
     it names, warning that its budget does not survive a reboot and that it restarts nothing
@@ -331,10 +370,18 @@ def test_init_recognises_the_loop_from_what_runs(loop: Loop, tmp_path: Path) -> 
     from test_init import hosts_of, key_args
 
     out = tmp_path / "cluster.yaml"
-    res = spark_ops(loop.sim, "init", "--hosts", hosts_of(loop.sim.state["ports"]),
-                    *key_args(loop.sim.root), "-o", str(out), "--json")  # fmt: skip
+    stranger = _stranger_loop(loop, tmp_path / "stranger")
+    try:
+        res = spark_ops(loop.sim, "init", "--hosts", hosts_of(loop.sim.state["ports"]),
+                        *key_args(loop.sim.root), "-o", str(out), "--json")  # fmt: skip
+    finally:
+        os.killpg(stranger.pid, signal.SIGKILL)
+        stranger.wait(timeout=10)
     assert res.returncode == 0, res.stdout + res.stderr
-    found = {f["key"]: f for f in json.loads(res.stdout)["findings"]}
+    findings = json.loads(res.stdout)["findings"]
+    several = [f for f in findings if "loop watchdogs run on the head" in f["detail"]]
+    assert several and f"(pid {stranger.pid})" in several[0]["detail"], findings
+    found = {f["key"]: f for f in findings}
     wd = yaml.safe_load(out.read_text())["clusters"]["spark"]["watchdog"]
     assert wd["kind"] == "loop" and wd["reports_stamp"] is False
     assert wd["history_file"] == str(loop.stamps) and wd["history_locked"] is False

@@ -42,7 +42,13 @@ from spark_ops.remote.programs.discover import (
 from spark_ops.remote.programs.node import HOME
 from spark_ops.sim import RAYLET_CHECK, RAYLET_PORT_ENV
 from spark_ops.watchdog.config import WatchdogConfigError, parse_config
-from spark_ops.watchdog.loop import find_loop_watchdog, volatile_history
+from spark_ops.watchdog.loop import (
+    LoopFacts,
+    find_loop_watchdogs,
+    pick_loop,
+    several_loops,
+    volatile_history,
+)
 from spark_ops.yamlsafe import load_yaml
 
 
@@ -134,8 +140,13 @@ class Discovery:
         ok, out = out is not None, out or ""
         self.home = out.strip() if ok else ""
         config = await self.read_watchdog_config()
-        await self.find_watchdog(config)
-        await self.find_recipe()
+        loops = await find_loop_watchdogs(self.session, self.head)
+        if loops:  # the recipe first: its port tells this cluster's loop from another's
+            await self.find_recipe()
+            await self._loop_watchdog(loops)
+        else:
+            await self.find_watchdog(config)
+            await self.find_recipe()
         await self.find_engine_log(config)
         await self.find_engine_api()
         await self.find_worker_check()
@@ -289,10 +300,8 @@ class Discovery:
         }
 
     async def find_watchdog(self, config: dict[str, Any] | None) -> None:
-        """Restart command, history, lock, journal, pause / gave-up files and budget: of the loop
-        watchdog that runs on the head, else of the reference one, else of a bash script."""
-        if await self._loop_watchdog():
-            return
+        """Restart command, history, lock, journal, pause / gave-up files and budget: of the
+        reference watchdog, else of a bash script (a loop that runs: `_loop_watchdog`)."""
         if config is not None:
             await self._reference_watchdog(config)
         else:
@@ -344,12 +353,15 @@ class Discovery:
             if cfg.get(key):
                 self.values[f"config:{key}"] = cfg[key]
 
-    async def _loop_watchdog(self) -> bool:
+    async def _loop_watchdog(self, loops: list[LoopFacts]) -> None:
         """A watchdog that only loops, recognised from what runs on the head (its process, its
-        script, its environment): every value it names; False when none runs."""
-        facts = await find_loop_watchdog(self.session, self.head)
+        script, its environment): every value it names."""
+        port = _api_url(self.values.get("recipe.args") or {}).rsplit(":", 1)[-1]
+        facts = pick_loop(loops, port=port)
         if facts is None:
-            return False
+            return
+        if len(loops) > 1:
+            self.warn("watchdog.kind", several_loops(loops, facts), "loop")
         where = f"{facts.script} (pid {facts.pid}, running on {self.head})"
         self.found("watchdog.kind", "loop", f"{where} only loops: it has no forced restart")
         if facts.restart_command:
@@ -390,7 +402,6 @@ class Discovery:
         if facts.max_restarts is not None and facts.window_s:
             self.found("watchdog.budget.max_restarts", facts.max_restarts, f"from {facts.script}")
             self.found("watchdog.budget.window_s", int(facts.window_s), f"from {facts.script}")
-        return True
 
     async def _bash_watchdog(self) -> None:
         """A bash watchdog of the community kind: find the script and its stamps history."""

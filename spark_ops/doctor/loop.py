@@ -8,8 +8,10 @@ from __future__ import annotations
 from spark_ops.doctor.report import Checker
 from spark_ops.watchdog.loop import (
     LoopFacts,
-    find_loop_watchdog,
+    find_loop_watchdogs,
     no_recovery,
+    pick_loop,
+    several_loops,
     unlocked_appends,
     volatile_history,
 )
@@ -32,7 +34,14 @@ class LoopChecks(Checker):
             return
         wd = self.cluster.watchdog
         if wd.loops_only:
-            facts = await find_loop_watchdog(self.session, self.head)
+            loops = await find_loop_watchdogs(self.session, self.head)
+            port = self.cluster.engine.api_url.rstrip("/").rsplit(":", 1)[-1]
+            facts = pick_loop(loops, port=port, history=wd.history_file)
+            if facts is not None and len(loops) > 1:
+                self.report.add(
+                    "watchdog-loops", self.head, "warn", several_loops(loops, facts),
+                    "stop the loops that do not watch this engine (one watchdog per engine)",
+                )  # fmt: skip
             self._loop_running(facts)
         reboot = await volatile_history(self.session, self.head, wd.history_file)
         if reboot:

@@ -6,7 +6,7 @@ then runs the launcher's stop and start, and sleeps. It has a pause file, a gave
 start-up grace and its own budget; it leaves an engine that is not running at all alone (read
 as stopped on purpose), and its history often lives in /tmp, which a reboot empties.
 
-spark-ops' side of it: recognise such a loop from what runs on the head (`find_loop_watchdog`:
+spark-ops' side of it: recognise such a loop from what runs on the head (`find_loop_watchdogs`:
 the process, its script and its environment), and say in words what it will not do
 (`volatile_history`, `no_recovery`, `unlocked_appends`). The inventory describes it with
 `watchdog.kind: loop` (inventory.py); a planned restart then runs the launcher's stop and start
@@ -43,6 +43,7 @@ _GRACE_RE = re.compile(r"AGE\"?\s*-lt\s+" + _NUM)
 _FAILS_RE = re.compile(r"FAIL\w*\"?\s*-lt\s+" + _NUM, re.I)
 _SLEEP_RE = re.compile(r"^\s*sleep\s+" + _NUM, re.M)
 _CURL_TIMEOUT_RE = re.compile(r"curl\s[^\n]*?(?:-m|--max-time)\s+" + _NUM)
+_CURL_URL_RE = re.compile(r"curl\s[^\n]*?[\"']?((?:https?://|[$]\{?\w*URL)[^\s\"']*)")
 _ENGINE_CHECK_RE = re.compile(
     r"if\s+!\s[^\n]*(docker\s+ps|pgrep|kill\s+-0|vllm_node|running|alive)[^\n]*\n?[^\n]*continue"
 )
@@ -67,6 +68,7 @@ class LoopFacts:
     failures: int | None = None
     interval_s: float | None = None
     probe_timeout_s: float | None = None
+    probe_url: str | None = None
     restart_command: str | None = None
     restarts_missing_engine: bool = True
     notes: list[str] = field(default_factory=list)
@@ -189,6 +191,8 @@ def read_loop_script(text: str, script: str, env: dict[str, str] | None = None) 
     facts.failures = _whole(values.number(_search(_FAILS_RE, text)))
     facts.interval_s = values.number(_search(_SLEEP_RE, text[text.find("while") :]))
     facts.probe_timeout_s = values.number(_search(_CURL_TIMEOUT_RE, text))
+    url = _search(_CURL_URL_RE, text)
+    facts.probe_url = values.resolve(url) if url else None
     facts.restart_command = _restart_lines(text, values)
     facts.restarts_missing_engine = _ENGINE_CHECK_RE.search(text) is None
     if not facts.history_locked:
@@ -211,13 +215,14 @@ def script_of(args: str) -> str | None:
     return words[0] if words[0].startswith("/") and words[0].endswith(".sh") else None
 
 
-async def find_loop_watchdog(session: ClusterSession, head: str) -> LoopFacts | None:
-    """The first process on the head that runs a loop watchdog's script, read with its
-    environment; None when none runs (or the head cannot say)."""
+async def find_loop_watchdogs(session: ClusterSession, head: str) -> list[LoopFacts]:
+    """Every process on the head that runs a loop watchdog's script, read with its environment;
+    [] when none runs (or the head cannot say)."""
     try:
         listing = await session.call(head, PROCESSES)
     except SparkOpsError:
-        return None
+        return []
+    found: list[LoopFacts] = []
     for line in listing.stdout.splitlines():
         pid, _, args = line.strip().partition(" ")
         script = script_of(args.strip())
@@ -233,8 +238,33 @@ async def find_loop_watchdog(session: ClusterSession, head: str) -> LoopFacts | 
         facts = read_loop_script(text, script, env)
         if facts is not None:
             facts.pid = int(pid)
-            return facts
-    return None
+            found.append(facts)
+    return found
+
+
+def pick_loop(
+    loops: list[LoopFacts], *, port: str | None = None, history: str | None = None
+) -> LoopFacts | None:
+    """This cluster's loop among those running: the only one; else the one whose stamps are
+    `history`, else the one whose probe URL names `port`; else the first (None: none runs)."""
+    if len(loops) <= 1:
+        return loops[0] if loops else None
+    for wanted in (
+        [f for f in loops if history and f.history_file == history],
+        [f for f in loops if port and f.probe_url and re.search(rf":{port}(?:/|$)", f.probe_url)],
+    ):
+        if len(wanted) == 1:
+            return wanted[0]
+    return loops[0]
+
+
+def several_loops(loops: list[LoopFacts], chosen: LoopFacts) -> str:
+    """Words for a head that runs more than one loop watchdog (each restarts on its own)."""
+    others = ", ".join(f"{f.script} (pid {f.pid})" for f in loops if f is not chosen)
+    return (
+        f"{len(loops)} loop watchdogs run on the head; read {chosen.script} (pid {chosen.pid}), "
+        f"also running: {others}. Two loops probing one engine both restart it"
+    )
 
 
 async def _environment(session: ClusterSession, head: str, pid: int) -> dict[str, str]:
