@@ -38,6 +38,8 @@ def test_metrics_case(case: dict[str, Any]) -> None:
     if "pool" in case:
         assert kv_pool_tokens(text) == case["pool"]
         assert EngineSnapshot.from_metrics(text).kv_tokens == case["pool"]  # the engine client's
+    if "kv_memory" in case:
+        assert EngineSnapshot.from_metrics(text).kv_memory_bytes == case["kv_memory"]
     if "snapshot" in case:
         snap = EngineSnapshot.from_metrics(text).to_dict()
         for key, value in case["snapshot"].items():

@@ -52,6 +52,12 @@ class EngineSnapshot:
                 snap.kv_tokens = pool_tokens(s.labels)
         return snap
 
+    @property
+    def kv_memory_bytes(self) -> int | None:
+        """The engine's --kv-cache-memory-bytes as its CacheConfig reports it (None: unset)."""
+        value = self.cache_config.get("kv_cache_memory_bytes", "")
+        return int(value) if value.isdigit() else None
+
     def to_dict(self) -> dict[str, Any]:
         """Serialize for reports."""
         return {

@@ -190,6 +190,7 @@ class RunFacts:
     written: list[str] | None = None  # host:path of every recipe copy written
     write_backups: list[dict[str, Any]] | None = None  # the backups the write made
     kv_pool_before: int | None = None  # the old engine's KV pool, in tokens
+    kv_memory_before: int | None = None  # the old engine's KV cache memory (its own report)
     restart_at: float | None = None  # head clock when the restart command began
     printed_stamp: float | None = None  # the stamp the watchdog printed for it
     interrupted_at: str | None = None  # where the first signal found the run

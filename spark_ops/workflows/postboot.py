@@ -24,13 +24,15 @@ async def verify_boot(op: Operation, plan: Plan, out: Outcome) -> list[verify.Ch
     args = out.boot.non_default_args if out.boot is not None else {}
     expected = {k: v for k, v in (plan.facts.knobs_after or {}).items() if v is not None}
     checks = [verify.check_effective_args(args, expected, host=head)]
-    after = await kv_pool(op)
+    after, kv_memory = await kv_cache(op)
     before_kv = (plan.facts.knobs_before or {}).get("kv_cache_memory_bytes")
     checks.append(
         verify.check_kv_pool(
             after,
             out.found.kv_pool_before,
             kv_memory_changed=before_kv != expected.get("kv_cache_memory_bytes"),
+            kv_memory_bytes=kv_memory,
+            previous_kv_memory_bytes=out.found.kv_memory_before,
             host=head,
         )
     )
@@ -73,9 +75,15 @@ async def _still_serving(op: Operation, head: str) -> verify.Check:
 
 async def kv_pool(op: Operation) -> int | None:
     """The engine's KV pool in tokens from /metrics (cache_config_info blocks × block size)."""
+    return (await kv_cache(op))[0]
+
+
+async def kv_cache(op: Operation) -> tuple[int | None, int | None]:
+    """The engine's KV pool in tokens and the KV cache memory it was started with, from
+    /metrics (cache_config_info); None where the engine does not say."""
     async with op.engine() as api:
         snap = await api.metrics()
-    return snap.kv_tokens if snap is not None else None
+    return (snap.kv_tokens, snap.kv_memory_bytes) if snap is not None else (None, None)
 
 
 async def _xid_checks(op: Operation, since: float) -> list[verify.Check]:

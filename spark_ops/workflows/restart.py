@@ -29,7 +29,7 @@ from spark_ops.workflows.execution import Attempt, Done, Execution
 from spark_ops.workflows.gate import missing_workers
 from spark_ops.workflows.operation import Operation, Outcome
 from spark_ops.workflows.plan import StepKind
-from spark_ops.workflows.postboot import kv_pool
+from spark_ops.workflows.postboot import kv_cache
 
 
 async def prepare_restart(ex: Execution, kind: StepKind) -> None:
@@ -39,7 +39,8 @@ async def prepare_restart(ex: Execution, kind: StepKind) -> None:
     flags_before = await flags(op)
     start_at = await log_offset(op)
     if kind is StepKind.RESTART:  # a rollback's restart does not read the pool again
-        ex.out.found.kv_pool_before = await kv_pool(op)
+        found = ex.out.found
+        found.kv_pool_before, found.kv_memory_before = await kv_cache(op)
     clock_before = await op.watchdog.clock()
     async with op.engine(timeout=5) as api:
         watch = await EngineWatch.before_restart(op.session, op.cluster, api, clock_before)
