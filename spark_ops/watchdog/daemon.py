@@ -324,6 +324,12 @@ class Watchdog:
         elif self.restart_in_progress():
             failures, decision = 0, "restarting"
             self.log.info("probe_failed_while_restarting", error=result.error)
+        elif self.paused():
+            # a pause (an operator's, or a lease over a planned disruption) counts nothing: when
+            # it ends, the watchdog needs its full run of failures again before it acts, as the
+            # community loop does, rather than acting at once on failures seen while paused
+            failures, decision = 0, "paused"
+            self.log.info("probe_failed_while_paused", error=result.error, file=self.paths.pause)
         elif now < grace_end:
             failures, decision = 0, "grace"
             self.log.info("probe_failed_in_grace", error=result.error, grace_until=grace_end)
