@@ -397,29 +397,40 @@ def _recipe_dir(g: Ground) -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted(recipe.parent.iterdir())}
 
 
+APPLY_64 = ("apply", "--max-num-seqs", "64")
 FAILED_TRIGGERS = [
-    ("typo", "wdd --restart-now --force", {"MODE": "sync"}, "no restart began",
+    ("typo", APPLY_64, "wdd --restart-now --force", {"MODE": "sync"}, "no restart began",
      "the recipe write was undone"),
-    ("fails-after-the-stop", "wd --restart-now --force", {"MODE": "fail-after-stop"},
+    ("fails-after-the-stop", APPLY_64, "wd --restart-now --force", {"MODE": "fail-after-stop"},
      "a restart may have begun", "spark-ops rollback"),
+    # a plain restart wrote nothing: the hint names the engine, not new recipe values (F6)
+    ("restart-fails-after-the-stop", ("restart",), "wd --restart-now --force",
+     {"MODE": "fail-after-stop"}, "a restart may have begun", "the engine may be down"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("case", "command", "behaviour", "said", "told"), FAILED_TRIGGERS,
+    ("case", "argv", "command", "behaviour", "said", "told"), FAILED_TRIGGERS,
     ids=[c[0] for c in FAILED_TRIGGERS],
 )  # fmt: skip
 def test_failed_trigger(
-    case: str, command: str, behaviour: dict[str, Any], said: str, told: str, tmp_path: Path
+    case: str,
+    argv: tuple[str, ...],
+    command: str,
+    behaviour: dict[str, Any],
+    said: str,
+    told: str,
+    tmp_path: Path,
 ) -> None:
     """The restart command fails: with no restart begun, nothing is left changed (exit 12);
-    when one may have begun, the operator is told the recipe and the engine may differ."""
+    when one may have begun, the operator is told what may differ (the recipe and the engine
+    after an apply, the engine after a restart)."""
     cell = {"behaviour": behaviour, "reports_stamp": False}
     with sim_ground(tmp_path, cell) as g:
         inv = Path(g.env["SPARK_OPS_INVENTORY"])
         inv.write_text(inv.read_text().replace("wd --restart-now --force", command))
         before, files, pid = g.lines(), _recipe_dir(g), g.engine_pid()
-        res = run_cli(g.env, "apply", "--max-num-seqs", "64", "--yes", "--json", "--no-drain")
+        res = run_cli(g.env, *argv, "--yes", "--json", "--no-drain")
         errors = [json.loads(x) for x in res.stderr.splitlines() if x.startswith('{"error"')]
         record(f"failed-trigger-{case}", "sim", f"restart command {case}", exit=res.returncode,
                message=errors[-1]["message"] if errors else res.stderr[-300:], lost=0,

@@ -236,6 +236,9 @@ async def trigger_failed(ex: Execution, name: StepKind, trigger: Trigger) -> Non
             "the recipe now holds the new values and the engine may not: check `spark-ops "
             "status`; `spark-ops restart` boots the recipe as it is, `spark-ops rollback` puts "
             "the old one back"
+            if written
+            else "the engine may be down: check `spark-ops status`; `spark-ops restart` boots "
+            "the recipe as it is"
         )
     else:
         error.message += "; no restart began"
