@@ -125,7 +125,10 @@ def start_sim(root: Path, **kw: object) -> Sim:
     from spark_ops.sim.cluster import SimOptions
     from spark_ops.sim.control import up
 
-    opts = SimOptions(**{"time_scale": 4.0, "boot_scale": 1.0, **kw})  # type: ignore[arg-type]
+    # the Ray shape unless a test asks for ranks (`executor="mp"`, the CLI's default): most
+    # suites were written against it; tests/test_sim_ranks.py and the CLI's tests run ranks
+    base = {"time_scale": 4.0, "boot_scale": 1.0, "executor": "ray"}
+    opts = SimOptions(**{**base, **kw})  # type: ignore[arg-type]
     state = up(root, opts)
     return Sim(root, state)
 

@@ -36,7 +36,7 @@ def cli() -> None:
     is_flag=True,
     help="Start the engine under a wrapper shell (the pid file names the shell).",
 )
-@click.option("--executor", type=click.Choice(["mp", "ray"]), default="ray", show_default=True,
+@click.option("--executor", type=click.Choice(["mp", "ray"]), default="mp", show_default=True,
               help="mp: one engine rank per node without Ray (rank 0 on the head serves the API, "
               "the workers' ranks run headless), as launchers start it today; ray: the head's "
               "engine over the workers' Ray workers.")  # fmt: skip

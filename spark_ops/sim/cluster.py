@@ -77,9 +77,9 @@ class SimOptions:
     engine_wrapper: bool = False
     # mp: one engine rank per node without Ray, as eugr/spark-vllm-docker launches it (rank 0 on
     # the head serves the API, the workers' ranks run headless, each logs on its node:
-    # sim/ranks.py); ray: the engine on the head joins the workers' Ray workers (the default
-    # until every suite that uses the embedded cluster passes in rank mode)
-    executor: str = "ray"
+    # sim/ranks.py), the default as it is the launcher's; ray: the engine on the head joins the
+    # workers' Ray workers (the test ground's fixtures ask for it by name)
+    executor: str = "mp"
 
 
 def asset(name: str) -> str:

@@ -332,7 +332,7 @@ class CrashCluster:
         from spark_ops.sim.control import up, wait_serving
 
         self.root = root.resolve()
-        opts = SimOptions(nodes=nodes, time_scale=20.0, boot_scale=0.25)
+        opts = SimOptions(nodes=nodes, time_scale=20.0, boot_scale=0.25, executor="ray")
         self.state = up(self.root / "sim", opts)
         wait_serving(self.state)
         self.sim_root = self.root / "sim"
