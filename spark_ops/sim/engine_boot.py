@@ -190,8 +190,8 @@ class Booter:
             f"kv_cache_dtype={a.kv_cache_dtype}, served_model_name={a.served_name}",
         )
         await self._phase("engine_core_start_s")
-        if self.workers:
-            await self._ray()
+        if self.workers and a.non_default.get("distributed_executor_backend") != "mp":
+            await self._ray()  # vLLM forms no placement group for ranks without Ray
         nnodes = int(a.extras.get("nnodes") or 1)
         if nnodes > 1 and int(a.extras.get("node_rank") or 0) == 0:
             self.ranks = RankGroup(cfg, nnodes, log)
