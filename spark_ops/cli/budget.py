@@ -19,6 +19,7 @@ from spark_ops.cli.common import (
     when,
 )
 from spark_ops.errors import excerpt
+from spark_ops.watchdog.lease import pause_shown
 
 if TYPE_CHECKING:
     from spark_ops.watchdog.contract import BudgetView
@@ -99,8 +100,9 @@ def echo_budget(view: BudgetView) -> None:
         )
     if view.used >= view.allowed:
         click.echo(f"Next slot frees at {when(view.next_free_at)}")
-    if view.paused:
-        click.secho("Watchdog is PAUSED (pause file present).", fg="yellow")
+    pause = pause_shown(view.to_dict())
+    if pause is not None:
+        click.secho(f"{pause[1][0].upper()}{pause[1][1:]}.", fg="yellow")
     if view.gave_up:
         click.secho(f"Watchdog GAVE UP: {view.gave_up_reason}", fg="red")
     if view.disagreement:  # which budget was counted, when the watchdog's own may differ

@@ -47,6 +47,7 @@ from spark_ops.watchdog.identify import (
     stamp_json,
 )
 from spark_ops.watchdog.identify import identify as identify_entry
+from spark_ops.watchdog.lease import Lease, pause_of
 from spark_ops.yamlsafe import load_yaml
 
 PLANNED_BY = "spark-ops"
@@ -106,7 +107,8 @@ class BudgetView:
     now: float
     next_free_at: float
     stamps: list[dict[str, Any]] = field(default_factory=list)
-    paused: bool = False
+    paused: bool = False  # a pause in force (a lapsed lease pauses nothing)
+    lease: dict[str, Any] | None = None  # the lease the pause file holds, live or lapsed
     gave_up: bool = False
     gave_up_reason: str = ""
     malformed: list[dict[str, Any]] = field(default_factory=list)
@@ -126,6 +128,7 @@ class BudgetView:
             "next_free_at": self.next_free_at,
             "stamps": self.stamps,
             "paused": self.paused,
+            "lease": self.lease,
             "gave_up": self.gave_up,
             "gave_up_reason": self.gave_up_reason,
             "malformed": self.malformed,
@@ -327,6 +330,13 @@ class WatchdogContract:
         data = await self.history("read", *self._common())
         return [float(e["stamp"]) for e in data.get("entries", []) if e.get("stamp") is not None]
 
+    async def _pause(self, now: float) -> tuple[bool, Lease | None]:
+        """Whether the pause file pauses the watchdog at `now` (the head's clock), and the lease
+        it holds (lease.pause_of: a lapsed lease pauses nothing)."""
+        if not self.wd.pause_file:
+            return False, None
+        return pause_of(await self.session.read_file(self.head, self.wd.pause_file), now)
+
     async def _flag(self, path: str | None) -> tuple[bool, str]:
         """Whether a flag file exists on the head, and its first line."""
         if not path:
@@ -421,7 +431,7 @@ class WatchdogContract:
                     "forced": rec.get("forced"),
                 }
             )
-        paused, _ = await self._flag(self.wd.pause_file)
+        paused, lease = await self._pause(float(data["now"]))
         gave_up, why = await self._flag(self.wd.gave_up_file)
         return BudgetView(
             used=int(data["used"]),
@@ -431,6 +441,7 @@ class WatchdogContract:
             next_free_at=float(data["next_free_at"]),
             stamps=stamps,
             paused=paused,
+            lease=lease.to_dict() if lease is not None else None,
             gave_up=gave_up,
             gave_up_reason=why,
             malformed=list(data.get("malformed", [])),
