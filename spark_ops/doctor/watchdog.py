@@ -249,6 +249,14 @@ class WatchdogChecks(Checker):
         ):
             if not path:
                 continue
+            wrong = (
+                await WatchdogContract(self.session).pause_file_disagrees()
+                if name == "pause"
+                else ""
+            )
+            if wrong:  # a lease there would pause nothing
+                self.report.add(f"watchdog-{name}", self.head, "warn", wrong)
+                continue
             text = await self.session.read_file(self.head, path)
             if text is None:
                 self.report.add(f"watchdog-{name}", self.head, "ok", f"{path} absent")

@@ -496,6 +496,29 @@ class WatchdogContract:
                 f"(touch {wd.history_file})",
             )
 
+    async def pause_file_disagrees(self) -> str:
+        """Why the inventory's watchdog.pause_file is not the pause file the watchdog reads (its
+        own config names another: a lease there pauses nothing), or "" when it is, or when no
+        config tells (red team F4)."""
+        wd = self.wd
+        if not wd.pause_file:
+            return ""
+        home_res = await self.session.call(self.head, HOME)
+        home = home_res.strip() if home_res else ""
+        own = await self.own_config(home)
+        said = own.config.paths.pause if own.config is not None else ""
+        mine = (
+            home + wd.pause_file[1:] if wd.pause_file.startswith("~/") and home else wd.pause_file
+        )
+        if not said or said == mine:
+            return ""
+        shown = "~" + said[len(home) :] if home and said.startswith(home + "/") else said
+        return (
+            f"watchdog.pause_file is wrong: {wd.pause_file} on {self.head} is not the pause file "
+            f"the watchdog reads; its config {own.where} says {shown}: a lease there pauses "
+            f"nothing (set watchdog.pause_file: {shown} in the inventory)"
+        )
+
     async def journal_restarts(self) -> list[dict[str, Any]]:
         """The journal's restart records with a numeric stamp, in file order, from its last MiB
         (it only grows: the stamps in any window are at its end); odd lines skipped."""
