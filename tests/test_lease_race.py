@@ -122,6 +122,24 @@ def test_a_signal_at_any_moment_never_strands_a_pause(shell: str, at: str, tmp_p
     assert _end(shell, ours, sha, env).returncode == 0 and not ours.exists() and _left(d) == []
 
 
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_third_pause_made_before_the_link_back_keeps_both(shell: str, tmp_path: Path) -> None:
+    """An operator's pause moved aside (not ours), and another made at its name before it is
+    linked back: the new one stays, the moved one is kept under the private name stderr names
+    (link(2) never clobbers)."""
+    d = tmp_path / "state"
+    d.mkdir()
+    pause = d / "pause"
+    pause.write_text("alice: first\n")
+    env = dict(os.environ, PATH=f"{_shims(tmp_path, 'ln')}:{os.environ['PATH']}")
+    env.update(HOOK_DIR=str(tmp_path), HOOK_DO="rename", OPERATOR=OPERATOR, PAUSE=str(pause))
+    res = _end(shell, pause, "0" * 64, env)
+    assert res.returncode == 45 and res.stdout == "alice: first\n"
+    assert pause.read_text() == OPERATOR
+    (kept,) = _left(d)
+    assert (d / kept).read_text() == "alice: first\n" and f"kept as {d / kept}" in res.stderr
+
+
 def test_not_a_regular_file_is_left_as_it_is(tmp_path: Path) -> None:
     """A directory, a FIFO, a symlink at the name: exit 45, untouched, nothing moved aside."""
     for kind in ("dir", "fifo", "link"):

@@ -281,6 +281,8 @@ def test_the_engine_is_known_by_its_mark_or_its_command_line(tmp_path: Path) -> 
     marked = start_detached(
         ["sleep", "302"], env=None, log_file=str(tmp_path / "l"), pid_file=pid_file
     )
+    old = time.time() - 3600  # a clock stepped forward since: its mark still tells
+    os.utime(pid_file, (old, old))
     assert stop_engine(pid_file, 5, ["sleep", "999"])["result"] == "terminated"
     assert not pid_alive(marked)
     same = subprocess.Popen(["sleep", "303"], start_new_session=True)

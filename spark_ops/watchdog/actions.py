@@ -119,23 +119,25 @@ def _command_line(pid: int) -> list[str]:
 
 def not_the_engine(pid: int, pid_file: str, argv: list[str] | None) -> str | None:
     """Why the live process `pid` is not the engine the pid file names (None when it is): it
-    started after the file was written (the engine died and its number was reused), or it
-    carries neither this watchdog's mark nor the very command line the action starts."""
-    started = _started_at(pid)
-    try:
-        written = os.stat(pid_file).st_mtime
-    except OSError:
-        written = None
-    words = _command_line(pid)
-    shown = " ".join(words)[:200] or "?"
-    if started is not None and written is not None and started > written + 1.0:
-        return f"reused: pid {pid} ({shown}) started after {pid_file} was written"
+    carries this watchdog's mark (an engine it started); else it started after the file was
+    written (the engine died and its number was reused); else its command line must be the
+    very one the action starts. The mark is read first: a clock stepped forward since the
+    engine started makes its computed start time later than the file, never unmarked."""
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         env = []
     if f"{ENGINE_MARK}={pid_file}".encode() in env:
         return None
+    words = _command_line(pid)
+    shown = " ".join(words)[:200] or "?"
+    started = _started_at(pid)
+    try:
+        written: float | None = os.stat(pid_file).st_mtime
+    except OSError:
+        written = None
+    if started is not None and written is not None and started > written + 1.0:
+        return f"reused: pid {pid} ({shown}) started after {pid_file} was written"
     if argv and words == list(argv):
         return None
     how = " and does not run the command its action starts" if argv else ""

@@ -335,7 +335,11 @@ class WatchdogContract:
         it holds (lease.pause_of: a lapsed lease pauses nothing)."""
         if not self.wd.pause_file:
             return False, None
-        return pause_of(await self.session.read_file(self.head, self.wd.pause_file), now)
+        try:
+            text = await self.session.read_file(self.head, self.wd.pause_file)
+        except SparkOpsError:  # a directory, not UTF-8, too big: the watchdog reads a pause
+            return True, None  # (the history was just read over this session: it answers)
+        return pause_of(text, now)
 
     async def _flag(self, path: str | None) -> tuple[bool, str]:
         """Whether a flag file exists on the head, and its first line."""

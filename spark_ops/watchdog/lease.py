@@ -257,7 +257,10 @@ async def end(session: ClusterSession, path: str, sha: str) -> str:
             f"a lease of run {other.run}" if other is not None
             else excerpt(res.stdout.strip()) or res.stderr.strip() or "other content"
         )  # fmt: skip
-        return f"{path} now holds {who}: someone paused the watchdog meanwhile; kept"
+        moved = next((ln for ln in res.stderr.splitlines() if "kept as" in ln), "")
+        return f"{path} now holds {who}: someone paused the watchdog meanwhile; kept" + (
+            f" ({moved})" if moved else ""
+        )
     why = res.stderr.strip() or f"exit {res.exit_code}"
     return f"not ended ({why}); it lapses at its expiry"
 
