@@ -67,7 +67,10 @@ class Leases:
     async def take(self, why: str, seconds: float) -> lease.LeaseHeld:
         """Take a lease (one atomic unit: a signal waits for it, and its end follows); none in a
         pause file the watchdog does not read (its config names another: it would pause nothing)."""
-        wrong = await self.op.watchdog.pause_file_disagrees()
+        try:
+            wrong = await self.op.watchdog.pause_file_disagrees()
+        except SparkOpsError:  # unknown: the take says what it finds
+            wrong = ""
         if wrong:
             held = lease.LeaseHeld(self.op.cluster.watchdog.pause_file, "failed", why, error=wrong)
             self.held.append(held)
