@@ -15,6 +15,7 @@ from embedded import start_nodes
 
 from spark_ops.errors import AmbiguousStamp, WatchdogError
 from spark_ops.remote import ClusterSession
+from spark_ops.watchdog import history
 from spark_ops.watchdog.contract import Trigger, WatchdogContract, fill_restart_command
 from spark_ops.watchdog.history import parse_history
 from spark_ops.watchdog.identify import HistEntry, identify, record_kind
@@ -197,6 +198,8 @@ def test_one_rule_for_a_record_of_a_restart(case: dict[str, Any]) -> None:
     record = case["record"]
     assert record_kind(record, "spark-ops") == case["kind"]
     assert HistEntry(9001.0, "9001", record).kind("spark-ops") == case["kind"]
+    # the head's history.py (stdlib only, its own copy of the rule) agrees
+    assert history._is_planned(record or {}, "spark-ops") is (case["kind"] == "planned")
     # as the journal's record of a plain stamp: the same kind decides identify
     if case["kind"] is not None and record.get("action", "restart") == "restart":
         got = identify(
