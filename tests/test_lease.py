@@ -203,6 +203,8 @@ def test_the_views_show_a_lapsed_lease_as_lapsed(case: dict[str, Any]) -> None:
         assert needle in words, words
     for needle in case.get("not", []):
         assert needle not in words, words
-    page = _budget({"used": 0, "allowed": 2, "window_s": 3600, "remaining": 2, **case["budget"]})
+    pause = {"state": shown[0], "text": shown[1]} if shown else None
+    b = {"used": 0, "allowed": 2, "window_s": 3600, "remaining": 2, **case["budget"]}
+    page = _budget({**b, "pause": pause})
     assert ("PAUSED" in page) is (case["shown"] == "paused") and "<b>" not in page
     assert ("LAPSED" in page) is (case["shown"] == "lapsed")

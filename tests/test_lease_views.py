@@ -77,7 +77,7 @@ async def test_the_budget_reads_the_pause_as_the_watchdog_does(
     budget, wrong = await _read(tmp_path, "~/wd/pause")
     assert budget["paused"] is paused and wrong == ""
     got = pause_shown(budget)
-    assert (got[0] if got else None) == shown
+    assert (got[0] if got else None) == shown == (budget["pause"] or {}).get("state")
 
 
 async def test_a_pause_file_the_watchdog_does_not_read_is_said(tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ from spark_ops.cli.common import (
     when,
 )
 from spark_ops.errors import excerpt
-from spark_ops.watchdog.lease import pause_shown
 
 if TYPE_CHECKING:
     from spark_ops.watchdog.contract import BudgetView
@@ -100,9 +99,9 @@ def echo_budget(view: BudgetView) -> None:
         )
     if view.used >= view.allowed:
         click.echo(f"Next slot frees at {when(view.next_free_at)}")
-    pause = pause_shown(view.to_dict())
-    if pause is not None:
-        click.secho(f"{pause[1][0].upper()}{pause[1][1:]}.", fg="yellow")
+    pause = view.to_dict()["pause"]  # lease.pause_shown's words: a lapsed lease is no pause
+    if pause:
+        click.secho(f"{pause['text'][0].upper()}{pause['text'][1:]}.", fg="yellow")
     if view.gave_up:
         click.secho(f"Watchdog GAVE UP: {view.gave_up_reason}", fg="red")
     if view.disagreement:  # which budget was counted, when the watchdog's own may differ

@@ -9,7 +9,6 @@ import click
 
 from spark_ops.cli.common import emit_json, load_cluster, run_async, when
 from spark_ops.errors import ExitStatus
-from spark_ops.watchdog.lease import pause_shown
 
 VERDICT_EXIT = {
     "serving": ExitStatus.OK,
@@ -100,12 +99,12 @@ def echo_status(data: dict[str, Any]) -> None:
         click.echo("  finish it: " + "".join(c if c.isprintable() else "?" for c in r["command"]))
     b = data.get("budget") or {}
     if "used" in b:
-        pause = pause_shown(b)
-        flags = {"paused": " PAUSED", "lapsed": " LEASE-LAPSED"}[pause[0]] if pause else ""
+        pause = b.get("pause")  # lease.pause_shown's words: a lapsed lease is no pause
+        flags = {"paused": " PAUSED", "lapsed": " LEASE-LAPSED"}[pause["state"]] if pause else ""
         flags += " GAVE-UP" if b.get("gave_up") else ""
         click.echo(f"Watchdog budget: {b['used']}/{b['allowed']} used{flags}")
-        if pause is not None:
-            click.secho(f"  {pause[1]}", fg="yellow")
+        if pause:
+            click.secho(f"  {pause['text']}", fg="yellow")
     elif b:
         click.secho(f"Watchdog: {b.get('error')}", fg="red")
     v = data.get("verdict") or {}

@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from spark_ops.readiness import PHASE_ORDER
-from spark_ops.watchdog.lease import pause_shown
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f7f9}
@@ -170,9 +169,8 @@ def _budget(b: dict[str, Any]) -> str:
     else:
         out += f"{esc(b.get('remaining'))} left now</p>"
     flags = []
-    pause = pause_shown(b)
-    if pause is not None:
-        flags.append(f'<span class="warn">{esc(pause[1])}</span>')
+    if b.get("pause"):  # lease.pause_shown's words: a lapsed lease is no pause
+        flags.append(f'<span class="warn">{esc(b["pause"]["text"])}</span>')
     if b.get("gave_up"):
         flags.append(f'<span class="bad">watchdog GAVE UP: {esc(b.get("gave_up_reason"))}</span>')
     if flags:

@@ -47,7 +47,7 @@ from spark_ops.watchdog.identify import (
     stamp_json,
 )
 from spark_ops.watchdog.identify import identify as identify_entry
-from spark_ops.watchdog.lease import Lease, pause_of
+from spark_ops.watchdog.lease import Lease, pause_of, pause_shown
 from spark_ops.yamlsafe import load_yaml
 
 PLANNED_BY = "spark-ops"
@@ -119,7 +119,7 @@ class BudgetView:
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
-        return {
+        data = {
             "used": self.used,
             "allowed": self.allowed,
             "remaining": max(0, self.allowed - self.used),
@@ -137,6 +137,9 @@ class BudgetView:
             "limits_source": self.limits_source,
             "inventory_disagrees": self.disagreement or None,
         }
+        shown = pause_shown(data)  # the words every view shows (status, budget, serve)
+        data["pause"] = {"state": shown[0], "text": shown[1]} if shown else None
+        return data
 
 
 @dataclass
