@@ -105,6 +105,7 @@ class FanoutReport:
     hosts: list[HostResult]
     seconds: float
     mode: str = "exec"
+    note: str = ""  # what the run did not do, and why (exec --edit: no restart, so no lease)
 
     @property
     def ok(self) -> bool:
@@ -141,6 +142,7 @@ class FanoutReport:
             "seconds": round(self.seconds, 4),
             "failed": [h.host for h in self.failed],
             "hosts": [h.to_dict() for h in self.hosts],
+            "note": self.note or None,
         }
 
 
@@ -506,4 +508,22 @@ async def edit_line(
         results = await edit_on(session, edit, hosts, keep_backups=keep)
         done.extend(results)
     label = f"edit {edit.path}: s/{edit.pattern}/{edit.replacement}/"
-    return FanoutReport(cluster.name, label, results, time.monotonic() - start, mode="edit")
+    return FanoutReport(
+        cluster.name, label, results, time.monotonic() - start, mode="edit",
+        note=edit_note(cluster, edit.path, results),
+    )  # fmt: skip
+
+
+def edit_note(cluster: Cluster, path: str, results: Sequence[HostResult]) -> str:
+    """Why an edit takes no lease (it restarts nothing, so serving is not disrupted), and, for
+    the recipe, when its values reach the engine; "" when no host's file changed."""
+    if not any(h.kind == "ok" for h in results):
+        return ""
+    if path != cluster.recipe.path:
+        return "no restart, so no watchdog lease: exec --edit only writes the file"
+    return (
+        "no restart, so no watchdog lease: exec --edit only writes the recipe, and the engine "
+        "serves on its old values until its next restart: `spark-ops restart` (which takes the "
+        "lease, follows the boot and verifies), or the watchdog's own restart, which starts it "
+        "on the new values unverified"
+    )

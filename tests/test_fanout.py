@@ -331,8 +331,9 @@ async def test_edit_all_or_nothing(openssh_cluster: Any) -> None:
         h = rep.result(n.name)
         assert h.extra["written"] and h.extra["backup"].startswith(str(n.home))
         assert Path(h.extra["backup"]).read_text() == RECIPE
+    assert "no restart, so no watchdog lease" in rep.note  # it restarts nothing
     again = await fanout.edit_line(cluster, edit)
-    assert again.ok and {h.kind for h in again.hosts} == {fanout.UNCHANGED}
+    assert again.ok and {h.kind for h in again.hosts} == {fanout.UNCHANGED} and not again.note
 
     broken = openssh_cluster["node3"].home / "recipe.yaml"
     broken.write_text("model: glm\n")
@@ -470,3 +471,24 @@ def test_cli_usage_errors_before_inventory(args: list[str]) -> None:
 
     result = CliRunner().invoke(cli, ["-i", "/nonexistent/inventory.yaml", *args])
     assert result.exit_code == 2, result.output
+
+
+@pytest.mark.parametrize(
+    ("path", "kinds", "has"),
+    [
+        ("r", [fanout.OK, fanout.OK], ["no restart, so no watchdog lease", "old values"]),
+        ("r", [fanout.OK, fanout.UNCHANGED], ["spark-ops restart", "unverified"]),
+        ("r", [fanout.UNCHANGED, fanout.UNCHANGED], []),
+        ("r", [fanout.EXIT, fanout.UNREACHABLE], []),
+        ("~/other.conf", [fanout.OK], ["no restart, so no watchdog lease", "only writes the file"]),
+    ],
+)
+def test_an_edit_says_why_it_takes_no_lease(path: str, kinds: list[str], has: list[str]) -> None:
+    """exec --edit restarts nothing (no lease); for the recipe, when its values reach the engine;
+    nothing said when no file changed."""
+    cluster = parse_inventory(FLAKY_INVENTORY, "t.yaml").cluster()
+    results = [fanout.HostResult(f"node{i}", k, 0) for i, k in enumerate(kinds, 1)]
+    note = fanout.edit_note(cluster, path, results)
+    assert bool(note) is bool(has)
+    for needle in has:
+        assert needle in note, note

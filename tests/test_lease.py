@@ -20,9 +20,16 @@ from spark_ops.errors import InventoryError
 from spark_ops.inventory import WatchdogProbe, parse_inventory
 from spark_ops.remote.programs.watchdog import LEASE_END, LEASE_TAKE
 from spark_ops.remote.shell import sha256
+from spark_ops.serve.pages import _budget
 from spark_ops.watchdog.config import load_config
 from spark_ops.watchdog.daemon import Watchdog
-from spark_ops.watchdog.lease import lease_body, lease_seconds, parse_lease, pause_in_force
+from spark_ops.watchdog.lease import (
+    lease_body,
+    lease_seconds,
+    parse_lease,
+    pause_in_force,
+    pause_shown,
+)
 from spark_ops.workflows.experiment import read_experiment
 from spark_ops.workflows.probe_load import LoadGuard, ProbeWouldTrip, probe_wait
 
@@ -184,3 +191,20 @@ def test_no_recommendation_from_a_partial_reading() -> None:
         partial.lines
     )
     assert not any(line.startswith("Recommendation") for line in partial.lines)
+
+
+@pytest.mark.parametrize("case", CASES["shown"], ids=lambda c: c["name"])
+def test_the_views_show_a_lapsed_lease_as_lapsed(case: dict[str, Any]) -> None:
+    """One function words the pause for status, budget and serve; a lapsed lease is not one."""
+    shown = pause_shown(case["budget"])
+    assert (shown[0] if shown else None) == case["shown"]
+    words = shown[1] if shown else ""
+    for needle in case.get("has", []):
+        assert needle in words, words
+    for needle in case.get("not", []):
+        assert needle not in words, words
+    pause = {"state": shown[0], "text": shown[1]} if shown else None
+    b = {"used": 0, "allowed": 2, "window_s": 3600, "remaining": 2, **case["budget"]}
+    page = _budget({**b, "pause": pause})
+    assert ("PAUSED" in page) is (case["shown"] == "paused") and "<b>" not in page
+    assert ("LAPSED" in page) is (case["shown"] == "lapsed")

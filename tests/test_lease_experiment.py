@@ -121,7 +121,8 @@ def test_a_lapsed_lease_found_is_no_pause_and_the_lease_follows_the_deadline(
 ) -> None:
     """Red team 2026-12-03 F3: a lease found past its expiry (a dead run's) pauses nothing; the
     restart says the watchdog is NOT paused and keeps the file as it is. F1: the lease and the
-    boot step follow `--deadline`, not the inventory's boot deadline."""
+    boot step follow `--deadline`, not the inventory's boot deadline. `budget` and `status` show
+    that lease lapsed, not paused."""
     from spark_ops.sim.control import down, wait_serving
 
     s = start_sim(tmp_path / "sim", time_scale=TIME_SCALE)
@@ -147,5 +148,27 @@ def test_a_lapsed_lease_found_is_no_pause_and_the_lease_follows_the_deadline(
         lease = next(st for st in out["plan"]["steps"] if st["name"] == "lease")
         assert "NOT paused" in lease["detail"] and "zzz-old" in lease["detail"], lease
         assert pause.read_bytes() == before, "a pause file not ours is kept as it is"
+        # the views: a lapsed lease is shown lapsed, never "paused"
+        budget = cli(env, "budget")
+        assert "LAPSED" in budget.stdout and "PAUSED" not in budget.stdout, budget.stdout
+        view = json.loads(cli(env, "budget", "--json").stdout)
+        assert view["paused"] is False and view["lease"]["run"] == "zzz-old", view
+        status = cli(env, "status")
+        assert "LEASE-LAPSED" in status.stdout and "PAUSED" not in status.stdout, status.stdout
+        # F4: an inventory whose pause_file is not the one the watchdog's config names
+        pause.unlink()
+        inv = yaml.safe_load(s.inventory.read_text())
+        typo = "~/.local/state/spark-watchdog/pauses"
+        inv["clusters"][next(iter(inv["clusters"]))]["watchdog"]["pause_file"] = typo
+        (tmp_path / "typo.yaml").write_text(yaml.safe_dump(inv))
+        env2 = dict(env, SPARK_OPS_INVENTORY=str(tmp_path / "typo.yaml"))
+        said = "is not the pause file the watchdog reads"
+        doctor = cli(env2, "doctor")
+        assert said in doctor.stdout and "~/.local/state/spark-watchdog/pause" in doctor.stdout
+        res = cli(env2, "restart", "--yes", "--json", "--no-drain")
+        assert res.returncode == 0, res.stderr[-3000:]
+        lease = next(st for st in json.loads(res.stdout)["plan"]["steps"] if st["name"] == "lease")
+        assert said in lease["detail"] and "pauses nothing" in lease["detail"], lease
+        assert not (s.head / ".local" / "state" / "spark-watchdog" / "pauses").exists()
     finally:
         down(s.root)

@@ -15,9 +15,10 @@ from embedded import start_nodes
 
 from spark_ops.errors import AmbiguousStamp, WatchdogError
 from spark_ops.remote import ClusterSession
+from spark_ops.watchdog import history
 from spark_ops.watchdog.contract import Trigger, WatchdogContract, fill_restart_command
 from spark_ops.watchdog.history import parse_history
-from spark_ops.watchdog.identify import HistEntry, identify
+from spark_ops.watchdog.identify import HistEntry, identify, record_kind
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stamps"
 COMMANDS = yaml.safe_load((FIXTURES / "restart_command.yaml").read_text(encoding="utf-8"))
@@ -186,3 +187,23 @@ def test_budget_prune_by_exact_line(sim: Any, cli_env: dict[str, str]) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads(res.stdout)["removed_stamps"] == [1700000000.0]
     assert sim.history.read_text().splitlines() == before
+
+
+RECORD_KINDS = yaml.safe_load((FIXTURES / "record_kind.yaml").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("case", RECORD_KINDS, ids=[c["name"] for c in RECORD_KINDS])
+def test_one_rule_for_a_record_of_a_restart(case: dict[str, Any]) -> None:
+    """An entry's own record and the journal's record of its stamp are told by the same rule."""
+    record = case["record"]
+    assert record_kind(record, "spark-ops") == case["kind"]
+    assert HistEntry(9001.0, "9001", record).kind("spark-ops") == case["kind"]
+    # the head's history.py (stdlib only, its own copy of the rule) agrees
+    assert history._is_planned(record or {}, "spark-ops") is (case["kind"] == "planned")
+    # as the journal's record of a plain stamp: the same kind decides identify
+    if case["kind"] is not None and record.get("action", "restart") == "restart":
+        got = identify(
+            _entries(["1000"]), _entries(["1000", "9001"]), window=(9000, 9003),
+            reported=None, reports_stamp=False, journal=[dict(record, stamp=9001)],
+        )  # fmt: skip
+        assert [e.raw for e in got.entries] == (["9001"] if case["kind"] == "planned" else [])

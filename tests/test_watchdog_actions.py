@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from spark_ops.watchdog.actions import (
+    ActionError,
     group_members,
     pid_alive,
     read_pid,
@@ -242,3 +243,55 @@ def test_detached_survives_parent(tmp_path: Path) -> None:
     finally:
         if pid:
             os.kill(pid, 9)
+
+
+def _bystander() -> subprocess.Popen[bytes]:
+    """An operator's process in its own session (what a stale pid file may name)."""
+    return subprocess.Popen(["sleep", "300"], start_new_session=True)
+
+
+def test_a_pid_file_naming_another_process_is_never_signalled(tmp_path: Path) -> None:
+    """Red team R3: the pid file names a live process the watchdog did not start (written by
+    hand, or a number reused after the engine died): never signalled, its group alive."""
+    pid_file = tmp_path / "engine.pid"
+    other = _bystander()
+    try:
+        pid_file.write_text(f"{other.pid}\n")  # written after it started: someone's claim
+        with pytest.raises(ActionError, match="is not the engine"):
+            stop_engine(str(pid_file), 1)
+        cfg = make_cfg(tmp_path, {"kind": "command", "start": ["sleep", "301"], "detach": True})
+        result = restart_engine(cfg.action, cfg.paths)
+        assert not result.ok and "sleep 300" in (result.error or "")
+        assert read_pid(cfg.paths.pid) == other.pid  # no engine started over it
+        # the engine died and its number was taken later: the engine is gone, nothing signalled
+        old = time.time() - 3600
+        os.utime(pid_file, (old, old))
+        step = stop_engine(str(pid_file), 1)
+        assert step["result"].startswith("not running (reused: pid")
+        assert other.poll() is None and pid_alive(other.pid)
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_the_engine_is_known_by_its_mark_or_its_command_line(tmp_path: Path) -> None:
+    """An engine this watchdog started carries its mark; one started otherwise, the command
+    line its action starts: each is stopped; the same program with other arguments is not."""
+    pid_file = str(tmp_path / "engine.pid")
+    marked = start_detached(
+        ["sleep", "302"], env=None, log_file=str(tmp_path / "l"), pid_file=pid_file
+    )
+    old = time.time() - 3600  # a clock stepped forward since: its mark still tells
+    os.utime(pid_file, (old, old))
+    assert stop_engine(pid_file, 5, ["sleep", "999"])["result"] == "terminated"
+    assert not pid_alive(marked)
+    same = subprocess.Popen(["sleep", "303"], start_new_session=True)
+    try:
+        Path(pid_file).write_text(f"{same.pid}\n")
+        with pytest.raises(ActionError, match="does not run the command its action starts"):
+            stop_engine(pid_file, 5, ["sleep", "304"])
+        assert stop_engine(pid_file, 5, ["sleep", "303"])["result"] == "terminated"
+        assert same.wait(timeout=10) is not None
+    finally:
+        same.kill()
+        same.wait()

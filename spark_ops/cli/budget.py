@@ -99,8 +99,9 @@ def echo_budget(view: BudgetView) -> None:
         )
     if view.used >= view.allowed:
         click.echo(f"Next slot frees at {when(view.next_free_at)}")
-    if view.paused:
-        click.secho("Watchdog is PAUSED (pause file present).", fg="yellow")
+    pause = view.to_dict()["pause"]  # lease.pause_shown's words: a lapsed lease is no pause
+    if pause:
+        click.secho(f"{pause['text'][0].upper()}{pause['text'][1:]}.", fg="yellow")
     if view.gave_up:
         click.secho(f"Watchdog GAVE UP: {view.gave_up_reason}", fg="red")
     if view.disagreement:  # which budget was counted, when the watchdog's own may differ

@@ -44,6 +44,8 @@ def render(report: FanoutReport) -> None:
             click.secho(f"{h.host:<{width}} ✗ exit {h.exit_code}", fg="red", err=True)
         elif not h.ok:
             click.secho(f"{h.host:<{width}} ✗ {h.kind}: {h.error}", fg="red", err=True)
+    if report.note and not quiet():
+        click.echo(report.note, err=True)
     good = len(report.hosts) - len(report.failed)
     color = "green" if report.ok else "red"
     if good < len(report.hosts) or not quiet():  # -q: the count only when a host failed

@@ -99,9 +99,12 @@ def echo_status(data: dict[str, Any]) -> None:
         click.echo("  finish it: " + "".join(c if c.isprintable() else "?" for c in r["command"]))
     b = data.get("budget") or {}
     if "used" in b:
-        flags = " PAUSED" if b.get("paused") else ""
+        pause = b.get("pause")  # lease.pause_shown's words: a lapsed lease is no pause
+        flags = {"paused": " PAUSED", "lapsed": " LEASE-LAPSED"}[pause["state"]] if pause else ""
         flags += " GAVE-UP" if b.get("gave_up") else ""
         click.echo(f"Watchdog budget: {b['used']}/{b['allowed']} used{flags}")
+        if pause:
+            click.secho(f"  {pause['text']}", fg="yellow")
     elif b:
         click.secho(f"Watchdog: {b.get('error')}", fg="red")
     v = data.get("verdict") or {}

@@ -10,7 +10,7 @@ from spark_ops.remote.programs.doctor import FIND_COMMAND, WRITABLE
 from spark_ops.remote.programs.node import HOME
 from spark_ops.watchdog.contract import BudgetView, WatchdogContract
 from spark_ops.watchdog.history import DEFAULT_PLANNED_BY
-from spark_ops.watchdog.identify import fmt_stamp
+from spark_ops.watchdog.identify import fmt_stamp, record_kind
 
 
 def command_program(command: str) -> tuple[str | None, str | None]:
@@ -249,6 +249,14 @@ class WatchdogChecks(Checker):
         ):
             if not path:
                 continue
+            try:
+                contract = WatchdogContract(self.session)
+                wrong = await contract.pause_file_disagrees() if name == "pause" else ""
+            except SparkOpsError:  # unknown: the flag itself is still reported below
+                wrong = ""
+            if wrong:  # a lease there would pause nothing
+                self.report.add(f"watchdog-{name}", self.head, "warn", wrong)
+                continue
             text = await self.session.read_file(self.head, path)
             if text is None:
                 self.report.add(f"watchdog-{name}", self.head, "ok", f"{path} absent")
@@ -298,9 +306,7 @@ def budget_fix(view: BudgetView) -> str:
     left by earlier runs are in the window; else wait, or remove one stamp by its value (an
     automatic one is the watchdog's record of a failure, a forced one someone's restart)."""
     inside = [s for s in view.stamps if float(s.get("stamp", 0)) > view.now - view.window_s]
-    planned = [
-        s for s in inside if s.get("forced") and str(s.get("by")).startswith(DEFAULT_PLANNED_BY)
-    ]
+    planned = [s for s in inside if record_kind(s, DEFAULT_PLANNED_BY) == "planned"]
     wait = max(0.0, view.next_free_at - view.now)
     gave_up = " --clear-gave-up" if view.gave_up else ""
     if planned and view.used - len(planned) < view.allowed:

@@ -169,8 +169,8 @@ def _budget(b: dict[str, Any]) -> str:
     else:
         out += f"{esc(b.get('remaining'))} left now</p>"
     flags = []
-    if b.get("paused"):
-        flags.append('<span class="warn">watchdog PAUSED</span>')
+    if b.get("pause"):  # lease.pause_shown's words: a lapsed lease is no pause
+        flags.append(f'<span class="warn">{esc(b["pause"]["text"])}</span>')
     if b.get("gave_up"):
         flags.append(f'<span class="bad">watchdog GAVE UP: {esc(b.get("gave_up_reason"))}</span>')
     if flags:

@@ -89,8 +89,67 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def stop_engine(pid_file: str, stop_timeout: float) -> dict[str, Any]:
-    """Stop the engine in the pid file: SIGTERM its process group, wait, then SIGKILL."""
+# Set in the environment of every engine this watchdog starts (the value: its pid file), so a
+# stop signals only a process that is the engine, never one that took a stale pid file's number.
+ENGINE_MARK = "SPARK_WATCHDOG_ENGINE"
+
+
+def _started_at(pid: int) -> float | None:
+    """A process's start time (Unix seconds, from /proc), or None when it is gone."""
+    fields = _proc_stat(pid)
+    try:
+        btime = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK") if fields else None
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def _command_line(pid: int) -> list[str]:
+    """A process's command line (its words; empty when it cannot be read)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [w.decode("utf-8", "replace") for w in raw.split(b"\0") if w]
+
+
+def not_the_engine(pid: int, pid_file: str, argv: list[str] | None) -> str | None:
+    """Why the live process `pid` is not the engine the pid file names (None when it is): it
+    carries this watchdog's mark (an engine it started); else it started after the file was
+    written (the engine died and its number was reused); else its command line must be the
+    very one the action starts. The mark is read first: a clock stepped forward since the
+    engine started makes its computed start time later than the file, never unmarked."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        env = []
+    if f"{ENGINE_MARK}={pid_file}".encode() in env:
+        return None
+    words = _command_line(pid)
+    shown = " ".join(words)[:200] or "?"
+    started = _started_at(pid)
+    try:
+        written: float | None = os.stat(pid_file).st_mtime
+    except OSError:
+        written = None
+    if started is not None and written is not None and started > written + 1.0:
+        return f"reused: pid {pid} ({shown}) started after {pid_file} was written"
+    if argv and words == list(argv):
+        return None
+    how = " and does not run the command its action starts" if argv else ""
+    return f"pid {pid} ({shown}) is not the engine: it was not started by this watchdog{how}"
+
+
+def stop_engine(
+    pid_file: str, stop_timeout: float, argv: list[str] | None = None
+) -> dict[str, Any]:
+    """Stop the engine in the pid file: SIGTERM its process group, wait, then SIGKILL; a live
+    process that is not the engine (not_the_engine) is never signalled: a reused number is the
+    engine gone, any other an ActionError."""
     step: dict[str, Any] = {"step": "stop", "pid_file": pid_file, "pid": read_pid(pid_file)}
     pid = step["pid"]
     if pid is not None and not pid_alive(pid) and pid != os.getpgrp() and group_members(pid):
@@ -100,6 +159,15 @@ def stop_engine(pid_file: str, stop_timeout: float) -> dict[str, Any]:
         step["result"] = "not running"
         return step
     assert pid is not None
+    other = not_the_engine(pid, pid_file, argv)
+    if other is not None and other.startswith("reused"):
+        step["result"] = f"not running ({other}: not signalled)"
+        return step
+    if other is not None:
+        raise ActionError(
+            f"{pid_file} names {other}: not signalled, no engine started (stop the engine by "
+            f"hand and remove {pid_file}, or write the engine's pid in it)"
+        )
     try:
         pgid = os.getpgid(pid)
     except ProcessLookupError:
@@ -174,7 +242,7 @@ def start_detached(
 ) -> int:
     """Start argv in a new session, output appended to log_file, pid file written atomically."""
     Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**os.environ, **(env or {}), ENGINE_MARK: pid_file}
     with open(log_file, "ab") as log:
         proc = _spawn(argv, log, env=full_env, cwd=cwd, what="start")
     atomic_write(pid_file, f"{proc.pid}\n".encode())
@@ -216,10 +284,10 @@ def _first_pid(argv: list[str], timeout: float) -> int | None:
 def _recipe(action: ActionConfig, paths: PathsConfig, result: ActionResult) -> None:
     """Stop the engine by its pid file, render the recipe and start it detached."""
     assert action.recipe is not None
-    result.steps.append(stop_engine(paths.pid, action.stop_timeout))
     if not Path(action.recipe).is_file():
         raise ActionError(f"cannot read recipe {action.recipe}: no such file")
     rendered = render_file(Path(action.recipe))  # either dialect; sparkrun bases read beside it
+    result.steps.append(stop_engine(paths.pid, action.stop_timeout, list(rendered.argv)))
     cwd = action.workdir or str(Path(action.recipe).parent)
     pid = start_detached(
         list(rendered.argv),
@@ -240,7 +308,7 @@ def _command(action: ActionConfig, paths: PathsConfig, result: ActionResult) -> 
             run_step(action.stop, timeout=action.timeout, log_file=paths.engine_log)
         )
     elif action.detach:
-        result.steps.append(stop_engine(paths.pid, action.stop_timeout))
+        result.steps.append(stop_engine(paths.pid, action.stop_timeout, list(action.start)))
     if action.detach:
         pid = start_detached(
             action.start,

@@ -47,6 +47,7 @@ from spark_ops.watchdog.identify import (
     stamp_json,
 )
 from spark_ops.watchdog.identify import identify as identify_entry
+from spark_ops.watchdog.lease import Lease, pause_of, pause_shown
 from spark_ops.yamlsafe import load_yaml
 
 PLANNED_BY = "spark-ops"
@@ -106,7 +107,8 @@ class BudgetView:
     now: float
     next_free_at: float
     stamps: list[dict[str, Any]] = field(default_factory=list)
-    paused: bool = False
+    paused: bool = False  # a pause in force (a lapsed lease pauses nothing)
+    lease: dict[str, Any] | None = None  # the lease the pause file holds, live or lapsed
     gave_up: bool = False
     gave_up_reason: str = ""
     malformed: list[dict[str, Any]] = field(default_factory=list)
@@ -117,7 +119,7 @@ class BudgetView:
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
-        return {
+        data = {
             "used": self.used,
             "allowed": self.allowed,
             "remaining": max(0, self.allowed - self.used),
@@ -126,6 +128,7 @@ class BudgetView:
             "next_free_at": self.next_free_at,
             "stamps": self.stamps,
             "paused": self.paused,
+            "lease": self.lease,
             "gave_up": self.gave_up,
             "gave_up_reason": self.gave_up_reason,
             "malformed": self.malformed,
@@ -134,6 +137,9 @@ class BudgetView:
             "limits_source": self.limits_source,
             "inventory_disagrees": self.disagreement or None,
         }
+        shown = pause_shown(data)  # the words every view shows (status, budget, serve)
+        data["pause"] = {"state": shown[0], "text": shown[1]} if shown else None
+        return data
 
 
 @dataclass
@@ -327,6 +333,17 @@ class WatchdogContract:
         data = await self.history("read", *self._common())
         return [float(e["stamp"]) for e in data.get("entries", []) if e.get("stamp") is not None]
 
+    async def _pause(self, now: float) -> tuple[bool, Lease | None]:
+        """Whether the pause file pauses the watchdog at `now` (the head's clock), and the lease
+        it holds (lease.pause_of: a lapsed lease pauses nothing)."""
+        if not self.wd.pause_file:
+            return False, None
+        try:
+            text = await self.session.read_file(self.head, self.wd.pause_file)
+        except SparkOpsError:  # a directory, not UTF-8, too big: the watchdog reads a pause
+            return True, None  # (the history was just read over this session: it answers)
+        return pause_of(text, now)
+
     async def _flag(self, path: str | None) -> tuple[bool, str]:
         """Whether a flag file exists on the head, and its first line."""
         if not path:
@@ -421,7 +438,7 @@ class WatchdogContract:
                     "forced": rec.get("forced"),
                 }
             )
-        paused, _ = await self._flag(self.wd.pause_file)
+        paused, lease = await self._pause(float(data["now"]))
         gave_up, why = await self._flag(self.wd.gave_up_file)
         return BudgetView(
             used=int(data["used"]),
@@ -431,6 +448,7 @@ class WatchdogContract:
             next_free_at=float(data["next_free_at"]),
             stamps=stamps,
             paused=paused,
+            lease=lease.to_dict() if lease is not None else None,
             gave_up=gave_up,
             gave_up_reason=why,
             malformed=list(data.get("malformed", [])),
@@ -484,6 +502,29 @@ class WatchdogContract:
                 hint=f"{fix}; a watchdog that never restarted yet: create it empty "
                 f"(touch {wd.history_file})",
             )
+
+    async def pause_file_disagrees(self) -> str:
+        """Why the inventory's watchdog.pause_file is not the pause file the watchdog reads (its
+        own config names another: a lease there pauses nothing), or "" when it is, or when no
+        config tells (red team F4)."""
+        wd = self.wd
+        if not wd.pause_file:
+            return ""
+        home_res = await self.session.call(self.head, HOME)
+        home = home_res.strip() if home_res else ""
+        own = await self.own_config(home)
+        said = own.config.paths.pause if own.config is not None else ""
+        mine = (
+            home + wd.pause_file[1:] if wd.pause_file.startswith("~/") and home else wd.pause_file
+        )
+        if not said or said == mine:
+            return ""
+        shown = "~" + said[len(home) :] if home and said.startswith(home + "/") else said
+        return (
+            f"watchdog.pause_file is wrong: {wd.pause_file} on {self.head} is not the pause file "
+            f"the watchdog reads; its config {own.where} says {shown}: a lease there pauses "
+            f"nothing (set watchdog.pause_file: {shown} in the inventory)"
+        )
 
     async def journal_restarts(self) -> list[dict[str, Any]]:
         """The journal's restart records with a numeric stamp, in file order, from its last MiB

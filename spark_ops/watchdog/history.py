@@ -560,14 +560,9 @@ def journal_event(
 
 
 def _marked(entry: Entry, planned_by: str) -> bool:
-    """Tell whether a jsonl record says it is a planned (forced) restart."""
-    rec = entry.record or {}
-    by = rec.get("by")
-    return (
-        rec.get("planned") is True
-        or rec.get("forced") is True
-        or (isinstance(by, str) and bool(planned_by) and by.startswith(planned_by))
-    )
+    """Tell whether a jsonl record says it is a planned restart: the journal's rule
+    (_is_planned; identify.record_kind on spark-ops' side, one table of cases for both)."""
+    return entry.record is not None and _is_planned(entry.record, planned_by)
 
 
 def note_planned(

@@ -49,25 +49,8 @@ class HistEntry:
         return cls(stamp, str(raw) if raw is not None else fmt_stamp(stamp), data.get("record"))
 
     def kind(self, by_prefix: str) -> str | None:
-        """What its own record says: "planned", "automatic" (it names another actor or says not
-        forced), or None (no record, or one that says neither)."""
-        rec = self.record or {}
-        if self.marked_planned(by_prefix):
-            return "planned"
-        by = rec.get("by")
-        if rec.get("forced") is False or isinstance(by, str):
-            return "automatic"
-        return None
-
-    def marked_planned(self, by_prefix: str) -> bool:
-        """True when the record itself says it is a forced / planned restart."""
-        rec = self.record or {}
-        by = rec.get("by")
-        return (
-            rec.get("planned") is True
-            or rec.get("forced") is True
-            or (isinstance(by, str) and by.startswith(by_prefix))
-        )
+        """What its own record says (record_kind): "planned", "automatic", or None."""
+        return record_kind(self.record, by_prefix)
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for reports."""
@@ -148,16 +131,22 @@ def new_entries(before: list[HistEntry], after: list[HistEntry]) -> list[HistEnt
     return list(reversed(out))
 
 
-def journal_kind(record: dict[str, Any], by_prefix: str) -> str | None:
-    """What a journal record says of its stamp: "planned", "automatic", or None (not a restart)."""
-    if record.get("action", "restart") not in ("restart", "append"):
+def record_kind(record: dict[str, Any] | None, by_prefix: str) -> str | None:
+    """The one rule for what a restart's record says, an entry's own JSON line or the journal's
+    record of its stamp alike: "planned" for `planned: true`, or `forced: true` with a `by`
+    starting with by_prefix; "automatic" for any other record that says who restarted (it has
+    `planned`, `forced` or `by`: another actor, not forced, or a mark that is not `true`); None
+    for no record, another action than a restart, or a record that names none of the three."""
+    if not record or record.get("action", "restart") not in ("restart", "append"):
         return None
     by = record.get("by")
     if record.get("planned") is True or (
         record.get("forced") is True and isinstance(by, str) and by.startswith(by_prefix)
     ):
         return "planned"
-    return "automatic"
+    if any(k in record for k in ("planned", "forced", "by")):
+        return "automatic"
+    return None
 
 
 def _kinds(
@@ -174,7 +163,7 @@ def _kinds(
         stamp = rec.get("stamp")
         if isinstance(stamp, bool) or not isinstance(stamp, int | float):
             continue
-        kind = journal_kind(rec, by_prefix)
+        kind = record_kind(rec, by_prefix)
         if kind is not None:
             pool.setdefault(round(float(stamp), 6), []).append(kind)
     for kinds in pool.values():

@@ -101,10 +101,38 @@ def pause_in_force(path: str, now: float | None = None) -> tuple[bool, Lease | N
         return False, None
     except OSError:
         return True, None
-    lease = parse_lease(data) if len(data) <= MAX_LEASE_BYTES else None
+    return pause_of(data, time.time() if now is None else now)
+
+
+def pause_of(data: bytes | str | None, now: float) -> tuple[bool, Lease | None]:
+    """What a pause file's content does to the watchdog at `now` (its clock): no file (None):
+    not paused; a lease past its expiry: not paused; anything else: paused."""
+    if data is None:
+        return False, None
+    size = len(data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data)
+    lease = parse_lease(data) if size <= MAX_LEASE_BYTES else None
     if lease is None:
         return True, None
-    return lease.live(time.time() if now is None else now), lease
+    return lease.live(now), lease
+
+
+def pause_shown(budget: dict[str, Any]) -> tuple[str, str] | None:
+    """The watchdog's pause as `status`, `budget` and serve show it, from a budget's dict:
+    ("paused", words) while a pause is in force, ("lapsed", words) for a lease past its expiry
+    (the watchdog is NOT paused: it acts again), None for no pause file."""
+    lease = budget.get("lease") or None
+    if budget.get("paused"):
+        if lease is None:
+            return "paused", "watchdog PAUSED (pause file present)"
+        who = f"{lease.get('holder')}, run {lease.get('run')}"
+        return "paused", f"watchdog PAUSED until {_when(lease.get('expires'))} ({who})"
+    if lease is None:
+        return None
+    return "lapsed", (
+        f"lease LAPSED at {_when(lease.get('expires'))} ({lease.get('holder')}, run "
+        f"{lease.get('run')}): the watchdog is NOT paused and acts again; the pause file is "
+        "left (the next run's settle step ends it when its run is dead, or remove it by hand)"
+    )
 
 
 def lease_body(*, holder: str, run: str, why: str) -> str:
@@ -229,7 +257,10 @@ async def end(session: ClusterSession, path: str, sha: str) -> str:
             f"a lease of run {other.run}" if other is not None
             else excerpt(res.stdout.strip()) or res.stderr.strip() or "other content"
         )  # fmt: skip
-        return f"{path} now holds {who}: someone paused the watchdog meanwhile; kept"
+        moved = next((ln for ln in res.stderr.splitlines() if "kept as" in ln), "")
+        return f"{path} now holds {who}: someone paused the watchdog meanwhile; kept" + (
+            f" ({moved})" if moved else ""
+        )
     why = res.stderr.strip() or f"exit {res.exit_code}"
     return f"not ended ({why}); it lapses at its expiry"
 

@@ -16,7 +16,7 @@ from spark_ops.errors import SparkOpsError
 from spark_ops.remote import ClusterSession, engine_log_last_args
 from spark_ops.verify import check_effective_args, parse_non_default_args
 from spark_ops.watchdog.contract import PLANNED_BY
-from spark_ops.watchdog.identify import HistEntry, new_entries, prune_command
+from spark_ops.watchdog.identify import HistEntry, new_entries, prune_command, record_kind
 from spark_ops.workflows.journal import STAMP_GRACE_S, Run, read_runs, unfinished_runs
 from spark_ops.workflows.operation import Operation
 from spark_ops.workflows.plan import Plan, Step, StepKind
@@ -82,18 +82,6 @@ async def booting_note(op: Operation, expected: dict[str, Any]) -> str | None:
     )
 
 
-def _kind(record: dict[str, Any] | None) -> str | None:
-    """What a journal record says of a stamp: "planned", "automatic", or None (no record)."""
-    if not record:
-        return None
-    by = record.get("by")
-    if record.get("planned") is True or (
-        record.get("forced") is True and isinstance(by, str) and by.startswith(PLANNED_BY)
-    ):
-        return "planned"
-    return "automatic"
-
-
 def left_by(
     run: Run, entries: list[HistEntry], marks: dict[float, dict[str, Any]]
 ) -> tuple[list[HistEntry], list[str]]:
@@ -119,7 +107,7 @@ def left_by(
             exact = [e for e in new if abs(e.stamp - w.stamp) < 1e-6]
             found.extend(exact[-1:])  # gone already: pruned by hand, nothing left
             continue
-        kinds = [(e, _kind(marks.get(e.stamp) or e.record)) for e in new]
+        kinds = [(e, record_kind(marks.get(e.stamp) or e.record, PLANNED_BY)) for e in new]
         planned = [e for e, k in kinds if k == "planned"]
         unmarked = [e for e, k in kinds if k is None]
         near = [e for e in unmarked if e.stamp <= w.grace_end + 1.0]

@@ -65,7 +65,18 @@ class Leases:
             self.notes.append(text)
 
     async def take(self, why: str, seconds: float) -> lease.LeaseHeld:
-        """Take a lease (one atomic unit: a signal waits for it, and its end follows)."""
+        """Take a lease (one atomic unit: a signal waits for it, and its end follows); none in a
+        pause file the watchdog does not read (its config names another: it would pause nothing)."""
+        try:
+            wrong = await self.op.watchdog.pause_file_disagrees()
+        except SparkOpsError:  # unknown: the take says what it finds
+            wrong = ""
+        if wrong:
+            held = lease.LeaseHeld(self.op.cluster.watchdog.pause_file, "failed", why, error=wrong)
+            self.held.append(held)
+            self.note(held.text())
+            self.op.log.warning("watchdog lease", detail=held.text())
+            return held
         held = await interrupt.atomic(
             lease.take(self.op.session, run=self.run, holder=operator(), why=why, seconds=seconds)
         )

@@ -75,17 +75,35 @@ cat -- "$tmp"
 """
 
 # End a lease: remove the pause file $1 only when it is a regular file (not a link) whose sha256
-# is $2 (the content this run, or a dead run, made). Exit 0: removed; 44: no file; 45: another
-# content (its first 4 KiB on stdout) or not a regular file: left as it is.
+# is $2 (the content this run, or a dead run, made). Never check-then-remove by name: whatever the
+# name holds is first renamed (rename(2), atomic) to a private name in the same directory, the
+# file renamed is compared, and what is not ours is linked back (link(2): never over a pause made
+# meanwhile), so an operator's pause moved over ours at any moment is never removed. HUP, INT and
+# TERM are ignored for the few milliseconds it runs (never stopped between the rename and the link
+# back). Exit 0: removed; 44: no file; 45: another content (its first 4 KiB on stdout) or not a
+# regular file: left as it is (or, when a third pause took the name meanwhile, kept under the
+# private name stderr names); 66: it could not be moved aside or compared.
 LEASE_END_SH = r"""
+trap '' HUP INT TERM
 p=$1; want=$2
 case $p in */*) d=${p%/*}; [ -n "$d" ] || d=/ ;; *) d=. ;; esac
 [ -e "$p" ] || [ -L "$p" ] || exit 44
 if [ -L "$p" ] || [ ! -f "$p" ]; then echo "$p is not a regular file" >&2; exit 45; fi
-h=$(sha256sum < "$p") || exit 66
+tmp=$(mktemp "$d/.spark-ops.ending.XXXXXX") || { echo "cannot create a file in $d" >&2; exit 66; }
+err=$(mv -f -T -- "$p" "$tmp" 2>&1) || {
+  rm -f -- "$tmp"
+  [ -e "$p" ] || [ -L "$p" ] || exit 44
+  if [ -L "$p" ] || [ ! -f "$p" ]; then echo "$p is not a regular file" >&2; exit 45; fi
+  echo "$p cannot be moved aside: $err" >&2; exit 66; }
+back() {
+  if ln -P -- "$tmp" "$p" 2>/dev/null; then rm -f -- "$tmp"; sync -- "$d" 2>/dev/null || true
+  else echo "$p was replaced meanwhile; the pause moved aside is kept as $tmp" >&2; fi
+}
+if [ -L "$tmp" ] || [ ! -f "$tmp" ]; then echo "$p is not a regular file" >&2; back; exit 45; fi
+h=$(sha256sum < "$tmp") || { back; exit 66; }
 h=${h%% *}
-[ "$h" = "$want" ] || { head -c 4096 -- "$p"; exit 45; }
-rm -f -- "$p" || exit 66
+[ "$h" = "$want" ] || { head -c 4096 -- "$tmp"; back; exit 45; }
+rm -f -- "$tmp" || exit 66
 sync -- "$d" 2>/dev/null || true
 """
 
