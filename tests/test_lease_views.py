@@ -63,6 +63,9 @@ LIVE = dict(LAPSED, expires=time.time() + 600, run="live")
         (b"caf\xe9 maintenance\n", True, "paused"),  # not UTF-8: a pause, never a failed budget
         ("dir", True, "paused"),
     ],
+    # named, not by their values: a live lease's expiry is taken from the clock at collection,
+    # and pytest-xdist refuses workers that collected different ids
+    ids=["none", "lapsed-lease", "live-lease", "note", "empty", "not-utf8", "directory"],
 )
 async def test_the_budget_reads_the_pause_as_the_watchdog_does(
     tmp_path: Path, content: bytes | str | None, paused: bool, shown: str | None
