@@ -49,7 +49,7 @@ async def _read(tmp_path: Path, pause_file: str) -> tuple[dict, str]:
 
 
 LAPSED = {"spark-ops-lease": 1, "holder": "spark-ops:eve", "run": "zzz", "expires": 1000}
-LIVE = dict(LAPSED, expires=time.time() + 600, run="live")
+LIVE = "live"  # built when the case runs: an expiry taken at collection lapses in a long suite
 
 
 @pytest.mark.parametrize(
@@ -57,14 +57,13 @@ LIVE = dict(LAPSED, expires=time.time() + 600, run="live")
     [
         (None, False, None),
         (json.dumps(LAPSED).encode(), False, "lapsed"),
-        (json.dumps(LIVE).encode(), True, "paused"),
+        (LIVE, True, "paused"),
         (b"bob: disk swap\n", True, "paused"),
         (b"", True, "paused"),
         (b"caf\xe9 maintenance\n", True, "paused"),  # not UTF-8: a pause, never a failed budget
         ("dir", True, "paused"),
     ],
-    # named, not by their values: a live lease's expiry is taken from the clock at collection,
-    # and pytest-xdist refuses workers that collected different ids
+    # named, not by their values, so every xdist worker collects the same ids
     ids=["none", "lapsed-lease", "live-lease", "note", "empty", "not-utf8", "directory"],
 )
 async def test_the_budget_reads_the_pause_as_the_watchdog_does(
@@ -75,6 +74,8 @@ async def test_the_budget_reads_the_pause_as_the_watchdog_does(
     pause.parent.mkdir(parents=True, exist_ok=True)
     if content == "dir":
         pause.mkdir()
+    elif content == LIVE:
+        pause.write_text(json.dumps(dict(LAPSED, expires=time.time() + 600, run="live")))
     elif isinstance(content, bytes):
         pause.write_bytes(content)
     budget, wrong = await _read(tmp_path, "~/wd/pause")

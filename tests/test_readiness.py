@@ -18,7 +18,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_ops.errors import BootError, BootTimeout
+from spark_ops.errors import BootError, BootTimeout, ExitStatus
 from spark_ops.readiness import (
     BootEvent,
     BootHistory,
@@ -593,6 +593,31 @@ async def test_workers_that_rejoin_reset_the_stall() -> None:
         probe_interval_s=0.1,
     )
     assert report.last_phase == "READY"
+
+
+async def test_an_answer_while_a_worker_is_gone_fails_the_boot() -> None:
+    """The engine answers, but node3's raylet died after it was placed: BootError naming node3."""
+
+    async def gone() -> list[str]:
+        """node3 missing on every poll."""
+        return ["node3 (its Ray worker is not running)"]
+
+    async def answers() -> bool:
+        """The completion answers at once (before the stall limit could pass)."""
+        return True
+
+    with pytest.raises(BootError) as info:
+        await wait_for_boot(
+            _feed([]),
+            probe=answers,
+            deadline_s=10,
+            missing_workers=gone,
+            worker_stall_s=300,
+            worker_poll_s=0.1,
+            probe_interval_s=0.1,
+        )
+    assert "missing: node3 (its Ray worker is not running)" in info.value.message
+    assert info.value.exit_status == ExitStatus.BOOT_FAILED
 
 
 async def test_bad_deadline() -> None:

@@ -412,6 +412,31 @@ async def _watch_workers(
         await asyncio.sleep(interval)
 
 
+async def _missing_now(
+    boot: _Boot, missing_workers: Callable[[], Awaitable[list[str]]], interval: float
+) -> list[str]:
+    """Ask once more which Ray workers are missing (an answer may predate a worker's loss)."""
+    try:
+        return list(await _bounded(missing_workers(), max(interval, 10.0)))
+    except Exception as exc:  # unknown is not missing: the completion answered
+        _log().debug("missing_workers_failed", error=f"{type(exc).__name__}: {exc}")
+        return []
+
+
+def _ready_without_workers(boot: _Boot, absent: list[str]) -> BootError:
+    """A BootError for an engine that answered while a Ray worker it needs is gone."""
+    message = (
+        f"the engine answered, but Ray worker(s) are missing: {', '.join(absent)}; "
+        "a tensor-parallel group cannot keep serving without them"
+    )
+    lines = boot.tracker.last_lines(12)
+    boot.emit("fatal", lines[-1] if lines else None, reason=FatalKind.PLACEMENT.value,
+              message=message)  # fmt: skip
+    return BootError(
+        message, phase=boot.tracker.phase.value, lines=lines, hint=FATAL_HINTS[FatalKind.PLACEMENT]
+    )
+
+
 def _stall_error(boot: _Boot, worker_stall_s: float) -> BootError | None:
     """A BootError when a worker has been missing (or the placement group waiting) too long."""
     now = boot.clock()
@@ -600,6 +625,10 @@ async def wait_for_boot(
                 and now - boot.ready_at < args_grace_s
             ) or (boot.ready_at is not None and bool(not_started(boot.ranks)))
             if boot.ready_at is not None and not waiting_args:
+                if missing_workers is not None:
+                    absent = await _missing_now(boot, missing_workers, worker_poll_s)
+                    if absent:
+                        raise _ready_without_workers(boot, absent)
                 report = boot.report()
                 boot.emit("phase", None, total_s=report.total_s)
                 return report
