@@ -159,6 +159,11 @@ class EngineSettings:
     # run headless and log on their own nodes, at the same log target)
     executor: str = "ray"
 
+    @property
+    def worker_part(self) -> str:
+        """What runs on a worker for this engine: its Ray worker, or its engine rank."""
+        return "Ray worker" if self.executor == "ray" else "engine rank"
+
     def worker_down(self, exit_code: int | None) -> bool | None:
         """What worker_check's exit says: True (no Ray worker: exit 1), False (exit 0), None.
 
@@ -612,6 +617,10 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
         raise asec.error(
             asec.path("url"), f"must start with http:// or https://, got {excerpt(url)}"
         )
+    executor = _executor(esec)
+    # ranks without Ray have no raylet to look for: a worker's rank is started by the restart
+    # itself and followed on its own log, so there is no default check for that shape
+    default_check = DEFAULT_WORKER_CHECK if executor == "ray" else None
     engine = EngineSettings(
         log_kind=kind,
         log_target=target,
@@ -623,8 +632,8 @@ def _load_cluster(source: str, name: str, data: Any) -> Cluster:
         min_mem_available_gb=esec.positive("min_mem_available_gb", float, 8.0),
         model=esec.get("model", str),
         pid_file=esec.get("pid_file", str),
-        worker_check=esec.get("worker_check", str, DEFAULT_WORKER_CHECK) or None,
-        executor=_executor(esec),
+        worker_check=esec.get("worker_check", str, default_check) or None,
+        executor=executor,
     )
     tp = sec.positive("tensor_parallel", int, len(nodes))
     return Cluster(

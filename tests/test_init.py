@@ -16,6 +16,7 @@ import yaml
 from spark_ops.discover import parse_env_file, parse_hosts
 from spark_ops.errors import ExitStatus, InventoryError
 from spark_ops.inventory import load_inventory
+from spark_ops.sim import RANK_CHECK
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES / "doctor"))
@@ -199,7 +200,7 @@ def test_init_doctor_apply_on_the_embedded_cluster(tmp_path: Path) -> None:
 
     from spark_ops.sim.control import down
 
-    sim = start_sim(tmp_path / "sim")
+    sim = start_sim(tmp_path / "sim", executor="mp")  # the launch as it is today
     try:
         out = tmp_path / "cluster.yaml"
         res = spark_ops("init", "--hosts", hosts_of(sim.state["ports"]), *key_args(sim.root),
@@ -207,8 +208,17 @@ def test_init_doctor_apply_on_the_embedded_cluster(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stdout + res.stderr
         assert "Everything was found" in res.stdout
         written = out.read_text()
+        # the launch as it is today: ranks without Ray, read from the recipe's backend; the
+        # watchdog's probe and engine pid file from its config (no leftover warning for the engine)
+        engine = load_inventory(out).cluster().engine
+        assert engine.executor == "mp" and engine.worker_check == RANK_CHECK, written
+        assert engine.pid_file == "~/.local/state/spark-watchdog/engine.pid", written
+        probe = load_inventory(out).cluster().watchdog.probe
+        assert probe is not None and (probe.interval_s, probe.failures) == (5, 3), written
         doc = spark_ops("-i", str(out), "doctor")
         assert doc.returncode == 0, doc.stdout + doc.stderr
+        assert "ray-worker" not in doc.stdout and "worker-rank" in doc.stdout, doc.stdout
+        assert "0 warning(s)" in doc.stdout, doc.stdout
         res = spark_ops("-i", str(out), "apply", "--max-num-seqs", "64", "--yes", "--json")
         assert res.returncode == 0, res.stderr[-3000:]
         outcome = json.loads(res.stdout)

@@ -40,7 +40,7 @@ from spark_ops.remote.programs.discover import (
     WORKER_KIND,
 )
 from spark_ops.remote.programs.node import HOME
-from spark_ops.sim import RAYLET_CHECK, RAYLET_PORT_ENV
+from spark_ops.sim import RANK_CHECK, RAYLET_CHECK, RAYLET_PORT_ENV
 from spark_ops.watchdog.config import WatchdogConfigError, parse_config
 from spark_ops.watchdog.loop import (
     LoopFacts,
@@ -152,16 +152,34 @@ class Discovery:
         await self.find_worker_check()
 
     async def find_worker_check(self) -> None:
-        """How to tell a worker's Ray worker is up: a `raylet` process, or the sim's raylet port."""
+        """How the engine spans the nodes (the recipe's backend: Ray or ranks) and how to tell a
+        worker's part runs: a `raylet` process, the sim's raylet port, or the sim's rank."""
         workers = [n.name for n in self.cluster.workers if n.name in self.session.connectors]
+        backend = (self.values.get("recipe.args") or {}).get("--distributed-executor-backend")
+        if backend == "mp":
+            self.found(
+                "engine.executor",
+                "mp",
+                "the recipe's --distributed-executor-backend mp: one rank per node without Ray",
+            )
         if not workers:
             return
         answers = {
-            h: (await self.sh(WORKER_KIND, DEFAULT_WORKER_CHECK, RAYLET_PORT_ENV, host=h))[
-                1
-            ].strip()
+            h: (
+                await self.sh(
+                    WORKER_KIND, DEFAULT_WORKER_CHECK, RAYLET_PORT_ENV, RANK_CHECK, host=h
+                )
+            )[1].strip()
             for h in workers
         }
+        if backend == "mp":
+            if all(a == "sim-rank" for a in answers.values()):
+                self.found(
+                    "engine.worker_check",
+                    RANK_CHECK,
+                    "the embedded cluster's worker ranks: each keeps its pid in a file",
+                )
+            return  # no Ray worker to look for; the restart starts every rank
         if all(a == "sim" for a in answers.values()):
             self.found(
                 "engine.worker_check",
@@ -294,6 +312,7 @@ class Discovery:
             "watchdog.probe.timeout_s": cfg.probe.timeout,
             "watchdog.probe.failures": cfg.probe.failures,
             "engine.log.path": self._path(p.engine_log),
+            "engine.pid_file": self._path(p.pid) if p.pid else None,
             "engine.api.url": cfg.engine.base_url,
             "recipe.path": self._path(cfg.action.recipe) if cfg.action.recipe else None,
             "engine.model": cfg.engine.model,
@@ -349,6 +368,16 @@ class Discovery:
         ):
             self.found(key, cfg[key], f"from {WATCHDOG_CONFIG}")
         self.values["watchdog.history_format"] = cfg["watchdog.history_format"]
+        for key in ("watchdog.probe.interval_s", "watchdog.probe.timeout_s"):
+            self.values[key] = cfg[key]
+        self.found(
+            "watchdog.probe.failures",
+            cfg["watchdog.probe.failures"],
+            f"from {WATCHDOG_CONFIG}: a probe every {cfg['watchdog.probe.interval_s']:g} s, "
+            f"timeout {cfg['watchdog.probe.timeout_s']:g} s (bench and experiment lease beyond it)",
+        )
+        if cfg.get("engine.pid_file"):
+            self.found("engine.pid_file", cfg["engine.pid_file"], f"from {WATCHDOG_CONFIG}")
         for key in ("engine.log.path", "engine.api.url", "recipe.path", "engine.model"):
             if cfg.get(key):
                 self.values[f"config:{key}"] = cfg[key]

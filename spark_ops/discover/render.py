@@ -119,6 +119,10 @@ def render_inventory(
     out.append(f"      api: {{url: {_q(url)}, tunnel: true}}")
     if values.get("engine.model"):
         out.append(f"      model: {_q(values['engine.model'])}")
+    if values.get("engine.pid_file"):
+        out.append(f"      pid_file: {_q(values['engine.pid_file'])}")
+    if values.get("engine.executor"):
+        out.append(f"      executor: {values['engine.executor']}")
     if values.get("engine.worker_check"):
         out.append(f"      worker_check: {_q(values['engine.worker_check'])}")
     return "\n".join(out) + "\n"

@@ -108,34 +108,38 @@ class NodeChecks(Checker):
             )
 
     async def check_ray_workers(self) -> None:
-        """engine.worker_check on every reachable worker: is its Ray worker (raylet) running?"""
-        check = self.cluster.engine.worker_check
+        """engine.worker_check on every reachable worker: is its Ray worker (or rank) running?"""
+        engine = self.cluster.engine
+        check = engine.worker_check
         if not check:
             return
+        name, part = ("ray-worker", "Ray worker") if engine.executor == "ray" else (
+            "worker-rank", "engine rank")  # fmt: skip
         for node in self.cluster.workers:
             if not self.up(node.name):
                 continue
             res = await self.session.run(node.name, check, check=False, timeout=10)
-            down = self.cluster.engine.worker_down(res.exit_code)
+            down = engine.worker_down(res.exit_code)
             if down is False:
-                self.report.add("ray-worker", node.name, "ok", f"`{check}` found it running")
+                self.report.add(name, node.name, "ok", f"`{check}` found it running")
             elif down:
+                start = "start Ray" if engine.executor == "ray" else "start its rank"
                 self.report.add(
-                    "ray-worker",
+                    name,
                     node.name,
                     "fail",
-                    f"`{check}` exited 1: no Ray worker running, so a TP boot would wait for it",
-                    f"start Ray on {node.name} (the launcher's container, e.g. `docker ps -a`, "
+                    f"`{check}` exited 1: no {part} running, so a TP boot would wait for it",
+                    f"{start} on {node.name} (the launcher's container, e.g. `docker ps -a`, "
                     "`docker logs vllm_node`), then run doctor again",
                 )
             else:
                 self.report.add(
-                    "ray-worker",
+                    name,
                     node.name,
                     "warn",
                     f"`{check}` exited {res.exit_code}: cannot tell "
                     f"({res.stderr.strip()[-160:] or 'no message'})",
-                    "set engine.worker_check to a command that exits 0 when the node's Ray worker "
+                    f"set engine.worker_check to a command that exits 0 when the node's {part} "
                     'runs and 1 when it does not (or "" to skip this check)',
                 )
 

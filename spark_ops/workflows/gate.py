@@ -146,7 +146,7 @@ async def missing_workers(op: Operation) -> list[str]:
         if isinstance(res, SparkOpsError):
             missing.append(f"{host} (no SSH answer)")
         elif engine.worker_check and engine.worker_down(res.exit_code):
-            missing.append(f"{host} (`{check}` exited 1: its Ray worker is not running)")
+            missing.append(f"{host} (`{check}` exited 1: its {engine.worker_part} is not running)")
     return missing
 
 
@@ -159,9 +159,9 @@ async def check_workers(op: Operation, plan: Plan) -> None:
     raise BootWouldFail(
         f"the restart would fail: a tensor-parallel boot needs every worker, and "
         f"{'; '.join(missing)}; nothing was written and the engine was not restarted",
-        hint=f"start the Ray worker on {', '.join(names)} (the launcher's container, e.g. "
-        "`docker ps -a`, `docker logs vllm_node`), check with `spark-ops doctor`, then run the "
-        "command again",
+        hint=f"start the {op.cluster.engine.worker_part} on {', '.join(names)} (the launcher's "
+        "container, e.g. `docker ps -a`, `docker logs vllm_node`), check with `spark-ops "
+        "doctor`, then run the command again",
     )
 
 

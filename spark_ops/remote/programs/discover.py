@@ -76,11 +76,12 @@ VLLM_UNITS = RemoteProgram(
 )
 
 # $1 a worker check (a command, run by sh), $2 the name of the embedded cluster's raylet-port
-# variable: "raylet" when the check passes, "sim" when the variable is set, else "none"
+# variable, $3 the embedded cluster's rank check: "sim-rank" when the rank check passes,
+# "raylet" when the worker check does, "sim" when the variable is set, else "none"
 WORKER_KIND = RemoteProgram(
     "worker kind",
-    'if sh -c "$1"; then echo raylet; elif [ -n "$(printenv -- "$2")" ]; then echo sim; '
-    "else echo none; fi",
-    (text("check"), text("variable")),
+    'if sh -c "$3"; then echo sim-rank; elif sh -c "$1"; then echo raylet; '
+    'elif [ -n "$(printenv -- "$2")" ]; then echo sim; else echo none; fi',
+    (text("check"), text("variable"), text("rank check")),
     result,
 )
