@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spark_ops.audit import local_account, who
+from spark_ops.files import sha256_of, write_file
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -94,6 +95,7 @@ class Document:
     lines: list[str]
     sim_args: list[str]
     inventory: str  # relative to the session's directory
+    sha256: str  # of the text read: a file edited meanwhile is not replaced
     blocks: list[Block] = field(default_factory=list)
 
 
@@ -114,7 +116,8 @@ def read_document(path: Path) -> Document | None:
     if head is None:
         return None
     inventory = head.group(2) or ".sim/inventory.yaml"
-    doc = Document(path, text.split("\n"), shlex.split(head.group(1)), inventory)
+    args = shlex.split(head.group(1))
+    doc = Document(path, text.split("\n"), args, inventory, sha256_of(text.encode("utf-8")))
     i = 0
     while i < len(doc.lines):
         mark = MARK_RE.match(doc.lines[i])
@@ -270,7 +273,7 @@ def process(doc: Document, *, check: bool) -> list[str]:
     if not check:
         for block, lines in reversed(list(zip(doc.blocks, fresh, strict=True))):
             doc.lines[block.start : block.end] = [f"    {line}".rstrip() for line in lines]
-        doc.path.write_text("\n".join(doc.lines), encoding="utf-8")
+        write_file(doc.path, "\n".join(doc.lines), expect_sha256=doc.sha256)
     return problems
 
 
