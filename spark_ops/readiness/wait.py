@@ -415,7 +415,7 @@ async def _watch_workers(
 async def _missing_now(
     boot: _Boot, missing_workers: Callable[[], Awaitable[list[str]]], interval: float
 ) -> list[str]:
-    """Ask once more which Ray workers are missing (an answer may predate a worker's loss)."""
+    """Ask once more which workers are missing (the last poll may predate a worker's loss)."""
     try:
         return list(await _bounded(missing_workers(), max(interval, 10.0)))
     except Exception as exc:  # unknown is not missing: the completion answered
@@ -424,9 +424,9 @@ async def _missing_now(
 
 
 def _ready_without_workers(boot: _Boot, absent: list[str]) -> BootError:
-    """A BootError for an engine that answered while a Ray worker it needs is gone."""
+    """A BootError for an engine that answered while a worker it needs (Ray's or a rank) is gone."""
     message = (
-        f"the engine answered, but Ray worker(s) are missing: {', '.join(absent)}; "
+        f"the engine answered, but worker(s) it needs are missing: {', '.join(absent)}; "
         "a tensor-parallel group cannot keep serving without them"
     )
     lines = boot.tracker.last_lines(12)
