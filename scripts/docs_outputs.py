@@ -157,9 +157,8 @@ class Session:
             "NO_COLOR": "1",
             "TERM": "dumb",
         }
-        self.run(["spark-ops", "sim", "up", *sim_args], check=True)
-        status = self.run(["spark-ops", "sim", "status", "--json"], check=True)
-        ports = json.loads(status.stdout)["ports"]
+        up = self.run(["spark-ops", "sim", "up", *sim_args, "--json"], check=True)
+        ports = json.loads(up.stdout)["ports"]
         self.hosts = [f"127.0.0.1:{port}" for port in ports.values()]
 
     def run(self, argv: list[str] | str, *, check: bool = False) -> subprocess.CompletedProcess:

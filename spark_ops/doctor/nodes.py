@@ -113,8 +113,8 @@ class NodeChecks(Checker):
         check = engine.worker_check
         if not check:
             return
-        name, part = ("ray-worker", "Ray worker") if engine.executor == "ray" else (
-            "worker-rank", "engine rank")  # fmt: skip
+        part = engine.worker_part
+        name = "ray-worker" if engine.executor == "ray" else "worker-rank"
         for node in self.cluster.workers:
             if not self.up(node.name):
                 continue

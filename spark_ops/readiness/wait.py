@@ -394,11 +394,7 @@ async def _watch_workers(
 ) -> None:
     """Poll which Ray workers are missing; remember since when the set has been non-empty."""
     while True:
-        try:
-            names = list(await _bounded(missing_workers(), max(interval, 10.0)))
-        except Exception as exc:  # the caller's ray status query failed: unknown, not "missing"
-            names = None
-            _log().debug("missing_workers_failed", error=f"{type(exc).__name__}: {exc}")
+        names = await _ask_missing(missing_workers, interval)
         if names is not None:
             if names:
                 if boot.missing_since is None:
@@ -412,15 +408,15 @@ async def _watch_workers(
         await asyncio.sleep(interval)
 
 
-async def _missing_now(
-    boot: _Boot, missing_workers: Callable[[], Awaitable[list[str]]], interval: float
-) -> list[str]:
-    """Ask once more which workers are missing (the last poll may predate a worker's loss)."""
+async def _ask_missing(
+    missing_workers: Callable[[], Awaitable[list[str]]], interval: float
+) -> list[str] | None:
+    """Which workers are missing, asked once within a bound; None when the query failed."""
     try:
         return list(await _bounded(missing_workers(), max(interval, 10.0)))
-    except Exception as exc:  # unknown is not missing: the completion answered
+    except Exception as exc:  # the caller's query failed: unknown, not "missing"
         _log().debug("missing_workers_failed", error=f"{type(exc).__name__}: {exc}")
-        return []
+        return None
 
 
 def _ready_without_workers(boot: _Boot, absent: list[str]) -> BootError:
@@ -625,8 +621,8 @@ async def wait_for_boot(
                 and now - boot.ready_at < args_grace_s
             ) or (boot.ready_at is not None and bool(not_started(boot.ranks)))
             if boot.ready_at is not None and not waiting_args:
-                if missing_workers is not None:
-                    absent = await _missing_now(boot, missing_workers, worker_poll_s)
+                if missing_workers is not None:  # the last poll may predate a worker's loss
+                    absent = await _ask_missing(missing_workers, worker_poll_s)
                     if absent:
                         raise _ready_without_workers(boot, absent)
                 report = boot.report()
