@@ -735,8 +735,8 @@ def test_ray_worker_killed_ssh_up(ground_of: Callable[..., SparkGround]) -> None
            exit=code, message=message, seconds=round(took, 1), torn=len(t.torn()), lost=0,
            kept="new recipe whole; planned stamp pruned; earlier stamps kept")  # fmt: skip
     assert code == ExitStatus.BOOT_FAILED, err[-3000:]
-    # The boot's watch names node3 by its check whichever rule fired first (the placement wait, the stall
-    # limit, or the engine answering without it): each message carries the same node and evidence.
+    # The boot's watch names node3 by its check whichever rule fired first (the placement wait,
+    # the stall limit, or the engine answering without it): each carries the same evidence.
     assert 'node3 (`pgrep -x -u "$(id -u)" raylet >/dev/null` exited 1' in message, message
     assert "node2" not in message and "node4" not in message, message
     assert g.recipe.read_text() == edited(old), "the new recipe, whole"
