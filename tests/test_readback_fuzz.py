@@ -28,7 +28,7 @@ from spark_ops.doctor.last import read_last
 from spark_ops.errors import SparkOpsError
 from spark_ops.readiness import BootHistory
 from spark_ops.serve.auth import read_token_file
-from spark_ops.serve.source import load_sweep
+from spark_ops.serve.sweeps import load_sweep
 from spark_ops.watchdog.config import load_config
 from spark_ops.watchdog.history import HistoryFailure, parse_history
 from spark_ops.watchdog.lease import pause_in_force
