@@ -97,6 +97,9 @@ def server(tmp_path: Path) -> Iterator[Server]:
     knobs = json.loads((FIXTURES / "sweep-cap5.json").read_text())
     knobs["knobs"] = {"max_num_seqs": 2**70}
     (results / "huge-cap.json").write_text(json.dumps(knobs))
+    odd = json.loads((FIXTURES / "sweep-cap5.json").read_text())
+    odd["model"] = "\ud800"  # a lone surrogate, as JSON lets a file say it
+    (results / os.fsdecode(b"\xff-name.json")).write_text(json.dumps(odd))  # not UTF-8
     with _serve(tmp_path, results) as running:
         yield running
 
@@ -111,8 +114,9 @@ def _stderr(server: Server) -> str:
 
 
 async def test_huge_saved_sweep_is_one_error_and_sigterm_stops(server: Server) -> None:
-    """A saved sweep of 2**70 users (a level, or the cap) is an error on its own row; the page
-    and the other endpoints keep answering; SIGTERM then stops serve."""
+    """A saved sweep of 2**70 users (a level, or the cap) is an error on its own row; a file
+    name that is not UTF-8 and a lone surrogate in a file are shown (U+FFFD); the page and the
+    other endpoints keep answering; SIGTERM then stops serve."""
     async with aiohttp.ClientSession() as http:
         for _ in range(8):  # more than the thread pool had when one such file took it whole
             async with http.get(server.url + "/api/sweeps", headers=server.auth()) as r:
@@ -121,8 +125,10 @@ async def test_huge_saved_sweep_is_one_error_and_sigterm_stops(server: Server) -
         assert "max_concurrency must be an integer" in runs["huge.json"]["error"]
         assert "max_num_seqs" in runs["huge-cap.json"]["whatif_error"]
         assert "whatif" in runs["good.json"]
-        async with http.get(server.url + "/api/boot", headers=server.auth()) as r:
-            assert r.status == 200
+        assert runs["\ufffd-name.json"]["result"]["model"] == "\ufffd"  # shown, not a 500
+        for path in ("/api/boot", "/sweeps"):
+            async with http.get(server.url + path, headers=server.auth()) as r:
+                assert r.status == 200
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=DEADLINE_S) is not None
 

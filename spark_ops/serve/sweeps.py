@@ -22,6 +22,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ READ_BUDGET_S = 20.0  # one read of --results, every file: within the handler's 
 FILE_BUDGET_S = 10.0  # a file still not read after this when the budget ends: an error row
 MAX_ROW_BYTES = 2 << 20  # one file's row as the page gets it; a sweep bench writes is kilobytes
 ALARM_MARGIN_S = 5  # the child ends itself this long after the budget (serve killed meanwhile)
+_SURROGATE = re.compile("[\ud800-\udfff]")
 # The directory that holds the spark_ops package: the child's cwd, so that `python -m` imports
 # nothing from the directory serve was started in.
 PACKAGE_HOME = str(Path(__file__).resolve().parents[2])
@@ -70,12 +72,13 @@ def listing(results: Path, limit: int = MAX_RESULTS) -> list[tuple[str, str]]:
         for entry in entries:
             if not entry.name.endswith(".json") or entry.name.startswith("."):
                 continue  # as glob("*.json"): no hidden files
+            named = os.fsencode(entry.name).hex()  # a key is ASCII whatever the name's bytes
             try:
                 st = entry.stat()
             except OSError:
-                found.append((0, entry.name, f"gone:{entry.name}"))
+                found.append((0, entry.name, f"gone:{named}"))
                 continue
-            key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{entry.name}"
+            key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{named}"
             found.append((st.st_mtime_ns, entry.name, key))
     found.sort(key=lambda f: (f[0], f[1]), reverse=True)
     return [(name, key) for _, name, key in found[:limit]]
@@ -98,8 +101,10 @@ def row_of(path: Path) -> dict[str, Any]:
 
 
 def _say(message: dict[str, Any]) -> None:
-    """One JSON line to the parent, at once."""
-    sys.stdout.write(json.dumps(message, default=str) + "\n")
+    """One JSON line to the parent, at once; a lone surrogate (a file name's byte that is not
+    UTF-8, a `\\ud800` in a file) is sent as U+FFFD: a page must be able to encode it."""
+    text = _SURROGATE.sub("\ufffd", json.dumps(message, default=str, ensure_ascii=False))
+    sys.stdout.buffer.write(text.encode("utf-8") + b"\n")
     sys.stdout.flush()
 
 
