@@ -35,7 +35,8 @@ from spark_ops.errors import SparkOpsError
 MAX_RESULTS = 20  # saved sweeps shown (newest first)
 READ_BUDGET_S = 20.0  # one read of --results, every file: within the handler's deadline (30 s)
 FILE_BUDGET_S = 10.0  # a file still not read after this when the budget ends: an error row
-MAX_ROW_BYTES = 2 << 20  # one file's row as the page gets it; a sweep bench writes is kilobytes
+MAX_ROW_BYTES = 4 << 20  # one file's row as the page gets it; a sweep bench writes is kilobytes
+MAX_KEPT_BYTES = 16 << 20  # all rows kept (in serve's memory, on the page) together
 ALARM_MARGIN_S = 5  # the child ends itself this long after the budget (serve killed meanwhile)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # The directory that holds the spark_ops package: the child's cwd, so that `python -m` imports
@@ -145,6 +146,7 @@ class SweepReader:
         self.budget_s = budget_s
         self.file_budget_s = file_budget_s
         self.rows: dict[str, dict[str, Any]] = {}  # identity key -> row (read, or too slow)
+        self.sizes: dict[str, int] = {}  # identity key -> its row's size as the child sent it
         self.value: dict[str, Any] | None = None
         self.at = -math.inf
         self.task: asyncio.Task[dict[str, Any]] | None = None
@@ -206,10 +208,11 @@ class SweepReader:
                     answer["error"] = said["error"]
                 elif "files" in said:
                     files = [(str(name), str(key)) for name, key in said["files"]]
+                    self._forget_all_but({key for _, key in files})
                 elif "start" in said:
                     current = (str(said["start"]), loop.time())
                 else:
-                    self.rows[str(said["key"])] = said["row"]
+                    self._keep(str(said["key"]), said["row"], len(line))
                     current = None
         except TimeoutError:
             if current is not None and loop.time() - current[1] >= self.file_budget_s:
@@ -224,9 +227,22 @@ class SweepReader:
             answer.setdefault("error", f"{self.results}: not listed within {self.budget_s:g} s")
         else:
             answer["runs"] = [self._row(name, key) for name, key in files]
-            self.rows = {key: self.rows[key] for _, key in files if key in self.rows}
         self.value, self.at = answer, loop.time()
         return answer
+
+    def _forget_all_but(self, keys: set[str]) -> None:
+        """Drop the rows of files no longer listed (changed, gone, or past the newest)."""
+        self.rows = {k: v for k, v in self.rows.items() if k in keys}
+        self.sizes = {k: v for k, v in self.sizes.items() if k in keys}
+
+    def _keep(self, key: str, row: dict[str, Any], size: int) -> None:
+        """Keep a file's row, unless the rows kept already fill MAX_KEPT_BYTES (its error then,
+        kept the same way: the file is not read again until it changes)."""
+        if sum(self.sizes.values()) + size > MAX_KEPT_BYTES:
+            row = {"error": f"not shown: the other sweeps take the {MAX_KEPT_BYTES:,} bytes "
+                   "this page keeps"}  # fmt: skip
+            size = 0
+        self.rows[key], self.sizes[key] = row, size
 
     def _row(self, name: str, key: str) -> dict[str, Any]:
         """A file's row: the one kept for its identity, or why there is none yet."""
@@ -234,8 +250,8 @@ class SweepReader:
         if row is None:
             return {
                 "file": name,
-                "error": f"not read yet: this read's {self.budget_s:g} s were spent on the "
-                "files before it; the next read goes on",
+                "error": f"not read yet: this read's {self.budget_s:g} s were spent on other "
+                "files; the next read goes on",
             }
         return {**row, "file": name}
 
