@@ -384,6 +384,8 @@ def excerpt(value: object, limit: int = 60) -> str:
     """
     if isinstance(value, dict | list | tuple | set):
         return f"<{type(value).__name__} of {len(value)} items>"
+    if isinstance(value, int) and value.bit_length() > 4 * limit:  # repr: past 4,300 digits, fails
+        return f"<an integer of {value.bit_length():,} bits>"
     if not isinstance(value, str):
         shown = repr(value)
         return shown if len(shown) <= limit else shown[:limit] + "…"

@@ -23,6 +23,7 @@ from spark_ops.errors import SparkOpsError, excerpt
 
 MAX_ALIASES = 64  # real inventories and recipes use a handful (`<<: *defaults`)
 MAX_YAML_BYTES = 1 << 20  # 1 MiB: a recipe or an inventory is a few kilobytes
+MAX_DEPTH = 128  # nested collections: real files nest a handful; libyaml's composer recurses in C
 
 
 def load_yaml(
@@ -49,8 +50,13 @@ def load_yaml(
 
     loader = _unique_key_loader(yaml, same_value_ok, scalar_last_wins)
     try:
-        if len(_ALIAS_LIKE.findall(text)) > max_aliases:  # only then count the real aliases
-            _count_aliases(yaml, loader, text, source, error, max_aliases)
+        # only when the text could hold too many: walk the events and count the real ones (each
+        # level of nesting starts at one _NESTING_START, so fewer cannot nest deeper)
+        if (
+            len(_ALIAS_LIKE.findall(text)) > max_aliases
+            or len(_NESTING_START.findall(text)) > MAX_DEPTH
+        ):
+            _check_events(yaml, loader, text, source, error, max_aliases)
         return yaml.load(text, Loader=loader)
     except DuplicateKey as dup:
         raise error(
@@ -142,11 +148,18 @@ def _unique_key_loader(yaml: Any, same_value_ok: bool, scalar_last_wins: bool) -
 _ALIAS_LIKE = re.compile(r"\*[^\s,\[\]{}]")
 
 
-def _count_aliases(
+# What starts a level of nesting: a flow sequence or mapping, a key's colon (a flow pair's too),
+# an explicit key, a block entry (`-` then a space or the end: `--flag` is none)
+_NESTING_START = re.compile(r"[\[{:?]|-(?=\s|\Z)")
+
+
+def _check_events(
     yaml: Any, loader: Any, text: str, source: str, error: type[SparkOpsError], limit: int
 ) -> None:
-    """Walk the parse events (no value is built) and refuse the alias past the limit."""
-    seen = 0
+    """Walk the parse events (libyaml's parser keeps its own stack; no value is built) and refuse
+    the alias past the limit, or a collection nested past MAX_DEPTH (composing one 200,000 levels
+    deep overflows the C stack: the process dies of SIGSEGV)."""
+    seen = depth = 0
     for event in yaml.parse(text, Loader=loader):
         if isinstance(event, yaml.AliasEvent):
             seen += 1
@@ -156,3 +169,13 @@ def _count_aliases(
                     "aliases (*name); refused (an alias bomb expands to gigabytes)",
                     hint="write the values out, or use fewer anchors",
                 )
+        elif isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise error(
+                    f"{source}: line {event.start_mark.line + 1}: lists or mappings nested more "
+                    f"than {MAX_DEPTH} levels deep; refused",
+                    hint="check that the path names the right file",
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,6 +100,18 @@ def apply_damage(
                 path.write_text(before)
 
         return restore
+    if kind in ("dir", "dir_absent"):  # a state dir on the head: made as said, or none yet
+        assert not path.exists(), f"fixture: {path} exists"
+        if kind == "dir":
+            path.mkdir()
+            path.chmod(int(str(damage["mode"]), 0))  # the mode exactly (mkdir's is umasked)
+            if "group" in damage:
+                try:
+                    shutil.chown(path, group=damage["group"])
+                except (LookupError, PermissionError) as exc:
+                    shutil.rmtree(path)
+                    pytest.skip(f"cannot give {path} to group {damage['group']}: {exc}")
+        return lambda: shutil.rmtree(path, ignore_errors=True)
     if kind == "append_stamp":
         before = path.read_text()
         path.write_text(before + f"{int(time.time()) - int(damage['age_s'])}\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -452,6 +453,66 @@ async def test_exec_on_embedded_nodes(sim: Any) -> None:
     assert {h.stdout for h in rep.hosts} == {"a b"}
     rep2 = await fanout.run_command(cluster, ["sh", "-c", "exit 7"], nodes=[names[1]], timeout=10)
     assert rep2.hosts[0].exit_code == 7 and rep2.exit_status() == ExitStatus.REMOTE
+
+
+async def test_exec_edit_and_changes_recipe_are_operations(
+    sim: Any, cli_env: dict[str, str]
+) -> None:
+    """`exec --edit` and `exec --changes-recipe` are operations (issue 34): while another run
+    holds the cluster lock they are refused with the lock's exit code, nothing written and
+    nothing recorded; run, each leaves exactly one audit record, whose outcome `spark-ops log`
+    shows (text and JSON)."""
+    from spark_ops.inventory import load_inventory
+    from spark_ops.lock import cluster_lock
+    from spark_ops.remote import ClusterSession
+
+    cluster = load_inventory(sim.inventory).cluster()
+    mark = secrets.token_hex(4)  # names this test's records among the cluster's others
+    runs = {
+        "exec --edit": ["exec", "--nodes", "node1", "--edit", cluster.recipe.path,
+                        "--sub", r"^( *max_num_seqs:) *6\b", rf"\g<1> 7  # {mark}"],
+        "exec": ["exec", "--changes-recipe", "--nodes", "node1", "--", "true", mark],
+    }  # fmt: skip
+
+    async def spark_ops(*args: str) -> tuple[int, str, str]:
+        """The real CLI against the embedded cluster: exit code, stdout, stderr."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "spark_ops.cli.main", *args, env=cli_env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await proc.communicate()
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    recipe = sim.recipe.read_text()
+    async with ClusterSession(cluster) as session:
+        await session.connect([cluster.head.name])
+        async with cluster_lock(session, "apply --max-num-seqs 64"):  # another run's
+            for args in runs.values():
+                code, _, err = await spark_ops(*args)
+                assert code == ExitStatus.LOCKED, err
+                assert "locked by" in err and "apply --max-num-seqs 64" in err
+    assert sim.recipe.read_text() == recipe  # nothing written while refused
+    for args in runs.values():
+        code, _, err = await spark_ops(*args)
+        assert code == 0, err
+    assert f"max_num_seqs: 7  # {mark}" in sim.recipe.read_text()
+    code, out, err = await spark_ops("log", "--json", "-n", "200")
+    assert code == 0, err
+    for operation in runs:
+        mine = [
+            e for e in json.loads(out)
+            if (e.get("what") or {}).get("operation") == operation and mark in json.dumps(e)
+        ]  # fmt: skip
+        assert len(mine) == 1, mine
+        assert mine[0]["outcome"] == "ok" and mine[0]["nodes"] == ["node1"]
+    code, out, err = await spark_ops("log", "-n", "200")
+    assert code == 0, err
+    lines = out.splitlines()
+    for shown in ("  exec --edit path=", "  exec command="):  # the operation, its arguments
+        at = [i for i, line in enumerate(lines) if shown in line and mark in line]
+        assert len(at) == 1, out
+        assert "nodes: node1  outcome: ok" in lines[at[0] + 1]
 
 
 @pytest.mark.parametrize(

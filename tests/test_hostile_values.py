@@ -240,8 +240,10 @@ ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     [
         (ALIAS_BOMB, "more than 64 YAML aliases"),
         ("x: " + "y" * (1 << 20), "refused before parsing"),
+        ("[" * 200_000, "nested more than 128 levels deep"),  # libyaml's composer: SIGSEGV
+        ("- " * 200_000 + "x", "nested more than 128 levels deep"),
     ],
-    ids=["alias-bomb", "huge"],
+    ids=["alias-bomb", "huge", "deep-flow", "deep-block"],
 )
 def test_every_yaml_file_an_operator_gives_gets_the_loaders_guards(
     reader: Any, text: str, refusal: str, tmp_path: Path

@@ -18,9 +18,11 @@ import pwd
 import secrets
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -258,3 +260,51 @@ def test_forged_records_are_marked_and_never_settled(tmp_path: Path) -> None:
     assert runs[0].intent["when"] == entries[2]["when"]  # the head's own record, not the forgery
     only_forged = [e for e in entries if e.get("unattributed")]
     assert runs_of(only_forged) == [] and unfinished_runs(runs_of(only_forged)) == []
+
+
+async def test_log_and_serve_mark_an_unattributed_line(sim: Any, cli_env: dict[str, str]) -> None:
+    """On the embedded cluster: a line appended to the head's audit file by hand (no account the
+    head's program wrote) is marked unattributed by `spark-ops log` (text and JSON) and on serve's
+    history page; the record spark-ops wrote beside it is not."""
+    from spark_ops.inventory import load_inventory
+    from spark_ops.remote import ClusterSession
+    from spark_ops.serve.pages import history_page
+    from spark_ops.serve.source import Source
+
+    cluster = load_inventory(sim.inventory).cluster()
+
+    def spark_ops(*args: str) -> str:
+        """The real CLI against the embedded cluster; its stdout (exit 0 asserted)."""
+        res = subprocess.run(
+            [sys.executable, "-m", "spark_ops.cli.main", *args],
+            env=cli_env, capture_output=True, text=True, timeout=TIMEOUT * 4,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    mark = secrets.token_hex(4)
+    spark_ops("exec", "--changes-recipe", "--nodes", "node1", "--", "true", mark)  # attributed
+    async with ClusterSession(cluster) as session:
+        await session.connect([cluster.head.name])
+        res = await session.call(
+            cluster.head.name, AUDIT_READ, cluster.state_dir, cluster.watchdog.history_file, 1
+        )
+    forged = {"when": 9.0, "who": f"mallory-{mark}@vm", "outcome": "ok", "nodes": ["node1"],
+              "what": {"operation": "rollback", "args": {}}}  # fmt: skip
+    with open(res.stdout.partition("\n")[0], "a", encoding="utf-8") as f:
+        f.write(json.dumps(forged) + "\n")
+    text = spark_ops("log", "-n", "200").splitlines()
+    said = [line for line in text if f"mallory-{mark}" in line]
+    assert len(said) == 1 and said[0].startswith("(unattributed: not written by spark-ops on the")
+    ours = [line for line in text if mark in line and "exec command=" in line]
+    assert len(ours) == 1 and "unattributed" not in ours[0]
+    entries = json.loads(spark_ops("log", "--json", "-n", "200"))
+    flags = {e.get("who"): bool(e.get("unattributed")) for e in entries if mark in json.dumps(e)}
+    assert flags[f"mallory-{mark}@vm"] is True and list(flags.values()).count(False) == 1
+    audit_read = await Source(cluster).audit.get()  # serve's own reading
+    shown = [e for e in audit_read["entries"] if mark in json.dumps(e)]
+    assert len(shown) == 2
+    page = history_page({}, {"entries": shown})
+    assert f"mallory-{mark}" in page and "unattributed" in page
+    attributed_only = history_page({}, {"entries": [e for e in shown if audit.is_attributed(e)]})
+    assert "unattributed" not in attributed_only and mark in attributed_only

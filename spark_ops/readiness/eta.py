@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from spark_ops.errors import SparkOpsError
-from spark_ops.files import write_file
+from spark_ops.files import read_regular, write_file
 from spark_ops.inventory import Cluster
 from spark_ops.log import get_logger
 from spark_ops.readiness.phases import PHASE_ORDER, Phase
@@ -32,6 +33,52 @@ def _log() -> Any:
 
 DEFAULT_STATE_PATH = Path("~/.local/state/spark-ops/boots.json")
 FORMAT_VERSION = 1
+MAX_FILE_BYTES = 1 << 20  # ten boots per cluster are a few KB; more is not a file record() wrote
+
+
+def _finite(value: object) -> float | None:
+    """A JSON number as a finite float (not a boolean), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _count(value: object) -> int | None:
+    """A JSON integer 0..2**63 (not a boolean), else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        return None
+    return value
+
+
+def _record_of(rec: object) -> dict[str, Any] | None:
+    """One boot record as `record` writes it, its values checked; None when it is not one (no
+    finite `at` and `total_s`); a bad duration or field is left out."""
+    if not isinstance(rec, dict):
+        return None
+    at, total = _finite(rec.get("at")), _finite(rec.get("total_s"))
+    if at is None or total is None:
+        return None
+    durations = rec.get("durations")
+    skipped = rec.get("skipped")
+    version = rec.get("vllm_version")
+    kv = rec.get("kv_cache_memory_bytes")  # as the engine's args said it: a count or its text
+    return {
+        "at": at,
+        "total_s": total,
+        "durations": {
+            str(k): secs
+            for k, v in (durations.items() if isinstance(durations, dict) else ())
+            if (secs := _finite(v)) is not None
+        },
+        "skipped": [s for s in skipped if isinstance(s, str)] if isinstance(skipped, list) else [],
+        "kv_cache_tokens": _count(rec.get("kv_cache_tokens")),
+        "kv_cache_memory_bytes": kv if isinstance(kv, str) and len(kv) <= 64 else _count(kv),
+        "vllm_version": version if isinstance(version, str) else None,
+    }
 
 
 class BootHistory:
@@ -43,20 +90,25 @@ class BootHistory:
         self.keep = keep
 
     def load(self) -> dict[str, list[dict[str, Any]]]:
-        """All records by cluster; an unreadable file counts as empty (it is only a cache)."""
+        """All records by cluster; an unreadable file counts as empty (it is only a cache): one
+        not regular (a FIFO is never waited on), over MAX_FILE_BYTES, not JSON, nested beyond
+        the parser's depth; a record not of the shape `record` writes is left out."""
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            data = read_regular(self.path, limit=MAX_FILE_BYTES)
+            if len(data) > MAX_FILE_BYTES:
+                raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
+            raw = json.loads(data.decode("utf-8"))
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
-            _log().warning("boot_history_unreadable", path=str(self.path), error=str(exc))
+        except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError: a ValueError
+            _log().warning("boot_history_unreadable", path=str(self.path), error=str(exc)[:200])
             return {}
         clusters = raw.get("clusters") if isinstance(raw, dict) else None
         if not isinstance(clusters, dict):
             _log().warning("boot_history_unexpected_shape", path=str(self.path))
             return {}
         return {
-            str(name): [r for r in recs if isinstance(r, dict)]
+            str(name): [r for r in map(_record_of, recs) if r is not None]
             for name, recs in clusters.items()
             if isinstance(recs, list)
         }

@@ -244,7 +244,7 @@ async def boot_view(request: web.Request) -> web.Response:
 
 async def sweeps_view(request: web.Request) -> web.Response:
     """The sweeps page."""
-    return _html(sweeps_page(await asyncio.to_thread(request.app[SOURCE].sweeps)))
+    return _html(sweeps_page(await request.app[SOURCE].sweeps()))
 
 
 async def api_status(request: web.Request) -> web.Response:
@@ -271,7 +271,7 @@ async def api_boot(request: web.Request) -> web.Response:
 
 async def api_sweeps(request: web.Request) -> web.Response:
     """GET /api/sweeps: saved sweeps and their what-if."""
-    return _json(await asyncio.to_thread(request.app[SOURCE].sweeps))
+    return _json(await request.app[SOURCE].sweeps())
 
 
 async def metrics_view(request: web.Request) -> web.Response:
@@ -349,6 +349,7 @@ def make_app(
         src.boot.start()
         yield
         await src.boot.stop()
+        await src.close()
 
     app.cleanup_ctx.append(lifecycle)
     return app
@@ -407,5 +408,7 @@ async def serve(
         server.close()
         for transport in list(guard.open):
             transport.abort()
+        with contextlib.suppress(TimeoutError):  # first the CPU work: a sweep read's child
+            await asyncio.wait_for(app[SOURCE].close(), 5.0)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(runner.cleanup(), 5.0)

@@ -10,19 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from spark_ops.audit import is_attributed, read_log
-from spark_ops.bench.report import load_result
-from spark_ops.bench.whatif import running_cap_of, whatif_of
 from spark_ops.doctor import read_last
 from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
 from spark_ops.readiness import BootHistory, history_key
 from spark_ops.serve.boot import BootWatch
+from spark_ops.serve.sweeps import MAX_RESULTS, SweepReader, load_sweep
 from spark_ops.status import collect_status
 
 CACHE_S = 5.0  # a page, a script and Prometheus within this share one reading
 AUDIT_LIMIT = 50
-MAX_RESULTS = 20  # saved sweeps shown (newest first)
 RUN_OPERATIONS = ("apply", "restart", "rollback", "experiment")
+__all__ = ["MAX_RESULTS", "Cached", "Source", "last_run", "load_sweep"]  # serve.sweeps' as before
 
 
 class Cached:
@@ -57,6 +56,7 @@ class Source:
         self.boot = BootWatch(cluster)
         self.status = Cached(lambda: collect_status(cluster), ttl)
         self.audit = Cached(self._audit, ttl)
+        self.sweep_reader = SweepReader(results, ttl=ttl) if results is not None else None
 
     async def _audit(self) -> dict[str, Any]:
         """The audit log's last entries (as `spark-ops log --json`), or the error reading it."""
@@ -80,47 +80,17 @@ class Source:
             "usual_s": history.estimate(key),
         }
 
-    def sweeps(self) -> dict[str, Any]:
-        """Saved sweep results (`bench -o FILE.json`) under --results, with their what-if."""
-        if self.results is None:
+    async def sweeps(self) -> dict[str, Any]:
+        """Saved sweep results (`bench -o FILE.json`) under --results, with their what-if: read
+        by one child process at a time under a budget (serve.sweeps)."""
+        if self.sweep_reader is None:
             return {"dir": None, "runs": []}
-        runs: list[dict[str, Any]] = []
-        try:
-            files = sorted(self.results.glob("*.json"), key=_mtime, reverse=True)[:MAX_RESULTS]
-        except OSError as exc:
-            return {"dir": str(self.results), "runs": [], "error": str(exc)}
-        for path in files:
-            runs.append(load_sweep(path))
-        return {"dir": str(self.results), "runs": runs}
+        return await self.sweep_reader.get()
 
-
-def load_sweep(path: Path) -> dict[str, Any]:
-    """One saved sweep with bench's what-if for half its cap; a file that is not one, or whose
-    what-if cannot be made, is shown with why (one odd file never takes the page down)."""
-    try:
-        result = load_result(path)
-        run: dict[str, Any] = {"file": path.name, "result": result.to_dict()}
-    except SparkOpsError as exc:
-        return {"file": path.name, "error": exc.message}
-    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a shape bench never wrote
-        return {"file": path.name, "error": f"not a sweep bench wrote ({type(exc).__name__})"}
-    try:
-        cap = running_cap_of(result.knobs)
-        if cap and cap > 1:  # bench's what-if predicts lower caps: half the one swept
-            run["whatif"] = whatif_of(result, [cap // 2]).to_dict()
-    except SparkOpsError as exc:
-        run["whatif_error"] = exc.message
-    except (TypeError, ValueError, AttributeError, KeyError) as exc:
-        run["whatif_error"] = f"no what-if for this sweep ({type(exc).__name__})"
-    return run
-
-
-def _mtime(path: Path) -> float:
-    """A file's modification time (0 when it went away)."""
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
+    async def close(self) -> None:
+        """Stop what reads in the background (a sweep read's child)."""
+        if self.sweep_reader is not None:
+            await self.sweep_reader.close()
 
 
 def last_run(entries: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 import os
 import re
+import reprlib
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark_ops.errors import WatchdogError
+from spark_ops.errors import WatchdogError, excerpt
 from spark_ops.files import NotRegularFile, read_regular
 from spark_ops.watchdog.history import MAX_RESTARTS, MAX_WINDOW_S, default_journal, default_lock
 from spark_ops.yamlsafe import MAX_YAML_BYTES, load_yaml
@@ -134,7 +135,7 @@ class _Reader:
         """Raise an error naming the file, the key, the value and what is allowed."""
         where = f"{self.name}.{key}" if key else self.name
         raise WatchdogConfigError(
-            f"{self.source}: {where} = {value!r} is not allowed; expected {allowed}"
+            f"{self.source}: {where} = {_shown(value)} is not allowed; expected {allowed}"
         )
 
     def number(
@@ -203,6 +204,15 @@ class _Reader:
             return list(value)
         self.fail(key, value, "a shell command string or a non-empty list of strings")
         return None
+
+
+def _shown(value: object) -> str:
+    """A value in an error: its repr a few levels and items deep (a list nested thousands of
+    levels, or an integer of thousands of digits, is never written out whole)."""
+    try:
+        return reprlib.repr(value)
+    except ValueError:  # an integer past Python's 4,300 digits, inside a list
+        return excerpt(value)
 
 
 def _sparkrun_cli(a: _Reader) -> list[str]:
