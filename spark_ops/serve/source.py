@@ -17,10 +17,12 @@ from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
 from spark_ops.readiness import BootHistory, history_key
 from spark_ops.serve.boot import BootWatch
+from spark_ops.serve.load import LoadWatch
+from spark_ops.serve.nodes import FACTS_S, read_facts
 from spark_ops.status import collect_status
 
 CACHE_S = 5.0  # a page, a script and Prometheus within this share one reading
-AUDIT_LIMIT = 50
+AUDIT_LIMIT = 300  # raw lines: a run writes about ten, the history page groups them
 MAX_RESULTS = 20  # saved sweeps shown (newest first)
 RUN_OPERATIONS = ("apply", "restart", "rollback", "experiment")
 
@@ -57,6 +59,8 @@ class Source:
         self.boot = BootWatch(cluster)
         self.status = Cached(lambda: collect_status(cluster), ttl)
         self.audit = Cached(self._audit, ttl)
+        self.hardware = Cached(lambda: read_facts(cluster), max(ttl, FACTS_S))
+        self.load = LoadWatch(cluster)
 
     async def _audit(self) -> dict[str, Any]:
         """The audit log's last entries (as `spark-ops log --json`), or the error reading it."""
@@ -75,6 +79,7 @@ class Source:
         history = BootHistory()
         return {
             "live": self.boot.state.snapshot(),
+            "tail": list(self.boot.tail),
             "watched_here": list(self.boot.past),
             "recorded": history.records(key)[::-1],
             "usual_s": history.estimate(key),
