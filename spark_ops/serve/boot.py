@@ -174,8 +174,18 @@ class BootWatch:
     @staticmethod
     def workers_query(op: Operation) -> Callable[[], Awaitable[list[str]]]:
         """The missing-workers query the CLI's boot wait asks (workflows.gate): a worker with no
-        SSH answer, or whose worker check says its part is not running, is named."""
-        return lambda: missing_workers(op)
+        SSH answer, or whose worker check says its part is not running, is named. The watch's
+        session holds the head only: the workers are connected when first asked (and again when
+        they did not answer)."""
+
+        async def ask() -> list[str]:
+            """Connect the workers not connected yet, then ask as the CLI does."""
+            absent = [n.name for n in op.cluster.workers if n.name not in op.session.connectors]
+            if absent:
+                await op.session.connect(absent, required=False)
+            return await missing_workers(op)
+
+        return ask
 
     def _tail_line(self, line: str) -> None:
         """A line of the running engine (no boot under way): kept and sent to the pages."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from spark_ops.serve.charts import nice_ticks, tick_text
 from spark_ops.serve.html import esc, page, section, table
 
 CHART_W, CHART_H, PAD = 640, 260, 40
@@ -18,7 +19,8 @@ def svg_chart(series: list[dict[str, Any]], *, y_label: str) -> str:
     if not points:
         return "<p class=muted>nothing to draw</p>"
     xs = sorted({p[0] for p in points})
-    y_max = max(p[1] for p in points) * 1.1 or 1.0
+    ticks = nice_ticks(max(p[1] for p in points))
+    y_max = ticks[-1] or 1.0
     x_max = max(xs) or 1
 
     def sx(x: float) -> float:
@@ -36,7 +38,14 @@ def svg_chart(series: list[dict[str, Any]], *, y_label: str) -> str:
         'stroke="#999"/>',
         f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{CHART_H - PAD}" stroke="#999"/>',
         f'<text x="{CHART_W / 2}" y="{CHART_H - 8}" text-anchor="middle">concurrency</text>',
-        f'<text x="4" y="{PAD - 12}">{esc(y_label)} (max {esc(round(y_max / 1.1, 1))})</text>',
+        f'<text x="4" y="{PAD - 12}">{esc(y_label)} (max '
+        f"{esc(round(max(p[1] for p in points), 1))})</text>",
+    ]
+    out += [
+        f'<line x1="{PAD}" y1="{sy(v):.1f}" x2="{CHART_W - PAD}" y2="{sy(v):.1f}" '
+        f'stroke="#eef0f3"/><text class=ytick x="{PAD - 4}" y="{sy(v) + 4:.1f}" '
+        f'text-anchor="end">{tick_text(v)}</text>'
+        for v in ticks
     ]
     out += [
         f'<text x="{sx(x):.1f}" y="{CHART_H - PAD + 14}" text-anchor="middle">{esc(x)}</text>'
@@ -141,6 +150,8 @@ def sweeps_page(sweeps: dict[str, Any]) -> str:
             "<p class=muted>solid: measured; dashed: what-if predictions (bench's own model), "
             "hollow points marked ? are the ones it says not to trust</p>"
         )
+    if len([r for r in runs if "result" in r]) > 1:
+        parts.append(section("Compared", compare(runs), ident="compare"))
     for run in runs:
         if "error" in run:
             parts.append(section(run["file"], f'<p class="bad">{esc(run["error"])}</p>'))
@@ -160,6 +171,13 @@ def sweeps_page(sweeps: dict[str, Any]) -> str:
         warn = "".join(
             f'<p class="warn">{esc(w)}</p>' for w in (run.get("whatif") or {}).get("warnings") or []
         )
+        caps = [c.get("cap") for c in (run.get("whatif") or {}).get("caps") or []]
+        if caps:
+            warn += (
+                f"<p class=muted>what-if asked: max_num_seqs "
+                f"{esc(', '.join(str(c) for c in caps))} (half the cap swept), predicted by "
+                "bench's own model (<code>spark-ops bench --what-if</code>)</p>"
+            )
         if run.get("whatif_error"):
             warn += f'<p class="muted">what-if: {esc(run["whatif_error"])}</p>'
         parts.append(section(run["file"], info + table_html + warn))
@@ -171,3 +189,29 @@ def sweeps_page(sweeps: dict[str, Any]) -> str:
 def _round(value: object) -> object:
     """A number rounded to one decimal for a table."""
     return round(value, 1) if isinstance(value, float) else value
+
+
+def compare(runs: list[dict[str, Any]]) -> str:
+    """The saved sweeps side by side: the best aggregate tok/s and where, single-user tok/s, and
+    the knobs in which each differs from the newest."""
+    good = [r for r in runs if isinstance(r.get("result"), dict)]
+    first = good[0]["result"].get("knobs")
+    base: dict[str, Any] = first if isinstance(first, dict) else {}
+    rows = []
+    for run in good:
+        r = run["result"]
+        levels = [lv for lv in r.get("levels") or [] if isinstance(lv, dict)]
+        rated = [(lv, _num(lv.get("output_throughput"))) for lv in levels]
+        best = max((x for x in rated if x[1] is not None), key=lambda x: x[1] or 0.0, default=None)
+        one = next((lv for lv in levels if lv.get("max_concurrency") == 1), None)
+        knobs = r.get("knobs") if isinstance(r.get("knobs"), dict) else {}
+        differ = ", ".join(f"{k}={v}" for k, v in knobs.items() if base.get(k) != v)
+        rows.append([
+            esc(run["file"]),
+            esc(_round(best[1])) if best else "—",
+            esc(best[0].get("max_concurrency")) if best else "—",
+            esc(_round((one or {}).get("per_user_tok_s"))),
+            esc(differ or ("(the newest)" if run is good[0] else "same knobs")),
+        ])  # fmt: skip
+    return table(["sweep", "best tok/s", "at concurrency", "tok/s at 1 user",
+                  "knobs unlike the newest"], rows)  # fmt: skip
