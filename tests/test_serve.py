@@ -569,6 +569,17 @@ async def test_history_is_one_entry_per_operation(served: Served) -> None:
     assert "=[]" not in audit and "=None" not in audit
 
 
+async def test_boot_page_shows_the_engine_log_tail_between_boots(served: Served) -> None:
+    """With no boot under way the boot page shows the engine log's latest lines (the running
+    engine's, as the server follows the log), without the pollers' access lines."""
+    boots = json.loads(await _get(served, "/api/boot"))
+    assert not boots["live"]["active"] and boots["tail"], boots
+    assert not any('"GET /metrics' in line for line in boots["tail"]), boots["tail"]
+    page = await _get(served, "/boot")
+    tail = page[page.index("<pre id=tail>") :]
+    assert boots["tail"][-1].split(" ")[0] in tail[: tail.index("</pre>")]
+
+
 async def test_node_panels_show_gpu_memory_power_and_rank(served: Served) -> None:
     """Each node's panel: reachable, the GB10's use and power (its nvidia-smi), its memory unified
     with the host, MemAvailable, and the engine rank on it; /metrics has the same per node."""
@@ -860,7 +871,10 @@ def test_browser_pages_token_and_live_boot(served: Served, browser: Any, tmp_pat
     assert "NVIDIA GB10" in text and "MemAvailable" in text and "rank 0 (serves the API)" in text
     assert "status " in text and ("just now" in text or " s old" in text)
     assert d.find_element("id", "gauge") and d.find_element("id", "timeline")
-    _shot(d, "cluster", tmp_path)  # the picture of the page as an operator leaves it open
+    height = d.execute_script("return document.documentElement.scrollHeight")
+    d.set_window_size(1200, min(int(height) + 140, 4000))  # the whole page in one picture
+    _shot(d, "cluster", tmp_path)  # the page as an operator leaves it open
+    d.set_window_size(1200, 1100)
     for page in ("history", "sweeps"):
         d.get(f"{served.url}/{page}")
         text = d.find_element("tag name", "body").text

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,6 +37,8 @@ from spark_ops.workflows.gate import missing_workers
 from spark_ops.workflows.operation import Operation
 
 RETRY_S = 5.0  # after the head or its log went away
+# the access lines of pollers (this server's scrape, status, Prometheus): not kept in the tail
+POLLS = re.compile(r'"(GET|HEAD) /(metrics|health|version|v1/models)[ ?]')
 KEEP_LINES = 40  # log lines the page shows of a boot
 KEEP_BOOTS = 5  # finished boots kept for the page (this server's own; the CLI records its own)
 
@@ -133,7 +136,7 @@ class BootWatch:
             st.missing = [str(m) for m in event.data["missing"]]
         if event.kind == "tick" and isinstance(event.data.get("missing_workers"), list):
             st.missing = [str(m) for m in event.data["missing_workers"]]
-        if event.kind == "line" and event.line is not None:
+        if event.kind == "line" and event.line is not None and not POLLS.search(event.line):
             self.tail.append(event.line)
         if event.kind in ("phase", "engine", "line", "fatal", "timeout", "workers", "tick"):
             self.publish({"event": event.to_dict(), "state": st.snapshot()})
@@ -159,7 +162,8 @@ class BootWatch:
         res = await op.session.run(head, engine_log_recent(self.cluster.engine, KEEP_LINES),
                                    check=False, timeout=15, label="engine log tail")  # fmt: skip
         self.tail.clear()
-        self.tail.extend(line for line in res.stdout.splitlines()[-KEEP_LINES:])
+        kept = [line for line in res.stdout.splitlines() if not POLLS.search(line)]
+        self.tail.extend(kept[-KEEP_LINES:])
         while True:  # a stream per boot: wait_for_boot's reader closes the one it read
             lines = op.session.stream_lines(head, engine_log_follow(self.cluster.engine))
             try:
@@ -188,7 +192,10 @@ class BootWatch:
         return ask
 
     def _tail_line(self, line: str) -> None:
-        """A line of the running engine (no boot under way): kept and sent to the pages."""
+        """A line of the running engine (no boot under way): kept and sent to the pages (a
+        poller's access line is not)."""
+        if POLLS.search(line):
+            return
         self.tail.append(line)
         self.publish({"event": {"kind": "tail", "line": line}, "state": self.state.snapshot()})
 

@@ -16,29 +16,31 @@ MAX_TAIL = 40  # log lines the page keeps of the engine's tail (as the watch kee
 BOOT_JS = """
 const phases=document.querySelectorAll('#phases li');
 const $=id=>document.getElementById(id);
+function put(id,text){const e=$(id);if(e.textContent!==text)e.textContent=text;}
 function show(s){
  const order=[...phases].map(li=>li.dataset.phase);const at=order.indexOf(s.phase);
  phases.forEach((li,i)=>{li.className=at<0?'':(i<at?'done':(i===at?(s.active?'now':'done'):''))});
- $('bphase').textContent=s.phase||'—';
- $('bstate').textContent=s.active?'booting':'no boot under way';
- $('bphlabel').textContent=s.active?' · phase ':(s.phase?' · the last boot watched here ended '+
-  'at ':' · no boot watched since this server started');
+ put('bphase',s.phase||'—');
+ put('bstate',s.active?'booting':'no boot under way');
+ put('bphlabel',s.active?' · phase ':(s.phase?' · the last boot watched here ended at ':
+  ' · no boot watched since this server started'));
  $('bphase').hidden=!s.active&&!s.phase;
  $('bfor').hidden=!s.active;
- $('bin').textContent=s.active?s.seconds_in_phase+' s':'';
- $('beta').textContent=s.eta_s==null?'unknown':s.eta_s+' s';
- $('berr').textContent=s.error||'';
- $('bmissing').textContent=(s.missing_workers&&s.missing_workers.length)?
-  'missing workers: '+s.missing_workers.join('; '):'';
- $('blines').textContent=(s.lines||[]).join('\\n');
+ put('bin',s.active?s.seconds_in_phase+' s':'');
+ put('beta',s.eta_s==null?'unknown':s.eta_s+' s');
+ put('berr',s.error||'');
+ put('bmissing',(s.missing_workers&&s.missing_workers.length)?
+  'missing workers: '+s.missing_workers.join('; '):'');
+ put('blines',(s.lines||[]).join('\\n'));
 }
 function said(e){if(!e||!e.kind)return '—';if(e.kind==='hello')return 'connected';
  if(e.kind==='tail')return 'engine log line';return e.kind+(e.phase?' '+e.phase:'');}
 show(JSON.parse($('init').textContent));
 const es=new EventSource('/events');
-es.addEventListener('boot',m=>{const d=JSON.parse(m.data);if(d.state)show(d.state);
- $('blast').textContent=said(d.event);
- if(d.event&&d.event.kind==='tail'&&typeof d.event.line==='string'){const t=$('tail');
+es.addEventListener('boot',m=>{const d=JSON.parse(m.data);const tail=d.event&&d.event.kind==='tail';
+ if(d.state&&!tail)show(d.state);
+ put('blast',said(d.event));
+ if(tail&&typeof d.event.line==='string'){const t=$('tail');
   const l=t.textContent?t.textContent.split('\\n'):[];l.push(d.event.line);
   t.textContent=l.slice(-MAX_TAIL).join('\\n');}});
 """.replace("MAX_TAIL", str(MAX_TAIL))

@@ -247,7 +247,14 @@ def _engine(e: dict[str, Any], state: str = "", runs: dict[str, Any] | None = No
         rows.append(["fix", f"<code>{esc(e.get('leftovers_fix'))}</code>"])
     else:
         rows.append(["leftovers", '<span class="ok">none</span>'])
-    return table(["", ""], rows)
+    busy = ""
+    if state in ("restarting", "experimenting"):  # the outgoing engine still answers
+        busy = (
+            '<p class="warn" id=enginestate>a run is restarting it: '
+            f"{esc((runs or {}).get('experiment') or (runs or {}).get('in_progress'))} · "
+            '<a href="/boot">follow the boot live</a></p>'
+        )
+    return busy + table(["", ""], rows)
 
 
 def _knobs(status: dict[str, Any]) -> str:
