@@ -102,8 +102,8 @@ def render_metrics(
         gauge("engine_requests_waiting", "Requests waiting in the engine (its last scrape here).",
               last.get("waiting"))  # fmt: skip
         gauge("engine_generation_tokens_per_second",
-              "Tokens the engine generated per second between its last two scrapes here.",
-              last.get("tok_s"))  # fmt: skip
+              "Tokens the engine generated per second between two scrapes here (the last two "
+              "answered in a row).", latest(load, "tok_s"))  # fmt: skip
         gauge("engine_scrape_timestamp_seconds", "When this server last read the engine's "
               "/metrics.", last.get("at"))  # fmt: skip
     return generate_latest(registry)
@@ -126,11 +126,16 @@ def next_free(budget: dict[str, Any]) -> float | None:
     return float(at) if isinstance(at, int | float) else None
 
 
-def latest(load: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The engine's last answered scrape in the load ring, or None."""
+def latest(load: dict[str, Any] | None, key: str = "") -> Any:
+    """The engine's last answered scrape in the load ring (None: none); with `key`, that key's
+    newest value that is not None."""
     for sample in reversed((load or {}).get("samples") or []):
-        if isinstance(sample, dict) and sample.get("running") is not None:
+        if not isinstance(sample, dict) or sample.get("running") is None:
+            continue
+        if not key:
             return sample
+        if sample.get(key) is not None:
+            return sample[key]
     return None
 
 

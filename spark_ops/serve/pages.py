@@ -314,9 +314,10 @@ def _load(load: dict[str, Any] | None, now: float) -> str:
         return [(float(x["at"]), _num(x.get(key))) for x in samples]
 
     last = next((x for x in reversed(samples) if x.get("running") is not None), None)
+    rate = next((x for x in reversed(samples) if x.get("tok_s") is not None), None)
     said = (
         f"<p id=loadnow>now: {esc(last.get('running'))} running, {esc(last.get('waiting'))} "
-        f"waiting, {esc(_tok(last.get('tok_s')))} tok/s</p>"
+        f"waiting, {esc(_tok(rate.get('tok_s') if rate else None))} tok/s</p>"
         if last
         else "<p id=loadnow class=muted>no answer from the engine's /metrics yet</p>"
     )

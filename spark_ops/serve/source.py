@@ -59,7 +59,7 @@ class Source:
         self.boot = BootWatch(cluster)
         self.status = Cached(lambda: collect_status(cluster), ttl)
         self.audit = Cached(self._audit, ttl)
-        self.hardware = Cached(lambda: read_facts(cluster), max(ttl, FACTS_S))
+        self.hardware = Cached(self._hardware, max(ttl, FACTS_S))
         self.load = LoadWatch(cluster)
 
     async def _audit(self) -> dict[str, Any]:
@@ -68,6 +68,13 @@ class Source:
             return {"entries": await read_log(self.cluster, AUDIT_LIMIT)}
         except SparkOpsError as exc:
             return {"entries": [], "error": exc.message}
+
+    async def _hardware(self) -> dict[str, Any]:
+        """Each node's facts (serve.nodes), or the error reading them (the page goes on)."""
+        try:
+            return await read_facts(self.cluster)
+        except SparkOpsError as exc:
+            return {"time": time.time(), "nodes": {}, "error": exc.message}
 
     def doctor(self) -> dict[str, Any] | None:
         """The last `spark-ops doctor` report kept on this machine for this cluster."""
