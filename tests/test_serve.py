@@ -638,6 +638,30 @@ async def test_load_over_the_last_hour(served: Served) -> None:
     assert samples[("spark_ops_engine_generation_tokens_per_second", ())] >= 0
 
 
+async def test_cluster_page_during_a_run_is_amber_with_the_live_boot(served: Served) -> None:
+    """While a run holds the cluster lock (as an `apply` does) the cluster page says
+    "restarting" in amber, links the live boot, and the engine box names the run: never red,
+    never "not serving: —"."""
+    from spark_ops.inventory import load_inventory
+    from spark_ops.lock import cluster_lock
+    from spark_ops.remote import ClusterSession
+
+    cluster = load_inventory(served.sim.inventory).cluster(None)
+    give_up = time.monotonic() + 90
+    async with ClusterSession(cluster) as session:
+        await session.connect([cluster.head.name])
+        async with cluster_lock(session, "apply --max-num-seqs 6"):
+            while 'id="verdict" class="big warn">restarting' not in (
+                page := await _get(served, "/")
+            ):
+                assert time.monotonic() < give_up, page[:3000]
+                await asyncio.sleep(0.5)
+    engine = page[page.index('<section id="engine">') : page.index('<section id="load">')]
+    assert "id=bootlink" in page and 'href="/boot"' in engine, engine
+    assert 'class="warn" id=enginestate' in engine and "apply --max-num-seqs 6" in engine, engine
+    assert "not serving" not in engine
+
+
 async def test_live_cluster_page_sends_sections_with_ages(served: Served) -> None:
     """/events/cluster sends the cluster page's sections again, each kept fact with its age: a
     doctor run made meanwhile shows on the next event, "doctor report just now"."""
