@@ -275,16 +275,57 @@ def _pages_of_hostile_data() -> dict[str, str]:
     result = json.loads((FIXTURES / "sweep-cap5.json").read_text())
     result["model"] = HOSTILE["sweep_model"]
     result["knobs"]["moe_backend"] = HOSTILE["raw"][1]
-    sweeps = {"dir": "x", "runs": [{"file": HOSTILE["raw"][0], "result": result}]}
+    raw = HOSTILE["raw"]
+    other = json.loads(json.dumps(result))
+    other["knobs"]["max_num_seqs"] = raw[3]
+    sweeps = {"dir": "x", "runs": [{"file": raw[0], "result": result},
+                                   {"file": raw[4], "result": other}]}  # fmt: skip
+    status = {**status, "budget": {**status["budget"], "now": 1796250000.0}}
+    # the node facts, the load ring and the boot's tail and missing workers carry them too
+    hardware = {
+        "time": 1,
+        "error": raw[4],
+        "nodes": {
+            status["nodes"][0]["name"]: {
+                "gpu": {"name": raw[1], "util_pct": 1},
+                "ranks": [raw[2]],
+                "mem_available": 1,
+                "mem_total": 2,
+            },
+            "node2": {"error": raw[3]},
+        },
+    }
+    load = {
+        "span_s": 3600,
+        "interval_s": 10,
+        "error": raw[0],
+        "last_ok": 1,
+        "samples": [{"at": 1796249990, "running": 1, "waiting": 0, "tok_s": 2.0}],
+    }
+    live = {**boot, "missing_workers": [raw[3]]}
+    audit = {
+        "entries": [
+            *audit["entries"],
+            {
+                "run": raw[1],
+                "phase": "intent",
+                "when": 2,
+                "who": raw[2],
+                "what": {"operation": raw[3]},
+            },
+        ]
+    }
     return {
-        "cluster": cluster_page(status, {"operation": HOSTILE["raw"][0], "ok": False,
-                                         "outcome": HOSTILE["raw"][2], "who": "x", "when": 1},
-                                {"when": 1, "who": HOSTILE["raw"][1], "report": {
+        "cluster": cluster_page(status, {"operation": raw[0], "ok": False,
+                                         "outcome": raw[2], "who": "x", "when": 1},
+                                {"when": 1, "who": raw[1], "report": {
                                     "ok": False, "checks": [{"status": "fail",
-                                    "name": HOSTILE["raw"][0], "host": HOSTILE["raw"][1],
-                                    "detail": HOSTILE["raw"][2], "fix": HOSTILE["raw"][0]}]}}),
+                                    "name": raw[0], "host": raw[1],
+                                    "detail": raw[2], "fix": raw[0]}]}},
+                                hardware=hardware, load=load, boot=live, now=1796250000.0),
         "history": history_page(status, audit),
-        "boot": boot_page({"live": boot, "recorded": [], "watched_here": [], "usual_s": {}}),
+        "boot": boot_page({"live": live, "recorded": [], "watched_here": [], "usual_s": {},
+                           "tail": list(raw)}),
         "sweeps": sweeps_page(sweeps),
     }  # fmt: skip
 

@@ -55,7 +55,9 @@ def boot_page(boots: dict[str, Any]) -> str:
         f"{' ~' + esc(round(usual[p.value])) + ' s' if p.value in usual else ''}</li>"
         for p in PHASE_ORDER
     )
-    init = json.dumps(live).replace("<", "\\u003c")  # inside <script>: no tag can end it early
+    init = json.dumps(live)  # inside <script>: no tag can end it early, no quote reads as HTML
+    for ch, code in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("'", "\\u0027")):
+        init = init.replace(ch, code)
     body = section(
         "Boot, live",
         "<p><span id=bstate></span><span id=bphlabel></span><strong id=bphase></strong>"
