@@ -25,6 +25,7 @@ import pytest
 import yaml
 from conftest import REPO, Sim, start_sim
 
+from spark_ops import __version__
 from spark_ops.errors import ExitStatus
 from spark_ops.readiness import PHASE_ORDER
 from spark_ops.serve.auth import TokenError, kept_token, read_token_file
@@ -59,10 +60,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     from spark_ops.sim.control import down, wait_serving
 
     root = tmp_path_factory.mktemp("serve")
+    from spark_ops.sim.nvidia_smi import install
+
     sim = start_sim(root / "sim", boot_scale=2.0)
     proc = None
     try:
         wait_serving(sim.state)
+        for node in (sim.root / "nodes").iterdir():  # a GB10's nvidia-smi on each node
+            install(node / "bin")
         token_file = root / "token"
         token_file.write_text(TOKEN + "\n")
         token_file.chmod(0o600)
@@ -270,16 +275,57 @@ def _pages_of_hostile_data() -> dict[str, str]:
     result = json.loads((FIXTURES / "sweep-cap5.json").read_text())
     result["model"] = HOSTILE["sweep_model"]
     result["knobs"]["moe_backend"] = HOSTILE["raw"][1]
-    sweeps = {"dir": "x", "runs": [{"file": HOSTILE["raw"][0], "result": result}]}
+    raw = HOSTILE["raw"]
+    other = json.loads(json.dumps(result))
+    other["knobs"]["max_num_seqs"] = raw[3]
+    sweeps = {"dir": "x", "runs": [{"file": raw[0], "result": result},
+                                   {"file": raw[4], "result": other}]}  # fmt: skip
+    status = {**status, "budget": {**status["budget"], "now": 1796250000.0}}
+    # the node facts, the load ring and the boot's tail and missing workers carry them too
+    hardware = {
+        "time": 1,
+        "error": raw[4],
+        "nodes": {
+            status["nodes"][0]["name"]: {
+                "gpu": {"name": raw[1], "util_pct": 1},
+                "ranks": [raw[2]],
+                "mem_available": 1,
+                "mem_total": 2,
+            },
+            "node2": {"error": raw[3]},
+        },
+    }
+    load = {
+        "span_s": 3600,
+        "interval_s": 10,
+        "error": raw[0],
+        "last_ok": 1,
+        "samples": [{"at": 1796249990, "running": 1, "waiting": 0, "tok_s": 2.0}],
+    }
+    live = {**boot, "missing_workers": [raw[3]]}
+    audit = {
+        "entries": [
+            *audit["entries"],
+            {
+                "run": raw[1],
+                "phase": "intent",
+                "when": 2,
+                "who": raw[2],
+                "what": {"operation": raw[3]},
+            },
+        ]
+    }
     return {
-        "cluster": cluster_page(status, {"operation": HOSTILE["raw"][0], "ok": False,
-                                         "outcome": HOSTILE["raw"][2], "who": "x", "when": 1},
-                                {"when": 1, "who": HOSTILE["raw"][1], "report": {
+        "cluster": cluster_page(status, {"operation": raw[0], "ok": False,
+                                         "outcome": raw[2], "who": "x", "when": 1},
+                                {"when": 1, "who": raw[1], "report": {
                                     "ok": False, "checks": [{"status": "fail",
-                                    "name": HOSTILE["raw"][0], "host": HOSTILE["raw"][1],
-                                    "detail": HOSTILE["raw"][2], "fix": HOSTILE["raw"][0]}]}}),
+                                    "name": raw[0], "host": raw[1],
+                                    "detail": raw[2], "fix": raw[0]}]}},
+                                hardware=hardware, load=load, boot=live, now=1796250000.0),
         "history": history_page(status, audit),
-        "boot": boot_page({"live": boot, "recorded": [], "watched_here": [], "usual_s": {}}),
+        "boot": boot_page({"live": live, "recorded": [], "watched_here": [], "usual_s": {},
+                           "tail": list(raw)}),
         "sweeps": sweeps_page(sweeps),
     }  # fmt: skip
 
@@ -290,7 +336,8 @@ def test_hostile_values_are_escaped(name: str) -> None:
     page = _pages_of_hostile_data()[name]
     for raw in HOSTILE["raw"]:
         assert raw not in page, (name, raw)
-    assert page.count("<script>") == (1 if name == "boot" else 0)  # the page's own script only
+    live = name in ("boot", "cluster")  # the live pages' own script only
+    assert page.count("<script>") == (1 if live else 0)
     if name != "boot":
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
@@ -531,6 +578,224 @@ async def test_boot_events_during_apply(served: Served) -> None:
     assert runs == {"apply": 1.0}
 
 
+async def _get(served: Served, path: str) -> str:
+    """One page or document's text, with the token."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(served.url + path, headers=served.auth) as r,
+    ):
+        assert r.status == 200, path
+        return await r.text()
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Prometheus text as {(name, labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+async def test_history_is_one_entry_per_operation(served: Served) -> None:
+    """After the apply above, the history page shows it once, with its steps inside, never an
+    intent beside its end as "did not end", and no argument that was not given."""
+    page = await _get(served, "/history")
+    audit = page[page.index('id="audit"') :]
+    assert audit.count("apply max_num_seqs=5 ") == 1, audit[:3000]
+    assert "did not end" not in audit
+    assert "steps: write done" in audit and "boot done" in audit
+    assert "=[]" not in audit and "=None" not in audit
+
+
+async def test_boot_page_shows_the_engine_log_tail_between_boots(served: Served) -> None:
+    """With no boot under way the boot page shows the engine log's latest lines (the running
+    engine's, as the server follows the log), without the pollers' access lines."""
+    boots = json.loads(await _get(served, "/api/boot"))
+    assert not boots["live"]["active"] and boots["tail"], boots
+    assert not any('"GET /metrics' in line for line in boots["tail"]), boots["tail"]
+    page = await _get(served, "/boot")
+    tail = page[page.index("<pre id=tail>") :]
+    assert boots["tail"][-1].split(" ")[0] in tail[: tail.index("</pre>")]
+
+
+async def test_node_panels_show_gpu_memory_power_and_rank(served: Served) -> None:
+    """Each node's panel: reachable, the GB10's use and power (its nvidia-smi), its memory unified
+    with the host, MemAvailable, and the engine rank on it; /metrics has the same per node."""
+    page = await _get(served, "/")
+    for name in ("node1", "node2", "node3", "node4"):
+        panel = page[page.index(f'id="node-{name}"') :]
+        panel = panel[: panel.index("</div>")]
+        assert "NVIDIA GB10" in panel and "<dd>0 %</dd>" in panel and "5.0 W" in panel, panel
+        assert "unified with the host" in panel and "MemAvailable" in panel, panel
+        rank = "rank 0 (serves the API)" if name == "node1" else "Ray worker running"
+        assert rank in panel, panel
+    assert "node facts just now" in page or "node facts " in page
+    samples = _samples(await _get(served, "/metrics"))
+    assert samples[("spark_ops_build_info", (("version", __version__),))] == 1
+    for name in ("node1", "node3"):
+        assert samples[("spark_ops_node_gpu_power_watts", (("node", name),))] == 5.0
+        assert samples[("spark_ops_node_reachable", (("node", name),))] == 1
+        assert samples[("spark_ops_node_mem_available_bytes", (("node", name),))] > 0
+
+
+async def test_budget_gauge_timeline_and_next_slot(served: Served) -> None:
+    """The budget box draws one box per allowed restart, the window's stamps on a line with when,
+    who and why, lists them, and says the slots left; /metrics' next free time is the reading's
+    time while a slot is free."""
+    status = json.loads(await _get(served, "/api/status"))
+    budget = status["budget"]
+    page = await _get(served, "/")
+    box = page[page.index('id="budget"') : page.index('id="engine"')]
+    assert f'aria-label="{budget["used"]} of {budget["allowed"]} restarts used"' in box
+    assert "<svg id=timeline" in box
+    for stamp in budget["stamps"]:
+        why = stamp.get("reason") or "(no journal entry)"
+        assert why in box and box.count("<circle class=stamp") == len(budget["stamps"])
+    if budget["used"] < budget["allowed"]:
+        assert f"{budget['remaining']} left now" in box
+    samples = _samples(await _get(served, "/metrics"))
+    assert ("spark_ops_budget_next_free_timestamp_seconds", ()) in samples
+
+
+async def test_load_over_the_last_hour(served: Served) -> None:
+    """serve scrapes the engine's /metrics into a ring: running, waiting and tok/s show on the
+    page (with a y axis) and on /metrics once two scrapes were answered."""
+    give_up = time.monotonic() + 120
+    while True:
+        load = json.loads(await _get(served, "/api/load"))
+        if any(s["tok_s"] is not None for s in load["samples"]):
+            break
+        assert time.monotonic() < give_up, load
+        await asyncio.sleep(1.0)
+    page = await _get(served, "/")
+    box = page[page.index('id="load"') :]
+    assert '<svg id="chart-requests"' in box and '<svg id="chart-tok"' in box
+    assert "class=ytick" in box and "running" in box and "tok/s" in box
+    samples = _samples(await _get(served, "/metrics"))
+    assert samples[("spark_ops_engine_requests_running", ())] >= 0
+    assert samples[("spark_ops_engine_generation_tokens_per_second", ())] >= 0
+
+
+async def test_cluster_page_during_a_run_is_amber_with_the_live_boot(served: Served) -> None:
+    """While a run holds the cluster lock (as an `apply` does) the cluster page says
+    "restarting" in amber, links the live boot, and the engine box names the run: never red,
+    never "not serving: —"."""
+    from spark_ops.inventory import load_inventory
+    from spark_ops.lock import cluster_lock
+    from spark_ops.remote import ClusterSession
+
+    cluster = load_inventory(served.sim.inventory).cluster(None)
+    give_up = time.monotonic() + 90
+    async with ClusterSession(cluster) as session:
+        await session.connect([cluster.head.name])
+        async with cluster_lock(session, "apply --max-num-seqs 6"):
+            while 'id="verdict" class="big warn">restarting' not in (
+                page := await _get(served, "/")
+            ):
+                assert time.monotonic() < give_up, page[:3000]
+                await asyncio.sleep(0.5)
+    engine = page[page.index('<section id="engine">') : page.index('<section id="load">')]
+    assert "id=bootlink" in page and 'href="/boot"' in engine, engine
+    assert 'class="warn" id=enginestate' in engine and "apply --max-num-seqs 6" in engine, engine
+    assert "not serving" not in engine
+
+
+async def test_live_cluster_page_sends_sections_with_ages(served: Served) -> None:
+    """/events/cluster sends the cluster page's sections again, each kept fact with its age: a
+    doctor run made meanwhile shows on the next event, "doctor report just now"."""
+    doctor = _cli(served.env, "doctor", "--json")
+    assert doctor.stdout, doctor.stderr
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as http,
+        http.get(served.url + "/events/cluster", headers=served.auth) as r,
+    ):
+        assert r.headers["Content-Type"] == "text/event-stream"
+        async for raw in r.content:
+            if raw.startswith(b"data: "):
+                item = json.loads(raw[6:])
+                if "doctor report" in item["html"]:
+                    break
+    html = item["html"]
+    assert 'data-what="doctor report"' in html and 'data-what="status"' in html
+    assert 'data-what="node facts"' in html and 'data-what="engine scrape"' in html
+    for ident in ("summary", "nodes", "budget", "engine", "load", "runs", "doctor"):
+        assert f'<section id="{ident}">' in html, ident
+
+
+async def test_the_boot_watch_asks_the_clis_missing_workers(served: Served) -> None:
+    """The boot watch's missing-workers query is the CLI boot wait's (workflows.gate): with
+    node3's worker check failing, it names node3 and its part."""
+    import dataclasses
+
+    from spark_ops.inventory import load_inventory
+    from spark_ops.remote import ClusterSession
+    from spark_ops.serve.boot import BootWatch
+    from spark_ops.workflows.operation import Operation
+
+    cluster = load_inventory(served.sim.inventory).cluster(None)
+    engine = dataclasses.replace(cluster.engine, worker_check='test "$SPARK_SIM_NODE" != node3')
+    cluster = dataclasses.replace(cluster, engine=engine)
+    async with ClusterSession(cluster) as session:
+        await session.connect()
+        missing = await BootWatch.workers_query(Operation(session, "serve"))()
+    assert [m.split(" ", 1)[0] for m in missing] == ["node3"], missing
+    assert f"its {engine.worker_part} is not running" in missing[0]
+
+
+def test_restarting_is_amber_with_the_live_boot() -> None:
+    """During a run the verdict and the engine box are amber, link the live boot and say the
+    run; an engine down with no reason recorded says so, never a bare dash."""
+    status = {"verdict": {"state": "restarting", "reasons": ["a run is under way: apply"]},
+              "engine": {"up": False}, "runs": {"lock_held": True, "in_progress": "apply by x",
+                                                "unfinished": []}}  # fmt: skip
+    page = cluster_page(status, None)
+    assert 'class="big warn">restarting' in page and 'href="/boot"' in page
+    assert 'class="warn" id=enginestate>restarting: apply by x' in page
+    assert "not serving" not in page
+    down = cluster_page({"verdict": {"state": "not-serving"}, "engine": {"up": False}}, None)
+    assert "not serving: the engine did not answer and status recorded no reason" in down
+
+
+def test_metrics_next_free_and_load_ring_bounds() -> None:
+    """next_free is when a slot frees while the budget is spent, the reading's time while one is
+    free; the load ring keeps at most its size, a gap is no rate, a counter reset no rate."""
+    from spark_ops.serve.load import LoadRing
+    from spark_ops.serve.metrics import next_free
+
+    spent = {"used": 2, "allowed": 2, "now": 100.0, "next_free_at": 5000.0, "stamps": [1, 2]}
+    assert next_free(spent) == 5000.0
+    assert next_free({**spent, "used": 1}) == 100.0
+    assert next_free({"error": "x"}) is None
+    ring = LoadRing(keep=5, interval_s=10)
+    for i in range(50):
+        ring.add(10.0 * i, 1.0, 0.0, 100.0 * i)
+    assert len(ring.samples) == 5 and ring.samples[-1]["tok_s"] == 10.0
+    ring.add(600.0, None, None, None)
+    ring.add(610.0, 1.0, 0.0, 3.0)  # after a gap: no rate
+    ring.add(620.0, 1.0, 0.0, 1.0)  # a new engine's counter: no rate
+    assert [s["tok_s"] for s in list(ring.samples)[-3:]] == [None, None, None]
+
+
+def test_sweeps_have_y_ticks_the_whatif_asked_and_a_comparison() -> None:
+    """Two saved sweeps: the charts have y-axis ticks, each run says which what-if was asked, and
+    a comparison names the best tok/s of each and the knobs that differ."""
+    from spark_ops.serve.source import load_sweep
+
+    one = load_sweep(FIXTURES / "sweep-cap5.json")
+    other = json.loads(json.dumps(one))
+    other["file"] = "other.json"
+    other["result"]["knobs"]["max_num_seqs"] = 9
+    page = sweeps_page({"dir": "x", "runs": [one, other]})
+    assert page.count("class=ytick") >= 4
+    assert "what-if asked: max_num_seqs 2" in page
+    compared = page[page.index('id="compare"') :]
+    assert "max_num_seqs=9" in compared and "(the newest)" in compared
+
+
 # -- alert rules ----------------------------------------------------------------------------------
 
 
@@ -653,8 +918,33 @@ def test_browser_pages_token_and_live_boot(served: Served, browser: Any, tmp_pat
     assert d.find_element("id", "bstate").text == "no boot under way"
     if not shot:
         _shot(d, "boot", tmp_path)
+    d.get(served.url + "/boot")  # idle: words, never "undefined"; the engine log's tail
+    text = d.find_element("tag name", "body").text
+    assert "undefined" not in text and "READY for" not in text, text
+    assert "no boot watched since this server started" in text or "ended at READY" in text
+    assert d.find_element("id", "tail").text.strip(), "the engine log's tail is shown"
+
+    d.get(served.url + "/")  # the cluster page lives: sections come again without a reload
+    d.execute_script("window.__same_page=1")
+    give_up = time.monotonic() + 60
+    while not d.execute_script("return Number(document.body.dataset.updates||0)>=1"):
+        assert time.monotonic() < give_up, "no /events/cluster update reached the page"
+        time.sleep(0.2)
+    assert d.execute_script("return window.__same_page") == 1
+    text = d.find_element("tag name", "body").text
+    assert "undefined" not in text and "NaN" not in text, text
+    assert "NVIDIA GB10" in text and "MemAvailable" in text and "rank 0 (serves the API)" in text
+    assert "status " in text and ("just now" in text or " s old" in text)
+    assert d.find_element("id", "gauge") and d.find_element("id", "timeline")
+    height = d.execute_script("return document.documentElement.scrollHeight")
+    d.set_window_size(1200, min(int(height) + 140, 4000))  # the whole page in one picture
+    _shot(d, "cluster", tmp_path)  # the page as an operator leaves it open
+    d.set_window_size(1200, 1100)
     for page in ("history", "sweeps"):
         d.get(f"{served.url}/{page}")
+        text = d.find_element("tag name", "body").text
+        assert "undefined" not in text, (page, text)
+        assert page != "history" or "one entry per operation" in text, text
         _shot(d, page, tmp_path)
 
 

@@ -27,7 +27,13 @@ from spark_ops.inventory import Cluster
 from spark_ops.log import get_logger
 from spark_ops.serve.auth import COOKIE, Sessions, TokenSource, guard_http_logs, same_token
 from spark_ops.serve.metrics import render_metrics
-from spark_ops.serve.pages import boot_page, cluster_page, history_page, sweeps_page
+from spark_ops.serve.pages import (
+    boot_page,
+    cluster_page,
+    cluster_sections,
+    history_page,
+    sweeps_page,
+)
 from spark_ops.serve.source import Source, last_run
 
 SOURCE: web.AppKey[Source] = web.AppKey("source", Source)
@@ -38,7 +44,8 @@ MAX_CONNECTIONS = 256  # open connections at once; more are closed on arrival
 HEADER_TIMEOUT_S = 10.0  # a request's head arrives within this of the connection or last answer
 HANDLER_TIMEOUT_S = 30.0  # a page or API answer is ready within this (503 otherwise)
 KEEPALIVE_S = 15.0  # an idle keep-alive connection is closed after this
-STREAMS = ("/events",)  # answers that last: no handler deadline
+STREAMS = ("/events", "/events/cluster")  # answers that last: no handler deadline
+LIVE_S = 5.0  # the live cluster page gets its sections again this often (the cache's age)
 HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
@@ -224,11 +231,50 @@ async def _status(request: web.Request) -> dict[str, Any]:
     return dict(await request.app[SOURCE].status.get())
 
 
+async def _cluster_data(request: web.Request) -> tuple[list[Any], dict[str, Any]]:
+    """What the cluster page shows: status, the last run, the doctor report (positional) and the
+    nodes' facts, the engine's load and the live boot (by name)."""
+    src = request.app[SOURCE]
+    status, audit, hardware = await asyncio.gather(
+        _status(request), src.audit.get(), src.hardware.get()
+    )
+    more = {"hardware": hardware, "load": src.load.ring.view(), "boot": src.boot.state.snapshot()}
+    return [status, last_run(audit["entries"]), src.doctor()], more
+
+
 async def cluster_view(request: web.Request) -> web.Response:
     """The cluster page."""
-    src = request.app[SOURCE]
-    audit = await src.audit.get()
-    return _html(cluster_page(await _status(request), last_run(audit["entries"]), src.doctor()))
+    args, more = await _cluster_data(request)
+    return _html(cluster_page(*args, **more))
+
+
+async def cluster_events(request: web.Request) -> web.StreamResponse:
+    """GET /events/cluster: the cluster page's sections again every LIVE_S seconds (`event:
+    cluster`, JSON {now, html}); the readings are the shared cached ones."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "X-Accel-Buffering": "no", **HEADERS}
+    )
+    await response.prepare(request)
+    try:
+        while True:
+            args, more = await _cluster_data(request)
+            now = time.time()
+            item = {"now": now, "html": cluster_sections(*args, **more, now=now)}
+            await response.write(_sse(item, "cluster"))
+            await asyncio.sleep(LIVE_S)
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    return response
+
+
+async def api_nodes(request: web.Request) -> web.Response:
+    """GET /api/nodes: each node's hardware (GPU, memory, power, MemAvailable, engine rank)."""
+    return _json(await request.app[SOURCE].hardware.get())
+
+
+async def api_load(request: web.Request) -> web.Response:
+    """GET /api/load: the engine's running/waiting requests and tok/s over the last hour."""
+    return _json(request.app[SOURCE].load.ring.view())
 
 
 async def history_view(request: web.Request) -> web.Response:
@@ -280,8 +326,9 @@ async def metrics_view(request: web.Request) -> web.Response:
     status = await _status(request)
     audit = await src.audit.get()
     body = render_metrics(
-        status, src.boot.state.snapshot(), last_run(audit["entries"]), src.doctor()
-    )
+        status, src.boot.state.snapshot(), last_run(audit["entries"]), src.doctor(),
+        hardware=await src.hardware.get(), load=src.load.ring.view(),
+    )  # fmt: skip
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
@@ -310,9 +357,9 @@ async def events(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def _sse(item: dict[str, Any]) -> bytes:
+def _sse(item: dict[str, Any], kind: str = "boot") -> bytes:
     """One server-sent event (JSON on one data line: no newline of a log line can split it)."""
-    return f"event: boot\ndata: {json.dumps(item, default=str)}\n\n".encode()
+    return f"event: {kind}\ndata: {json.dumps(item, default=str)}\n\n".encode()
 
 
 def make_app(
@@ -340,14 +387,17 @@ def make_app(
         ("/", cluster_view), ("/history", history_view), ("/boot", boot_view),
         ("/sweeps", sweeps_view), ("/api/status", api_status), ("/api/budget", api_budget),
         ("/api/log", api_log), ("/api/boot", api_boot), ("/api/sweeps", api_sweeps),
-        ("/metrics", metrics_view), ("/events", events),
+        ("/metrics", metrics_view), ("/events", events), ("/events/cluster", cluster_events),
+        ("/api/nodes", api_nodes), ("/api/load", api_load),
     ):  # fmt: skip
         app.router.add_get(path, handler)
 
     async def lifecycle(app: web.Application) -> Any:
-        """Start the boot watch with the app, stop it with the app."""
+        """Start the boot watch and the load scrape with the app, stop them with the app."""
         src.boot.start()
+        src.load.start()
         yield
+        await src.load.stop()
         await src.boot.stop()
         await src.close()
 

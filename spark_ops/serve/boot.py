@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +32,13 @@ from spark_ops.readiness import (
 )
 from spark_ops.readiness.phases import telling
 from spark_ops.remote import ClusterSession
-from spark_ops.remote.shell import engine_log_follow
+from spark_ops.remote.shell import engine_log_follow, engine_log_recent
+from spark_ops.workflows.gate import missing_workers
 from spark_ops.workflows.operation import Operation
 
 RETRY_S = 5.0  # after the head or its log went away
+# the access lines of pollers (this server's scrape, status, Prometheus): not kept in the tail
+POLLS = re.compile(r'"(GET|HEAD) /(metrics|health|version|v1/models)[ ?]')
 KEEP_LINES = 40  # log lines the page shows of a boot
 KEEP_BOOTS = 5  # finished boots kept for the page (this server's own; the CLI records its own)
 
@@ -52,6 +56,7 @@ class BootState:
     lines: deque[str] = field(default_factory=lambda: deque(maxlen=KEEP_LINES))
     estimates: dict[str, float] = field(default_factory=dict)
     error: str = ""
+    missing: list[str] = field(default_factory=list)  # workers the boot waits for in vain
 
     def snapshot(self) -> dict[str, Any]:
         """The state as JSON for the page, /api/boot and /metrics."""
@@ -71,6 +76,7 @@ class BootState:
             "eta_s": None if eta is None else round(eta, 1),
             "lines": list(self.lines),
             "error": self.error or None,
+            "missing_workers": list(self.missing),
         }
 
 
@@ -82,6 +88,7 @@ class BootWatch:
         self.cluster = cluster
         self.state = BootState()
         self.past: deque[dict[str, Any]] = deque(maxlen=KEEP_BOOTS)
+        self.tail: deque[str] = deque(maxlen=KEEP_LINES)  # the log's last lines, boot or not
         self.subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self.task: asyncio.Task[None] | None = None
         self.log = get_logger(cluster=cluster.name, op="serve-boot")
@@ -125,6 +132,12 @@ class BootWatch:
             st.expected = [str(p) for p in event.data["expected"]]
         if event.kind == "line" and event.line is not None and telling([event.line]):
             st.lines.append(event.line)  # the lines that tell something: no banner art
+        if event.kind == "workers" and isinstance(event.data.get("missing"), list):
+            st.missing = [str(m) for m in event.data["missing"]]
+        if event.kind == "tick" and isinstance(event.data.get("missing_workers"), list):
+            st.missing = [str(m) for m in event.data["missing_workers"]]
+        if event.kind == "line" and event.line is not None and not POLLS.search(event.line):
+            self.tail.append(event.line)
         if event.kind in ("phase", "engine", "line", "fatal", "timeout", "workers", "tick"):
             self.publish({"event": event.to_dict(), "state": st.snapshot()})
 
@@ -146,10 +159,15 @@ class BootWatch:
         """Boots one after another, for as long as the log is followed."""
         head = self.cluster.head.name
         await op.api_url()
+        res = await op.session.run(head, engine_log_recent(self.cluster.engine, KEEP_LINES),
+                                   check=False, timeout=15, label="engine log tail")  # fmt: skip
+        self.tail.clear()
+        kept = [line for line in res.stdout.splitlines() if not POLLS.search(line)]
+        self.tail.extend(kept[-KEEP_LINES:])
         while True:  # a stream per boot: wait_for_boot's reader closes the one it read
             lines = op.session.stream_lines(head, engine_log_follow(self.cluster.engine))
             try:
-                first = await _next_start(lines)
+                first = await _next_start(lines, self._tail_line)
                 if first is None:
                     return
                 await self._boot(op, first, lines)
@@ -157,11 +175,35 @@ class BootWatch:
                 with contextlib.suppress(Exception):
                     await lines.aclose()  # type: ignore[attr-defined]
 
+    @staticmethod
+    def workers_query(op: Operation) -> Callable[[], Awaitable[list[str]]]:
+        """The missing-workers query the CLI's boot wait asks (workflows.gate): a worker with no
+        SSH answer, or whose worker check says its part is not running, is named. The watch's
+        session holds the head only: the workers are connected when first asked (and again when
+        they did not answer)."""
+
+        async def ask() -> list[str]:
+            """Connect the workers not connected yet, then ask as the CLI does."""
+            absent = [n.name for n in op.cluster.workers if n.name not in op.session.connectors]
+            if absent:
+                await op.session.connect(absent, required=False)
+            return await missing_workers(op)
+
+        return ask
+
+    def _tail_line(self, line: str) -> None:
+        """A line of the running engine (no boot under way): kept and sent to the pages (a
+        poller's access line is not)."""
+        if POLLS.search(line):
+            return
+        self.tail.append(line)
+        self.publish({"event": {"kind": "tail", "line": line}, "state": self.state.snapshot()})
+
     async def _boot(self, op: Operation, first: str, lines: AsyncIterator[str]) -> None:
         """One boot, from its first line to READY or its failure."""
         c = self.cluster
         st = self.state
-        st.active, st.error = True, ""
+        st.active, st.error, st.missing = True, "", []
         st.started = st.phase_since = time.monotonic()
         st.started_at = time.time()
         st.phase = Phase.STARTING.value
@@ -188,6 +230,7 @@ class BootWatch:
                     worker_stall_s=c.engine.worker_stall_s,
                     probe_timeout_s=c.engine.probe_timeout_s,
                     source_end_fatal=False,
+                    missing_workers=self.workers_query(op),
                     tracker=tracker,
                 )
                 total: float | None = report.total_s
@@ -202,7 +245,9 @@ class BootWatch:
                                 "total_s": total}, "state": st.snapshot()})  # fmt: skip
 
 
-async def _next_start(lines: AsyncIterator[str]) -> str | None:
+async def _next_start(
+    lines: AsyncIterator[str], on_line: Callable[[str], None] | None = None
+) -> str | None:
     """Skip the running engine's lines; the first line of a new engine's start, or None at the
     end of the log (BootTracker's own rule: lines after a restart are the outgoing engine's until
     an engine's first start-up line)."""
@@ -211,6 +256,8 @@ async def _next_start(lines: AsyncIterator[str]) -> str | None:
         watcher.feed(line)
         if watcher.segments:
             return line
+        if on_line is not None:
+            on_line(line)
     return None
 
 

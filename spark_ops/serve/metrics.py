@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spark_ops import __version__
 from spark_ops.readiness import PHASE_ORDER
 from spark_ops.status import VERDICT_STATES
 
@@ -16,9 +17,12 @@ def render_metrics(
     boot: dict[str, Any],
     last_run: dict[str, Any] | None,
     doctor: dict[str, Any] | None = None,
+    *,
+    hardware: dict[str, Any] | None = None,
+    load: dict[str, Any] | None = None,
 ) -> bytes:
     """The Prometheus text page of one reading (status' dict, the live boot, the last run, the last
-    doctor report kept here)."""
+    doctor report kept here, the nodes' hardware and the engine's load as this server read them)."""
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)
@@ -30,9 +34,13 @@ def render_metrics(
         g = Gauge(PREFIX + name, doc, list(labels), registry=registry)
         (g.labels(**labels) if labels else g).set(float(value))
 
+    info = Gauge(PREFIX + "build_info", "The spark-ops serving this page (1).", ["version"],
+                 registry=registry)  # fmt: skip
+    info.labels(version=__version__).set(1.0)
     nodes = status.get("nodes") or []
     gauge("nodes", "Nodes in the inventory.", len(nodes))
     gauge("nodes_reachable", "Nodes that answered SSH.", sum(1 for n in nodes if n["reachable"]))
+    per_node(registry, nodes, hardware)
     engine = status.get("engine") or {}
     gauge("engine_up", "1 when the engine answers /health.", 1.0 if engine.get("up") else 0.0)
     budget = status.get("budget") or {}
@@ -41,8 +49,8 @@ def render_metrics(
     gauge("budget_used", "Restarts in the watchdog's window.", budget.get("used"))
     gauge("budget_allowed", "Restarts the watchdog allows per window.", budget.get("allowed"))
     gauge("budget_window_seconds", "The watchdog's budget window.", budget.get("window_s"))
-    gauge("budget_next_free_timestamp_seconds", "When the oldest stamp leaves the window.",
-          budget.get("next_free_at") if budget.get("stamps") else None)  # fmt: skip
+    gauge("budget_remaining", "Restarts left in the window now.", budget.get("remaining"))
+    gauge("budget_next_free_timestamp_seconds", NEXT_FREE_HELP, next_free(budget))
     if "used" in budget:
         gauge("watchdog_gave_up", "1 when the watchdog gave up.", float(bool(budget["gave_up"])))
         gauge("watchdog_paused", "1 when the watchdog is paused.", float(bool(budget["paused"])))
@@ -87,4 +95,73 @@ def render_metrics(
         gauge("doctor_timestamp_seconds", "When the last doctor run kept here ended.",
               float(when) if isinstance(when, int | float) else None)  # fmt: skip
     gauge("status_timestamp_seconds", "When this reading was taken.", status.get("time"))
+    last = latest(load)
+    if last is not None:
+        gauge("engine_requests_running", "Requests the engine runs (its last scrape here).",
+              last.get("running"))  # fmt: skip
+        gauge("engine_requests_waiting", "Requests waiting in the engine (its last scrape here).",
+              last.get("waiting"))  # fmt: skip
+        gauge("engine_generation_tokens_per_second",
+              "Tokens the engine generated per second between two scrapes here (the last two "
+              "answered in a row).", latest(load, "tok_s"))  # fmt: skip
+        gauge("engine_scrape_timestamp_seconds", "When this server last read the engine's "
+              "/metrics.", last.get("at"))  # fmt: skip
     return generate_latest(registry)
+
+
+NEXT_FREE_HELP = (
+    "When a restart slot is free (head clock): while the budget is spent, when the oldest "
+    "counted stamp leaves the window; while a slot is free, the time the budget was read."
+)
+
+
+def next_free(budget: dict[str, Any]) -> float | None:
+    """The next free slot's time, true to NEXT_FREE_HELP (None: the budget was not read)."""
+    if "used" not in budget:
+        return None
+    if budget["used"] >= budget.get("allowed", 0):
+        at = budget.get("next_free_at")
+    else:
+        at = budget.get("now")
+    return float(at) if isinstance(at, int | float) else None
+
+
+def latest(load: dict[str, Any] | None, key: str = "") -> Any:
+    """The engine's last answered scrape in the load ring (None: none); with `key`, that key's
+    newest value that is not None."""
+    for sample in reversed((load or {}).get("samples") or []):
+        if not isinstance(sample, dict) or sample.get("running") is None:
+            continue
+        if not key:
+            return sample
+        if sample.get(key) is not None:
+            return sample[key]
+    return None
+
+
+def per_node(registry: Any, nodes: list[dict[str, Any]], hardware: dict[str, Any] | None) -> None:
+    """Per-node gauges, each with a `node` label: reachable, latency, and what the node hardware
+    say (MemAvailable, GPU use and power); a value not read is absent."""
+    from prometheus_client import Gauge
+
+    known = (hardware or {}).get("nodes") or {}
+    specs = (
+        ("node_reachable", "1 when the node answered SSH."),
+        ("node_ssh_latency_seconds", "The node's SSH round trip."),
+        ("node_mem_available_bytes", "The node's MemAvailable (/proc/meminfo)."),
+        ("node_gpu_utilization_percent", "The node's GPU use (nvidia-smi)."),
+        ("node_gpu_power_watts", "The node's GPU power draw (nvidia-smi)."),
+    )
+    gauges = {name: Gauge(PREFIX + name, doc, ["node"], registry=registry) for name, doc in specs}
+    for n in nodes:
+        name = str(n.get("name"))
+        gauges["node_reachable"].labels(node=name).set(1.0 if n.get("reachable") else 0.0)
+        if isinstance(n.get("latency_ms"), int | float):
+            gauges["node_ssh_latency_seconds"].labels(node=name).set(n["latency_ms"] / 1000)
+        f = known.get(name) or {}
+        gpu: dict[str, Any] = f["gpu"] if isinstance(f.get("gpu"), dict) else {}
+        for metric, value in (("node_mem_available_bytes", f.get("mem_available")),
+                              ("node_gpu_utilization_percent", gpu.get("util_pct")),
+                              ("node_gpu_power_watts", gpu.get("power_w"))):  # fmt: skip
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                gauges[metric].labels(node=name).set(float(value))

@@ -15,11 +15,13 @@ from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
 from spark_ops.readiness import BootHistory, history_key
 from spark_ops.serve.boot import BootWatch
+from spark_ops.serve.load import LoadWatch
+from spark_ops.serve.nodes import FACTS_S, read_facts
 from spark_ops.serve.sweeps import MAX_RESULTS, SweepReader, load_sweep
 from spark_ops.status import collect_status
 
 CACHE_S = 5.0  # a page, a script and Prometheus within this share one reading
-AUDIT_LIMIT = 50
+AUDIT_LIMIT = 300  # raw lines: a run writes about ten, the history page groups them
 RUN_OPERATIONS = ("apply", "restart", "rollback", "experiment")
 __all__ = ["MAX_RESULTS", "Cached", "Source", "last_run", "load_sweep"]  # serve.sweeps' as before
 
@@ -57,6 +59,8 @@ class Source:
         self.status = Cached(lambda: collect_status(cluster), ttl)
         self.audit = Cached(self._audit, ttl)
         self.sweep_reader = SweepReader(results, ttl=ttl) if results is not None else None
+        self.hardware = Cached(self._hardware, max(ttl, FACTS_S))
+        self.load = LoadWatch(cluster)
 
     async def _audit(self) -> dict[str, Any]:
         """The audit log's last entries (as `spark-ops log --json`), or the error reading it."""
@@ -64,6 +68,13 @@ class Source:
             return {"entries": await read_log(self.cluster, AUDIT_LIMIT)}
         except SparkOpsError as exc:
             return {"entries": [], "error": exc.message}
+
+    async def _hardware(self) -> dict[str, Any]:
+        """Each node's facts (serve.nodes), or the error reading them (the page goes on)."""
+        try:
+            return await read_facts(self.cluster)
+        except SparkOpsError as exc:
+            return {"time": time.time(), "nodes": {}, "error": exc.message}
 
     def doctor(self) -> dict[str, Any] | None:
         """The last `spark-ops doctor` report kept on this machine for this cluster."""
@@ -75,6 +86,7 @@ class Source:
         history = BootHistory()
         return {
             "live": self.boot.state.snapshot(),
+            "tail": list(self.boot.tail),
             "watched_here": list(self.boot.past),
             "recorded": history.records(key)[::-1],
             "usual_s": history.estimate(key),
