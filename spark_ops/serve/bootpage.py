@@ -15,8 +15,8 @@ MAX_TAIL = 40  # log lines the page keeps of the engine's tail (as the watch kee
 # phase (the stream's hello, a tail line) shows words, never "undefined"
 BOOT_JS = """
 const phases=document.querySelectorAll('#phases li');
-const $=id=>document.getElementById(id);
-function put(id,text){const e=$(id);if(e.textContent!==text)e.textContent=text;}
+const el=id=>document.getElementById(id);
+function put(id,text){const e=el(id);if(e.textContent!==text)e.textContent=text;}
 function show(s){
  const order=[...phases].map(li=>li.dataset.phase);const at=order.indexOf(s.phase);
  phases.forEach((li,i)=>{li.className=at<0?'':(i<at?'done':(i===at?(s.active?'now':'done'):''))});
@@ -24,8 +24,8 @@ function show(s){
  put('bstate',s.active?'booting':'no boot under way');
  put('bphlabel',s.active?' · phase ':(s.phase?' · the last boot watched here ended at ':
   ' · no boot watched since this server started'));
- $('bphase').hidden=!s.active&&!s.phase;
- $('bfor').hidden=!s.active;
+ el('bphase').hidden=!s.active&&!s.phase;
+ el('bfor').hidden=!s.active;
  put('bin',s.active?s.seconds_in_phase+' s':'');
  put('beta',s.eta_s==null?'unknown':s.eta_s+' s');
  put('berr',s.error||'');
@@ -35,12 +35,12 @@ function show(s){
 }
 function said(e){if(!e||!e.kind)return '—';if(e.kind==='hello')return 'connected';
  if(e.kind==='tail')return 'engine log line';return e.kind+(e.phase?' '+e.phase:'');}
-show(JSON.parse($('init').textContent));
+show(JSON.parse(el('init').textContent));
 const es=new EventSource('/events');
 es.addEventListener('boot',m=>{const d=JSON.parse(m.data);const tail=d.event&&d.event.kind==='tail';
  if(d.state&&!tail)show(d.state);
  put('blast',said(d.event));
- if(tail&&typeof d.event.line==='string'){const t=$('tail');
+ if(tail&&typeof d.event.line==='string'){const t=el('tail');
   const l=t.textContent?t.textContent.split('\\n'):[];l.push(d.event.line);
   t.textContent=l.slice(-MAX_TAIL).join('\\n');}});
 """.replace("MAX_TAIL", str(MAX_TAIL))

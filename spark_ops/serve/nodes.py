@@ -8,6 +8,7 @@ one does (spark_ops/sim/nvidia_smi.py) where a test installs it.
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from typing import Any
@@ -15,34 +16,13 @@ from typing import Any
 from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
 from spark_ops.remote import ClusterSession
-from spark_ops.remote.program import RemoteProgram, result
+from spark_ops.remote.programs.node import FACTS
 from spark_ops.workflows.gate import missing_workers
 from spark_ops.workflows.operation import Operation
 
 FACTS_S = 15.0  # node facts are read at most this often (one SSH command per node)
 MAX_ENGINE_LINES = 20
 
-# MEM total available (kB); GPU csv | NO_GPU_TOOL | GPU_ERROR; ENGINE pid args (this account's
-# engine processes only: the environment's HOME is the account's, as engine.identity reads them)
-FACTS_SH = r"""
-awk '/^MemTotal:/{t=$2} /^MemAvailable:/{a=$2} END{print "MEM", t+0, a+0}' /proc/meminfo
-if command -v nvidia-smi >/dev/null 2>&1; then
-  q=name,utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu
-  nvidia-smi --query-gpu="$q" --format=csv,noheader,nounits 2>/dev/null | head -n 4 \
-    | sed 's/^/GPU /' | grep . || echo GPU_ERROR
-else
-  echo NO_GPU_TOOL
-fi
-ps -ww -e -o pid=,args= \
-| awk -v me=$$ '$1 != me && $0 ~ /vllm serve|vllm\.entrypoints|sim\.(engine|ranks) serve/' \
-| while read -r pid args; do
-  if [ -r "/proc/$pid/environ" ]; then
-    tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qxF "HOME=$HOME" || continue
-  fi
-  echo "ENGINE $pid $args"
-done | head -n 20
-"""
-FACTS = RemoteProgram("node facts", FACTS_SH, (), result, deadline=10)
 NODE_RANK = re.compile(r"--node-rank[= ](\d+)")
 
 
@@ -64,7 +44,7 @@ def parse_facts(text: str, *, head: bool) -> dict[str, Any]:
             out["gpu_note"] = "nvidia-smi answered nothing"
         elif tag == "ENGINE":
             pid, _, args = rest.partition(" ")
-            if "sh -c" in args or not _runs_engine(args):
+            if _names_a_shell(args) or not _runs_engine(args):
                 continue
             found = NODE_RANK.search(args)
             if found:
@@ -75,6 +55,15 @@ def parse_facts(text: str, *, head: bool) -> dict[str, Any]:
                 ranks.append(f"rank 0 (serves the API), pid {pid}")
     out["ranks"] = sorted(set(ranks))
     return out
+
+
+def _names_a_shell(args: str) -> bool:
+    """The command line holds a shell's `-c` (a wrapper naming the engine, not the engine)."""
+    words = args.split()
+    return any(
+        w.rsplit("/", 1)[-1] in ("sh", "bash", "dash") and nxt == "-c"
+        for w, nxt in itertools.pairwise(words)
+    )
 
 
 def _runs_engine(args: str) -> bool:

@@ -1,4 +1,5 @@
-"""Programs that read the node itself: the account's home, its memory, whether sudo asks nothing."""
+"""Programs that read the node itself: the account's home, its memory, whether sudo asks nothing,
+and the facts of serve's node panel."""
 
 from __future__ import annotations
 
@@ -12,3 +13,26 @@ MEMINFO = RemoteProgram("meminfo", "cat /proc/meminfo", (), result)
 
 # exit 0 when sudo runs without asking for a password
 SUDO_OK = RemoteProgram("sudo without password", "sudo -n true", (), result)
+
+# One node's facts for serve's panel (serve.nodes parses them): MEM total available (kB); GPU csv |
+# NO_GPU_TOOL | GPU_ERROR; ENGINE pid args (this account's engine processes only: the environment's
+# HOME is the account's, as engine.identity reads them)
+FACTS_SH = r"""
+awk '/^MemTotal:/{t=$2} /^MemAvailable:/{a=$2} END{print "MEM", t+0, a+0}' /proc/meminfo
+if command -v nvidia-smi >/dev/null 2>&1; then
+  q=name,utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu
+  nvidia-smi --query-gpu="$q" --format=csv,noheader,nounits 2>/dev/null | head -n 4 \
+    | sed 's/^/GPU /' | grep . || echo GPU_ERROR
+else
+  echo NO_GPU_TOOL
+fi
+ps -ww -e -o pid=,args= \
+| awk -v me=$$ '$1 != me && $0 ~ /vllm serve|vllm\.entrypoints|sim\.(engine|ranks) serve/' \
+| while read -r pid args; do
+  if [ -r "/proc/$pid/environ" ]; then
+    tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qxF "HOME=$HOME" || continue
+  fi
+  echo "ENGINE $pid $args"
+done | head -n 20
+"""
+FACTS = RemoteProgram("node facts", FACTS_SH, (), result, deadline=10)
