@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from spark_ops.engine.identity import current_instance
+from spark_ops.engine.identity import current_instance, leftover_ranks, rank_words, stop_hint
 from spark_ops.errors import ExitStatus, OverBudget, PlanChanged, SparkOpsError
 from spark_ops.watchdog.history import budget_of
 from spark_ops.workflows.operation import ApplyOptions, Operation
@@ -124,7 +124,7 @@ def gate_refusal(gate: dict[str, Any] | None, *, ignore_option: bool = False) ->
 
 class BootWouldFail(SparkOpsError):
     """A restart refused before anything is written: a check doctor makes says its boot would fail
-    (a worker's Ray worker down, a worker unreachable)."""
+    (a worker's Ray worker down, a worker unreachable, a worker's rank of an earlier engine)."""
 
     exit_status = ExitStatus.CHECK_FAILED
 
@@ -162,6 +162,28 @@ async def check_workers(op: Operation, plan: Plan) -> None:
         hint=f"start the {op.cluster.engine.worker_part} on {', '.join(names)} (the launcher's "
         "container, e.g. `docker ps -a`, `docker logs vllm_node`), check with `spark-ops "
         "doctor`, then run the command again",
+    )
+
+
+async def check_ranks(op: Operation) -> None:
+    """Refuse a restart whose new rank would start beside an earlier engine's rank (doctor's
+    engine-leftovers on the workers): that rank holds its share of the node's memory, and vLLM
+    refuses to start a rank with less free memory than its own gpu_memory_utilization share."""
+    try:
+        left = await leftover_ranks(op.session, op.cluster)
+    except SparkOpsError:
+        return  # the head's engine unknown: no rank can be told from it
+    stray = {node: procs for node, procs in left.items() if procs and not isinstance(procs, str)}
+    if not stray:
+        return
+    raise BootWouldFail(
+        f"the restart would fail: {'; '.join(rank_words(n, p) for n, p in stray.items())}; it "
+        "holds its share of the node's memory, and the new rank started beside it would find "
+        "less free than it asks (vLLM refuses that start); nothing was written and the engine "
+        "was not restarted",
+        hint="stop it: "
+        + "; ".join(f"on {n}: {stop_hint(p)}" for n, p in stray.items())
+        + "; check with `spark-ops doctor`, then run the command again",
     )
 
 
