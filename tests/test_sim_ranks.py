@@ -159,7 +159,9 @@ def test_inventory_executor(tmp_path: Path) -> None:
 
 def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
     """A worker's rank started well before the head's engine is an earlier engine's (it holds
-    the node's memory); with no engine running every rank is; children never count twice."""
+    the node's memory); with no engine running every rank is; children never count twice. A
+    node running two ranks holds one of the engine's: the one started nearest the engine, the
+    other is stray however recent (a restart seconds ago, a rank started by hand later)."""
     from spark_ops.engine.identity import RANK_SLACK_S, Proc, stray_ranks
 
     engine_start = 10_000.0
@@ -170,6 +172,10 @@ def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
     assert stray_ranks(procs, engine_start) == [old]
     assert stray_ranks([new], engine_start) == []
     assert stray_ranks(procs, None) == [old, new]
+    recent = Proc(31, 1, 31, "S", engine_start - 30, "python")  # the engine before, 30 s ago
+    assert stray_ranks([recent, new], engine_start) == [recent]
+    by_hand = Proc(41, 1, 41, "S", engine_start + 600, "python")  # started later, by hand
+    assert stray_ranks([new, by_hand], engine_start) == [by_hand]
 
 
 def test_rank_leftover_check_names_the_process_and_the_stop() -> None:
@@ -451,7 +457,7 @@ def test_a_lingering_rank_fails_verify_and_refuses_the_next_plan(rank_sim: Sim) 
         res = cli(env, "apply", "--max-num-seqs", "64", "--yes", "--json")
     finally:
         cfg.write_text(clean)
-    assert res.returncode == ExitStatus.CHECK_FAILED, res.stderr[-3000:]
+    assert res.returncode == ExitStatus.CHECK_FAILED and res.stdout, res.stderr[-3000:]
     out = json.loads(res.stdout)
     assert out["boot"]["non_default_args"]["max_num_seqs"] == 64, "the new engine serves"
     left = {c["host"]: c for c in out["checks"] if c["name"] == "rank-leftovers"}
@@ -477,7 +483,8 @@ def test_a_lingering_rank_fails_verify_and_refuses_the_next_plan(rank_sim: Sim) 
     res = cli(env, "doctor", "--json")
     checks = [c for c in json.loads(res.stdout)["checks"] if c["name"] == "engine-leftovers"]
     by_host = {c["host"]: c for c in checks}
-    assert {h for h, c in by_host.items() if c["status"] == "fail"} == {"node3"}, checks
+    failed = {h: c["detail"] for h, c in by_host.items() if c["status"] == "fail"}
+    assert sorted(failed) == ["node3"], failed
     assert f"{lingering} (python" in by_host["node3"]["detail"]
     assert by_host["node3"]["fix"] == f"stop it on node3: kill -TERM -- -{pgid}"
     assert by_host["node2"]["status"] == by_host["node4"]["status"] == "ok", checks

@@ -389,13 +389,15 @@ def old_ranks(procs: list[Proc], since: float) -> list[Proc]:
 def stray_ranks(procs: list[Proc], engine_start: float | None) -> list[Proc]:
     """A worker's ranks not part of the running engine (their top processes): every rank when
     the head's engine is not running (`engine_start` None), else those started well before it
-    (a launcher starts the nodes' ranks one after another, within RANK_SLACK_S), and every rank
-    but the newest on a node that runs several (a node holds one rank of one engine: its GPU)."""
+    (a launcher starts the nodes' ranks one after another, within RANK_SLACK_S); on a node that
+    runs several (it holds one rank of one engine: its GPU), every one but the rank started
+    nearest the engine."""
     pids = {p.pid for p in procs}
     tops = sorted((p for p in procs if p.ppid not in pids), key=lambda p: p.started_at)
-    if engine_start is None:
+    if engine_start is None or not tops:
         return tops
-    return tops[:-1] + [p for p in tops[-1:] if p.started_at < engine_start - RANK_SLACK_S]
+    own = min(tops, key=lambda p: abs(p.started_at - engine_start))
+    return [p for p in tops if p is not own or p.started_at < engine_start - RANK_SLACK_S]
 
 
 async def leftover_ranks(session: ClusterSession, cluster: Cluster) -> dict[str, list[Proc] | str]:
