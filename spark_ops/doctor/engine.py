@@ -6,7 +6,13 @@ import time
 from typing import Any
 
 from spark_ops.doctor.report import Checker, parse_kv
-from spark_ops.engine.identity import leftover_ranks, leftovers, rank_words, stop_hint
+from spark_ops.engine.identity import (
+    leftover_ranks,
+    leftovers,
+    rank_warning,
+    rank_words,
+    stop_hint,
+)
 from spark_ops.errors import RecipeError, SparkOpsError
 from spark_ops.recipe import load_recipe_text, render_recipe, unified_diff
 from spark_ops.remote.programs.doctor import CONTAINER_STATUS, LOG_FILE_READABLE, UNIT_EXISTS
@@ -245,14 +251,20 @@ class EngineChecks(Checker):
                     "engine-leftovers", worker.name, "warn", f"not checked: {exc.message}"
                 )
             return
-        for host, procs in found.items():
+        for host, procs in found.nodes.items():
             if isinstance(procs, str):
                 self.report.add("engine-leftovers", host, "warn", f"not checked: {procs}")
+            elif procs and not found.engine_running:
+                self.report.add(
+                    "engine-leftovers", host, "warn", rank_warning(host, procs),
+                    "start the engine (spark-ops restart), or stop the rank first",
+                )  # fmt: skip
             elif procs:
                 self.report.add(
                     "engine-leftovers", host, "fail",
-                    f"{rank_words(host, procs)}; it holds its share of the node's memory, and the "
-                    "next boot's rank there would find less free than it asks",
+                    f"{rank_words(host, procs)}; it outlived the engine's last restart and holds "
+                    "its share of the node's memory: the next boot's rank there would find less "
+                    "free than it asks",
                     f"stop it on {host}: {stop_hint(procs)}",
                 )  # fmt: skip
             else:

@@ -400,19 +400,31 @@ def stray_ranks(procs: list[Proc], engine_start: float | None) -> list[Proc]:
     return [p for p in tops if p is not own or p.started_at < engine_start - RANK_SLACK_S]
 
 
-async def leftover_ranks(session: ClusterSession, cluster: Cluster) -> dict[str, list[Proc] | str]:
+@dataclass
+class RankLeftovers:
+    """The worker ranks of an engine run as ranks that are not the running engine's."""
+
+    engine_running: bool  # False: every rank is an earlier engine's, and a restart may stop it
+    nodes: dict[str, list[Proc] | str]  # per worker its stray ranks, or why it was not read
+
+    def stray(self) -> dict[str, list[Proc]]:
+        """The workers that run a stray rank, with those ranks."""
+        return {n: p for n, p in self.nodes.items() if p and not isinstance(p, str)}
+
+
+async def leftover_ranks(session: ClusterSession, cluster: Cluster) -> RankLeftovers:
     """An engine run as ranks: per worker, the ranks left from an old engine (each still holds
-    the node's memory), or why that worker could not be read; empty for the Ray shape.
+    the node's memory), or why that worker could not be read; none for the Ray shape.
     SparkOpsError when the head's engine cannot be read (no rank can be told from it)."""
 
     if cluster.engine.executor != "mp":
-        return {}
+        return RankLeftovers(True, {})
     instance = await current_instance(session, cluster)
     start = instance.engine_started_at if instance is not None and instance.alive else None
     found: dict[str, list[Proc] | str] = {}
     for node, procs in (await worker_ranks(session, cluster)).items():
         found[node] = procs if isinstance(procs, str) else stray_ranks(procs, start)
-    return found
+    return RankLeftovers(start is not None, found)
 
 
 def rank_words(node: str, procs: list[Proc]) -> str:
@@ -422,3 +434,11 @@ def rank_words(node: str, procs: list[Proc]) -> str:
         for p in procs
     )
     return f"{node} runs a rank of an earlier engine: {since}"
+
+
+def rank_warning(node: str, procs: list[Proc]) -> str:
+    """The plan's and doctor's words for a rank the dead engine left (a restart may stop it)."""
+    return (
+        f"{rank_words(node, procs)}; the head's engine is not running, so the restart's launcher "
+        f"may stop it, else it holds the node's memory into the boot: {stop_hint(procs)}"
+    )

@@ -19,7 +19,13 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from spark_ops.engine.identity import current_instance, leftover_ranks, rank_words, stop_hint
+from spark_ops.engine.identity import (
+    current_instance,
+    leftover_ranks,
+    rank_warning,
+    rank_words,
+    stop_hint,
+)
 from spark_ops.errors import ExitStatus, OverBudget, PlanChanged, SparkOpsError
 from spark_ops.watchdog.history import budget_of
 from spark_ops.workflows.operation import ApplyOptions, Operation
@@ -165,26 +171,29 @@ async def check_workers(op: Operation, plan: Plan) -> None:
     )
 
 
-async def check_ranks(op: Operation) -> None:
+async def check_ranks(op: Operation, plan: Plan) -> None:
     """Refuse a restart whose new rank would start beside an earlier engine's rank (doctor's
-    engine-leftovers on the workers): that rank holds its share of the node's memory, and vLLM
-    refuses to start a rank with less free memory than its own gpu_memory_utilization share."""
+    engine-leftovers on the workers): one that outlived a restart of the running engine holds
+    its share of the node's memory, the launcher did not stop it, and vLLM refuses to start a
+    rank with less free memory than its own gpu_memory_utilization share. With the head's engine
+    down, the ranks it left are only named (the restart's launcher may stop them)."""
     try:
         left = await leftover_ranks(op.session, op.cluster)
     except SparkOpsError:
         return  # the head's engine unknown: no rank can be told from it
-    stray = {node: procs for node, procs in left.items() if procs and not isinstance(procs, str)}
-    if not stray:
-        return
-    raise BootWouldFail(
-        f"the restart would fail: {'; '.join(rank_words(n, p) for n, p in stray.items())}; it "
-        "holds its share of the node's memory, and the new rank started beside it would find "
-        "less free than it asks (vLLM refuses that start); nothing was written and the engine "
-        "was not restarted",
-        hint="stop it: "
-        + "; ".join(f"on {n}: {stop_hint(p)}" for n, p in stray.items())
-        + "; check with `spark-ops doctor`, then run the command again",
-    )
+    stray = left.stray()
+    if stray and not left.engine_running:
+        plan.warnings.extend(rank_warning(n, p) for n, p in stray.items())
+    elif stray:
+        raise BootWouldFail(
+            f"the restart would fail: {'; '.join(rank_words(n, p) for n, p in stray.items())}; "
+            "it outlived the engine's last restart and holds its share of the node's memory, so "
+            "the new rank started beside it would find less free than it asks (vLLM refuses that "
+            "start); nothing was written and the engine was not restarted",
+            hint="stop it: "
+            + "; ".join(f"on {n}: {stop_hint(p)}" for n, p in stray.items())
+            + "; check with `spark-ops doctor`, then run the command again",
+        )
 
 
 async def check_budget(op: Operation, opts: ApplyOptions, plan: Plan) -> None:

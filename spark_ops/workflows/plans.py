@@ -327,7 +327,7 @@ async def _settle_and_gate(op: Operation, opts: ApplyOptions, plan: Plan) -> Non
     await plan_settle(op, plan)
     if plan.has(StepKind.RESTART):
         await check_workers(op, plan)
-        await check_ranks(op)  # ranks without Ray: an earlier engine's rank still on a worker
+        await check_ranks(op, plan)  # ranks without Ray: an earlier engine's rank still on a worker
         await check_budget(op, opts, plan)
         loop = crash_loop_warning(await engine_policy(op.session))  # a policy is a watchdog too
         if loop and loop not in plan.warnings:
