@@ -3,7 +3,8 @@ kind's behaviour) on the embedded cluster, in place of the reference watchdog: a
 leave its history exact (the launcher's restart writes no stamp, the loop is paused meanwhile), a
 wedged engine is restarted by the loop itself (its stamp kept), a crash is left alone (status says
 so, and names the command that brings the engine back), a stamp the loop writes because of a
-planned restart is pruned exactly; pause, gave-up and grace as the script has them."""
+planned restart is pruned exactly; pause, gave-up and grace as the script has them. With the
+engine run as ranks without Ray, apply under the loop leaves its history exact too."""
 
 from __future__ import annotations
 
@@ -211,6 +212,47 @@ def test_apply_and_restart_leave_the_loop_history_exact(loop: Loop) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     assert loop.pause.read_text() == "maintenance by alice\n"
     assert history_bytes(loop) == before
+
+
+def _rank_pids(sim: Sim) -> dict[str, int]:
+    """The worker ranks' pids, from each worker's own pid file (an engine run as ranks)."""
+    return {
+        n: int((sim.root / "nodes" / n / ".local/state/spark-sim/rank.pid").read_text())
+        for n in ("node2", "node3", "node4")
+    }
+
+
+def test_apply_in_rank_mode_leaves_the_loop_history_exact(tmp_path: Path) -> None:
+    """Ranks without Ray (the launcher's shape): apply under the loop stops and starts the engine
+    through the launcher, every worker's rank new and carrying the new value, no stamp written,
+    none pruned, the loop paused meanwhile and its pause given back."""
+    from spark_ops.sim.control import down, wait_serving
+
+    sim = start_sim(tmp_path / "sim", seed_history=False, executor="mp")
+    running: Loop | None = None
+    try:
+        wait_serving(sim.state)
+        running = start_loop(sim, tmp_path / "loopdog")
+        running.stamps.write_text(f"{int(time.time()) - 7200}\n")  # an automatic restart 2 h ago
+        before, ranks = history_bytes(running), _rank_pids(sim)
+        res = running.cli("apply", "--max-num-seqs", "64", "--yes", "--json")
+        assert res.returncode == 0, res.stdout + res.stderr
+        out = json.loads(res.stdout)
+        assert all(c["ok"] for c in out["checks"]), out["checks"]
+        boot = out["boot"]
+        assert sorted(boot["ranks"]) == ["node2", "node3", "node4"], boot
+        for node, rank in boot["ranks"].items():
+            assert rank["started"] and rank["non_default_args"]["max_num_seqs"] == 64, node
+        assert not set(_rank_pids(sim).values()) & set(ranks.values()), "every rank is new"
+        said = " ".join((res.stdout + res.stderr).split())
+        assert "restart with the launcher (the watchdog only loops" in said, said
+        assert history_bytes(running) == before, "no stamp written, none pruned"
+        assert not running.pause.exists(), "the pause spark-ops took is given back"
+        assert running.said("paused") > 0 and running.said("restarting") == 0
+    finally:
+        if running is not None:
+            stop_loop(running)
+        down(sim.root)
 
 
 def test_wedge_restarted_by_the_loop_crash_left_down(loop: Loop) -> None:

@@ -1,4 +1,5 @@
-"""`spark-ops sim up` returns once the engine serves: the next command is answered."""
+"""`spark-ops sim up` returns once the engine serves: the next command is answered; a plain `sim up`
+runs the engine as ranks without Ray (executor mp), as the launcher does."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from spark_ops.sim.control import down
 
 
 def test_sim_up_waits_for_the_engine(tmp_path: Path) -> None:
-    """Right after `sim up` returns, the engine lists its model; --no-wait says it is booting."""
+    """Right after `sim up` returns, the engine lists its model; --no-wait says it is booting.
+    Without --executor the engine runs as ranks (mp): the inventory says so, every worker runs
+    its headless rank."""
     root = tmp_path / "sim"
     env = dict(os.environ)
     argv = [sys.executable, "-m", "spark_ops.cli.main", "sim", "up", "--dir", str(root)]
@@ -27,6 +30,11 @@ def test_sim_up_waits_for_the_engine(tmp_path: Path) -> None:
         url = f"http://127.0.0.1:{state['engine_port']}/v1/models"
         with urllib.request.urlopen(url, timeout=5) as r:
             assert r.status == 200 and json.loads(r.read())["data"]
+        assert "      executor: mp\n" in Path(state["inventory"]).read_text()
+        assert json.loads((root / "layout.json").read_text())["executor"] == "mp"
+        for node in ("node2", "node3", "node4"):
+            pid = int((root / "nodes" / node / ".local/state/spark-sim/rank.pid").read_text())
+            assert b"--headless" in Path(f"/proc/{pid}/cmdline").read_bytes(), node
     finally:
         down(root)
     try:
@@ -35,5 +43,6 @@ def test_sim_up_waits_for_the_engine(tmp_path: Path) -> None:
         )
         assert res.returncode == 0, res.stderr[-2000:]
         assert "Engine still booting" in res.stdout
+        assert "(engine ranks without Ray)" in res.stdout
     finally:
         down(root)

@@ -3,21 +3,26 @@ eugr/spark-vllm-docker's launcher does, and spark-ops follows, fails and verifie
 every rank.
 
 Fast cases: the readiness of an engine run as ranks read from given lines (a worker rank's fatal
-line names its node; READY waits until every worker rank started anew), the inventory's
-engine.executor, the two recipe shapes. Slow cases (the embedded cluster in rank mode, real SSH):
-apply --max-num-seqs 64, restart, rollback and experiment, and a worker rank that fails at start
-named before the deadline while rank 0 hangs.
+line names its node; READY waits until every worker rank started anew), rank 0's meeting (no rank
+told to go before every rank joined), the per-rank args check, the inventory's engine.executor,
+the two recipe shapes. Slow cases (the embedded cluster in rank mode, real SSH): apply
+--max-num-seqs 64, restart, rollback and experiment; a worker rank that fails at start named
+before the deadline while rank 0 hangs; a rank of the old engine that lingers, failed by verify
+and then refused by the next plan, doctor naming the same.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Sim, start_sim
@@ -154,7 +159,9 @@ def test_inventory_executor(tmp_path: Path) -> None:
 
 def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
     """A worker's rank started well before the head's engine is an earlier engine's (it holds
-    the node's memory); with no engine running every rank is; children never count twice."""
+    the node's memory); with no engine running every rank is; children never count twice. A
+    node running two ranks holds one of the engine's: the one started nearest the engine, the
+    other is stray however recent (a restart seconds ago, a rank started by hand later)."""
     from spark_ops.engine.identity import RANK_SLACK_S, Proc, stray_ranks
 
     engine_start = 10_000.0
@@ -165,6 +172,10 @@ def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
     assert stray_ranks(procs, engine_start) == [old]
     assert stray_ranks([new], engine_start) == []
     assert stray_ranks(procs, None) == [old, new]
+    recent = Proc(31, 1, 31, "S", engine_start - 30, "python")  # the engine before, 30 s ago
+    assert stray_ranks([recent, new], engine_start) == [recent]
+    by_hand = Proc(41, 1, 41, "S", engine_start + 600, "python")  # started later, by hand
+    assert stray_ranks([new, by_hand], engine_start) == [by_hand]
 
 
 def test_rank_leftover_check_names_the_process_and_the_stop() -> None:
@@ -177,6 +188,85 @@ def test_rank_leftover_check_names_the_process_and_the_stop() -> None:
     bad = check_rank_leftovers([Proc(77, 1, 76, "S", 900.0, "python")], 1_000.0, host="node3")
     assert not bad.ok and bad.host == "node3"
     assert "77 (python)" in bad.detail and "kill -TERM -- -76" in (bad.fix or "")
+
+
+def test_no_rank_is_told_to_go_before_every_rank_joined() -> None:
+    """Rank 0's meeting (RankGroup): a worker rank that joined waits, a hello that is not a
+    rank's is closed and not counted, `go` reaches every rank only once the last one joined (no
+    rank loads weights before), and all_loaded returns once each said `loaded`."""
+    from spark_ops.sim.engine_log import VllmLog
+    from spark_ops.sim.ranks import RankGroup
+
+    out = io.StringIO()  # rank 0's log and this test's own marks, in the order they happened
+
+    def mark(text: str) -> None:
+        """Note what the test saw, between rank 0's log lines."""
+        out.write(f"test: {text}\n")
+
+    async def join(port: int, rank: int, node: str) -> tuple[asyncio.StreamReader, Any]:
+        """A worker rank's hello."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"rank {rank} {node}\n".encode())
+        await writer.drain()
+        return reader, writer
+
+    async def run() -> set[int]:
+        group = RankGroup({}, 3, VllmLog(out, out))
+        gather = asyncio.ensure_future(group.gather("127.0.0.1", 0))
+        while group.server is None:
+            await asyncio.sleep(0)
+        port = int(group.server.sockets[0].getsockname()[1])
+        r1, w1 = await join(port, 1, "node2")
+        first = asyncio.ensure_future(r1.readline())
+        first.add_done_callback(lambda f: mark(f"rank 1 read {f.result()!r}"))
+        while 1 not in group.joined:
+            await asyncio.sleep(0)
+        rb, wb = await asyncio.open_connection("127.0.0.1", port)
+        wb.write(b"hello rank 0\n")
+        await wb.drain()
+        assert await rb.read() == b"", "a hello that is not a rank's is closed"
+        wb.close()
+        assert not gather.done() and not first.done(), "one of two ranks joined: no go yet"
+        mark("rank 2 joins")
+        r2, w2 = await join(port, 2, "node3")
+        await gather
+        assert await first == b"go\n" and await r2.readline() == b"go\n"
+        for writer in (w1, w2):
+            writer.write(b"loaded\n")
+            await writer.drain()
+        await group.all_loaded()
+        group.close()
+        return set(group.loaded)
+
+    assert asyncio.run(asyncio.wait_for(run(), 60)) == {1, 2}
+    lines = out.getvalue().splitlines()
+
+    def at(words: str) -> int:
+        """The index of the first line holding words."""
+        return next(i for i, line in enumerate(lines) if words in line)
+
+    assert at("Rank 1 (node2) joined: 2/3") < at("test: rank 2 joins")
+    assert at("test: rank 2 joins") < at("Rank 2 (node3) joined: 3/3") < at("All 3/3 ranks joined")
+    assert at("All 3/3 ranks joined") < at("test: rank 1 read b'go\\n'"), lines
+    assert sum("joined:" in line for line in lines) == 2, "the stray hello was not counted"
+
+
+def test_rank_args_name_the_rank_running_other_args() -> None:
+    """verify per rank: a rank running other args than the recipe's is named with the value it
+    has, a rank that did not start anew is named, the others pass."""
+    from spark_ops.verify import check_rank_args
+
+    ranks = {
+        "node2": {"started": True, "non_default_args": {"max_num_seqs": 64, "node_rank": 1}},
+        "node3": {"started": True, "non_default_args": {"max_num_seqs": 6, "node_rank": 2}},
+        "node4": {"started": False, "non_default_args": {}},
+    }
+    checks = {c.host: c for c in check_rank_args(ranks, {"max_num_seqs": 64})}
+    assert sorted(checks) == ["node2", "node3", "node4"]
+    assert checks["node2"].ok and checks["node2"].name == "effective-args"
+    assert not checks["node3"].ok
+    assert "max_num_seqs: expected 64, engine has 6" in checks["node3"].detail
+    assert not checks["node4"].ok and "did not start anew" in checks["node4"].detail
 
 
 @pytest.mark.parametrize("executor", ["mp", "ray"])
@@ -326,3 +416,86 @@ def test_experiment_in_rank_mode(tmp_path: Path) -> None:
         assert s.history.read_bytes() == history and s.recipe.read_bytes() == recipe
     finally:
         down(s.root)
+
+
+@pytest.fixture(scope="module")
+def rank_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
+    """One embedded cluster in rank mode, serving, shared by the module's lingering-rank cases."""
+    from spark_ops.sim.control import down, wait_serving
+
+    s = start_sim(tmp_path_factory.mktemp("ranks") / "sim", executor="mp")
+    try:
+        wait_serving(s.state)
+        yield s
+    finally:
+        down(s.root)
+
+
+def _error(stderr: str) -> dict:
+    """The one error object a --json command leaves on stderr."""
+    return next(json.loads(line) for line in stderr.splitlines() if line.startswith('{"error"'))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_lingering_rank_fails_verify_and_refuses_the_next_plan(rank_sim: Sim) -> None:
+    """node3's rank of the old engine outlives rank 0 (the rank_lingers fault: the launcher starts
+    the new rank beside it). The apply that left it serves but fails verify's rank-leftovers
+    naming node3 and the old rank's pid. The next plan refuses the restart before anything is
+    written (BootWouldFail, exit 11: that rank holds the node's memory, the new one would not
+    start), naming node3, the pid and the command that frees it; `apply --dry-run` refuses alike
+    and doctor's engine-leftovers fails node3 with the same command. Once stopped, the plan
+    goes through."""
+    s = rank_sim
+    env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
+    env.pop("SPARK_OPS_CLUSTER", None)
+    old = rank_pids(s)
+    cfg = s.root / "engine.yaml"
+    clean = cfg.read_text()
+    cfg.write_text(clean.replace("fault: null", "fault: rank_lingers"))
+    try:
+        res = cli(env, "apply", "--max-num-seqs", "64", "--yes", "--json")
+    finally:
+        cfg.write_text(clean)
+    assert res.returncode == ExitStatus.CHECK_FAILED and res.stdout, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    assert out["boot"]["non_default_args"]["max_num_seqs"] == 64, "the new engine serves"
+    left = {c["host"]: c for c in out["checks"] if c["name"] == "rank-leftovers"}
+    assert sorted(left) == ["node2", "node3", "node4"], out["checks"]
+    assert [h for h, c in left.items() if not c["ok"]] == ["node3"], left
+    assert f"{old['node3']} (python" in left["node3"]["detail"], left["node3"]
+    assert alive(old["node3"]) and not alive(old["node2"]) and not alive(old["node4"])
+    lingering = old["node3"]
+    pgid = os.getpgid(lingering)
+
+    recipe, history = s.recipe.read_bytes(), s.history.read_bytes()
+    for argv in (("plan", "--max-num-seqs", "32", "--json"),
+                 ("apply", "--max-num-seqs", "32", "--dry-run", "--json")):  # fmt: skip
+        res = cli(env, *argv)
+        assert res.returncode == ExitStatus.CHECK_FAILED, (argv, res.stdout, res.stderr[-3000:])
+        err = _error(res.stderr)
+        assert err["error"] == "BootWouldFail", err
+        assert f"node3 runs a rank of an earlier engine: {lingering} (python" in err["message"]
+        assert "node2" not in err["message"] and "nothing was written" in err["message"], err
+        assert f"on node3: kill -TERM -- -{pgid}" in err["hint"], err
+    assert s.recipe.read_bytes() == recipe and s.history.read_bytes() == history
+
+    res = cli(env, "doctor", "--json")
+    checks = [c for c in json.loads(res.stdout)["checks"] if c["name"] == "engine-leftovers"]
+    by_host = {c["host"]: c for c in checks}
+    failed = {h: c["detail"] for h, c in by_host.items() if c["status"] == "fail"}
+    assert sorted(failed) == ["node3"], failed
+    assert f"{lingering} (python" in by_host["node3"]["detail"]
+    assert by_host["node3"]["fix"] == f"stop it on node3: kill -TERM -- -{pgid}"
+    assert by_host["node2"]["status"] == by_host["node4"]["status"] == "ok", checks
+
+    # the hint as an operator runs it (bash; dash's kill builtin takes no `--`)
+    stop = subprocess.run(["bash", "-c", f"kill -TERM -- -{pgid}"], check=False)
+    assert stop.returncode == 0
+    deadline = time.monotonic() + 30
+    while alive(lingering) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(lingering), "the command the plan named frees the node"
+    res = cli(env, "plan", "--max-num-seqs", "32", "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert not any("earlier engine" in w for w in json.loads(res.stdout)["plan"]["warnings"])

@@ -1,9 +1,14 @@
 """Restart policies read as watchdogs: systemd units and Docker restart policies, from the text the
-head prints (tests/fixtures/watchdog_policy/cases.yaml), and from the real Docker of the ground."""
+head prints (tests/fixtures/watchdog_policy/cases.yaml), and from the real Docker of the ground;
+on the embedded cluster, doctor's restart-policy check and the plan's crash-loop warning read the
+engine's real container."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,3 +94,85 @@ def test_real_docker_restart_policy(
     assert policy.restarts == (flag != "no")
     assert policy.unlimited == unlimited
     assert policy.max_restarts == max_restarts
+
+
+@pytest.fixture(scope="module")
+def policy_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One embedded cluster, serving, shared by the module's restart-policy cases."""
+    from conftest import start_sim
+
+    from spark_ops.sim.control import down, wait_serving
+
+    s = start_sim(tmp_path_factory.mktemp("policy") / "sim")
+    try:
+        wait_serving(s.state)
+        yield s
+    finally:
+        down(s.root)
+
+
+def _spark_ops(inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI with this inventory."""
+    env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory))
+    env.pop("SPARK_OPS_CLUSTER", None)
+    return subprocess.run(
+        [sys.executable, "-m", "spark_ops.cli.main", *args],
+        env=env, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+
+
+def _policy_check(inventory: Path) -> dict:
+    """doctor's restart-policy check (the one on the head)."""
+    res = _spark_ops(inventory, "doctor", "--json")
+    found = [c for c in json.loads(res.stdout)["checks"] if c["name"] == "restart-policy"]
+    assert len(found) == 1, res.stdout + res.stderr
+    return dict(found[0])
+
+
+def _plan_warnings(inventory: Path) -> list[str]:
+    """The warnings of a plan that restarts (nothing is changed)."""
+    res = _spark_ops(inventory, "plan", "--max-num-seqs", "32", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    return list(json.loads(res.stdout)["plan"]["warnings"])
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_doctor_and_the_plan_read_the_engines_container_policy(
+    ground: object, policy_sim: object, tmp_path: Path
+) -> None:
+    """The engine's container (engine.log kind docker) is a real one restarting `on-failure`
+    without a count: doctor's restart-policy warns that nothing stops a crash loop, with the
+    `docker update` that gives it a budget, and the plan of a restart shows the warning. That
+    fix run for real: doctor reads on-failure:3 as the budget (3 restarts in a row) and the plan
+    warns no more."""
+    from ground.docker import docker
+
+    sim = policy_sim
+    name = f"spark-ops-engine-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    ground.run(name, ["sleep", "300"], extra=["--restart", "on-failure"])  # type: ignore[attr-defined]
+    data = yaml.safe_load(sim.inventory.read_text())  # type: ignore[attr-defined]
+    data["clusters"]["sim"]["engine"]["log"] = {"kind": "docker", "container": name}
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(data))
+
+    check = _policy_check(inventory)
+    assert check["status"] == "warn", check
+    assert (
+        f"docker {name}: restart=on-failure:0: no limit, nothing stops a crash loop"
+        in (check["detail"])
+    ), check
+    assert check["fix"] == f"docker update --restart on-failure:3 {name}", check
+    loop = [w for w in _plan_warnings(inventory) if "restart policy" in w]
+    assert len(loop) == 1 and "nothing stops a crash loop" in loop[0], loop
+    assert "restarts the engine again and again" in loop[0]
+
+    docker(*check["fix"].split()[1:], timeout=30)  # the fix doctor named, on the real daemon
+    check = _policy_check(inventory)
+    assert check["status"] == "ok", check
+    assert check["detail"] == (
+        f"docker {name}: restart=on-failure:3: at most 3 restarts in a row (counted since the "
+        "container was last started; a `docker restart` resets it)"
+    ), check
+    assert not [w for w in _plan_warnings(inventory) if "restart policy" in w]

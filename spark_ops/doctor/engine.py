@@ -6,7 +6,13 @@ import time
 from typing import Any
 
 from spark_ops.doctor.report import Checker, parse_kv
-from spark_ops.engine.identity import leftovers, stop_hint
+from spark_ops.engine.identity import (
+    leftover_ranks,
+    leftovers,
+    rank_warning,
+    rank_words,
+    stop_hint,
+)
 from spark_ops.errors import RecipeError, SparkOpsError
 from spark_ops.recipe import load_recipe_text, render_recipe, unified_diff
 from spark_ops.remote.programs.doctor import CONTAINER_STATUS, LOG_FILE_READABLE, UNIT_EXISTS
@@ -226,9 +232,46 @@ class EngineChecks(Checker):
 
     async def check_engine_leftovers(self) -> None:
         """No process left by a dead engine (a killed boot's EngineCore, workers); other engine
-        processes on the head are named as a warning."""
+        processes on the head are named as a warning; an engine run as ranks: no worker runs a
+        rank of an earlier engine (the plan refuses a restart then, naming the same)."""
         if not self.up(self.head):
             return
+        await self._head_leftovers()
+        await self._rank_leftovers()
+
+    async def _rank_leftovers(self) -> None:
+        """One engine-leftovers check per worker of an engine run as ranks (ranks without Ray)."""
+        if self.cluster.engine.executor != "mp":
+            return
+        try:
+            found = await leftover_ranks(self.session, self.cluster)
+        except SparkOpsError as exc:
+            for worker in self.cluster.workers:
+                self.report.add(
+                    "engine-leftovers", worker.name, "warn", f"not checked: {exc.message}"
+                )
+            return
+        for host, procs in found.nodes.items():
+            if isinstance(procs, str):
+                self.report.add("engine-leftovers", host, "warn", f"not checked: {procs}")
+            elif procs and not found.engine_running:
+                self.report.add(
+                    "engine-leftovers", host, "warn", rank_warning(host, procs),
+                    "start the engine (spark-ops restart), or stop the rank first",
+                )  # fmt: skip
+            elif procs:
+                self.report.add(
+                    "engine-leftovers", host, "fail",
+                    f"{rank_words(host, procs)}; it outlived the engine's last restart and holds "
+                    "its share of the node's memory: the next boot's rank there would find less "
+                    "free than it asks",
+                    f"stop it on {host}: {stop_hint(procs)}",
+                )  # fmt: skip
+            else:
+                self.report.add("engine-leftovers", host, "ok", "no rank of an earlier engine")
+
+    async def _head_leftovers(self) -> None:
+        """The head: no process left by a dead engine; other engine processes named."""
         try:
             instance, own, others = await leftovers(self.session, self.cluster)
         except SparkOpsError as exc:

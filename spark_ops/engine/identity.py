@@ -389,33 +389,56 @@ def old_ranks(procs: list[Proc], since: float) -> list[Proc]:
 def stray_ranks(procs: list[Proc], engine_start: float | None) -> list[Proc]:
     """A worker's ranks not part of the running engine (their top processes): every rank when
     the head's engine is not running (`engine_start` None), else those started well before it
-    (a launcher starts the nodes' ranks one after another, within RANK_SLACK_S)."""
+    (a launcher starts the nodes' ranks one after another, within RANK_SLACK_S); on a node that
+    runs several (it holds one rank of one engine: its GPU), every one but the rank started
+    nearest the engine."""
     pids = {p.pid for p in procs}
     tops = sorted((p for p in procs if p.ppid not in pids), key=lambda p: p.started_at)
-    if engine_start is None:
+    if engine_start is None or not tops:
         return tops
-    return [p for p in tops if p.started_at < engine_start - RANK_SLACK_S]
+    own = min(tops, key=lambda p: abs(p.started_at - engine_start))
+    return [p for p in tops if p is not own or p.started_at < engine_start - RANK_SLACK_S]
 
 
-async def leftover_ranks(session: ClusterSession, cluster: Cluster) -> list[str]:
-    """An engine run as ranks: each worker rank left from an old engine (it still holds the
-    node's memory), named with the command that stops it; empty for the Ray shape."""
+@dataclass
+class RankLeftovers:
+    """The worker ranks of an engine run as ranks that are not the running engine's."""
+
+    engine_running: bool  # False: every rank is an earlier engine's, and a restart may stop it
+    nodes: dict[str, list[Proc] | str]  # per worker its stray ranks, or why it was not read
+
+    def stray(self) -> dict[str, list[Proc]]:
+        """The workers that run a stray rank, with those ranks."""
+        return {n: p for n, p in self.nodes.items() if p and not isinstance(p, str)}
+
+
+async def leftover_ranks(session: ClusterSession, cluster: Cluster) -> RankLeftovers:
+    """An engine run as ranks: per worker, the ranks left from an old engine (each still holds
+    the node's memory), or why that worker could not be read; none for the Ray shape.
+    SparkOpsError when the head's engine cannot be read (no rank can be told from it)."""
 
     if cluster.engine.executor != "mp":
-        return []
-    try:
-        instance = await current_instance(session, cluster)
-    except SparkOpsError:
-        return []  # the head's engine unknown: no rank can be told from it
+        return RankLeftovers(True, {})
+    instance = await current_instance(session, cluster)
     start = instance.engine_started_at if instance is not None and instance.alive else None
-    found = []
+    found: dict[str, list[Proc] | str] = {}
     for node, procs in (await worker_ranks(session, cluster)).items():
-        if isinstance(procs, str):
-            continue
-        for p in stray_ranks(procs, start):
-            since = time.strftime("%H:%M:%S", time.localtime(p.started_at))
-            found.append(
-                f"{node}: a rank of an earlier engine still runs ({p.label()} since {since}); "
-                f"it holds the node's memory into the next boot: kill -TERM -- -{p.pgid}"
-            )
-    return found
+        found[node] = procs if isinstance(procs, str) else stray_ranks(procs, start)
+    return RankLeftovers(start is not None, found)
+
+
+def rank_words(node: str, procs: list[Proc]) -> str:
+    """`node3 runs a rank of an earlier engine: 812 (python) since 10:01:02`."""
+    since = ", ".join(
+        f"{p.label()} since {time.strftime('%H:%M:%S', time.localtime(p.started_at))}"
+        for p in procs
+    )
+    return f"{node} runs a rank of an earlier engine: {since}"
+
+
+def rank_warning(node: str, procs: list[Proc]) -> str:
+    """The plan's and doctor's words for a rank the dead engine left (a restart may stop it)."""
+    return (
+        f"{rank_words(node, procs)}; the head's engine is not running, so the restart's launcher "
+        f"may stop it, else it holds the node's memory into the boot: {stop_hint(procs)}"
+    )

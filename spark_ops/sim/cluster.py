@@ -264,7 +264,7 @@ class SimCluster:
         layout = json.loads((self.root / "layout.json").read_text())
         self.engine_port = int(layout["engine_port"])
         self.names: list[str] = layout["names"]
-        self.executor = str(layout.get("executor", "ray"))
+        self.executor = str(layout.get("executor", "mp"))
         self.master = (
             str(layout.get("master_addr", "127.0.0.1")),
             int(layout.get("master_port", 0)),
@@ -382,7 +382,7 @@ class SimCluster:
             with contextlib.suppress(ValueError, OSError):
                 _killpg(int(pidfile.read_text().split()[0]))
         for name in self.names[1:]:  # the worker ranks of an engine run as ranks
-            stop_rank(self.root / "nodes" / name)
+            stop_rank(self.root / "nodes" / name, lingering=True)
 
     async def stop(self) -> None:
         """Stop processes, then nodes."""

@@ -354,12 +354,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(USAGE + "\n")
         return 2
     try:
-        argv = launch_if_ranks(argv)
+        cfg = load_config(_prescan_sim_config(argv[1:]))
+        argv = launch_if_ranks(argv, cfg)
+    except SimConfigError as exc:
+        sys.stderr.write(f"error: {exc.message}\n")
+        return 1
     except (OSError, ValueError, KeyError) as exc:
         sys.stderr.write(f"error: cannot start the worker ranks: {exc}\n")
         return 1
     try:
-        cfg = load_config(_prescan_sim_config(argv[1:]))
         args = parse_serve_args(cfg, argv[1:])
     except SimConfigError as exc:
         sys.stderr.write(f"error: {exc.message}\n")

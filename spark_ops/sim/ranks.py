@@ -13,7 +13,10 @@ The ranks meet over TCP at the master address: a worker rank says `rank I NODE`,
 `go` once all N−1 have joined (no rank loads weights before that), and each worker says `loaded`
 after its weights; rank 0 waits for every `loaded` before profiling, with no deadline, so a worker
 rank that dies leaves rank 0 hanging as a broken NCCL ring does. A worker rank ends when rank 0
-goes (unless the `rank_lingers` fault keeps it, holding its memory).
+goes. The `rank_lingers` fault keeps the one on its node (`faults.rank_lingers.node`) running,
+holding its memory, and the launcher loses track of it (its pid moves to the node's
+`rank.lingers` list, which only the embedded cluster's own shutdown reads): the next launch starts
+a new rank beside it, as a launcher that only starts ranks does.
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spark_ops.sim.engine_config import active_fault, cfg_get, scaled
+from spark_ops.sim.engine_config import SimConfigError, active_fault, cfg_get, load_config, scaled
 from spark_ops.sim.engine_log import WORKER_FRAMES
 
 RANKS_ENV = "SPARK_SIM_RANKS"  # the head's: path of ranks.json (worker homes, env, namespaces)
 RANK_PID = ".local/state/spark-sim/rank.pid"  # a worker rank's pid, in the worker's tree
+LINGERING = ".local/state/spark-sim/rank.lingers"  # ranks the launcher lost (rank_lingers fault)
 RANK_LOG = "engine.log"  # a worker rank's log, in the worker's tree
 JOIN_RETRY_S = 0.2
 STOP_TIMEOUT_S = 10.0
@@ -79,13 +83,44 @@ def _is_rank(pid: int) -> bool:
     return state not in ("Z", "X") and b"spark_ops.sim.engine" in cmd and b"--headless" in cmd
 
 
-def stop_rank(home: Path) -> None:
-    """Stop the worker rank a launch left in home (its pid file): SIGTERM, then SIGKILL."""
-    pidfile = home / RANK_PID
+def lingering_node(cfg: dict[str, Any]) -> str | None:
+    """The node whose rank outlives rank 0 under the `rank_lingers` fault, as the config says
+    now (a fault set after the rank started counts), else None."""
+    with contextlib.suppress(SimConfigError):  # else the config as the process started with it
+        cfg = load_config()
+    if active_fault(cfg) != "rank_lingers":
+        return None
+    return str(cfg_get(cfg, "faults.rank_lingers.node"))
+
+
+def _pids(path: Path) -> list[int]:
+    """The pids a file lists, one a line (none when it is absent)."""
     try:
-        pid = int(pidfile.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return
+        words = path.read_text().split()
+    except OSError:
+        return []
+    return [int(w) for w in words if w.isdigit()]
+
+
+def stop_rank(home: Path, *, lingering: bool = False) -> None:
+    """Stop the worker rank a launch left in home (its pid file): SIGTERM, then SIGKILL; with
+    `lingering` also the ranks the launcher lost there (the embedded cluster's shutdown)."""
+    pids = _pids(home / RANK_PID)[:1] + (_pids(home / LINGERING) if lingering else [])
+    for pid in pids:
+        _stop(pid)
+
+
+def lose_rank(home: Path) -> None:
+    """The `rank_lingers` fault: the launcher loses track of the rank it started in home (its pid
+    moves to the node's list of lingering ranks), which then runs on beside the next."""
+    pids = _pids(home / RANK_PID)[:1]
+    if pids and _is_rank(pids[0]):
+        with (home / LINGERING).open("a", encoding="utf-8") as f:
+            f.write(f"{pids[0]}\n")
+
+
+def _stop(pid: int) -> None:
+    """SIGTERM a rank's process group, then SIGKILL, while it is a live rank."""
     for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 30.0)):
         if not _is_rank(pid):
             return
@@ -96,15 +131,19 @@ def stop_rank(home: Path) -> None:
             time.sleep(0.05)
 
 
-def launch(args: list[str], layout: dict[str, Any]) -> list[str]:
-    """Start the worker ranks (old ones stopped first); return rank 0's command line."""
+def launch(args: list[str], layout: dict[str, Any], lingers: str | None = None) -> list[str]:
+    """Start the worker ranks (old ones stopped first, except on the node `lingers` names: that
+    one is lost and runs on); return rank 0's command line."""
     workers = layout["workers"]
     nnodes = len(workers) + 1
     addr, port = str(layout["master_addr"]), int(layout["master_port"])
     common = ["--nnodes", str(nnodes), "--master-addr", addr, "--master-port", str(port)]
     for i, w in enumerate(workers, start=1):
         home = Path(w["home"])
-        stop_rank(home)
+        if lingers is not None and w.get("node") == lingers:
+            lose_rank(home)
+        else:
+            stop_rank(home)
         netns = ["ip", "netns", "exec", w["netns"]] if w.get("netns") else []
         argv = [*netns, sys.executable, "-m", "spark_ops.sim.engine", *args, *common]
         argv += ["--node-rank", str(i), "--headless"]
@@ -238,16 +277,17 @@ async def run_headless(cfg: dict[str, Any], args: Any, log: Any, stop: asyncio.E
         return 0
     stopped.cancel()
     log.error(w, "multiproc_executor.py:733", f"Rank {rank}: lost rank 0 at {addr}:{port}")
-    if active_fault(cfg) == "rank_lingers":
+    if lingering_node(cfg) == node:
+        log.warning(w, "multiproc_executor.py:741", f"Rank {rank}: waiting for a new rank 0")
         await stop.wait()  # the old rank stays, holding its memory, until it is stopped
         return 0
     return 1
 
 
-def launch_if_ranks(argv: list[str]) -> list[str]:
+def launch_if_ranks(argv: list[str], cfg: dict[str, Any]) -> list[str]:
     """The engine's command line: a launcher's rank-less mp line starts the worker ranks first
     and becomes rank 0's; any other line (the Ray shape, a rank's own) is returned unchanged."""
     if argv[:1] != ["serve"] or not is_launch(argv):
         return argv
     layout = read_ranks()
-    return launch(argv, layout) if layout.get("workers") else argv
+    return launch(argv, layout, lingering_node(cfg)) if layout.get("workers") else argv

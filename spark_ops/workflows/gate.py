@@ -19,7 +19,13 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from spark_ops.engine.identity import current_instance
+from spark_ops.engine.identity import (
+    current_instance,
+    leftover_ranks,
+    rank_warning,
+    rank_words,
+    stop_hint,
+)
 from spark_ops.errors import ExitStatus, OverBudget, PlanChanged, SparkOpsError
 from spark_ops.watchdog.history import budget_of
 from spark_ops.workflows.operation import ApplyOptions, Operation
@@ -124,7 +130,7 @@ def gate_refusal(gate: dict[str, Any] | None, *, ignore_option: bool = False) ->
 
 class BootWouldFail(SparkOpsError):
     """A restart refused before anything is written: a check doctor makes says its boot would fail
-    (a worker's Ray worker down, a worker unreachable)."""
+    (a worker's Ray worker down, a worker unreachable, a worker's rank of an earlier engine)."""
 
     exit_status = ExitStatus.CHECK_FAILED
 
@@ -163,6 +169,31 @@ async def check_workers(op: Operation, plan: Plan) -> None:
         "container, e.g. `docker ps -a`, `docker logs vllm_node`), check with `spark-ops "
         "doctor`, then run the command again",
     )
+
+
+async def check_ranks(op: Operation, plan: Plan) -> None:
+    """Refuse a restart whose new rank would start beside an earlier engine's rank (doctor's
+    engine-leftovers on the workers): one that outlived a restart of the running engine holds
+    its share of the node's memory, the launcher did not stop it, and vLLM refuses to start a
+    rank with less free memory than its own gpu_memory_utilization share. With the head's engine
+    down, the ranks it left are only named (the restart's launcher may stop them)."""
+    try:
+        left = await leftover_ranks(op.session, op.cluster)
+    except SparkOpsError:
+        return  # the head's engine unknown: no rank can be told from it
+    stray = left.stray()
+    if stray and not left.engine_running:
+        plan.warnings.extend(rank_warning(n, p) for n, p in stray.items())
+    elif stray:
+        raise BootWouldFail(
+            f"the restart would fail: {'; '.join(rank_words(n, p) for n, p in stray.items())}; "
+            "it outlived the engine's last restart and holds its share of the node's memory, so "
+            "the new rank started beside it would find less free than it asks (vLLM refuses that "
+            "start); nothing was written and the engine was not restarted",
+            hint="stop it: "
+            + "; ".join(f"on {n}: {stop_hint(p)}" for n, p in stray.items())
+            + "; check with `spark-ops doctor`, then run the command again",
+        )
 
 
 async def check_budget(op: Operation, opts: ApplyOptions, plan: Plan) -> None:

@@ -38,7 +38,8 @@ ps -ww -e -o pid=,ppid=,pgid=,stat=,etimes=,comm=,args= | awk -v root="${pid:--1
 
 # Engine-like processes on the head: vLLM's titled processes and `vllm serve` command lines. A
 # process whose environment is readable and names another HOME belongs to another account (or,
-# on a test ground, another node sharing the kernel): it is not this cluster's.
+# on a test ground, another node sharing the kernel): it is not this cluster's; nor is one gone
+# since ps listed it (its environment then unreadable for that reason alone).
 ENGINE_PROCS_SH = r"""
 echo "T $(date +%s.%N) 0 100"
 ps -ww -e -o pid=,ppid=,pgid=,stat=,etimes=,comm=,args= | awk -v me=$$ '
@@ -48,6 +49,8 @@ ps -ww -e -o pid=,ppid=,pgid=,stat=,etimes=,comm=,args= | awk -v me=$$ '
 | while read -r tag pid rest; do
   if [ -r "/proc/$pid/environ" ]; then
     tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qxF "HOME=$HOME" || continue
+  elif [ ! -e "/proc/$pid" ]; then
+    continue
   fi
   echo "P $pid $rest"
 done
