@@ -65,6 +65,8 @@ MASKS = [
     (re.compile(r'"--port", "\d+"'), '"--port", "PORT"'),
     (re.compile(r"\b\d+ \((python3|vllm|sh)\)"), r"PID (\1)"),
     (re.compile(r"cluster-[0-9a-f]{16}"), "cluster-KEY"),
+    # a duration is one to three parts ("4 h", "3 h 59 min"): the parts shown vary with the clock
+    (re.compile(r"\b\d+(\.\d+)? ?(ms|s|min|h)\b( \d+(\.\d+)? ?(ms|s|min|h)\b){0,2}"), "DURATION"),
     (re.compile(r"\b\d+(\.\d+)?(?= ?(ms|s|min|h|GiB)\b)"), "N"),
     (re.compile(r"token=\S+"), "token=TOKEN"),
     (re.compile(r"\d+(?= request\(s\) running or waiting)"), "N"),  # the watchdog's probe too

@@ -42,15 +42,18 @@ def test_every_command_shown_carries_a_marker() -> None:
 @pytest.mark.parametrize(
     ("line", "want"),
     [
-        ("✓ restart (2.3 s): stamp 1796423800 (printed", "✓ restart (N s): stamp STAMP (printed"),
+        ("✓ restart (2.3 s): stamp 1796423800 (printed", "✓ restart (DURATION): stamp STAMP (printed"),
         ('"engine_pid": 981, "pid": 32427', '"engine_pid": PID, "pid": PID'),
         ("backup x.bak.20261204T223644.097775Z", "backup x.bak.STAMPTIME"),
         ("paused until 2026-12-04 23:13:39 UTC (run 20261204T223638-4330d3)",
          "paused until DATETIME UTC (run RUN)"),
-        ("127.0.0.1:33485 reachable (242 ms)", "127.0.0.1:PORT reachable (N ms)"),
-        ("verify (0.6 s): 16/16 checks passed", "verify (N s): 16/16 checks passed"),
+        ("127.0.0.1:33485 reachable (242 ms)", "127.0.0.1:PORT reachable (DURATION)"),
+        ("verify (0.6 s): 16/16 checks passed", "verify (DURATION): 16/16 checks passed"),
+        ("next free slot in 3 h 59 min; 60 GiB", "next free slot in DURATION; N GiB"),
+        ("next free slot in 4 h; 60 GiB", "next free slot in DURATION; N GiB"),
     ],
-    ids=["duration-stamp", "pids", "backup-stamp", "clock-and-run", "port-ms", "counts-kept"],
+    ids=["duration-stamp", "pids", "backup-stamp", "clock-and-run", "port-ms", "counts-kept",
+         "duration-parts", "duration-one-part"],
 )  # fmt: skip
 def test_what_varies_is_masked_and_what_matters_is_kept(line: str, want: str) -> None:
     """Masks hide what differs between two runs; a check count (the "9/9" that went stale) stays."""
