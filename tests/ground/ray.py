@@ -345,6 +345,10 @@ class RayCluster:
         pids = netns_pids(self.head_ns) + netns_pids(self.worker_ns)
         self.psm |= _mapped_psm(pids)
 
+    def track_shm(self) -> None:
+        """Record our namespaces' psm_* segments from now on (a ground that runs no Ray head)."""
+        self._start_sampler()
+
     def _start_sampler(self) -> None:
         """Sample our namespaces' psm_* segments once a second (an engine may die by itself)."""
         if self._sampler is not None:
