@@ -16,7 +16,8 @@ without Ray"):
 
 One ground serves the three cells in order: apply (both ranks new, each rank's args), rollback
 (both ranks new again, the old values back), then a rank 1 that fails at start (the boot fails
-naming node2 and its lines). The watchdog is paused (forced restarts still run).
+naming node2 and its lines). The watchdog is paused (forced restarts still run); `apply` runs with
+`--preflight off` (it imports vLLM once more on the head; tests/test_preflight.py covers it).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import pytest
 import yaml
 from conftest import Sim, start_sim
 from ground.ranks import FAULT_FILE, RANK_PID, flag_value, launcher_text, rank_argv
-from ground.ray import RayCluster, netns_pids, ray_unavailable_reason
+from ground.ray import RayCluster, netns_pids, netns_unavailable_reason
 from ground.sshd import pid_alive
 from ground.vllm import OWNER_ENV, VENV, tiny_llama_recipe, vllm_unavailable_reason
 
@@ -45,7 +46,6 @@ pytestmark = [pytest.mark.realray, pytest.mark.realvllm, pytest.mark.slow]
 
 MODELS = VENV / "models"
 FIRST_SEQS = 4  # the recipe's max_num_seqs before the apply
-TIER_STARTED = time.monotonic()
 
 
 @dataclass
@@ -130,11 +130,12 @@ def _health(g: RanksGround) -> int | None:
 @pytest.fixture(scope="module")
 def ground(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RanksGround]:
     """The namespaces and a 2-node embedded cluster whose head launches ranks; cleaned after."""
-    reason = vllm_unavailable_reason() or ray_unavailable_reason()
+    reason = vllm_unavailable_reason() or netns_unavailable_reason()  # Ray is not needed
     if reason:
         pytest.skip(reason)
     from spark_ops.sim.control import down
 
+    tier_started = time.monotonic()
     tmp = tmp_path_factory.mktemp("realranks")
     net = RayCluster(tmp / "net", owner_env={OWNER_ENV: str(os.getpid())})
     net.track_shm()
@@ -178,7 +179,7 @@ def ground(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RanksGround]:
         if sim is not None:
             down(sim.root)
         net.close()
-        print(f"\nreal-ranks tier: {time.monotonic() - TIER_STARTED:.0f} s in all")
+        print(f"\nreal-ranks module: {time.monotonic() - tier_started:.0f} s in all")
 
 
 def _failed(out: dict[str, Any]) -> list[dict[str, Any]]:
