@@ -139,6 +139,37 @@ def test_ready_waits_for_every_worker_rank_to_start_anew() -> None:
     assert ("ranks", {"joined": 3, "total": 3}) in events
 
 
+# vLLM 0.32's CPU build, rank 1 of `vllm serve … --nnodes 2 --node-rank 1 --headless` (measured on
+# the test ground, docs/test-ground.md): no banner, no `non-default args:` line
+REAL_HEADLESS = [
+    "Triton is installed, but doesn't include CPU backend. Disabling Triton.",
+    "(MainProcess pid=2849) INFO 12-05 12:39:18 [arg_utils.py:2472] Inferred data_parallel_rank 0 "
+    "from node_rank 1",
+    "(MainProcess pid=2849) INFO 12-05 12:39:18 [serve.py:224] Launching vLLM (v0.32.0) headless "
+    "multiproc executor, with head node address 198.18.0.1:29555 for torch.distributed process "
+    "group.",
+    "(Worker_TP1 pid=19985) INFO 12-05 12:40:30 [default_loader.py:501] Loading weights took 0.03 "
+    "seconds",
+]
+
+
+def test_a_real_headless_rank_starts_anew_on_its_launch_line() -> None:
+    """vLLM's headless rank logs neither the banner nor its args: its `Launching vLLM (v…)
+    headless` line is its start; its args are then not visible (a warning, not a failure)."""
+    from spark_ops.readiness.ranks import RankLog, rank_summary
+    from spark_ops.verify.checks import check_rank_args
+
+    rank = RankLog("node2")
+    for line in REAL_HEADLESS:
+        rank.tracker.feed(line)
+    assert rank.started and rank.tracker.vllm_version == "0.32.0"
+    summary = rank_summary([rank])
+    (check,) = check_rank_args(summary, {"max_num_seqs": 6})
+    assert (check.host, check.status) == ("node2", "warn") and "not visible" in check.detail
+    (check,) = check_rank_args({"node2": {"started": False}}, {"max_num_seqs": 6})
+    assert check.status == "fail"
+
+
 def test_inventory_executor(tmp_path: Path) -> None:
     """engine.executor is ray (default) or mp; anything else names the key and what is allowed."""
     base = (

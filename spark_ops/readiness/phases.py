@@ -97,7 +97,7 @@ _EXIT_RE = re.compile(r"^\[spark-ops\] engine exited(?: with status (?P<status>-
 
 _NON_DEFAULT_RE = re.compile(r"non-default args:\s*(?P<args>\{.*)$")
 _VERSION_RE = re.compile(
-    r"(?:vLLM API server version |\u2588\s+version |LLM engine \(v)"
+    r"(?:vLLM API server version |\u2588\s+version |LLM engine \(v|Launching vLLM \(v)"
     r"(?P<version>\d+\.\d+\.\d+[\w.+-]*)"
 )
 _PG_WAIT_RE = re.compile(
@@ -129,8 +129,13 @@ _SERVER_RE = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on (?P<url>http
 _STOP_RE = re.compile(
     r"received signal=SIG\w+|shutdown triggered|^KeyboardInterrupt(?::|$)|Received signal SIG"
 )
-# The first lines of an engine's start: the banner's version line and the effective args.
-_START_RE = re.compile(r"\u2588\s+version \d|non-default args:|vLLM API server version \d")
+# The first lines of an engine's start: the banner's version line and the effective args; a
+# worker rank run headless (vLLM 0.32's `vllm serve … --headless`, engine.executor: mp) prints
+# neither: its first line of its own is `Launching vLLM (v0.32.0) headless multiproc executor, …`.
+_START_RE = re.compile(
+    r"\u2588\s+version \d|non-default args:|vLLM API server version \d"
+    r"|Launching vLLM \(v\d[^)]*\) headless"
+)
 # STARTING is long on a real vLLM (imports, the API server's config, the EngineCore and its
 # workers spawned): its steps, in order, each from the first line that shows it.
 STARTING_STEPS: tuple[tuple[str, re.Pattern[str]], ...] = (

@@ -81,6 +81,16 @@ def ray_unavailable_reason() -> str | None:
         return f"no `ip` command (iproute2) for network namespaces ({fix})"
     if not os.access(ray_bin(), os.X_OK):
         return f"no Ray in the vLLM ground venv: {ray_bin()} missing ({fix})"
+    return netns_unavailable_reason()
+
+
+def netns_unavailable_reason() -> str | None:
+    """Why this ground's two namespaces cannot be made here (not root, no `ip netns`), or None
+    (the real-ranks tier needs them, not Ray)."""
+    if os.geteuid() != 0:
+        return "the ground's network namespaces need root"
+    if shutil.which("ip") is None:
+        return "no `ip` command (iproute2) for network namespaces (apt-get install iproute2)"
     probe = f"{NS_PREFIX}-{os.getpid()}-probe-h"
     try:
         _run(["ip", "netns", "add", probe], timeout=10)
@@ -344,6 +354,10 @@ class RayCluster:
         """Remember the psm_* segments mapped by processes of our namespaces now."""
         pids = netns_pids(self.head_ns) + netns_pids(self.worker_ns)
         self.psm |= _mapped_psm(pids)
+
+    def track_shm(self) -> None:
+        """Record our namespaces' psm_* segments from now on (a ground that runs no Ray head)."""
+        self._start_sampler()
 
     def _start_sampler(self) -> None:
         """Sample our namespaces' psm_* segments once a second (an engine may die by itself)."""

@@ -52,11 +52,13 @@ def tiny_llama_recipe(
     name: str = "tiny-llama-cpu",
     description: str = "a tiny local Llama on the CPU build of vLLM 0.32",
     tensor_parallel: int | None = None,
+    executor: str = "ray",
 ) -> str:
     """The tiny-llama recipe of the real-engine tests, from its one template.
 
-    With `tensor_parallel`, the engine runs at that TP over Ray (`tensor_parallel` in defaults,
-    `--tensor-parallel-size` and `--distributed-executor-backend ray` on the command line).
+    With `tensor_parallel`, the engine runs at that TP over the executor (`tensor_parallel` in
+    defaults, `--tensor-parallel-size` and `--distributed-executor-backend ray`, or `mp` for ranks
+    without Ray, on the command line).
     """
     from string import Template
 
@@ -73,7 +75,7 @@ def tiny_llama_recipe(
         extra_defaults=f"  tensor_parallel: {tensor_parallel}\n" if tp else "",
         extra_flags=(
             " \\\n      --tensor-parallel-size {tensor_parallel} \\\n"
-            "      --distributed-executor-backend ray"
+            f"      --distributed-executor-backend {executor}"
             if tp
             else ""
         ),
