@@ -42,7 +42,8 @@ def test_every_command_shown_carries_a_marker() -> None:
 @pytest.mark.parametrize(
     ("line", "want"),
     [
-        ("✓ restart (2.3 s): stamp 1796423800 (printed", "✓ restart (DURATION): stamp STAMP (printed"),
+        ("✓ restart (2.3 s): stamp 1796423800 (printed",
+         "✓ restart (DURATION): stamp STAMP (printed"),
         ('"engine_pid": 981, "pid": 32427', '"engine_pid": PID, "pid": PID'),
         ("backup x.bak.20261204T223644.097775Z", "backup x.bak.STAMPTIME"),
         ("paused until 2026-12-04 23:13:39 UTC (run 20261204T223638-4330d3)",
