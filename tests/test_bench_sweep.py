@@ -102,8 +102,9 @@ async def test_burst_sweep_counts_caps_and_writes(serve: Serve, tmp_path: Path) 
     assert result.reading.cap.detected and result.reading.cap.plateau == 4
     assert result.reading.cap.matches_knob is True
     assert by_c[8].max_waiting is not None and by_c[8].max_waiting >= 1
-    # the capped level runs in two waves and gains nothing: the knee
-    assert by_c[8].duration > by_c[4].duration
+    # the capped level runs in two waves and gains nothing: the knee (the engine never streamed
+    # more than 4 at once, and requests queued behind them)
+    assert engine.peak_running == 4 and engine.peak_waiting >= 1
     assert result.reading.knee == 8
     assert result.reading.slo_text == "≤8"
     assert (by_c[8].p99_ttft_ms or 0) > (by_c[4].p99_ttft_ms or 1e9)
@@ -250,10 +251,14 @@ async def test_sustained_keeps_concurrency_for_the_duration(serve: Serve) -> Non
     engine, url = await serve(step_s=0.005)
     duration, give_up = 0.6, time.monotonic() + 600
     while True:
-        before = engine.requests
+        before, began = engine.requests, time.monotonic()
+        engine.peak_running = 0
         result = await run_sweep(config(url, levels=[3], mode="sustained", duration_s=duration))
         level = result.levels[0]
-        assert level.duration >= duration
+        # an order of events on one clock: requests were still streaming when the duration
+        # (counted from before the run began) had passed, and never more than C at once
+        assert engine.last_done >= began + duration
+        assert engine.peak_running == 3
         assert level.steady_window_s is not None and 0 < level.steady_window_s <= level.duration
         assert engine.requests - before == level.completed
         if level.completed >= 3 * 3 or time.monotonic() > give_up:
