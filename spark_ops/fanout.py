@@ -14,7 +14,7 @@ import re
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -324,12 +324,26 @@ class LineEdit:
             raise exc.on(host) from None
         return self.outcome(host, done)
 
+    async def spawn(self) -> asyncio.subprocess.Process:
+        """Start the substitution child; it waits for its texts on stdin (and ends at EOF), so
+        started early its interpreter's start-up overlaps the connections and the lock."""
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "spark_ops.linesub",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=PACKAGE_HOME,  # `-m` puts the cwd first on sys.path: never the operator's
+        )  # fmt: skip
+
     async def substitute(
-        self, texts: Sequence[str], *, deadline_s: float = EDIT_DEADLINE_S
+        self,
+        texts: Sequence[str],
+        *,
+        deadline_s: float = EDIT_DEADLINE_S,
+        child: asyncio.Task[asyncio.subprocess.Process] | None = None,
     ) -> list[dict[str, Any]]:
         """linesub.sub_line's answer for each text, all in one child process (spark_ops/linesub.py
-        says why) killed at deadline_s: a pattern that backtracks for ever is refused, naming it,
-        and nothing is written."""
+        says why; `child` when one was spawned already) killed at deadline_s: a pattern that
+        backtracks for ever is refused, naming it, and nothing is written."""
         self.compiled()
         payload = json.dumps(
             {
@@ -339,12 +353,7 @@ class LineEdit:
                 "deadline_s": deadline_s,  # the child ends itself too, should spark-ops be killed
             }
         ).encode()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "spark_ops.linesub",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=PACKAGE_HOME,  # `-m` puts the cwd first on sys.path: never the operator's
-        )  # fmt: skip
+        proc = await (child if child is not None else self.spawn())
         try:
             out, err = await asyncio.wait_for(proc.communicate(payload), deadline_s)
         except asyncio.TimeoutError:
@@ -403,9 +412,12 @@ async def edit_on(
     hosts: Sequence[str],
     *,
     keep_backups: int = 5,
+    connecting: dict[str, asyncio.Task[bool]] | None = None,
+    child: asyncio.Task[asyncio.subprocess.Process] | None = None,
 ) -> list[HostResult]:
     """Edit one line on hosts all-or-nothing: read on each, substitute once per distinct text
-    (one child for the run), then one atomic write."""
+    (one child for the run, `child` when spawned already), then one atomic write. A host whose
+    connection is under way in `connecting` is read once that connect ends."""
     hosts = list(hosts)
     edit.compiled()
     start = time.monotonic()
@@ -416,7 +428,8 @@ async def edit_on(
 
     async def read(h: str) -> None:
         """Connect and read the file on one host."""
-        if not await _connect_one(session, h, sem):
+        early = (connecting or {}).get(h)
+        if not await (early if early is not None else _connect_one(session, h, sem)):
             results[h] = _from_error(h, session.errors[h])
             return
         try:
@@ -430,7 +443,11 @@ async def edit_on(
     await asyncio.gather(*(read(h) for h in hosts))
     distinct = list(dict.fromkeys(texts[h] for h in hosts if h in texts))  # inventory order
     try:
-        answers = dict(zip(distinct, await edit.substitute(distinct), strict=True)) if texts else {}
+        answers = (
+            dict(zip(distinct, await edit.substitute(distinct, child=child), strict=True))
+            if texts
+            else {}
+        )
     except _Runaway as exc:
         for h in texts:
             results[h] = _from_error(h, exc.on(h))
@@ -501,17 +518,44 @@ async def edit_line(
     start = time.monotonic()
     args = {"path": edit.path, "pattern": edit.pattern, "replacement": edit.replacement}
     keep = cluster.recipe.keep_backups
-    async with (
-        ClusterSession(cluster) as session,
-        as_operation(session, "exec --edit", args, hosts) as done,
-    ):
-        results = await edit_on(session, edit, hosts, keep_backups=keep)
-        done.extend(results)
+    async with ClusterSession(cluster) as session:
+        # Started at once, each overlapping the rest: the substitution child's interpreter, and
+        # every node's connection (under the one cap) while the head's connects and the lock is
+        # taken. The lock is asked for once the head is connected, as before; nothing is read
+        # before it is held.
+        child = asyncio.create_task(edit.spawn())
+        sem = _cap(session)
+        head = cluster.head.name
+        connecting = {
+            h: asyncio.create_task(_connect_one(session, h, sem))
+            for h in dict.fromkeys([head, *hosts])
+        }
+        try:
+            await connecting[head]
+            async with as_operation(session, "exec --edit", args, hosts) as done:
+                results = await edit_on(
+                    session, edit, hosts, keep_backups=keep, connecting=connecting, child=child
+                )
+                done.extend(results)
+        finally:
+            for task in connecting.values():
+                task.cancel()
+            await asyncio.gather(*connecting.values(), return_exceptions=True)
+            await _drop_child(child)
     label = f"edit {edit.path}: s/{edit.pattern}/{edit.replacement}/"
     return FanoutReport(
         cluster.name, label, results, time.monotonic() - start, mode="edit",
         note=edit_note(cluster, edit.path, results),
     )  # fmt: skip
+
+
+async def _drop_child(child: asyncio.Task[asyncio.subprocess.Process]) -> None:
+    """Kill the substitution child of a run that ended before giving it its texts."""
+    with suppress(OSError, asyncio.CancelledError):
+        proc = await child
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 def edit_note(cluster: Cluster, path: str, results: Sequence[HostResult]) -> str:

@@ -94,9 +94,11 @@ def test_apply_max_num_seqs_64_end_to_end(sim: Sim, cli_env: dict[str, str]) -> 
     named = re.fullmatch(r"pid (\d+), engine pid (\d+) under it", boot["engine_start_from"])
     assert named is not None, boot
     assert int(named[1]) == pid and int(named[2]) != pid, "the wrapper shell is not the engine"
-    assert boot["restart_command_s"] >= 3.0
-    # the engine started before the command's 3 s sleep, the wait only after it
-    assert boot["total_s"] >= boot["wait_s"] + 1.5, boot
+    assert boot["restart_command_s"] is not None and boot["restart_command_s"] > 0, boot
+    # an order of events, not a duration: the engine started (head clock, this machine) before
+    # the command's sleep, the wait only after the command returned; the boot runs from the first
+    assert boot["engine_started_at"] < boot["started_at"], boot
+    assert boot["total_s"] > boot["wait_s"], boot
     recorded = [
         r for recs in BootHistory().load().values() for r in recs if r["at"] == boot["started_at"]
     ]

@@ -18,8 +18,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_ops import fanout, log
-from spark_ops.errors import ConnectError, ExitStatus, HostKeyError, InputError, InventoryError
+from spark_ops.errors import (
+    ConnectError,
+    ExitStatus,
+    HostKeyError,
+    InputError,
+    InventoryError,
+    LockError,
+)
 from spark_ops.inventory import Cluster, parse_inventory
+from spark_ops.lock import cluster_lock
+from spark_ops.remote import ClusterSession
 
 RECIPE = "model: glm\nmax_num_seqs: 6\nkv_cache_memory: 40G\n"
 ECHO_ARGV = "import sys, json; sys.stdout.write(json.dumps(sys.argv[1:]))"
@@ -402,6 +411,35 @@ async def test_edit_substitutes_once_per_distinct_text(
         assert "did not finish matching within 5 s" in (h.error or ""), h
     for n in openssh_cluster:
         assert (n.home / "recipe.yaml").read_text().endswith("max_num_seqs: 6\n"), "not written"
+
+
+@pytest.mark.openssh
+async def test_edit_refused_by_the_lock_leaves_no_child(
+    openssh_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The substitution child is spawned before the lock is asked for: when another operator
+    holds the lock the edit is refused, nothing is read or written, and the child is gone."""
+    cluster = inventory_for(openssh_cluster)
+    put_recipe(openssh_cluster)
+    children: list[asyncio.subprocess.Process] = []
+    real = fanout.LineEdit.spawn
+
+    async def spy(self: fanout.LineEdit) -> asyncio.subprocess.Process:
+        """The real spawn, its process kept."""
+        children.append(await real(self))
+        return children[-1]
+
+    monkeypatch.setattr(fanout.LineEdit, "spawn", spy)
+    edit = fanout.LineEdit("~/recipe.yaml", r"^max_num_seqs: .*", "max_num_seqs: 64")
+    async with ClusterSession(cluster) as other:
+        await other.connect([cluster.head.name])
+        async with cluster_lock(other, "apply --max-num-seqs 32"):
+            with pytest.raises(LockError, match="apply --max-num-seqs 32"):
+                await fanout.edit_line(cluster, edit)
+    assert len(children) == 1 and children[0].returncode is not None, "the child was ended"
+    for n in openssh_cluster:
+        assert (n.home / "recipe.yaml").read_text() == RECIPE, n.name
+        assert not [q for q in n.home.iterdir() if ".spark-ops." in q.name or ".bak." in q.name]
 
 
 @pytest.mark.openssh

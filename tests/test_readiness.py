@@ -149,6 +149,7 @@ class EngineStub:
     def __init__(self, answer_after_s: float | None) -> None:
         """Answer 503 until `answer_after_s` after start (never when None)."""
         self.answer_after_s = answer_after_s
+        self.opened = False  # set by a test: answer from now on, whatever the time
         self.first_answer_at: float | None = None
         self.completions = 0
         self.answered = 0
@@ -158,7 +159,9 @@ class EngineStub:
         self.t0 = 0.0
 
     def _serving(self) -> bool:
-        """True once the engine is 'up'."""
+        """True once the engine is 'up' (opened by the test, or its time has come)."""
+        if self.opened:
+            return True
         return self.answer_after_s is not None and time.monotonic() - self.t0 >= self.answer_after_s
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -294,21 +297,58 @@ async def _raises_before(task: asyncio.Task[Any], limit_s: float = 60.0) -> Base
     return exc
 
 
+async def _clocked_feed(
+    lines: Iterable[str], clock: ManualClock, at: dict[str, float]
+) -> AsyncIterator[str]:
+    """Yield lines, moving the boot's clock to at[text] before a line containing text; hang."""
+    for line in lines:
+        for text, now in at.items():
+            if text in line:
+                clock.now = now
+        yield line
+        await asyncio.sleep(0)
+    await asyncio.sleep(3600)
+
+
 async def test_ready_at_the_first_answer(http: aiohttp.ClientSession) -> None:
-    """READY is reported on the engine's first answered completion: no probe after it."""
-    stub = EngineStub(answer_after_s=1.2)
+    """READY is reported on the engine's first answered completion: no probe after it. The boot's
+    clock is the test's: the log says API_UP at 2 s, the engine refuses until the test opens it
+    at 3.5 s; the report's times are exactly those (an order of events, no speed)."""
+    stub = EngineStub(answer_after_s=None)
     await stub.start()
+    clock = ManualClock()
     events: list[BootEvent] = []
+    refused_at_api_up: list[int] = []
+
+    def seen(event: BootEvent) -> None:
+        """Keep the event; note how many health calls were refused when API_UP was reached."""
+        events.append(event)
+        if event.kind == "phase" and event.phase.value == "API_UP":
+            refused_at_api_up.append(stub.health_calls)
+
     try:
         probe, health = _probes(stub, http)
-        report = await wait_for_boot(
-            _feed(_boot_lines("serve-startup.log"), delay=0.0005),
-            probe=probe,
-            health=health,
-            deadline_s=20,
-            on_event=events.append,
-            probe_interval_s=0.2,
+        task = asyncio.create_task(
+            wait_for_boot(
+                _clocked_feed(
+                    _boot_lines("serve-startup.log"), clock, {"Starting vLLM server on": 2.0}
+                ),
+                probe=probe,
+                health=health,
+                deadline_s=20,
+                on_event=seen,
+                probe_interval_s=0.05,
+                clock=clock,
+            )
         )
+        await _until(
+            lambda: refused_at_api_up and stub.health_calls > refused_at_api_up[0],
+            "the engine was asked after API_UP and refused",
+        )
+        assert not task.done() and stub.answered == 0
+        clock.now = 3.5
+        stub.opened = True
+        report = await asyncio.wait_for(task, 60)
         answered_when_returned = stub.answered
     finally:
         await stub.stop()
@@ -317,7 +357,7 @@ async def test_ready_at_the_first_answer(http: aiohttp.ClientSession) -> None:
     assert report.last_phase == "READY"
     assert report.kv_cache_tokens == 2_097_152
     assert report.non_default_args["max_num_seqs"] == 6
-    assert report.total_s >= 1.0
+    assert report.total_s == 3.5, "READY is the moment of the first answer"
     assert list(report.phase_times) == [
         "STARTING",
         "WEIGHTS_LOADING",
@@ -326,7 +366,9 @@ async def test_ready_at_the_first_answer(http: aiohttp.ClientSession) -> None:
         "API_UP",
         "READY",
     ]
-    assert report.durations["API_UP"] >= 0.5  # the engine answered ~1 s after its log said so
+    times = report.phase_times
+    assert times["API_UP"] == 2.0 and times["READY"] == 3.5, times
+    assert report.durations["API_UP"] == 1.5  # the engine answered after its log said so
     assert "GRAPH_CAPTURE" in report.skipped and "RAY_WORKERS" in report.skipped
     assert report.lines_seen == len(_boot_lines("serve-startup.log"))
     phases = [e.phase.value for e in events if e.kind == "phase"]

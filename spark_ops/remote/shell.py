@@ -113,38 +113,73 @@ STAGE_SH = (
     + r"""
 set -eu
 p=$1; expected=$2; want=$3
+nl='
+'
 resolve "$p"
-[ -n "$t" ] || { echo "symlink $p cannot be resolved" >&2; exit 66; }
+[ -n "$t" ] || { printf 'symlink %s cannot be resolved\n' "$p" >&2; exit 66; }
 dir_of "$t"; b=${t##*/}
-[ -d "$d" ] || { echo "directory $d does not exist" >&2; exit 66; }
-[ ! -d "$t" ] || { echo "$p is a directory" >&2; exit 66; }
-digest "$t" || { echo "$t cannot be read" >&2; exit 66; }
-seen=$h
-[ "$expected" = - ] || [ "$seen" = "$expected" ] || { printf '%s' "$seen"; exit 45; }
-for f in "$t" "$d"; do  # what refuses the rename, ruled out before any node renames
-  [ -e "$f" ] || continue
-  a=$(lsattr -d -- "$f" 2>/dev/null) || continue  # no lsattr, or a filesystem without flags
-  case ${a%% *} in
-    *[ia]*) echo "$f is immutable or append-only (lsattr ${a%% *}): it cannot be replaced" >&2
-            exit 70 ;;
+[ -d "$d" ] || { printf 'directory %s does not exist\n' "$d" >&2; exit 66; }
+[ ! -d "$t" ] || { printf '%s is a directory\n' "$p" >&2; exit 66; }
+refuse() {  # $1 a file, $2 its lsattr flags: an immutable or append-only one cannot be replaced
+  case $2 in
+    *[ia]*) printf '%s is immutable or append-only (lsattr %s): ' "$1" "$2" >&2
+            echo "it cannot be replaced" >&2; exit 70 ;;
   esac
-done
+}
+# What refuses the rename, ruled out before any node renames: one lsattr for the file and its
+# directory; when one of them shows no flags (no lsattr, a filesystem without them), each alone.
+a=
+if [ -e "$t" ]; then a=$(lsattr -d -- "$t" "$d" 2>/dev/null) || :; fi
+f1=${a%%" "*}; r=${a#"$f1 $t$nl"}; f2=${r%%" "*}
+if [ -n "$a" ] && [ "$a" = "$f1 $t$nl$f2 $d" ]; then
+  refuse "$t" "$f1"; refuse "$d" "$f2"
+else
+  for f in "$t" "$d"; do
+    [ -e "$f" ] || continue
+    a=$(lsattr -d -- "$f" 2>/dev/null) || continue
+    refuse "$f" "${a%%" "*}"
+  done
+fi
 for old in "$d/.$b.spark-ops."*; do  # staged files of a killed run, older than 10 minutes
   case ${old##*.spark-ops.} in ??????) ;; *) continue ;; esac
   if [ -f "$old" ] && [ -n "$(find "$old" -maxdepth 0 -mmin +10 2>/dev/null)" ]; then
     rm -f -- "$old"
   fi
 done
-tmp=$(mktemp "$d/.$b.spark-ops.XXXXXX")
+# The staged file: a new name created exclusively (noclobber opens with O_EXCL, as mktemp does),
+# readable by its owner only until it takes the target's mode and owner.
+umask 077; set -C; n=$$; tmp=
+while [ -z "$tmp" ]; do
+  s=00000$n; c="$d/.$b.spark-ops.${s#"${s%??????}"}"
+  if [ -e "$c" ] || [ -L "$c" ]; then n=$((n + 1)); continue; fi
+  : > "$c"
+  tmp=$c
+done
+set +C
 trap 'rm -f -- "$tmp"' EXIT
-cat > "$tmp"  # a full disk fails here or at the sync: the trap removes the staged file
-digest "$tmp"
-[ "$h" = "$want" ] || { echo "staged content does not match (got $h)" >&2; exit 65; }
-if [ -e "$t" ]; then
-  chmod --reference="$t" -- "$tmp"
-  chown --reference="$t" -- "$tmp" 2>/dev/null || true
+if [ -e "$t" ]; then  # mode and owner first (root may chown; others keep their own)
+  cp --attributes-only --preserve=mode,ownership -- "$t" "$tmp" 2>/dev/null || :
 fi
-sync -- "$tmp"
+# The content, synced with the inode (its mode and owner too) by dd's fsync; a full disk fails
+# here and the trap removes the staged file. A mode that forbids us to write (not root) is taken
+# after the content, then synced again.
+if [ -w "$tmp" ]; then
+  dd of="$tmp" bs=65536 conv=fsync status=none
+else
+  chmod u+w -- "$tmp"
+  dd of="$tmp" bs=65536 conv=fsync status=none
+  chmod --reference="$t" -- "$tmp"
+  sync -- "$tmp"
+fi
+if [ -e "$t" ]; then  # the target as it is and what was staged, one sha256sum for both
+  h=$(sha256sum -- "$t" "$tmp") || { printf '%s cannot be read\n' "$t" >&2; exit 66; }
+  seen=${h%%"$nl"*}; h=${h#*"$nl"}
+  seen=${seen#\\}; seen=${seen%%" "*}; h=${h#\\}; h=${h%%" "*}
+else
+  seen=absent; digest "$tmp"
+fi
+[ "$expected" = - ] || [ "$seen" = "$expected" ] || { printf '%s' "$seen"; exit 45; }
+[ "$h" = "$want" ] || { echo "staged content does not match (got $h)" >&2; exit 65; }
 dir_of "$p"; pd=$d; dir_of "$t"
 if [ -e "$t" ] && [ "$pd" != "$d" ]; then  # an undo would copy the backup back beside $t
   need=$(( $(wc -c < "$t") / 1024 + 8 ))
@@ -152,7 +187,8 @@ if [ -e "$t" ] && [ "$pd" != "$d" ]; then  # an undo would copy the backup back 
   case $free in
     ''|*[!0-9]*) ;;
     *) [ "$free" -ge "$need" ] || {
-         echo "$d has $free KiB free; putting $t back if the write had to be undone needs $need" >&2
+         printf '%s has %s KiB free; putting %s back if the write had to be undone needs %s\n' \
+           "$d" "$free" "$t" "$need" >&2
          exit 71; } ;;
   esac
 fi
