@@ -71,6 +71,7 @@ def test_a_stale_block_fails_the_check_naming_it() -> None:
     assert "1 block(s) differ" in res.stdout
 
 
+@pytest.mark.timeout(2700)  # two runs of every block on a fresh embedded cluster, on a busy runner
 def test_the_docs_show_what_runs_now() -> None:
     """Every generated block of docs/ is what its commands print on the embedded cluster today."""
     res = _check()
