@@ -17,10 +17,14 @@ import pytest
 import yaml
 from conftest import Sim
 
+from spark_ops.cli.status import echo_status
 from spark_ops.errors import ExitStatus
-from spark_ops.status import verdict
+from spark_ops.inventory import parse_inventory
+from spark_ops.readiness import BootHistory, history_key
+from spark_ops.status import last_boot, verdict
 
 CASES = yaml.safe_load((Path(__file__).parent / "fixtures" / "status" / "verdict.yaml").read_text())
+RENDER = yaml.safe_load((Path(__file__).parent / "fixtures" / "status" / "render.yaml").read_text())
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
@@ -33,6 +37,51 @@ def test_verdict(case: dict[str, Any]) -> None:
         assert words in reason, got
     if "next" in case:  # the one command the verdict says to run next
         assert got.get("next") == case["next"], got
+
+
+@pytest.mark.parametrize("case", RENDER, ids=[c["name"] for c in RENDER])
+def test_status_text(case: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """What a person reads: each case's words present, the wrong ones absent."""
+    data = {"cluster": "c", "nodes": [], **case["data"]}
+    echo_status(data)
+    out = capsys.readouterr().out
+    for words in case["says"]:
+        assert words in out, (case["why"], out)
+    for words in case.get("not_says", []):
+        assert words not in out, (case["why"], out)
+
+
+def test_last_boot_from_a_boot_history(tmp_path: Path) -> None:
+    """status' last boot is the history's newest record: its time (the record's `at`), how long
+    it took; a failed boot is recorded and shown as failed, with its phase, and the ETA (the
+    estimate, a boot under way's previous) skips it."""
+    cluster = parse_inventory(
+        "clusters:\n  t:\n    nodes:\n      node1: {host: 127.0.0.1, role: head}\n"
+        "    recipe: {path: ~/r.yaml}\n    watchdog: {restart_command: x, history_file: ~/h}\n",
+        "t.yaml",
+    ).cluster()
+    history = BootHistory(tmp_path / "boots.json")
+    assert last_boot(cluster, history) is None
+    key = history_key(cluster)
+    history.record(
+        key, {"started_at": 1_796_000_000.0, "total_s": 13.0, "durations": {"STARTING": 13.0}}
+    )
+    assert last_boot(cluster, history) == {
+        "outcome": "ok", "started_at": 1_796_000_000.0, "total_s": 13.0,
+    }  # fmt: skip
+    history.record_failed(
+        key, at=1_796_000_600.0, total_s=41.7, phase="KV_CACHE",
+        error="the engine failed to boot: CUDA out of memory\n(log lines follow)",
+    )  # fmt: skip
+    failed = last_boot(cluster, history)
+    assert failed == {
+        "outcome": "failed", "started_at": 1_796_000_600.0, "total_s": None,
+        "failed_after_s": 41.7, "phase": "KV_CACHE",
+        "error": "the engine failed to boot: CUDA out of memory",
+    }  # fmt: skip
+    assert history.estimate(key) == {"STARTING": 13.0}  # the failed boot is no ETA
+    served = history.previous(key, served=True)
+    assert served is not None and served["total_s"] == 13.0
 
 
 def _status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -44,6 +44,10 @@ def echo_status(data: dict[str, Any]) -> None:
             f"Engine: serving {', '.join(e.get('models') or [])} (vLLM {e.get('version')}); "
             f"{_load(e)}"
         )
+    elif e.get("booting") and not e["booting"].get("hung"):
+        from spark_ops.status import booting_text
+
+        click.secho(f"Engine: {booting_text(e['booting'])}", fg="yellow")
     else:
         click.secho(f"Engine: not serving: {e.get('error') or 'no answer'}", fg="red")
     r = data.get("recipe") or {}
@@ -83,7 +87,9 @@ def echo_status(data: dict[str, Any]) -> None:
             f"Last restart: {when_} ({last.get('reason') or '?'}, by {last.get('by') or '?'})"
         )
     boot = data.get("last_boot")
-    if boot and boot.get("total_s") is not None:
+    if boot and boot.get("outcome") == "failed":
+        click.secho(f"Last boot watched from here: {_boot_text(boot, last)}", fg="red")
+    elif boot and boot.get("total_s") is not None:
         click.echo(f"Last boot watched from here: {_boot_text(boot, last)}")
     runs = data.get("runs") or {}
     if runs.get("experiment"):
@@ -148,14 +154,29 @@ def _load(e: dict[str, Any]) -> str:
 
 
 def _boot_text(boot: dict[str, Any], last: dict[str, Any] | None) -> str:
-    """How long the last watched boot took, when, and whether a restart came after it."""
+    """How the last watched boot went (how long it took, or the phase it failed in), when, and
+    whether a restart came after it."""
     started = boot.get("started_at")
-    text = f"{boot['total_s']:.0f} s"
-    if isinstance(started, int | float):
-        text += f", at {when(float(started))}"
-        stamp = (last or {}).get("stamp") or (last or {}).get("time")
-        if isinstance(stamp, int | float) and float(stamp) > float(started) + 60:
-            text += " (before the last restart, whose boot was not watched from here)"
+    at = f"at {when(float(started))}" if isinstance(started, int | float) else "time unknown"
+    if boot.get("outcome") == "failed":
+        ran = boot.get("failed_after_s")
+        after = f", after {ran:.0f} s" if isinstance(ran, int | float) else ""
+        text = f"last boot failed (phase {boot.get('phase') or '?'}, {at}{after})"
+        if boot.get("error"):
+            text += f": {boot['error']}"
+    else:
+        text = (
+            f"{boot['total_s']:.0f} s, {at}"
+            if isinstance(started, int | float)
+            else (f"{boot['total_s']:.0f} s")
+        )
+    stamp = (last or {}).get("stamp") or (last or {}).get("time")
+    if (
+        isinstance(started, int | float)
+        and isinstance(stamp, int | float)
+        and float(stamp) > float(started) + 60
+    ):
+        text += " (before the last restart, whose boot was not watched from here)"
     return text
 
 
@@ -183,7 +204,8 @@ def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
     """Nodes reachable and latency, engine and load, recipe knobs, watchdog budget.
 
     Exit status (for scripts and alerts): 0 serving, 13 degraded (serving, but a node is down,
-    the budget spent, a run unfinished ...), 14 not serving, 15 a restart under way, 21 an
+    the budget spent, a run unfinished ...), 14 not serving, 15 a restart under way (another
+    run holds the lock, or the engine boots: the watchdog's restart, a colleague's), 21 an
     experiment under way (its restarts and sweeps go on until it ends).
     """
     from spark_ops.status import collect_status

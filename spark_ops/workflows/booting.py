@@ -80,7 +80,7 @@ async def boot_under_way(op: Operation) -> BootUnderWay | None:
             elapsed = max(0.0, await op.watchdog.clock() - started)
         except SparkOpsError:
             elapsed = None
-    previous = BootHistory().previous(history_key(op.cluster)) or {}
+    previous = BootHistory().previous(history_key(op.cluster), served=True) or {}
     total = previous.get("total_s")
     eta = (
         max(0.0, float(total) - elapsed)
