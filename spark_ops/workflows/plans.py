@@ -27,7 +27,7 @@ from spark_ops.remote import sha256
 from spark_ops.watchdog.policy import crash_loop_warning, engine_policy
 from spark_ops.workflows.converge import booting_note, checks_owed, engine_differs, plan_settle
 from spark_ops.workflows.disruption import lease_description
-from spark_ops.workflows.gate import check_budget, check_workers
+from spark_ops.workflows.gate import check_budget, check_leftovers, check_workers
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, OperationKind, Plan, StepKind
 from spark_ops.workflows.postboot import kv_pool
@@ -345,10 +345,11 @@ async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None
 
 async def _settle_and_gate(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
     """Finish dead runs first (plan_settle); refuse a restart whose boot would fail (a worker
-    missing), then weigh it against the budget left."""
+    missing, a dead engine's processes holding memory), then weigh it against the budget left."""
     await plan_settle(op, plan)
     if plan.has(StepKind.RESTART):
         await check_workers(op, plan)
+        await check_leftovers(op, plan)  # the head's dead engine's processes (doctor's check)
         plan.warnings.extend(await leftover_ranks(op.session, op.cluster))  # ranks without Ray
         await check_budget(op, opts, plan)
         loop = crash_loop_warning(await engine_policy(op.session))  # a policy is a watchdog too
