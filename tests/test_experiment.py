@@ -241,6 +241,71 @@ def test_bad_values_are_refused_before_connecting(name: str, tmp_path: Path) -> 
     assert case["stderr"] in res.stderr
 
 
+DISCARD: list[dict[str, Any]] = yaml.safe_load(
+    (Path(__file__).parent / "fixtures" / "experiment" / "discard_cases.yaml").read_text("utf-8")
+)
+ONE_NODE = (
+    "clusters:\n  t:\n    nodes:\n      node1: {host: 127.0.0.1, role: head}\n"
+    "    recipe: {path: ~/r.yaml}\n    watchdog: {restart_command: x, history_file: ~/h}\n"
+)
+
+
+def _state(path: Path, cluster: str, status: str) -> None:
+    """An experiment state of `cluster` comparing 6 and 64, one configuration measured."""
+    state = ExperimentState(ExperimentSpec(cluster, {"max_num_seqs": [6, 64]}, {}), {})
+    state.results["max_num_seqs=6"] = {"sweep": {}}
+    state.status = status
+    state.save(path)
+
+
+@pytest.mark.parametrize("case", DISCARD, ids=[c["name"] for c in DISCARD])
+def test_discard_removes_only_its_own_state(case: dict[str, Any], tmp_path: Path) -> None:
+    """`experiment --discard` removes this cluster's state file and says what it removed; a
+    link, a FIFO, another file or another cluster's state is kept, with the reason."""
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(ONE_NODE)
+    path = tmp_path / "exp.json"
+    file = case["file"]
+    if isinstance(file, dict) and "state" in file:
+        _state(path, file["state"]["cluster"], file["state"]["status"])
+    elif isinstance(file, dict) and "json" in file:
+        path.write_text(file["json"])
+    elif isinstance(file, dict) and "link" in file:
+        _state(tmp_path / "elsewhere.json", file["link"]["cluster"], file["link"]["status"])
+        path.symlink_to(tmp_path / "elsewhere.json")
+    elif file == "fifo":
+        os.mkfifo(path)
+    env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory))
+    env.pop("SPARK_OPS_CLUSTER", None)
+    res = cli(env, "experiment", "--discard", "--state", str(path), "--yes")
+    assert res.returncode == case["status"], res.stdout + res.stderr
+    for words in case.get("stdout", []):
+        assert words in res.stdout, res.stdout
+    for words in case.get("stderr", []):
+        assert words in " ".join(res.stderr.split()), res.stderr
+    assert (not os.path.lexists(path)) == case["removed"]
+    if isinstance(file, dict) and "link" in file:
+        assert (tmp_path / "elsewhere.json").exists(), "the link's target is never touched"
+
+
+def test_an_unfinished_experiment_names_discard(tmp_path: Path) -> None:
+    """The refusal of a new experiment over an unfinished one names the way out, --discard;
+    after it the new experiment starts."""
+    path = tmp_path / "exp.json"
+    _state(path, "t", "interrupted")
+    spec = ExperimentSpec("t", {"max_num_seqs": [8, 16]}, {})
+    with pytest.raises(ExperimentError, match="unfinished experiment") as exc:
+        start_state(spec, {"max_num_seqs": 6}, path, resume=False)
+    assert exc.value.hint is not None and "--discard" in exc.value.hint
+    from spark_ops.workflows.experiment import discard_state, recorded_state
+
+    found = recorded_state(path, "t")
+    assert found is not None
+    discard_state(found)
+    state, resumed = start_state(spec, {"max_num_seqs": 6}, path, resume=False)
+    assert not resumed and state.spec.axes == {"max_num_seqs": [8, 16]}
+
+
 # The watchdog probes with a real completion, which waits behind a burst queued at cap 6 (64 x 300
 # tokens: 16 s here); at its default 5 s interval three timeouts restart the engine mid-sweep. The
 # slow tests below probe every 30 s (docs/experiments.md, "Limits").
