@@ -45,6 +45,9 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
                     "error": err.message if err else None,
                     # a key unknown or refused is set-up, not the cluster's state (exit 4)
                     "refused": isinstance(err, HostKeyError | AuthError),
+                    "refused_by": type(err).__name__
+                    if isinstance(err, HostKeyError | AuthError)
+                    else None,
                 }
             )
         if cluster.head.name in session.errors:

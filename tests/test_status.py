@@ -7,7 +7,12 @@ engine wedged (health answers, a completion never finishes) 14, the head down 14
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import Sim
+from embedded import start_nodes
 
 from spark_ops.cli.status import echo_status
 from spark_ops.errors import ExitStatus
@@ -172,3 +178,80 @@ async def main():
 
 asyncio.run(main())
 """
+
+
+async def _status_async(inventory: Path, *args: str) -> tuple[int, str, str]:
+    """The real CLI's status, run without blocking the loop the embedded nodes serve on."""
+    env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory))
+    env.pop("SPARK_OPS_CLUSTER", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "spark_ops.cli.main", "status", *args,
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 180)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_unknown_host_keys_are_exit_4(tmp_path: Path) -> None:
+    """Host keys unknown: status still prints what it saw, and exits 4 (a set-up problem) with
+    `error:`/`hint:` lines; under --json one JSON error object, no plain `hint:` line."""
+    nodes, _ = await start_nodes(tmp_path, 2)
+    try:
+        (tmp_path / "known_hosts").write_text("")
+        inventory = tmp_path / "inventory.yaml"
+        code, out, err = await _status_async(inventory)
+        assert code == ExitStatus.UNREACHABLE, out + err
+        assert "Verdict: not-serving" in out, out
+        assert "error: SSH refused (host key or credentials): node1:" in err, err
+        assert "hint: fix SSH to node1, node2 first" in err, err
+        code, out, err = await _status_async(inventory, "--json")
+        assert code == ExitStatus.UNREACHABLE, out + err
+        assert json.loads(out)["nodes"][0]["refused_by"] == "HostKeyError"
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and not any(x.startswith("hint:") for x in lines), err
+        error = json.loads(lines[0])
+        assert error["error"] == "HostKeyError" and "node1" in error["message"], error
+        assert "spark-ops doctor" in error["hint"], error
+    finally:
+        for n in nodes:
+            await n.stop()
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_watch_rounds_are_stamped_and_ctrl_c_ends_it(tmp_path: Path, as_json: bool) -> None:
+    """`status --watch`: every round carries its time (a line above the text, `time` in each
+    JSON document), and Ctrl-C is how a watch ends: exit 0, no error, no traceback."""
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()  # nothing listens there: every round finds the head unreachable, at once
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(
+        "clusters:\n  t:\n    ssh: {agent: false, config: /dev/null, connect_timeout: 3}\n"
+        f"    nodes:\n      node1: {{host: 127.0.0.1, port: {port}, role: head}}\n"
+        "    recipe: {path: ~/r.yaml}\n    watchdog: {restart_command: x, history_file: ~/h}\n"
+    )
+    env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory))
+    env.pop("SPARK_OPS_CLUSTER", None)
+    args = ["status", "--watch", "0.2", *(["--json"] if as_json else [])]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spark_ops.cli.main", *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    rounds: list[str] = []
+    for line in proc.stdout:
+        if as_json and line.startswith("{"):
+            rounds.append(line)
+        elif not as_json and re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d .* every 0.2 s", line):
+            rounds.append(line)
+        if len(rounds) == 2:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert len(rounds) == 2, out + err
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "error" not in err and "interrupted" not in err, err
+    if as_json:
+        assert all(isinstance(json.loads(r)["time"], float) for r in rounds)

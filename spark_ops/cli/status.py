@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -180,24 +181,36 @@ def _boot_text(boot: dict[str, Any], last: dict[str, Any] | None) -> str:
     return text
 
 
-def _exit_status(data: dict[str, Any]) -> ExitStatus:
+def _exit_status(data: dict[str, Any], as_json: bool = False) -> ExitStatus:
     """The verdict's code; 4 (UNREACHABLE) when a node's host key is unknown or changed, or it
-    refused our credentials: a set-up problem to fix first, as docs/exit-codes.md says."""
-    refused = [n["name"] for n in data.get("nodes") or [] if n.get("refused")]
-    if refused:
-        click.echo(
-            f"hint: fix SSH to {', '.join(refused)} first (host key or credentials): "
-            "`spark-ops doctor` names the fix",
-            err=True,
-        )
-        return ExitStatus.UNREACHABLE
-    return VERDICT_EXIT[(data.get("verdict") or {}).get("state", "not-serving")]
+    refused our credentials: a set-up problem to fix first, as docs/exit-codes.md says. That
+    one is said on stderr as every error is: `error:`/`hint:` lines, or one JSON object."""
+    refused = [n for n in data.get("nodes") or [] if n.get("refused")]
+    if not refused:
+        return VERDICT_EXIT[(data.get("verdict") or {}).get("state", "not-serving")]
+    names = ", ".join(n["name"] for n in refused)
+    message = "SSH refused (host key or credentials): " + "; ".join(
+        f"{n['name']}: {n.get('error') or 'refused'}" for n in refused
+    )
+    hint = f"fix SSH to {names} first (host key or credentials): `spark-ops doctor` names the fix"
+    if as_json:
+        error = {"error": refused[0].get("refused_by") or "ConnectError", "message": message}
+        click.echo(json.dumps({**error, "hint": hint}), err=True)
+    else:
+        click.secho(f"error: {message}", fg="red", err=True)
+        click.echo(f"hint: {hint}", err=True)
+    return ExitStatus.UNREACHABLE
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
 @click.option(
-    "--watch", type=float, default=None, metavar="SECONDS", help="Refresh every N seconds."
+    "--watch",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Refresh every N seconds, each round with its time (with --json: one document per "
+    "line); Ctrl-C ends it (exit 0).",
 )
 @click.pass_context
 def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
@@ -214,7 +227,9 @@ def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
     while True:
         try:
             data = run_async(collect_status(cluster))
-            if as_json:
+            if as_json and watch:  # one document per line (JSON lines), its `time` in it
+                click.echo(json.dumps(data, default=str))
+            elif as_json:
                 emit_json(data)
             else:
                 if watch:
@@ -223,7 +238,7 @@ def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
                     click.echo(f"{stamp}  every {watch:g} s; Ctrl-C to stop")
                 echo_status(data)
             if not watch:
-                ctx.exit(int(_exit_status(data)))
+                ctx.exit(int(_exit_status(data, as_json)))
             time.sleep(watch)
         except KeyboardInterrupt:
             if not watch:
