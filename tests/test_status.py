@@ -242,9 +242,8 @@ def test_watch_rounds_are_stamped_and_ctrl_c_ends_it(tmp_path: Path, as_json: bo
     assert proc.stdout is not None
     rounds: list[str] = []
     for line in proc.stdout:
-        if as_json and line.startswith("{"):
-            rounds.append(line)
-        elif not as_json and re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d .* every 0.2 s", line):
+        stamped = re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d .* every 0.2 s", line)
+        if line.startswith("{") if as_json else stamped:
             rounds.append(line)
         if len(rounds) == 2:
             break
