@@ -306,6 +306,35 @@ def test_an_unfinished_experiment_names_discard(tmp_path: Path) -> None:
     assert not resumed and state.spec.axes == {"max_num_seqs": [8, 16]}
 
 
+def test_plan_eta_from_this_clusters_boot_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The experiment's plan takes its boot ETA from this cluster's boot history (the key apply
+    records under, readiness.history_key; 83b2a9d), never from another cluster's or from a
+    failed boot; with no boot of this cluster known it names no figure."""
+    from spark_ops.cli.experiment import _Progress, echo_plan
+    from spark_ops.readiness import BootHistory
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    sweep = {"levels": [1, 6], "mode": "closed", "output_tokens": 60, "repeats": 1, "slo_tok_s": 9}
+    spec = ExperimentSpec("sim", {"max_num_seqs": [6, 64]}, sweep)
+    state, _ = start_state(spec, {"max_num_seqs": 6}, tmp_path / "exp.json", resume=False)
+    plan = plan_experiment(state, {"max_num_seqs": 6}, tmp_path / "exp.json", False)
+    key = "ops@127.0.0.1:2222:~/recipe.yaml"
+    history = BootHistory()
+    history.record("sim", {"total_s": 500.0, "durations": {"STARTING": 500.0}})  # by name: not it
+    history.record(key, {"total_s": 42.0, "durations": {"STARTING": 40.0, "API_UP": 2.0}})
+    history.record_failed(key, at=1.0, total_s=900.0, phase="KV_CACHE", error="failed")
+    echo_plan(plan, 0, key)
+    out = capsys.readouterr().out
+    assert "each a full boot, ~42 s by the boots watched from here" in out, out
+    assert "x ~42 s" in out and "500" not in out and "900" not in out, out
+    assert _Progress("sim", 3, False, key).history == key  # the boot view's ETA, the same key
+    echo_plan(plan, 0, "ops@10.0.0.9:22:~/other.yaml")
+    out = capsys.readouterr().out
+    assert "by the boots watched from here" not in out, out
+
+
 # The watchdog probes with a real completion, which waits behind a burst queued at cap 6 (64 x 300
 # tokens: 16 s here); at its default 5 s interval three timeouts restart the engine mid-sweep. The
 # slow tests below probe every 30 s (docs/experiments.md, "Limits").
