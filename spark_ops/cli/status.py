@@ -132,12 +132,10 @@ def echo_status(data: dict[str, Any]) -> None:
 
 
 def _knob(key: str, value: Any) -> str:
-    """A knob's value as a person reads it (a byte count in GiB)."""
-    if key.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
-        from spark_ops.sizes import human_bytes
+    """A knob's value as a person reads it (a byte count in GiB: sizes.human_value)."""
+    from spark_ops.sizes import human_value
 
-        return human_bytes(value)
-    return str(value)
+    return human_value(key, value)
 
 
 def _load(e: dict[str, Any]) -> str:
