@@ -70,6 +70,11 @@ MASKS = [
     (re.compile(r"\d+(?= request\(s\) running or waiting)"), "N"),  # the watchdog's probe too
 ]
 NUMBER_RE = re.compile(r"\d[\d,.]*")
+# a line only spark-ops prints: a block holding one shows its output (pasted, or generated)
+OUTPUT_RE = re.compile(
+    r"^([✓✗] \S+ \(|[✓✗] [a-z-]+ +node\d|Verdict: |Restart budget: |Plan: \S+ on cluster |"
+    r"Experiment (on cluster|finished|interrupted) |Ready for apply|Not ready for apply|Done: )"
+)
 
 
 @dataclass
@@ -277,18 +282,45 @@ def process(doc: Document, *, check: bool) -> list[str]:
 
 
 def unmarked_blocks(path: Path) -> list[str]:
-    """`$ spark-ops` blocks with neither a run nor a not-run marker before them."""
+    """Blocks that show `$ spark-ops` or its output (fenced or indented, on any of their lines: a
+    command, or a line only spark-ops prints, OUTPUT_RE) with neither a run nor a not-run
+    marker before them: hand-pasted output that goes stale."""
     lines = path.read_text(encoding="utf-8").split("\n")
     out = []
-    for i, line in enumerate(lines):
-        if not line.startswith("    $ spark-ops") or (i and lines[i - 1].startswith("    ")):
+    i = 0
+    while i < len(lines):
+        start = i
+        if lines[i].lstrip().startswith("```"):  # a fenced block, to its closing fence
+            i += 1
+            while i < len(lines) and not lines[i].lstrip().startswith("```"):
+                i += 1
+            body = lines[start + 1 : i]
+            i += 1
+        elif lines[i].startswith("    ") and lines[i].strip():  # an indented block
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                i += 1
+            body = lines[start:i]
+        else:
+            i += 1
             continue
-        j = i - 1
+        shown = [b.strip() for b in body if b.strip().startswith("$ spark-ops")]
+        shown += [b.strip() for b in body if OUTPUT_RE.match(b.strip())]
+        if not shown:
+            continue
+        j = start - 1
         while j >= 0 and not lines[j].strip():
             j -= 1
         if j < 0 or not MARK_RE.match(lines[j]):
-            out.append(f"{path.relative_to(ROOT)}:{i + 1}: {line.strip()[:80]}")
+            out.append(f"{_where(path)}:{start + 1}: {shown[0][:80]}")
     return out
+
+
+def _where(path: Path) -> str:
+    """A path as the messages name it: relative to the checkout when it is inside."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,8 +2,9 @@
 
 scripts/docs_outputs.py runs every block under a `<!-- run -->` marker on a fresh embedded cluster;
 here it runs with --check, so a block that differs from what runs now (times, ports, stamps and
-pids masked) fails the suite; every `$ spark-ops` block shown carries a marker, run or not run
-with its reason; and a stale block is caught (tests/fixtures/docs_outputs/stale.md).
+pids masked) fails the suite; every block that shows `$ spark-ops` or its output (fenced or
+indented, in README.md and any docs/*.md) carries a marker, run or not run with its reason; and a
+stale block is caught (tests/fixtures/docs_outputs/stale.md).
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ def test_every_command_shown_carries_a_marker() -> None:
     unmarked = [u for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
                 for u in docs_outputs.unmarked_blocks(p)]  # fmt: skip
     assert unmarked == [], "\n".join(unmarked)
+
+
+def test_unmarked_blocks_are_found_fenced_indented_or_pasted() -> None:
+    """The check finds a `$ spark-ops` block fenced or indented, the command on any line, and
+    output pasted without its command; a marked block and a command alone are not flagged."""
+    found = docs_outputs.unmarked_blocks(FIXTURES / "unmarked.md")
+    assert found == [
+        "tests/fixtures/docs_outputs/unmarked.md:5: $ spark-ops status",
+        "tests/fixtures/docs_outputs/unmarked.md:12: $ spark-ops budget",
+        "tests/fixtures/docs_outputs/unmarked.md:17: ✓ verify (0.1 s): 9/9 checks passed",
+    ], found
 
 
 @pytest.mark.parametrize(
