@@ -68,6 +68,7 @@ MASKS = [
     (re.compile(r"\b\d+(\.\d+)?(?= ?(ms|s|min|h|GiB)\b)"), "N"),
     (re.compile(r"token=\S+"), "token=TOKEN"),
     (re.compile(r"\d+(?= request\(s\) running or waiting)"), "N"),  # the watchdog's probe too
+    (re.compile(r"\bN h N min\b"), "N h"),  # a slot freeing "in 2 h" or "in 1 h 59 min"
 ]
 NUMBER_RE = re.compile(r"\d[\d,.]*")
 # a line only spark-ops prints: a block holding one shows its output (pasted, or generated)
