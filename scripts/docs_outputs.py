@@ -10,7 +10,7 @@ that command printed (stdout and stderr, as a terminal shows them), right after 
     <!-- run -->                         run the block's commands, show all they print
     <!-- run: exit=16; grep=^(error|hint) -->
                                          the last command exits 16; keep only matching lines,
-                                         a `…` line where lines were left out
+                                         a `…` line where lines were left out (`gaps=off`: none)
     <!-- run: setup=spark-ops sim stop-node node3; after=spark-ops sim start-node node3 -->
     <!-- run: numbers=vary; loose=^Engine cap -->
                                          a measurement: every number is masked when checking,
@@ -216,7 +216,7 @@ def run_block(block: Block, session: Session) -> list[str]:
             code = res.returncode
             out = _shown_text(res.stdout, session).rstrip("\n").split("\n")
             lines.append(f"$ {session.command(shown)}")
-            lines += _grep(out, block.option("grep"))
+            lines += _grep(out, block.option("grep"), gaps=block.option("gaps") != "off")
     finally:
         if block.option("after"):
             session.run(block.option("after"), check=True)
@@ -228,8 +228,9 @@ def run_block(block: Block, session: Session) -> list[str]:
     return [line.rstrip() for line in lines]
 
 
-def _grep(lines: list[str], pattern: str) -> list[str]:
-    """Lines matching pattern, a `…` line for each run left out (all lines without a pattern)."""
+def _grep(lines: list[str], pattern: str, *, gaps: bool = True) -> list[str]:
+    """Lines matching pattern, a `…` line for each run left out unless `gaps` is off (a block
+    whose other lines come and go with timing); all lines without a pattern."""
     if not pattern:
         return lines
     rx = re.compile(pattern)
@@ -237,7 +238,7 @@ def _grep(lines: list[str], pattern: str) -> list[str]:
     for line in lines:
         if rx.search(line):
             out.append(line)
-        elif not out or out[-1] != "…":
+        elif gaps and (not out or out[-1] != "…"):
             out.append("…")
     return out
 
