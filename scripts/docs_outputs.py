@@ -10,7 +10,7 @@ that command printed (stdout and stderr, as a terminal shows them), right after 
     <!-- run -->                         run the block's commands, show all they print
     <!-- run: exit=16; grep=^(error|hint) -->
                                          the last command exits 16; keep only matching lines,
-                                         a `…` line where lines were left out
+                                         a `…` line where lines were left out (`gaps=off`: none)
     <!-- run: setup=spark-ops sim stop-node node3; after=spark-ops sim start-node node3 -->
     <!-- run: numbers=vary; loose=^Engine cap -->
                                          a measurement: every number is masked when checking,
@@ -70,8 +70,14 @@ MASKS = [
     (re.compile(r"\b\d+(\.\d+)?(?= ?(ms|s|min|h|GiB)\b)"), "N"),
     (re.compile(r"token=\S+"), "token=TOKEN"),
     (re.compile(r"\d+(?= request\(s\) running or waiting)"), "N"),  # the watchdog's probe too
+    (re.compile(r"\bN h N min\b"), "N h"),  # a slot freeing "in 2 h" or "in 1 h 59 min"
 ]
 NUMBER_RE = re.compile(r"\d[\d,.]*")
+# a line only spark-ops prints: a block holding one shows its output (pasted, or generated)
+OUTPUT_RE = re.compile(
+    r"^([✓✗] \S+ \(|[✓✗] [a-z-]+ +node\d|Verdict: |Restart budget: |Plan: \S+ on cluster |"
+    r"Experiment (on cluster|finished|interrupted) |Ready for apply|Not ready for apply|Done: )"
+)
 
 
 @dataclass
@@ -212,7 +218,7 @@ def run_block(block: Block, session: Session) -> list[str]:
             code = res.returncode
             out = _shown_text(res.stdout, session).rstrip("\n").split("\n")
             lines.append(f"$ {session.command(shown)}")
-            lines += _grep(out, block.option("grep"))
+            lines += _grep(out, block.option("grep"), gaps=block.option("gaps") != "off")
     finally:
         if block.option("after"):
             session.run(block.option("after"), check=True)
@@ -224,8 +230,9 @@ def run_block(block: Block, session: Session) -> list[str]:
     return [line.rstrip() for line in lines]
 
 
-def _grep(lines: list[str], pattern: str) -> list[str]:
-    """Lines matching pattern, a `…` line for each run left out (all lines without a pattern)."""
+def _grep(lines: list[str], pattern: str, *, gaps: bool = True) -> list[str]:
+    """Lines matching pattern, a `…` line for each run left out unless `gaps` is off (a block
+    whose other lines come and go with timing); all lines without a pattern."""
     if not pattern:
         return lines
     rx = re.compile(pattern)
@@ -233,7 +240,7 @@ def _grep(lines: list[str], pattern: str) -> list[str]:
     for line in lines:
         if rx.search(line):
             out.append(line)
-        elif not out or out[-1] != "…":
+        elif gaps and (not out or out[-1] != "…"):
             out.append("…")
     return out
 
@@ -279,18 +286,45 @@ def process(doc: Document, *, check: bool) -> list[str]:
 
 
 def unmarked_blocks(path: Path) -> list[str]:
-    """`$ spark-ops` blocks with neither a run nor a not-run marker before them."""
+    """Blocks that show `$ spark-ops` or its output (fenced or indented, on any of their lines: a
+    command, or a line only spark-ops prints, OUTPUT_RE) with neither a run nor a not-run
+    marker before them: hand-pasted output that goes stale."""
     lines = path.read_text(encoding="utf-8").split("\n")
     out = []
-    for i, line in enumerate(lines):
-        if not line.startswith("    $ spark-ops") or (i and lines[i - 1].startswith("    ")):
+    i = 0
+    while i < len(lines):
+        start = i
+        if lines[i].lstrip().startswith("```"):  # a fenced block, to its closing fence
+            i += 1
+            while i < len(lines) and not lines[i].lstrip().startswith("```"):
+                i += 1
+            body = lines[start + 1 : i]
+            i += 1
+        elif lines[i].startswith("    ") and lines[i].strip():  # an indented block
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                i += 1
+            body = lines[start:i]
+        else:
+            i += 1
             continue
-        j = i - 1
+        shown = [b.strip() for b in body if b.strip().startswith("$ spark-ops")]
+        shown += [b.strip() for b in body if OUTPUT_RE.match(b.strip())]
+        if not shown:
+            continue
+        j = start - 1
         while j >= 0 and not lines[j].strip():
             j -= 1
         if j < 0 or not MARK_RE.match(lines[j]):
-            out.append(f"{path.relative_to(ROOT)}:{i + 1}: {line.strip()[:80]}")
+            out.append(f"{_where(path)}:{start + 1}: {shown[0][:80]}")
     return out
+
+
+def _where(path: Path) -> str:
+    """A path as the messages name it: relative to the checkout when it is inside."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 def main(argv: list[str] | None = None) -> int:

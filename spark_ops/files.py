@@ -19,7 +19,14 @@ from spark_ops.headlib.atomic import atomic_write
 from spark_ops.headlib.backup import DEFAULT_KEEP_BACKUPS, write_backup
 from spark_ops.headlib.errors import HeadFailure
 
-__all__ = ["DEFAULT_KEEP_BACKUPS", "NotRegularFile", "read_regular", "sha256_of", "write_file"]
+__all__ = [
+    "DEFAULT_KEEP_BACKUPS",
+    "NotRegularFile",
+    "read_regular",
+    "remove_file",
+    "sha256_of",
+    "write_file",
+]
 
 
 class NotRegularFile(OSError):
@@ -82,6 +89,46 @@ def write_file(
     except HeadFailure as exc:
         raise error(f"{target}: not written: {exc.message}") from exc
     return Path(backup) if backup else None
+
+
+def remove_file(
+    path: str | os.PathLike[str],
+    *,
+    expect_sha256: str,
+    limit: int,
+    error: type[SparkOpsError] = OutputError,
+) -> None:
+    """Remove a regular file of spark-ops' own that still holds what the caller read.
+
+    The file is read again without following a link (a symlink, a FIFO or a directory in its
+    place is refused); if its digest is not `expect_sha256` (a colleague or a running command
+    rewrote it meanwhile) nothing is removed. Then unlink and fsync the directory, so that the
+    removal survives a crash. Any refusal or failure raises `error` naming the file.
+    """
+    target = Path(path)
+    try:
+        now = read_regular(target, limit=limit, follow=False)
+    except FileNotFoundError:
+        raise error(f"{target}: gone already; nothing removed") from None
+    except OSError as exc:
+        raise error(
+            f"{target}: not a regular file of spark-ops' own ({exc.strerror or exc}); "
+            "nothing removed"
+        ) from exc
+    if sha256_of(now) != expect_sha256:
+        raise error(
+            f"{target}: changed since it was read; nothing removed",
+            hint="run the command again to see what it holds now",
+        )
+    try:
+        target.unlink()
+        fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise error(f"{target}: not removed: {exc.strerror or exc}") from exc
 
 
 def sha256_of(data: bytes | None) -> str:

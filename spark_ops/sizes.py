@@ -55,6 +55,17 @@ def human_bytes(n: int | float) -> str:
     return f"{value:.0f} B"
 
 
+def human_value(key: str, value: object) -> str:
+    """A knob's or an arg's value as a person reads it: a byte count (`…_bytes`, an integer or
+    its digits) in binary units (60 GiB), anything else as it is."""
+    if key.endswith("_bytes") and not isinstance(value, bool):
+        if isinstance(value, int):
+            return human_bytes(value)
+        if isinstance(value, str) and value.isdigit():
+            return human_bytes(int(value))
+    return str(value)
+
+
 def human_share(fraction: float) -> str:
     """A fraction 0..1 as a percentage (KV cache usage): 0 %, <0.1 %, 12.3 %, 100 %."""
     pct = float(fraction) * 100

@@ -12,11 +12,13 @@ from spark_ops.engine.identity import leftovers, stop_hint
 from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
 from spark_ops.inventory import Cluster
 from spark_ops.lock import describe_holder, lock_state
-from spark_ops.readiness import BootHistory, history_key
+from spark_ops.readiness import BootHistory, history_key, summarize_boot_log
+from spark_ops.readiness.eta import boot_served
 from spark_ops.recipe import knob_values
-from spark_ops.remote import ClusterSession
+from spark_ops.remote import ClusterSession, engine_log_recent
 from spark_ops.verify.checks import check_effective_args
 from spark_ops.watchdog.loop import no_recovery
+from spark_ops.workflows.booting import boot_under_way
 from spark_ops.workflows.converge import effective_args
 from spark_ops.workflows.journal import Run, holds_lock, read_runs, unfinished_runs
 from spark_ops.workflows.operation import Operation
@@ -43,6 +45,9 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
                     "error": err.message if err else None,
                     # a key unknown or refused is set-up, not the cluster's state (exit 4)
                     "refused": isinstance(err, HostKeyError | AuthError),
+                    "refused_by": type(err).__name__
+                    if isinstance(err, HostKeyError | AuthError)
+                    else None,
                 }
             )
         if cluster.head.name in session.errors:
@@ -77,8 +82,12 @@ async def collect_status(cluster: Cluster) -> dict[str, Any]:
             data["engine"]["effective"] = None
             data["engine"]["last_started_with"] = args
         data["engine"].update(await _instance(session, cluster))
+        if not data["engine"].get("up"):
+            booting = await _booting(op)
+            if booting is not None:
+                data["engine"]["booting"] = booting
         data["recovery"] = recovery(cluster, data["engine"])
-    data["last_boot"] = _last_boot(cluster)
+    data["last_boot"] = last_boot(cluster)
     data["verdict"] = verdict(data)
     return data
 
@@ -109,6 +118,14 @@ def verdict(data: dict[str, Any]) -> dict[str, Any]:
     if runs.get("in_progress"):
         return {"state": "restarting", "reasons": [f"a run is under way: {runs['in_progress']}"]}
     down = [n["name"] for n in data.get("nodes") or [] if not n.get("reachable")]
+    booting = engine.get("booting") or {}
+    if not engine.get("up") and booting and not booting.get("hung"):
+        # the watchdog's restart, or a colleague's by hand: wait for it, do not diagnose it
+        return {
+            "state": "restarting",
+            "reasons": [booting_text(booting), *[f"{n} down" for n in down]],
+            "next": "spark-ops status --watch 5",
+        }
     if not engine.get("up"):
         return not_serving(data, str(engine.get("error") or "the engine does not answer"), down)
     probe = engine.get("completion")
@@ -157,6 +174,13 @@ def not_serving(data: dict[str, Any], why: str, down: list[str]) -> dict[str, An
     budget = data.get("budget") or {}
     inst = engine.get("instance") or {}
     reasons = [why]
+    booting = engine.get("booting") or {}
+    if booting.get("hung"):
+        reasons.append(
+            f"its instance ({booting.get('instance')}) has run {booting.get('elapsed_s', 0):.0f} s "
+            f"without answering, longer than the boot deadline ({booting.get('deadline_s'):g} s): "
+            "hung, not booting"
+        )
     if data.get("recovery"):
         reasons.append(str(data["recovery"]))  # no watchdog brings it back: the command that does
     if inst and inst.get("alive") is False:
@@ -188,6 +212,43 @@ def not_serving(data: dict[str, Any], why: str, down: list[str]) -> dict[str, An
     else:
         then = "spark-ops doctor"
     return {"state": "not-serving", "reasons": reasons, "next": then}
+
+
+def booting_text(booting: dict[str, Any]) -> str:
+    """A boot under way in words: "booting, phase X, N s, ETA M s" and which instance."""
+    parts = ["booting"]
+    if booting.get("phase"):
+        parts.append(f"phase {booting['phase']}")
+    elapsed = booting.get("elapsed_s")
+    if isinstance(elapsed, int | float):
+        parts.append(f"{elapsed:.0f} s")
+    eta = booting.get("eta_s")
+    parts.append(
+        f"ETA {eta:.0f} s" if isinstance(eta, int | float) else "ETA unknown (no earlier boot)"
+    )
+    return ", ".join(parts) + f" (the engine {booting.get('instance')} does not answer yet)"
+
+
+async def _booting(op: Operation) -> dict[str, Any] | None:
+    """The boot under way on the head (workflows.booting's rule: the engine's instance runs and
+    its API does not answer), with the phase its log has reached; `hung` past the boot deadline."""
+    boot = await boot_under_way(op)
+    if boot is None:
+        return None
+    out = boot.to_dict()
+    deadline = op.cluster.engine.boot_deadline_s
+    out["deadline_s"] = deadline
+    out["hung"] = boot.elapsed_s is not None and boot.elapsed_s >= deadline
+    out["phase"] = None
+    try:
+        res = await op.session.run(
+            op.cluster.head.name, engine_log_recent(op.cluster.engine, 2000),
+            check=False, timeout=20,
+        )  # fmt: skip
+        out["phase"] = summarize_boot_log(res.stdout)["phase"] if res.stdout.strip() else None
+    except SparkOpsError:
+        pass  # the phase is unknown; the boot is still one
+    return out
 
 
 def recovery(cluster: Cluster, engine: dict[str, Any]) -> str | None:
@@ -288,12 +349,24 @@ async def _instance(session: ClusterSession, cluster: Cluster) -> dict[str, Any]
     return out
 
 
-def _last_boot(cluster: Cluster) -> dict[str, Any] | None:
-    """How long the last boot spark-ops watched took (from this machine's boot history)."""
-    rec = BootHistory().previous(history_key(cluster))
+def last_boot(cluster: Cluster, history: BootHistory | None = None) -> dict[str, Any] | None:
+    """The last boot spark-ops watched from this machine (its boot history): when it began, and
+    how long it took to serve, or the phase it failed in and why (`total_s` only for a boot that
+    served: it is the boot's duration)."""
+    rec = (history or BootHistory()).previous(history_key(cluster))
     if not rec:
         return None
-    return {"started_at": rec.get("started_at"), "total_s": rec.get("total_s")}
+    at = rec.get("at")
+    out: dict[str, Any] = {
+        "outcome": "ok" if boot_served(rec) else "failed",
+        "started_at": at if isinstance(at, int | float) else None,
+    }
+    if out["outcome"] == "ok":
+        out["total_s"] = rec.get("total_s")
+    else:
+        out.update(total_s=None, failed_after_s=rec.get("total_s"), phase=rec.get("phase"))
+        out["error"] = rec.get("error")
+    return out
 
 
 async def _engine(op: Operation) -> dict[str, Any]:

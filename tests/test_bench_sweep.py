@@ -372,3 +372,17 @@ async def test_plot_title_fits_inside_the_figure(serve: Serve, tmp_path: Path, t
         assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finally:
         plt.close(fig)
+
+
+def test_title_and_compare_give_kv_memory_in_gib() -> None:
+    """Where a person reads the knobs (the sweep table's title, the compare's knobs line), the KV
+    cache memory is 60 GiB, not 64424509440; the JSON keeps the bytes."""
+    before = _wide_result({"max_num_seqs": 64, "kv_cache_memory_bytes": 64424509440})
+    after = _wide_result({"max_num_seqs": 64, "kv_cache_memory_bytes": 1610612736})
+    text = " ".join(report.render_text(before, width=160).split())
+    assert "(max_num_seqs=64, kv_cache_memory_bytes=60 GiB)" in text, text
+    assert "64424509440" not in text
+    cmp = report.compare(before, after)
+    compare = " ".join(report.render_compare_text(cmp, width=160).split())
+    assert "kv_cache_memory_bytes=60 GiB" in compare and "kv_cache_memory_bytes=1.5 GiB" in compare
+    assert before.to_dict()["knobs"]["kv_cache_memory_bytes"] == 64424509440

@@ -61,6 +61,10 @@ async def test_prune_case(case: dict[str, Any], head: tuple[SimNode, Cluster]) -
         plan = await plan_prune(op, selection)
         assert [e.raw for e in plan.chosen] == case["remove"]
         assert plan.not_found == case.get("not_found", [])
+        if "warns" in case:
+            assert len(plan.warnings) == len(case["warns"]), plan.warnings
+            for words, warning in zip(case["warns"], plan.warnings, strict=True):
+                assert words in warning, plan.warnings
         between = case.get("between", {})
         lines = hist.read_text().splitlines()
         lines = [x for x in lines if x not in between.get("drop", [])] + between.get("append", [])

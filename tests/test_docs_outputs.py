@@ -2,8 +2,9 @@
 
 scripts/docs_outputs.py runs every block under a `<!-- run -->` marker on a fresh embedded cluster;
 here it runs with --check, so a block that differs from what runs now (times, ports, stamps and
-pids masked) fails the suite; every `$ spark-ops` block shown carries a marker, run or not run
-with its reason; and a stale block is caught (tests/fixtures/docs_outputs/stale.md).
+pids masked) fails the suite; every block that shows `$ spark-ops` or its output (fenced or
+indented, in README.md and any docs/*.md) carries a marker, run or not run with its reason; and a
+stale block is caught (tests/fixtures/docs_outputs/stale.md).
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ def test_every_command_shown_carries_a_marker() -> None:
     assert unmarked == [], "\n".join(unmarked)
 
 
+def test_unmarked_blocks_are_found_fenced_indented_or_pasted() -> None:
+    """The check finds a `$ spark-ops` block fenced or indented, the command on any line, and
+    output pasted without its command; a marked block and a command alone are not flagged."""
+    found = docs_outputs.unmarked_blocks(FIXTURES / "unmarked.md")
+    assert found == [
+        "tests/fixtures/docs_outputs/unmarked.md:5: $ spark-ops status",
+        "tests/fixtures/docs_outputs/unmarked.md:12: $ spark-ops budget",
+        "tests/fixtures/docs_outputs/unmarked.md:17: ✓ verify (0.1 s): 9/9 checks passed",
+    ], found
+
+
 @pytest.mark.parametrize(
     ("line", "want"),
     [
@@ -71,13 +83,21 @@ def test_a_stale_block_fails_the_check_naming_it() -> None:
     assert "1 block(s) differ" in res.stdout
 
 
-@pytest.mark.timeout(2700)  # two runs of every block on a fresh embedded cluster, on a busy runner
-def test_the_docs_show_what_runs_now() -> None:
-    """Every generated block of docs/ is what its commands print on the embedded cluster today."""
-    res = _check()
+GENERATED = sorted(
+    p for p in (ROOT / "docs").glob("*.md") if "<!-- docs-outputs:" in p.read_text("utf-8")
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # one embedded cluster per document, every block run (twice at most)
+@pytest.mark.parametrize("doc", GENERATED, ids=[p.name for p in GENERATED])
+def test_the_docs_show_what_runs_now(doc: Path) -> None:
+    """Every generated block of the document is what its commands print on the embedded cluster
+    today (each document is one session of its own)."""
+    res = _check(doc)
     if res.returncode == 1:
         # a stale block differs on every run; one that differed once only is timing on a busy
         # machine (a probe in flight during a drain): it is shown, and the second run decides
         print("first run differed:\n" + res.stdout[-6000:])
-        res = _check()
+        res = _check(doc)
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]

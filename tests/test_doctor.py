@@ -95,7 +95,7 @@ def apply_damage(
         def restore() -> None:
             """Put the file back as it was (or remove it)."""
             if before is None:
-                path.unlink()
+                path.unlink(missing_ok=True)  # a fix that ran removed it already
             else:
                 path.write_text(before)
 
@@ -112,6 +112,26 @@ def apply_damage(
                     shutil.rmtree(path)
                     pytest.skip(f"cannot give {path} to group {damage['group']}: {exc}")
         return lambda: shutil.rmtree(path, ignore_errors=True)
+    if kind == "forced_stamp":  # someone's `spark-watchdog --restart-now --force --by WHO`
+        journal = path / ".local/state/spark-watchdog/restarts.journal.jsonl"
+        history = mini.home(node) / ".local/state/spark-watchdog/restarts"
+        saved = {p: p.read_text() if p.exists() else None for p in (history, journal)}
+        stamp = int(time.time()) - int(damage["age_s"])
+        record = {"stamp": stamp, "action": "restart", "forced": True, "by": damage["by"]}
+        history.write_text((saved[history] or "") + f"{stamp}\n")
+        journal.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({**record, "reason": damage["reason"]})
+        journal.write_text((saved[journal] or "") + line + "\n")
+
+        def put_back() -> None:
+            """The history and the journal as they were."""
+            for p, text in saved.items():
+                if text is None:
+                    p.unlink(missing_ok=True)
+                else:
+                    p.write_text(text)
+
+        return put_back
     if kind == "append_stamp":
         before = path.read_text()
         path.write_text(before + f"{int(time.time()) - int(damage['age_s'])}\n")
@@ -231,6 +251,8 @@ async def test_doctor_case(mini: MiniCluster, tmp_path: Path, case: str) -> None
     assert check.status == exp["status"], check
     assert exp["detail"] in check.detail, check
     assert exp["fix"] in check.fix, check
+    for words in exp.get("fix_not", []):  # e.g. a `--planned` that would remove nothing
+        assert words not in check.fix, check
     if exp["status"] == "fail":
         assert failing(report) == [(exp["check"], exp["host"])], report.failed()
         assert not report.ok

@@ -142,6 +142,19 @@ def test_restart_waits_for_a_boot_under_way(slow_boot: Sim) -> None:
     assert len(history(sim)) == len(before) + 1, "the colleague's stamp kept, ours pruned"
 
 
+def test_status_during_a_colleagues_restart_says_booting(slow_boot: Sim) -> None:
+    """status during a boot it did not start (issue 35 #3): "booting, phase X, N s, ETA …",
+    verdict restarting (exit 15) and to watch it, never not-serving with `spark-ops doctor`."""
+    sim = slow_boot
+    colleague_restart(sim)
+    res = spark_ops(sim, "status")
+    out = res.stdout
+    assert res.returncode == ExitStatus.RESTARTING, out + res.stderr[-2000:]
+    assert "Engine: booting, phase " in out and "ETA" in out, out
+    assert "Verdict: restarting: booting, phase " in out, out
+    assert "next: spark-ops status --watch 5" in out and "spark-ops doctor" not in out, out
+
+
 def test_boot_wait_zero_refuses_with_the_reason(slow_boot: Sim) -> None:
     """`--boot-wait 0` refuses at once (exit 15), naming the boot; nothing written or restarted,
     and the booting engine goes on to serve."""

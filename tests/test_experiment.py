@@ -241,6 +241,100 @@ def test_bad_values_are_refused_before_connecting(name: str, tmp_path: Path) -> 
     assert case["stderr"] in res.stderr
 
 
+DISCARD: list[dict[str, Any]] = yaml.safe_load(
+    (Path(__file__).parent / "fixtures" / "experiment" / "discard_cases.yaml").read_text("utf-8")
+)
+ONE_NODE = (
+    "clusters:\n  t:\n    nodes:\n      node1: {host: 127.0.0.1, role: head}\n"
+    "    recipe: {path: ~/r.yaml}\n    watchdog: {restart_command: x, history_file: ~/h}\n"
+)
+
+
+def _state(path: Path, cluster: str, status: str) -> None:
+    """An experiment state of `cluster` comparing 6 and 64, one configuration measured."""
+    state = ExperimentState(ExperimentSpec(cluster, {"max_num_seqs": [6, 64]}, {}), {})
+    state.results["max_num_seqs=6"] = {"sweep": {}}
+    state.status = status
+    state.save(path)
+
+
+@pytest.mark.parametrize("case", DISCARD, ids=[c["name"] for c in DISCARD])
+def test_discard_removes_only_its_own_state(case: dict[str, Any], tmp_path: Path) -> None:
+    """`experiment --discard` removes this cluster's state file and says what it removed; a
+    link, a FIFO, another file or another cluster's state is kept, with the reason."""
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(ONE_NODE)
+    path = tmp_path / "exp.json"
+    file = case["file"]
+    if isinstance(file, dict) and "state" in file:
+        _state(path, file["state"]["cluster"], file["state"]["status"])
+    elif isinstance(file, dict) and "json" in file:
+        path.write_text(file["json"])
+    elif isinstance(file, dict) and "link" in file:
+        _state(tmp_path / "elsewhere.json", file["link"]["cluster"], file["link"]["status"])
+        path.symlink_to(tmp_path / "elsewhere.json")
+    elif file == "fifo":
+        os.mkfifo(path)
+    env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory))
+    env.pop("SPARK_OPS_CLUSTER", None)
+    res = cli(env, "experiment", "--discard", "--state", str(path), "--yes")
+    assert res.returncode == case["status"], res.stdout + res.stderr
+    for words in case.get("stdout", []):
+        assert words in res.stdout, res.stdout
+    for words in case.get("stderr", []):
+        assert words in " ".join(res.stderr.split()), res.stderr
+    assert (not os.path.lexists(path)) == case["removed"]
+    if isinstance(file, dict) and "link" in file:
+        assert (tmp_path / "elsewhere.json").exists(), "the link's target is never touched"
+
+
+def test_an_unfinished_experiment_names_discard(tmp_path: Path) -> None:
+    """The refusal of a new experiment over an unfinished one names the way out, --discard;
+    after it the new experiment starts."""
+    path = tmp_path / "exp.json"
+    _state(path, "t", "interrupted")
+    spec = ExperimentSpec("t", {"max_num_seqs": [8, 16]}, {})
+    with pytest.raises(ExperimentError, match="unfinished experiment") as exc:
+        start_state(spec, {"max_num_seqs": 6}, path, resume=False)
+    assert exc.value.hint is not None and "--discard" in exc.value.hint
+    from spark_ops.workflows.experiment import discard_state, recorded_state
+
+    found = recorded_state(path, "t")
+    assert found is not None
+    discard_state(found)
+    state, resumed = start_state(spec, {"max_num_seqs": 6}, path, resume=False)
+    assert not resumed and state.spec.axes == {"max_num_seqs": [8, 16]}
+
+
+def test_plan_eta_from_this_clusters_boot_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The experiment's plan takes its boot ETA from this cluster's boot history (the key apply
+    records under, readiness.history_key; 83b2a9d), never from another cluster's or from a
+    failed boot; with no boot of this cluster known it names no figure."""
+    from spark_ops.cli.experiment import _Progress, echo_plan
+    from spark_ops.readiness import BootHistory
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    sweep = {"levels": [1, 6], "mode": "closed", "output_tokens": 60, "repeats": 1, "slo_tok_s": 9}
+    spec = ExperimentSpec("sim", {"max_num_seqs": [6, 64]}, sweep)
+    state, _ = start_state(spec, {"max_num_seqs": 6}, tmp_path / "exp.json", resume=False)
+    plan = plan_experiment(state, {"max_num_seqs": 6}, tmp_path / "exp.json", False)
+    key = "ops@127.0.0.1:2222:~/recipe.yaml"
+    history = BootHistory()
+    history.record("sim", {"total_s": 500.0, "durations": {"STARTING": 500.0}})  # by name: not it
+    history.record(key, {"total_s": 42.0, "durations": {"STARTING": 40.0, "API_UP": 2.0}})
+    history.record_failed(key, at=1.0, total_s=900.0, phase="KV_CACHE", error="failed")
+    echo_plan(plan, 0, key)
+    out = capsys.readouterr().out
+    assert "each a full boot, ~42 s by the boots watched from here" in out, out
+    assert "x ~42 s" in out and "500" not in out and "900" not in out, out
+    assert _Progress("sim", 3, False, key).history == key  # the boot view's ETA, the same key
+    echo_plan(plan, 0, "ops@10.0.0.9:22:~/other.yaml")
+    out = capsys.readouterr().out
+    assert "by the boots watched from here" not in out, out
+
+
 # The watchdog probes with a real completion, which waits behind a burst queued at cap 6 (64 x 300
 # tokens: 16 s here); at its default 5 s interval three timeouts restart the engine mid-sweep. The
 # slow tests below probe every 30 s (docs/experiments.md, "Limits").

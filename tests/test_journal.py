@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from spark_ops.watchdog.identify import HistEntry
-from spark_ops.workflows.converge import left_by
+from spark_ops.workflows.converge import left_by, unchecked_restart
 from spark_ops.workflows.journal import runs_of, unfinished_runs
 
 T = 1_796_000_000.0
@@ -52,3 +52,6 @@ def test_journal_case(case: dict[str, Any]) -> None:
         notes += said
     assert left == case["left"], case["why"]
     assert len(notes) == case["notes"], (case["why"], notes)
+    if "checks_owed" in case:
+        owed = unchecked_restart(runs)
+        assert (owed.run if owed is not None else None) == case["checks_owed"], case["why"]

@@ -35,6 +35,17 @@ def test_sim_up_waits_for_the_engine(tmp_path: Path) -> None:
         for node in ("node2", "node3", "node4"):
             pid = int((root / "nodes" / node / ".local/state/spark-sim/rank.pid").read_text())
             assert b"--headless" in Path(f"/proc/{pid}/cmdline").read_bytes(), node
+        # README's `spark-ops exec -- nvidia-smi -L`: every node has the sim's GB10 tool
+        smi = subprocess.run(
+            [sys.executable, "-m", "spark_ops.cli.main", "-i", state["inventory"], "exec",
+             "--json", "--", "nvidia-smi", "-L"],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert smi.returncode == 0, smi.stdout + smi.stderr[-2000:]
+        hosts = json.loads(smi.stdout)["hosts"]
+        assert [h["host"] for h in hosts] == ["node1", "node2", "node3", "node4"], hosts
+        for h in hosts:
+            assert h["ok"] and h["stdout"].startswith("GPU 0: NVIDIA GB10 (UUID: GPU-"), h
     finally:
         down(root)
     try:

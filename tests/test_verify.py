@@ -109,6 +109,23 @@ def test_effective_args_mismatch_names_each_key() -> None:
     assert check.fix
 
 
+def test_effective_args_give_bytes_in_gib() -> None:
+    """The effective-args line a person reads says 60 GiB for --kv-cache-memory-bytes; a
+    mismatch shows the bytes too (two sizes can look alike in GiB)."""
+    ok = check_effective_args(
+        {"max_num_seqs": 64, "kv_cache_memory_bytes": 64424509440},
+        {"max_num_seqs": 64, "kv_cache_memory_bytes": 64424509440},
+    )
+    assert ok.ok and ok.detail == "as expected: max_num_seqs=64, kv_cache_memory_bytes=60 GiB"
+    bad = check_effective_args(
+        {"kv_cache_memory_bytes": 64424509440}, {"kv_cache_memory_bytes": 1610612736}
+    )
+    assert (
+        "kv_cache_memory_bytes: expected 1.5 GiB (1610612736), engine has 60 GiB (64424509440)"
+        in bad.detail
+    )
+
+
 def test_effective_args_bool_text() -> None:
     """'true' from a recipe equals True; 'false' does not."""
     assert check_effective_args({"enforce_eager": True}, {"enforce_eager": "true"}).ok

@@ -353,8 +353,20 @@ def test_api_server_killed_mid_boot_names_survivors(
         status = json.loads(run_cli(g.env, "status", "--json").stdout)["engine"]
         doctor = run_cli(g.env, "doctor", "--json")
         pgid = g.engine_pid()
+        stamps = g.lines()
+        # issue 35 #4: the plan refuses a restart doctor's failing check says would fail, before
+        # anything is written, naming the node, the pids and the command that frees them
+        refused = run_cli(g.env, "restart", "--yes", "--json", "--no-drain")
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)  # the survivors, once named
+        assert refused.returncode == ExitStatus.CHECK_FAILED, refused.stderr[-2000:]
+        error = json.loads(refused.stderr.strip().splitlines()[-1])
+        assert error["error"] == "BootWouldFail", error
+        assert "the restart would fail" in error["message"] and "node1" in error["message"]
+        for p in status["leftovers"]:
+            assert f"pid {p['pid']} ({p['name']})" in error["message"], error
+        assert f"spark-ops exec --nodes node1 -- kill -TERM -- -{pgid}" in error["hint"], error
+        assert g.lines() == stamps, "nothing restarted: no stamp written"
         assert status["effective"] is None, "a dead engine's args are not effective"
         assert [p["name"] for p in status["leftovers"]] == ["VLLM::EngineCore", "VLLM::Worker_TP0"]
         assert status["leftovers_fix"] == f"kill -TERM -- -{pgid}", status

@@ -13,6 +13,7 @@ from spark_ops.bench.stats import LevelResult
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.errors import BenchError
 from spark_ops.files import NotRegularFile, read_regular, write_file
+from spark_ops.sizes import human_value
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -32,8 +33,9 @@ COMPARE_DROP = ["mean E2E ms", "steady tok/s", "TTFT p99 ms"]
 
 
 def knobs_text(knobs: dict[str, Any] | None) -> str:
-    """Knobs as 'max_num_seqs=64, moe_backend=marlin' ('none' when there are none)."""
-    return ", ".join(f"{k}={v}" for k, v in (knobs or {}).items()) or "none"
+    """Knobs as a person reads them: 'max_num_seqs=64, kv_cache_memory_bytes=60 GiB' (a byte
+    count in binary units; 'none' when there are none)."""
+    return ", ".join(f"{k}={human_value(k, v)}" for k, v in (knobs or {}).items()) or "none"
 
 
 def fit_table(table: Table, width: int, drop: list[str]) -> Table:

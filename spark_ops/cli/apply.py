@@ -267,6 +267,13 @@ def _echo_outcome(outcome: Outcome) -> None:
         boot = outcome.boot
         if hush:
             pass
+        elif boot is None and outcome.plan.facts.checks_owed:
+            click.secho(
+                f"Done: the checks run {outcome.plan.facts.checks_owed} skipped ran; "
+                "the engine serves.",
+                fg="green",
+                bold=True,
+            )
         elif boot is None:
             click.secho("Done: the unfinished run(s) are finished.", fg="green", bold=True)
         else:

@@ -233,6 +233,8 @@ def echo_prune_plan(plan: PrunePlan, *, hush: bool = False) -> None:
         _said(f"{nf} is not in the history", hush)
     for note in plan.notes:
         _said(f"note: {note}", hush)
+    for warning in plan.warnings:  # a stamp that is not a planned one: said even under -q
+        click.secho(f"warning: {warning}", fg="yellow", err=hush)
     if plan.clear_gave_up and not hush:
         click.echo("Then remove the gave-up file, if the budget has room.")
 

@@ -24,6 +24,7 @@ from spark_ops.cli.common import (
 )
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
+    from spark_ops.inventory import Cluster
     from spark_ops.workflows.experiment.run import ExperimentOutcome
     from spark_ops.workflows.experiment.state import ExperimentPlan, ExperimentState
     from spark_ops.workflows.plan import StepRun
@@ -345,6 +346,46 @@ def _ending(outcome: ExperimentOutcome) -> str:
     return text
 
 
+def _discard(cluster: Cluster, path: Path, kw: dict[str, Any]) -> int:
+    """`experiment --discard`: remove this cluster's experiment state file, and only that (a live
+    experiment's, which holds the cluster lock, is refused); say what was removed."""
+    from spark_ops.errors import Aborted
+    from spark_ops.lock import lock_state, locked_error
+    from spark_ops.workflows import Operation
+    from spark_ops.workflows.experiment import discard_state, recorded_state
+
+    found = recorded_state(path, cluster.name)
+    if found is None:
+        if kw["as_json"]:
+            emit_json({"removed": None, "path": str(path)})
+        elif not quiet():
+            click.echo(f"No experiment state at {path}: nothing removed.")
+        return 0
+    if found.state.status == "running":  # a live experiment writes it; a killed one left it
+
+        async def live() -> None:
+            """Refuse while an experiment holds the cluster lock (it may be writing the file)."""
+            async with Operation.open(
+                cluster, "experiment", lock=False, nodes=[cluster.head.name]
+            ) as op:
+                held, holder, where = await lock_state(op.session)
+                if held and holder.get("operation") == "experiment":
+                    raise locked_error(cluster, holder, where)
+
+        run_async(live())
+    what = found.describe()
+    if not kw["yes"] and not click.confirm(
+        f"Remove {path}: {what}? Its measurements are lost.", default=False, err=True
+    ):
+        raise Aborted("not confirmed; nothing was removed")
+    discard_state(found)
+    if kw["as_json"]:
+        emit_json({"removed": found.to_dict(), "path": str(path)})
+    elif not quiet():
+        click.echo(f"Removed {path}: {what}. A new experiment can start.")
+    return 0
+
+
 @click.command("experiment")
 @click.option("--max-num-seqs", help="Values to compare, comma-separated (e.g. 6,64).")
 @click.option(
@@ -414,6 +455,12 @@ def _ending(outcome: ExperimentOutcome) -> str:
 @click.option("--no-restore", is_flag=True, help="Leave the last configuration in place.")
 @click.option("--resume", is_flag=True, help="Continue the experiment recorded in the state file.")
 @click.option(
+    "--discard",
+    is_flag=True,
+    help="Remove the experiment state recorded for this cluster (spark-ops' own state file only; "
+    "its measurements are lost) so that a new experiment can start.",
+)
+@click.option(
     "--state",
     "state_path",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -448,6 +495,11 @@ def cli(ctx: click.Context, **kw: Any) -> int:
     from spark_ops.workflows.gate import facts_differences, gate_refusal, read_gate, refuse_changes
 
     axes = _axes(kw)
+    if kw["discard"]:
+        if axes or kw["resume"]:
+            raise click.UsageError("--discard takes no knob values and no --resume")
+        cluster = load_cluster(ctx)
+        return _discard(cluster, kw["state_path"] or default_state_path(cluster.name), kw)
     if not axes and not kw["resume"]:
         raise click.UsageError("nothing to compare: give values, e.g. --max-num-seqs 6,64")
     what_if = parse_caps(kw["what_if_cap"])

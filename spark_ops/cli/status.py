@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -44,6 +45,10 @@ def echo_status(data: dict[str, Any]) -> None:
             f"Engine: serving {', '.join(e.get('models') or [])} (vLLM {e.get('version')}); "
             f"{_load(e)}"
         )
+    elif e.get("booting") and not e["booting"].get("hung"):
+        from spark_ops.status import booting_text
+
+        click.secho(f"Engine: {booting_text(e['booting'])}", fg="yellow")
     else:
         click.secho(f"Engine: not serving: {e.get('error') or 'no answer'}", fg="red")
     r = data.get("recipe") or {}
@@ -83,7 +88,9 @@ def echo_status(data: dict[str, Any]) -> None:
             f"Last restart: {when_} ({last.get('reason') or '?'}, by {last.get('by') or '?'})"
         )
     boot = data.get("last_boot")
-    if boot and boot.get("total_s") is not None:
+    if boot and boot.get("outcome") == "failed":
+        click.secho(f"Last boot watched from here: {_boot_text(boot, last)}", fg="red")
+    elif boot and boot.get("total_s") is not None:
         click.echo(f"Last boot watched from here: {_boot_text(boot, last)}")
     runs = data.get("runs") or {}
     if runs.get("experiment"):
@@ -125,12 +132,10 @@ def echo_status(data: dict[str, Any]) -> None:
 
 
 def _knob(key: str, value: Any) -> str:
-    """A knob's value as a person reads it (a byte count in GiB)."""
-    if key.endswith("_bytes") and isinstance(value, int) and not isinstance(value, bool):
-        from spark_ops.sizes import human_bytes
+    """A knob's value as a person reads it (a byte count in GiB: sizes.human_value)."""
+    from spark_ops.sizes import human_value
 
-        return human_bytes(value)
-    return str(value)
+    return human_value(key, value)
 
 
 def _load(e: dict[str, Any]) -> str:
@@ -148,42 +153,70 @@ def _load(e: dict[str, Any]) -> str:
 
 
 def _boot_text(boot: dict[str, Any], last: dict[str, Any] | None) -> str:
-    """How long the last watched boot took, when, and whether a restart came after it."""
+    """How the last watched boot went (how long it took, or the phase it failed in), when, and
+    whether a restart came after it."""
     started = boot.get("started_at")
-    text = f"{boot['total_s']:.0f} s"
-    if isinstance(started, int | float):
-        text += f", at {when(float(started))}"
-        stamp = (last or {}).get("stamp") or (last or {}).get("time")
-        if isinstance(stamp, int | float) and float(stamp) > float(started) + 60:
-            text += " (before the last restart, whose boot was not watched from here)"
+    at = f"at {when(float(started))}" if isinstance(started, int | float) else "time unknown"
+    if boot.get("outcome") == "failed":
+        ran = boot.get("failed_after_s")
+        after = f", after {ran:.0f} s" if isinstance(ran, int | float) else ""
+        text = f"last boot failed (phase {boot.get('phase') or '?'}, {at}{after})"
+        if boot.get("error"):
+            text += f": {boot['error']}"
+    else:
+        text = (
+            f"{boot['total_s']:.0f} s, {at}"
+            if isinstance(started, int | float)
+            else (f"{boot['total_s']:.0f} s")
+        )
+    stamp = (last or {}).get("stamp") or (last or {}).get("time")
+    if (
+        isinstance(started, int | float)
+        and isinstance(stamp, int | float)
+        and float(stamp) > float(started) + 60
+    ):
+        text += " (before the last restart, whose boot was not watched from here)"
     return text
 
 
-def _exit_status(data: dict[str, Any]) -> ExitStatus:
+def _exit_status(data: dict[str, Any], as_json: bool = False) -> ExitStatus:
     """The verdict's code; 4 (UNREACHABLE) when a node's host key is unknown or changed, or it
-    refused our credentials: a set-up problem to fix first, as docs/exit-codes.md says."""
-    refused = [n["name"] for n in data.get("nodes") or [] if n.get("refused")]
-    if refused:
-        click.echo(
-            f"hint: fix SSH to {', '.join(refused)} first (host key or credentials): "
-            "`spark-ops doctor` names the fix",
-            err=True,
-        )
-        return ExitStatus.UNREACHABLE
-    return VERDICT_EXIT[(data.get("verdict") or {}).get("state", "not-serving")]
+    refused our credentials: a set-up problem to fix first, as docs/exit-codes.md says. That
+    one is said on stderr as every error is: `error:`/`hint:` lines, or one JSON object."""
+    refused = [n for n in data.get("nodes") or [] if n.get("refused")]
+    if not refused:
+        return VERDICT_EXIT[(data.get("verdict") or {}).get("state", "not-serving")]
+    names = ", ".join(n["name"] for n in refused)
+    message = "SSH refused (host key or credentials): " + "; ".join(
+        f"{n['name']}: {n.get('error') or 'refused'}" for n in refused
+    )
+    hint = f"fix SSH to {names} first (host key or credentials): `spark-ops doctor` names the fix"
+    if as_json:
+        error = {"error": refused[0].get("refused_by") or "ConnectError", "message": message}
+        click.echo(json.dumps({**error, "hint": hint}), err=True)
+    else:
+        click.secho(f"error: {message}", fg="red", err=True)
+        click.echo(f"hint: {hint}", err=True)
+    return ExitStatus.UNREACHABLE
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
 @click.option(
-    "--watch", type=float, default=None, metavar="SECONDS", help="Refresh every N seconds."
+    "--watch",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Refresh every N seconds, each round with its time (with --json: one document per "
+    "line); Ctrl-C ends it (exit 0).",
 )
 @click.pass_context
 def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
     """Nodes reachable and latency, engine and load, recipe knobs, watchdog budget.
 
     Exit status (for scripts and alerts): 0 serving, 13 degraded (serving, but a node is down,
-    the budget spent, a run unfinished ...), 14 not serving, 15 a restart under way, 21 an
+    the budget spent, a run unfinished ...), 14 not serving, 15 a restart under way (another
+    run holds the lock, or the engine boots: the watchdog's restart, a colleague's), 21 an
     experiment under way (its restarts and sweeps go on until it ends).
     """
     from spark_ops.status import collect_status
@@ -192,7 +225,9 @@ def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
     while True:
         try:
             data = run_async(collect_status(cluster))
-            if as_json:
+            if as_json and watch:  # one document per line (JSON lines), its `time` in it
+                click.echo(json.dumps(data, default=str))
+            elif as_json:
                 emit_json(data)
             else:
                 if watch:
@@ -201,7 +236,7 @@ def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
                     click.echo(f"{stamp}  every {watch:g} s; Ctrl-C to stop")
                 echo_status(data)
             if not watch:
-                ctx.exit(int(_exit_status(data)))
+                ctx.exit(int(_exit_status(data, as_json)))
             time.sleep(watch)
         except KeyboardInterrupt:
             if not watch:

@@ -242,9 +242,9 @@ class WatchdogChecks(Checker):
             (
                 "gave-up",
                 wd.gave_up_file,
-                "the watchdog no longer restarts a failed engine: see why (`spark-ops budget`), "
-                "then clear it once the window has room: spark-ops budget prune --clear-gave-up "
-                "(with no room, the budget check's fix makes it)",
+                "the watchdog no longer restarts a failed engine: see why (`spark-ops budget`); "
+                "with no room in the window the budget check's fix makes room first; then clear "
+                "it: spark-ops budget prune --clear-gave-up",
             ),
         ):
             if not path:
@@ -314,16 +314,19 @@ def budget_fix(view: BudgetView) -> str:
             f"remove the {len(planned)} planned stamp(s) earlier runs left: spark-ops budget "
             f"prune --planned{gave_up}"
         )
-    oldest = min(inside, key=lambda s: float(s.get("stamp", 0)), default=None)
-    if oldest is None:
+    # a restart someone forced (by hand, not planned by spark-ops) records no failure: removing
+    # it hides none, so it goes first; else the oldest, an automatic one (a failure's record)
+    forced = [s for s in inside if s.get("forced") is True]
+    pick = min(forced or inside, key=lambda s: float(s.get("stamp", 0)), default=None)
+    if pick is None:
         return f"wait {wait / 60:.0f} min for the window to free a slot"
-    kind = (
-        f"forced by {oldest.get('by') or '?'}"
-        if oldest.get("forced")
-        else "automatic: the watchdog's record of a failure"
-    )
+    if pick.get("forced") is True:
+        why = f", {pick['reason']}" if pick.get("reason") else ""
+        which = f"the restart forced by {pick.get('by') or '?'}{why}"
+    else:
+        which = "the oldest stamp (automatic: the watchdog's record of a failure)"
     return (
         f"wait {wait / 60:.0f} min for the window to free a slot; or, once the cause is "
-        f"understood, remove the oldest stamp ({kind}): spark-ops budget prune --stamp "
-        f"{fmt_stamp(float(oldest['stamp']))}{gave_up}"
+        f"understood, remove {which}: spark-ops budget prune --stamp "
+        f"{fmt_stamp(float(pick['stamp']))}{gave_up}"
     )

@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # the names are imported on first use (a command imports what
         eta_seconds,
         history_key,
         record,
+        record_failed,
     )
     from spark_ops.readiness.phases import (
         PHASE_ORDER,
@@ -46,6 +47,7 @@ __getattr__, __dir__ = lazy_exports(
             "eta_seconds",
             "history_key",
             "record",
+            "record_failed",
         ),
         "spark_ops.readiness.phases": (
             "PHASE_ORDER",
@@ -91,6 +93,7 @@ __all__ = [
     "history_key",
     "parse_args_literal",
     "record",
+    "record_failed",
     "split_prefix",
     "summarize_boot_log",
     "wait_for_boot",

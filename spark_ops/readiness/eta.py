@@ -117,9 +117,10 @@ class BootHistory:
         """The records of one cluster, oldest first."""
         return self.load().get(cluster, [])
 
-    def previous(self, cluster: str) -> dict[str, Any] | None:
-        """The newest record of a cluster (e.g. its KV pool in tokens), or None."""
-        recs = self.records(cluster)
+    def previous(self, cluster: str, *, served: bool = False) -> dict[str, Any] | None:
+        """The newest record of a cluster (e.g. its KV pool in tokens), or None; `served`: the
+        newest boot that served (a failed boot's time is no ETA)."""
+        recs = [r for r in self.records(cluster) if not served or boot_served(r)]
         return recs[-1] if recs else None
 
     def record(self, cluster: str, report: Reported | Mapping[str, Any]) -> dict[str, Any]:
@@ -131,6 +132,7 @@ class BootHistory:
             if isinstance(v, (int, float))
         }
         entry: dict[str, Any] = {
+            "outcome": "ok",
             "at": float(data.get("started_at") or time.time()),
             "total_s": float(data.get("total_s") or sum(durations.values())),
             "durations": durations,
@@ -141,6 +143,24 @@ class BootHistory:
             ),
             "vllm_version": data.get("vllm_version"),
         }
+        return self._append(cluster, entry)
+
+    def record_failed(
+        self, cluster: str, *, at: float, total_s: float, phase: str, error: str
+    ) -> dict[str, Any]:
+        """Append a boot that failed (or passed its deadline): when its wait began, how long it
+        ran, the phase it reached and why; `status` shows it, the ETAs skip it."""
+        entry: dict[str, Any] = {
+            "outcome": "failed",
+            "at": float(at),
+            "total_s": round(max(0.0, float(total_s)), 3),
+            "phase": phase,
+            "error": error.splitlines()[0][:300] if error else "",
+        }
+        return self._append(cluster, entry)
+
+    def _append(self, cluster: str, entry: dict[str, Any]) -> dict[str, Any]:
+        """Add one record to the cluster's, keep the last `keep`, save atomically."""
         everything = self.load()
         recs = everything.setdefault(cluster, [])
         recs.append(entry)
@@ -149,9 +169,12 @@ class BootHistory:
         return entry
 
     def estimate(self, cluster: str) -> dict[str, float]:
-        """Expected seconds per phase (median of earlier boots); empty when none is known."""
+        """Expected seconds per phase (median of earlier boots that served); empty when none is
+        known. A failed boot's phases say nothing of how long a boot takes."""
         per_phase: dict[str, list[float]] = {}
         for rec in self.records(cluster):
+            if not boot_served(rec):
+                continue
             for phase, secs in (rec.get("durations") or {}).items():
                 if isinstance(secs, (int, float)):
                     per_phase.setdefault(phase, []).append(float(secs))
@@ -172,6 +195,11 @@ class BootHistory:
             _log().warning("boot_history_not_saved", path=str(self.path), error=exc.message)
 
 
+def boot_served(rec: Mapping[str, Any]) -> bool:
+    """Whether a boot record is of a boot that served (records older than `outcome` did)."""
+    return rec.get("outcome", "ok") == "ok"
+
+
 def estimate(cluster: str, *, path: str | os.PathLike[str] | None = None) -> dict[str, float]:
     """Expected seconds per phase for a cluster, from earlier boots."""
     return BootHistory(path).estimate(cluster)
@@ -185,6 +213,19 @@ def record(
 ) -> None:
     """Store a finished boot's phase durations for later ETAs."""
     BootHistory(path).record(cluster, report)
+
+
+def record_failed(
+    cluster: str,
+    *,
+    at: float,
+    total_s: float,
+    phase: str,
+    error: str,
+    path: str | os.PathLike[str] | None = None,
+) -> None:
+    """Store a failed boot: `status` says the last boot failed; the ETAs skip it."""
+    BootHistory(path).record_failed(cluster, at=at, total_s=total_s, phase=phase, error=error)
 
 
 def eta_seconds(

@@ -24,7 +24,7 @@ from typing import Any
 
 from spark_ops.errors import ExitStatus, SparkOpsError
 from spark_ops.log import configure
-from spark_ops.sim import RANK_CHECK, RAYLET_CHECK
+from spark_ops.sim import RANK_CHECK, RAYLET_CHECK, nvidia_smi
 from spark_ops.sim.node import NodeSpec, SimNode
 from spark_ops.sim.ranks import RANKS_ENV, stop_rank
 from spark_ops.watchdog import history
@@ -146,6 +146,7 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
         key = asyncssh.generate_private_key("ssh-ed25519", comment=f"sim-{name}")
         key.write_private_key(str(keys / f"host_{name}"))
         key.write_public_key(str(keys / f"host_{name}.pub"))
+        nvidia_smi.install(home / "bin")  # a GB10's tool: `spark-ops exec -- nvidia-smi -L`
     write_vllm_shim(head, wrapper=opts.engine_wrapper)
     wd = head / "bin" / "spark-watchdog"
     # PYTHONSAFEPATH: `-m` puts the working directory (the node's home) first on the import path

@@ -13,9 +13,10 @@ placement probe) see what a GB10 reports. It answers the `--query-gpu` form only
 `--format=csv` prints a header line unless `noheader` is given; `nounits` drops the units. Any
 other use (no `--query-gpu`, `-L`, a bare call) prints the one-line device list of `-L`.
 `--query-compute-apps=FIELDS` lists no process (the simulated engine is no GPU process: only the
-header, unless `noheader`). An unknown option is refused with exit status 2 naming it. The nodes
-get it only where a test installs it (`install`); spark-ops' own post-boot check reads
-`--query-compute-apps`, and skips nodes without the tool.
+header, unless `noheader`). An unknown option is refused with exit status 2 naming it. `sim up`
+installs it in every node's `~/bin` (`install`), so README's `spark-ops exec -- nvidia-smi -L`
+answers on the embedded cluster; spark-ops' own post-boot check reads `--query-compute-apps`
+(and skips a node without the tool).
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ def query(fields: list[str], fmt: set[str]) -> str:
 def install(bin_dir: Path) -> Path:
     """Put `nvidia-smi` (this module, run by this Python) in a node's bin directory."""
     path = bin_dir / "nvidia-smi"
-    path.write_text(f'#!/bin/sh\nexec {sys.executable} -m spark_ops.sim.nvidia_smi "$@"\n')
+    path.write_text(  # PYTHONSAFEPATH: nothing imported from the node's home (`-m` would)
+        f'#!/bin/sh\nPYTHONSAFEPATH=1 exec {sys.executable} -m spark_ops.sim.nvidia_smi "$@"\n'
+    )
     path.chmod(0o755)
     return path
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from spark_ops.sizes import human_value
 from spark_ops.verify.parse import ComputeApp, RayStatus, XidEvent
 
 STATUSES = ("ok", "warn", "fail")
@@ -76,6 +77,12 @@ def _same(actual: Any, expected: Any) -> bool:
         return str(actual) == str(expected)
 
 
+def _shown(key: str, value: Any) -> str:
+    """An arg's value in a check's detail: a byte count in GiB (sizes.human_value), else repr."""
+    human = human_value(key, value)
+    return human if human != str(value) else repr(value)
+
+
 def check_effective_args(
     actual: Mapping[str, Any], expected: Mapping[str, Any], *, host: str = ""
 ) -> Check:
@@ -87,9 +94,12 @@ def check_effective_args(
         if key not in args:
             if want in (False, None):
                 continue  # a default the engine does not list
-            wrong.append(f"{key}: expected {want!r}, not among the non-default args")
+            wrong.append(f"{key}: expected {_shown(key, want)}, not among the non-default args")
         elif not _same(args[key], want):
-            wrong.append(f"{key}: expected {want!r}, engine has {args[key]!r}")
+            have, wanted = _shown(key, args[key]), _shown(key, want)
+            if have != repr(args[key]) or wanted != repr(want):  # in GiB: the bytes too
+                have, wanted = f"{have} ({args[key]!r})", f"{wanted} ({want!r})"
+            wrong.append(f"{key}: expected {wanted}, engine has {have}")
     if wrong:
         return Check(
             "effective-args",
@@ -99,7 +109,7 @@ def check_effective_args(
             "the engine did not get the recipe's flags: check the rendered command "
             "(spark-ops recipe show) and that the restart used the edited recipe",
         )
-    shown = ", ".join(f"{_key(k)}={args.get(_key(k))!r}" for k in expected)
+    shown = ", ".join(f"{_key(k)}={_shown(_key(k), args.get(_key(k)))}" for k in expected)
     return Check(
         "effective-args", host, "ok", f"as expected: {shown}" if shown else "nothing expected"
     )

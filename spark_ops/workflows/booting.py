@@ -80,7 +80,7 @@ async def boot_under_way(op: Operation) -> BootUnderWay | None:
             elapsed = max(0.0, await op.watchdog.clock() - started)
         except SparkOpsError:
             elapsed = None
-    previous = BootHistory().previous(history_key(op.cluster)) or {}
+    previous = BootHistory().previous(history_key(op.cluster), served=True) or {}
     total = previous.get("total_s")
     eta = (
         max(0.0, float(total) - elapsed)
@@ -90,29 +90,33 @@ async def boot_under_way(op: Operation) -> BootUnderWay | None:
     return BootUnderWay(instance.label(), started, elapsed, eta)
 
 
-def _hung(op: Operation, opts: ApplyOptions, boot: BootUnderWay) -> bool:
+def _hung(op: Operation, opts: ApplyOptions, boot: BootUnderWay, then: str) -> bool:
     """A boot older than the boot deadline (`--deadline`, else the inventory's) is a hang, not a
-    boot: the restart is what it needs (said in the log; nothing waits for it)."""
+    boot: what follows (`then`: the restart it needs, or the checks) goes ahead, said in the log."""
     deadline = opts.deadline_s or op.cluster.engine.boot_deadline_s
     hung = boot.elapsed_s is not None and boot.elapsed_s >= deadline
     if hung:
         op.log.warning(
-            "the engine has booted for longer than the boot deadline without answering: hung, "
-            "restarting it", boot=boot.describe(), deadline_s=deadline,
+            f"the engine has booted for longer than the boot deadline without answering: hung, "
+            f"{then}", boot=boot.describe(), deadline_s=deadline,
         )  # fmt: skip
     return hung
 
 
-async def wait_out_boot(op: Operation, opts: ApplyOptions) -> BootUnderWay | None:
+async def wait_out_boot(
+    op: Operation, opts: ApplyOptions, *, checks: bool = False
+) -> BootUnderWay | None:
     """Wait for a boot under way to end before a planned restart; the boot first seen, or None.
 
     Ends when the engine answers, its instance is gone (a failed boot: the restart is then what
     it needs) or it has booted longer than the boot deadline (a hang, not a boot); refuses
     with BootUnderWayError (exit 15) once `--boot-wait` (default: the inventory's boot deadline)
-    has passed, or at once with `--boot-wait 0`. Never kills a boot.
+    has passed, or at once with `--boot-wait 0`. Never kills a boot. `checks`: what waits is a
+    stopped run's checks (no restart in this run), and the words say so.
     """
+    then = "checking it now" if checks else "restarting it"
     first = await boot_under_way(op)
-    if first is None or _hung(op, opts, first):
+    if first is None or _hung(op, opts, first, then):
         return None
     wait = op.cluster.engine.boot_deadline_s if opts.boot_wait_s is None else opts.boot_wait_s
     op.log.warning("boot under way: waiting for it", boot=first.describe(), wait_s=wait)
@@ -121,10 +125,20 @@ async def wait_out_boot(op: Operation, opts: ApplyOptions) -> BootUnderWay | Non
     while time.monotonic() < end:
         await asyncio.sleep(min(POLL_S, max(0.0, end - time.monotonic())))
         now = await boot_under_way(op)
-        if now is None or _hung(op, opts, now):
-            op.log.warning("the boot under way ended: restarting now", instance=first.instance)
+        if now is None or _hung(op, opts, now, then):
+            op.log.warning(
+                "the boot under way ended: " + ("checking now" if checks else "restarting now"),
+                instance=first.instance,
+            )
             return first
         latest = now
+    if checks:
+        raise BootUnderWayError(
+            f"{latest.describe()}; the checks wait for it to serve "
+            f"(waited {wait:g} s; nothing was changed)",
+            hint="run the same command again once it serves (`spark-ops status`), or give "
+            "--boot-wait SECONDS to wait longer",
+        )
     raise BootUnderWayError(
         f"{latest.describe()}; a restart now would kill that boot, so none was made "
         f"(waited {wait:g} s; no recipe written, no restart made)",
@@ -140,6 +154,13 @@ async def before_disruption(ex: Execution, kind: StepKind) -> None:
         return
     ex.quiet = True
     await wait_out_boot(ex.op, ex.opts)
+
+
+async def before_checks(ex: Execution, kind: StepKind) -> None:
+    """Checks a run owes without a restart of its own (a stopped run's) wait for the boot under
+    way to serve; a run that restarted followed its own boot already."""
+    if not ex.plan.has(StepKind.RESTART):
+        await wait_out_boot(ex.op, ex.opts, checks=True)
 
 
 async def before_restart(ex: Execution, kind: StepKind) -> None:

@@ -16,11 +16,17 @@ from typing import Any
 
 from spark_ops import audit
 from spark_ops.errors import HistoryError, InputError, Interrupted, SparkOpsError
-from spark_ops.watchdog.contract import BudgetView
-from spark_ops.watchdog.identify import HistEntry, fmt_stamp, stamps_json, stamps_text
+from spark_ops.watchdog.contract import PLANNED_BY, BudgetView
+from spark_ops.watchdog.identify import (
+    HistEntry,
+    fmt_stamp,
+    record_kind,
+    stamps_json,
+    stamps_text,
+)
 from spark_ops.workflows import interrupt
 from spark_ops.workflows.converge import dead_runs, left_by
-from spark_ops.workflows.journal import RunJournal
+from spark_ops.workflows.journal import RunJournal, read_runs
 from spark_ops.workflows.operation import Operation
 
 MAX_PRUNE_BYTES = 64_000  # the exact lines travel on one command line (Linux: 128 KiB per word)
@@ -67,6 +73,7 @@ class PrunePlan:
     settles: list[str] = field(default_factory=list)  # dead runs whose left stamps it removes
     dead: list[str] = field(default_factory=list)  # dead runs whose stamps the preview looked at
     notes: list[str] = field(default_factory=list)  # dead runs' stamps it cannot take for planned
+    warnings: list[str] = field(default_factory=list)  # chosen stamps that are not planned ones
     command: str = ""  # the command line as run (the audit's intent names it)
 
     @property
@@ -86,6 +93,7 @@ class PrunePlan:
             "clear_gave_up": self.clear_gave_up,
             "settles": list(self.settles),
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
         }
 
 
@@ -136,22 +144,47 @@ async def resolve_times(
     return lo, hi
 
 
-async def _say_automatic(op: Operation, plan: PrunePlan) -> None:
-    """A note for each chosen stamp the journal records as an automatic restart: it is the
-    watchdog's record of a failure, and removing it hands the watchdog a restart back."""
+async def _ours(op: Operation) -> set[float]:
+    """The stamps spark-ops' runs recorded as their own planned restarts (the head's audit)."""
     try:
-        view = await op.watchdog.budget()
+        runs = await read_runs(op.session)
     except SparkOpsError:
-        return
-    by_stamp = {float(s["stamp"]): s for s in view.stamps if "stamp" in s}
+        return set()
+    return {w.stamp for r in runs for w in r.restart_windows() if w.stamp is not None}
+
+
+async def _say_automatic(op: Operation, plan: PrunePlan) -> None:
+    """A warning for each chosen stamp that no record calls a restart spark-ops planned (the
+    watchdog's journal, the line's own record, a spark-ops run's journal): an automatic restart
+    is the watchdog's record of a failure, one forced by someone else or one nobody recorded
+    may be too, and removing it hands the watchdog a restart back within its window."""
+    try:
+        marks = await op.watchdog.journal_by_stamp()
+    except SparkOpsError:
+        marks = {}
+    ours = await _ours(op)
+    back = "removing it gives the watchdog a restart back within this window"
     for entry in plan.chosen:
-        rec = by_stamp.get(entry.stamp)
-        if rec is not None and rec.get("forced") is False:
-            plan.notes.append(
-                f"{fmt_stamp(entry.stamp)} is an automatic restart ({rec.get('reason') or '?'}, "
-                f"by {rec.get('by') or '?'}): the watchdog's record of a failure; removing it "
-                "lets the watchdog restart a failing engine again within this window"
+        rec = marks.get(entry.stamp) or entry.record or {}
+        kind = record_kind(rec, PLANNED_BY)
+        if kind == "planned" or any(abs(entry.stamp - s) < 1e-6 for s in ours):
+            continue
+        stamp = fmt_stamp(entry.stamp)
+        why = f"{rec.get('reason') or '?'}, by {rec.get('by') or '?'}"
+        if kind == "automatic" and rec.get("forced") is True:
+            text = f"{stamp} is a restart forced by someone else ({why}), not one spark-ops planned"
+        elif kind == "automatic":
+            text = (
+                f"{stamp} is an automatic restart ({why}): the watchdog's record of a failure, "
+                "not one spark-ops planned"
             )
+        else:
+            text = (
+                f"{stamp} is not a restart spark-ops planned (neither the watchdog's journal nor "
+                "a spark-ops run records it as planned): it may be an automatic restart, the "
+                "watchdog's record of a failure"
+            )
+        plan.warnings.append(f"{text}; {back}")
 
 
 async def plan_prune(

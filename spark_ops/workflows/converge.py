@@ -9,6 +9,7 @@ is finishing that run, and `budget prune --planned` finds it too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from spark_ops.engine.identity import current_instance
@@ -136,6 +137,37 @@ async def dead_runs(op: Operation) -> list[Run]:
     except SparkOpsError as exc:
         op.log.warning("audit log not read: unfinished runs unknown", error=exc.message)
         return []
+
+
+def unchecked_restart(runs: Sequence[Run]) -> Run | None:
+    """The last run that triggered a restart and stopped before its checks ran (killed, or
+    interrupted by a signal), unless a later run's checks ran since; None otherwise.
+
+    Its re-run finds the recipe and the engine agreeing and plans no restart, yet the checks that
+    run skipped (effective args, KV pool, free memory, Xid, still serving) are still owed.
+    """
+    owed: Run | None = None
+    for r in runs:
+        verify = r.step("verify") or {}
+        ran = verify.get("status") == "done" or (
+            verify.get("status") == "failed"
+            and not str(verify.get("detail", "")).startswith("interrupted")
+        )
+        if ran:
+            owed = None
+        elif r.restart_windows():
+            outcome = str((r.end or {}).get("outcome", ""))
+            owed = r if r.end is None or outcome.startswith("interrupted") else None
+    return owed
+
+
+async def checks_owed(op: Operation) -> Run | None:
+    """The run whose restart was never checked (unchecked_restart), read from the head's log."""
+    try:
+        return unchecked_restart(await read_runs(op.session))
+    except SparkOpsError as exc:
+        op.log.warning("audit log not read: unchecked restarts unknown", error=exc.message)
+        return None
 
 
 async def plan_settle(op: Operation, plan: Plan) -> list[Run]:

@@ -35,7 +35,10 @@ def _restart_began(kind: StepKind) -> Callable[[Execution], bool]:
 
 
 def _restarting(ex: Execution) -> bool:
-    """The budget is reported once the restart's part of the run began (drain or restart)."""
+    """The budget is reported once the restart's part of the run began (drain or restart), or
+    beside the checks a stopped run owed (a plan with no restart of its own)."""
+    if not ex.plan.has(StepKind.RESTART):
+        return True
     return bool(ex.entered & {StepKind.DRAIN, StepKind.RESTART})
 
 
@@ -83,7 +86,7 @@ STEPS: dict[StepKind, Row] = {
         always=True,
         when=_restart_began(StepKind.RESTART_ROLLBACK),
     ),
-    StepKind.VERIFY: Row(steps.verify, when=_not_rolled_back),
+    StepKind.VERIFY: Row(steps.verify, prepare=booting.before_checks, when=_not_rolled_back),
     StepKind.BUDGET: Row(steps.budget, always=True, when=_restarting),
     StepKind.RELEASE: Row(steps.release, atomic=True, always=True, when=_leased),
 }

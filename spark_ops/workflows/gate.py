@@ -22,6 +22,7 @@ from typing import Any
 from spark_ops.engine.identity import (
     current_instance,
     leftover_ranks,
+    leftovers,
     rank_warning,
     rank_words,
     stop_hint,
@@ -130,7 +131,8 @@ def gate_refusal(gate: dict[str, Any] | None, *, ignore_option: bool = False) ->
 
 class BootWouldFail(SparkOpsError):
     """A restart refused before anything is written: a check doctor makes says its boot would fail
-    (a worker's Ray worker down, a worker unreachable, a worker's rank of an earlier engine)."""
+    (a worker's Ray worker down, a worker unreachable, a worker's rank of an earlier engine, a dead
+    engine's processes on the head)."""
 
     exit_status = ExitStatus.CHECK_FAILED
 
@@ -194,6 +196,30 @@ async def check_ranks(op: Operation, plan: Plan) -> None:
             + "; ".join(f"on {n}: {stop_hint(p)}" for n, p in stray.items())
             + "; check with `spark-ops doctor`, then run the command again",
         )
+
+
+async def check_leftovers(op: Operation, plan: Plan) -> None:
+    """Refuse a restart while the head's dead engine left processes (doctor's failing
+    engine-leftovers check): they hold memory (GPU memory on a real node) into the next boot,
+    which then fails. Ranks left on the workers (an engine without Ray) are warned about apart
+    (engine.identity.leftover_ranks). A head whose processes cannot be read refuses nothing."""
+    try:
+        instance, own, _ = await leftovers(op.session, op.cluster)
+    except SparkOpsError as exc:
+        op.log.warning("engine leftovers not checked", error=exc.message)
+        return
+    if not own or instance is None:
+        return
+    head = op.cluster.head.name
+    stop = stop_hint(own)
+    names = ", ".join(f"pid {p.pid} ({p.name})" for p in own)
+    raise BootWouldFail(
+        f"the restart would fail: the engine ({instance.label()}) on {head} is dead and its "
+        f"processes still run there: {names}; they hold memory into the next boot, so nothing "
+        "was written and the engine was not restarted",
+        hint=f"stop them on {head}: `spark-ops exec --nodes {head} -- {stop}`; check with "
+        "`spark-ops doctor` (engine-leftovers), then run the command again",
+    )
 
 
 async def check_budget(op: Operation, opts: ApplyOptions, plan: Plan) -> None:

@@ -158,6 +158,9 @@ class PlanFacts:
     )
     left_stamp_values: list[float] | None = None  # their stamps: the gate counts without
     unfinished: list[dict[str, Any]] | None = None  # the dead runs' summaries
+    checks_owed: str | None = field(  # the run whose restart this run verifies (no restart here)
+        default=None, metadata=_compared("the stopped run whose checks this run runs")
+    )
     budget: dict[str, Any] | None = None  # the gate a restart meets (gate.read_gate)
     engine: dict[str, Any] | None = field(  # the running engine's instance key, alive
         default=None, metadata=_compared("the running engine", known_only=True)

@@ -24,9 +24,9 @@ from spark_ops.recipe.changes import refuse_unknown_options, requested_flags
 from spark_ops.recipe.source import load_recipe_text
 from spark_ops.remote import sha256
 from spark_ops.watchdog.policy import crash_loop_warning, engine_policy
-from spark_ops.workflows.converge import booting_note, engine_differs, plan_settle
+from spark_ops.workflows.converge import booting_note, checks_owed, engine_differs, plan_settle
 from spark_ops.workflows.disruption import lease_description
-from spark_ops.workflows.gate import check_budget, check_ranks, check_workers
+from spark_ops.workflows.gate import check_budget, check_leftovers, check_ranks, check_workers
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, OperationKind, Plan, StepKind
 from spark_ops.workflows.postboot import kv_pool
@@ -146,12 +146,33 @@ async def _restart_if_needed(op: Operation, opts: ApplyOptions, plan: Plan) -> N
         note = await booting_note(op, expected)
         if note:
             plan.warnings.append(note)
+        await _checks_if_owed(op, plan)
         return
     plan.facts.restart_needed = why
     plan.warnings.append(
         f"the recipe already holds this content on every node, but {why}: restart needed"
     )
     _restart_steps(plan, op, opts, write=False)
+
+
+async def _checks_if_owed(op: Operation, plan: Plan) -> None:
+    """No restart is needed, but the run that restarted the engine stopped before its checks (an
+    interrupted or killed run): plan them, and the budget report, so that the re-run finishes."""
+    owed = await checks_owed(op)
+    if owed is None:
+        return
+    plan.facts.checks_owed = owed.run
+    plan.warnings.append(
+        f"run {owed.run} ({owed.operation}) restarted the engine and stopped before its checks "
+        f"(last recorded: {owed.last_step}): this run runs them"
+    )
+    c = op.cluster
+    what = (
+        f"verify the restart of run {owed.run}: effective args, KV pool, free memory, Xid lines "
+        "(once a boot under way serves)"
+    )
+    plan.add(StepKind.VERIFY, what, [n.name for n in c.nodes])
+    plan.add(StepKind.BUDGET, "report the restart budget", [c.head.name])
 
 
 async def _preflight(
@@ -323,10 +344,12 @@ async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None
 
 async def _settle_and_gate(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
     """Finish dead runs first (plan_settle); refuse a restart whose boot would fail (a worker
-    missing, an earlier engine's rank on a worker), then weigh it against the budget left."""
+    missing, an earlier engine's rank on a worker, a dead engine's processes holding memory), then
+    weigh it against the budget left."""
     await plan_settle(op, plan)
     if plan.has(StepKind.RESTART):
         await check_workers(op, plan)
+        await check_leftovers(op, plan)  # the head's dead engine's processes (doctor's check)
         await check_ranks(op, plan)  # ranks without Ray: an earlier engine's rank still on a worker
         await check_budget(op, opts, plan)
         loop = crash_loop_warning(await engine_policy(op.session))  # a policy is a watchdog too

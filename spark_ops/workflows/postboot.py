@@ -13,6 +13,7 @@ from spark_ops.engine.identity import old_ranks, worker_ranks
 from spark_ops.errors import SparkOpsError, VerifyError
 from spark_ops.remote.programs.engine import GPU_APPS, KERNEL_LOG
 from spark_ops.remote.programs.node import MEMINFO
+from spark_ops.workflows.converge import effective_args
 from spark_ops.workflows.operation import Operation, Outcome
 from spark_ops.workflows.plan import Plan
 
@@ -21,7 +22,10 @@ async def verify_boot(op: Operation, plan: Plan, out: Outcome) -> list[verify.Ch
     """After a good boot: effective args, KV pool, workers' free memory, no new Xid."""
     c = op.cluster
     head = c.head.name
-    args = out.boot.non_default_args if out.boot is not None else {}
+    if out.boot is not None:
+        args = out.boot.non_default_args
+    else:  # no boot followed (the checks a stopped run owed): the args its engine logged
+        args = await effective_args(op.session) or {}
     expected = {k: v for k, v in (plan.facts.knobs_after or {}).items() if v is not None}
     checks = [verify.check_effective_args(args, expected, host=head)]
     after, kv_memory = await kv_cache(op)

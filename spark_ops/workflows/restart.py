@@ -16,8 +16,8 @@ from typing import Any
 
 from spark_ops.engine.identity import START_SLACK_S
 from spark_ops.engine.watch import EngineWatch
-from spark_ops.errors import AmbiguousStamp, SparkOpsError
-from spark_ops.readiness import BootReport, BootTracker, history_key, wait_for_boot
+from spark_ops.errors import AmbiguousStamp, BootError, SparkOpsError
+from spark_ops.readiness import BootReport, BootTracker, history_key, record_failed, wait_for_boot
 from spark_ops.readiness import record as record_boot
 from spark_ops.remote import FileWrite, engine_log_follow, sha256
 from spark_ops.remote.programs.engine import LOG_SIZE
@@ -69,6 +69,7 @@ async def boot(ex: Execution, kind: StepKind) -> Done:
     """Follow the new engine's boot; then say whether the watchdog acted meanwhile."""
     op, out, a = ex.op, ex.out, ex.attempt
     assert a is not None
+    began = time.time()
     try:
         report = await wait(ex, a.start_at, a.watch)
         await time_from_engine(op, report, a.watch, a.trigger)
@@ -76,6 +77,12 @@ async def boot(ex: Execution, kind: StepKind) -> Done:
         out.boots.append({"step": kind.value, **report.to_dict()})
         record_boot(history_key(op.cluster), report)  # the ETA learns the engine's own boot time
         return Done(boot_text(report, a.watch))
+    except BootError as exc:  # status says the last boot failed; the ETAs skip it
+        record_failed(
+            history_key(op.cluster), at=began, total_s=time.time() - began,
+            phase=exc.phase, error=exc.message,
+        )  # fmt: skip
+        raise
     except (asyncio.CancelledError, KeyboardInterrupt):
         interrupt.absorb()  # what follows (flags, the prune) still runs, then the interruption
         raise

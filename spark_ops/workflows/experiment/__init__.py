@@ -18,9 +18,12 @@ from spark_ops.workflows.experiment.state import (
     ExperimentError,
     ExperimentSpec,
     ExperimentState,
+    Recorded,
     default_state_path,
+    discard_state,
     label,
     plan_experiment,
+    recorded_state,
     start_state,
 )
 
@@ -32,11 +35,14 @@ __all__ = [
     "ExperimentSpec",
     "ExperimentState",
     "Hooks",
+    "Recorded",
     "current_knobs",
     "default_state_path",
+    "discard_state",
     "label",
     "plan_experiment",
     "read_experiment",
+    "recorded_state",
     "run_experiment",
     "start_state",
 ]

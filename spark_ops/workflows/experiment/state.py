@@ -14,11 +14,12 @@ from spark_ops.bench.confirm import Confirmation, confirm
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.bench.whatif import predicted_sweep, whatif_of
 from spark_ops.errors import BenchError, ExitStatus, RecipeError, SparkOpsError
-from spark_ops.files import write_file
+from spark_ops.files import read_regular, remove_file, sha256_of, write_file
 from spark_ops.recipe import Change, changes_from_options, parse_kv_cache_memory
 from spark_ops.workflows.experiment.reading import ExperimentReading, read_experiment
 
 SCHEMA = "spark-ops.experiment/1"
+MAX_STATE_BYTES = 64 * 1024 * 1024  # a state file holds every sweep: generous, never unbounded
 REASON = "planned restart (spark-ops experiment"  # every restart of ours is journalled with this
 AXES = ("max_num_seqs", "moe_backend", "kv_cache_memory", "enforce_eager")
 
@@ -378,6 +379,75 @@ def plan_experiment(
     )
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """An experiment state file as `experiment --discard` found it: what it holds, its digest."""
+
+    path: Path
+    state: ExperimentState
+    sha256: str
+
+    def describe(self) -> str:
+        """The experiment in words: cluster, what it compares, its status, how far it got."""
+        st = self.state
+        axes = "; ".join(
+            f"{axis} {', '.join(str(v) for v in values)}" for axis, values in st.spec.axes.items()
+        )
+        return (
+            f"the experiment on cluster {st.spec.cluster} comparing {axes} ({st.status}, "
+            f"{len(st.results)}/{len(st.spec.measured())} configurations measured, started "
+            f"{st.started_at})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json."""
+        st = self.state
+        return {
+            "path": str(self.path), "cluster": st.spec.cluster, "axes": st.spec.axes,
+            "status": st.status, "measured": len(st.results),
+            "configurations": len(st.spec.measured()), "started_at": st.started_at,
+        }  # fmt: skip
+
+
+def recorded_state(path: Path, cluster: str) -> Recorded | None:
+    """The experiment state at `path` when it is spark-ops' own for `cluster` (None: no file);
+    a link, a FIFO, a file that is not an experiment state, or another cluster's, is refused."""
+    try:
+        raw = read_regular(path, limit=MAX_STATE_BYTES, follow=False)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ExperimentError(
+            f"{path}: not a regular file ({exc.strerror or exc}): not spark-ops' experiment state",
+            hint="remove it yourself if it is yours to remove; spark-ops removes only its own file",
+        ) from exc
+    if len(raw) > MAX_STATE_BYTES:
+        raise ExperimentError(f"{path}: larger than {MAX_STATE_BYTES} bytes: not a state file")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ExperimentError(
+            f"{path}: not JSON, so not spark-ops' experiment state: {exc}",
+            hint="remove it yourself if it is yours to remove; spark-ops removes only its own file",
+        ) from exc
+    state = ExperimentState.from_dict(data, source=str(path))
+    if state.spec.cluster != cluster:
+        raise ExperimentError(
+            f"{path}: the experiment state of cluster {state.spec.cluster!r}, not {cluster!r}: "
+            "not removed",
+            hint="discard it for its own cluster: "
+            f"spark-ops -c {state.spec.cluster} experiment --discard --state {path}",
+        )
+    return Recorded(Path(path), state, sha256_of(raw))
+
+
+def discard_state(found: Recorded) -> None:
+    """Remove the experiment state file found (only if it still holds what was read)."""
+    remove_file(
+        found.path, expect_sha256=found.sha256, limit=MAX_STATE_BYTES, error=ExperimentError
+    )
+
+
 def start_state(
     spec: ExperimentSpec, current_knobs: dict[str, Any], path: Path, *, resume: bool
 ) -> tuple[ExperimentState, bool]:
@@ -405,7 +475,8 @@ def start_state(
         raise ExperimentError(
             f"{path}: an unfinished experiment ({old.status}, "
             f"{len(old.results)}/{len(old.spec.measured())} configurations done) is recorded",
-            hint="continue it with --resume, or choose another file with --state",
+            hint="continue it with --resume, discard it with --discard (removes this state "
+            "file only: its measurements are lost), or choose another file with --state",
         )
     spec.validate()
     missing = [a for a in spec.axes if current_knobs.get(a) is None]
