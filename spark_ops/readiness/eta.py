@@ -55,8 +55,9 @@ def _count(value: object) -> int | None:
 
 
 def _record_of(rec: object) -> dict[str, Any] | None:
-    """One boot record as `record` writes it, its values checked; None when it is not one (no
-    finite `at` and `total_s`); a bad duration or field is left out."""
+    """One boot record as `record` or `record_failed` writes it, its values checked; None when it
+    is not one (no finite `at` and `total_s`); a bad duration or field is left out; an outcome
+    other than ok reads as failed (never an ETA)."""
     if not isinstance(rec, dict):
         return None
     at, total = _finite(rec.get("at")), _finite(rec.get("total_s"))
@@ -66,7 +67,14 @@ def _record_of(rec: object) -> dict[str, Any] | None:
     skipped = rec.get("skipped")
     version = rec.get("vllm_version")
     kv = rec.get("kv_cache_memory_bytes")  # as the engine's args said it: a count or its text
+    outcome = rec.get("outcome", "ok")
+    phase, error = rec.get("phase"), rec.get("error")
+    kept: dict[str, Any] = {"outcome": outcome if outcome in ("ok", "failed") else "failed"}
+    if kept["outcome"] == "failed":  # a failed boot's phase and why, as record_failed wrote them
+        kept["phase"] = phase[:64] if isinstance(phase, str) else ""
+        kept["error"] = error[:300] if isinstance(error, str) else ""
     return {
+        **kept,
         "at": at,
         "total_s": total,
         "durations": {
