@@ -107,3 +107,26 @@ def test_both_writers_rotate_alike(tmp_path: Path, keep: int) -> None:
         assert not [n for n in names if n.startswith(".")], (way, names)
         survivors.append(ours[:-1])
     assert survivors[0] == survivors[1]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root to own a file by another group and drop CAP_CHOWN"
+)
+def test_the_staged_file_keeps_the_mode_when_root_may_not_chown(tmp_path: Path) -> None:
+    """Root without CAP_CHOWN (a container, NFS's root_squash) stages the recipe with its mode:
+    cp's failed ownership copy never leaves the staged file 0600 (red team of 2026-12-05)."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text("old\n")
+    os.chown(path, 0, 1234)
+    path.chmod(0o644)
+    staged = subprocess.run(
+        ["setpriv", "--bounding-set", "-chown", "--inh-caps", "-chown", "sh", "-c",
+         sh_program(STAGE_SH, str(path), "-", sha256("new\n"))],
+        input=b"new\n", capture_output=True, check=True, timeout=30,
+    ).stdout.decode()  # fmt: skip
+    tmp = Path(staged.split("\0")[0])
+    try:
+        assert tmp.read_text() == "new\n"
+        assert tmp.stat().st_mode & 0o7777 == 0o644, oct(tmp.stat().st_mode)
+    finally:
+        tmp.unlink()

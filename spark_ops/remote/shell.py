@@ -157,8 +157,10 @@ while [ -z "$tmp" ]; do
 done
 set +C
 trap 'rm -f -- "$tmp"' EXIT
-if [ -e "$t" ]; then  # mode and owner first (root may chown; others keep their own)
-  cp --attributes-only --preserve=mode,ownership -- "$t" "$tmp" 2>/dev/null || :
+if [ -e "$t" ]; then  # mode and owner first (root may chown; others keep their own). cp stops
+  # before the mode when it may not chown (root without CAP_CHOWN, NFS root_squash): the mode alone
+  cp --attributes-only --preserve=mode,ownership -- "$t" "$tmp" 2>/dev/null \
+    || cp --attributes-only --preserve=mode -- "$t" "$tmp" 2>/dev/null || :
 fi
 # The content, synced with the inode (its mode and owner too) by dd's fsync; a full disk fails
 # here and the trap removes the staged file. A mode that forbids us to write (not root) is taken
