@@ -31,6 +31,8 @@ from crash.harness import (
     write_record,
 )
 
+from spark_ops.watchdog.lease import parse_lease
+
 pytestmark = pytest.mark.slow
 
 SEED = 20
@@ -38,6 +40,18 @@ SEED = 20
 # every case held once the run journal, convergence by state and the atomic units landed; a case
 # that fails again on a future change gets an xfail(strict) reason here, naming its issue item
 APPLY_XFAIL: dict[str, str] = {}
+
+# the lease's boundaries of restart and rollback: before the lease, after it, inside the boot
+# (rollback's is in SAMPLE), after its release
+LEASE_POINTS: list[tuple[str, KillPoint]] = [
+    ("restart", KillPoint("lease:running")),
+    ("restart", KillPoint("lease:done")),
+    ("restart", KillPoint("boot:running", delay=0.5)),
+    ("restart", KillPoint("release:done")),
+    ("rollback", KillPoint("lease:running")),
+    ("rollback", KillPoint("lease:done")),
+    ("rollback", KillPoint("release:done")),
+]
 
 SAMPLE: list[tuple[str, KillPoint, str | None]] = [
     ("apply", KillPoint("boot:running", signal="INT"), None),
@@ -94,17 +108,52 @@ def test_apply_sigkilled_at_each_step_boundary(
     _check(crash_cluster, command, point)
 
 
-def test_an_operators_pause_is_never_removed(crash_cluster: CrashCluster) -> None:
+@pytest.mark.parametrize(("command", "point"), APPLY_CASES)
+def test_an_operators_pause_is_never_removed(
+    crash_cluster: CrashCluster, command: str, point: KillPoint
+) -> None:
     """An operator paused the watchdog before apply: the run keeps the pause (reported), is
-    SIGKILLed at its boot, re-run: the pause is there as it was, and the run converged."""
+    SIGKILLed at each step boundary, re-run: the pause is there as it was, and the run
+    converged."""
     said = "paused by alice: switch maintenance\n"
     crash_cluster.pause.write_text(said)
     try:
-        result = _check(crash_cluster, "apply", KillPoint("boot:running"))
+        result = _check(crash_cluster, command, point)
         # (f) compared it before the harness's repair removed it: as it was after kill and re-run
         assert result.state["pause_after_kill"] == said == result.state["pause_after_rerun"]
     finally:
         crash_cluster.pause.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize(
+    ("command", "point"), [pytest.param(c, p, id=f"{c}-{p.label}") for c, p in LEASE_POINTS]
+)
+def test_restart_and_rollback_killed_around_their_lease(
+    crash_cluster: CrashCluster, command: str, point: KillPoint
+) -> None:
+    """restart and rollback SIGKILLed before the lease, after it, in the boot, after the release:
+    a lease the kill left is bounded and the re-run's settle step ends it; the run converges."""
+    result = _check(crash_cluster, command, point)
+    if point.boundary == "lease:done":  # the kill left our lease, bounded; the re-run ended it
+        assert result.state["pause_after_kill"] is not None, result.state
+        assert result.state["pause_after_rerun"] is None, result.state
+
+
+def test_an_experiment_killed_inside_its_leased_level(crash_cluster: CrashCluster) -> None:
+    """experiment at cap 6, --concurrency 1,64, the watchdog's probe timeout 2 s: level 64 queues
+    the probe 10 rounds and runs under a lease; SIGKILL inside it. The lease left is bounded, the
+    re-run (--resume, as the tool's hint says) ends it in its settle step and takes its own for
+    the level, the run converges, and nothing of spark-ops' is left paused."""
+    c = crash_cluster
+    timeout = c.probe_timeout()
+    c.set_probe_timeout(2.0)
+    try:
+        result = _check(c, "experiment-leased-level", KillPoint("lease-C64:done", delay=0.5))
+    finally:
+        c.set_probe_timeout(timeout)
+    left = parse_lease(result.state["pause_after_kill"] or "")
+    assert left is not None and "concurrency 64 at max_num_seqs 6" in left.why, result.state
+    assert result.state["pause_after_rerun"] is None, result.state  # its settle step ended it
 
 
 @pytest.mark.parametrize(("command", "point"), [_marked(cmd, p, why) for cmd, p, why in SAMPLE])

@@ -295,7 +295,67 @@ def test_missing_history_of_an_unknown_watchdog_is_an_error(sim: Sim, tmp_path: 
         restart_command=wd["restart_command"].replace("spark-watchdog --config", "my-wd --conf"),
         status_command=None,
     )  # fmt: skip
+    said = "watchdog.history_file: ~/nowhere/restarts does not exist"
     res = spark_ops(sim, "budget", "--json", inventory=other)
     out = flat(res)
     assert res.returncode == ExitStatus.BUDGET, out[-2000:]
-    assert "watchdog.history_file: ~/nowhere/restarts does not exist" in out, out[-2000:]
+    assert said in out, out[-2000:]
+    # every view says the same, naming the key; none shows "0 used"
+    res = spark_ops(sim, "status", "--json", inventory=other)
+    data = json.loads(res.stdout)
+    assert "used" not in data["budget"] and said in data["budget"]["error"], data["budget"]
+    assert any(said in r for r in data["verdict"]["reasons"]), data["verdict"]
+    res = spark_ops(sim, "doctor", "--json", inventory=other)
+    checks = {c["name"]: c for c in json.loads(res.stdout)["checks"]}
+    assert checks["budget"]["status"] == "fail" and said in checks["budget"]["detail"], checks
+    assert "watchdog.history_file" in checks["history"]["fix"], checks["history"]
+    import asyncio
+
+    from spark_ops.inventory import load_inventory
+    from spark_ops.serve.metrics import render_metrics
+    from spark_ops.status import collect_status
+
+    status = asyncio.run(collect_status(load_inventory(other).cluster(None)))  # serve reads this
+    assert said in status["budget"]["error"]
+    page = render_metrics(status, {"active": False}, None).decode()
+    assert "spark_ops_budget_readable 0.0" in page and "spark_ops_budget_used " not in page
+
+
+def test_a_history_that_did_not_move_names_the_key(sim: Sim, tmp_path: Path) -> None:
+    """Issue 30 #6: watchdog.history_file names a file that exists but is not the one the
+    watchdog writes, behind a site's wrapper spark-ops cannot read the config of. The restart
+    goes through, the watchdog prints the stamp it wrote elsewhere, and the prune step says the
+    history did not move, naming watchdog.history_file (exit 10, never "Done"); its hint's prune
+    removes the planned stamp from the real history."""
+    wrapper = sim.head / "bin" / "site-wd"
+    wrapper.write_text(  # a site's own wrapper: its config is not named on the command line
+        '#!/bin/sh\nexec spark-watchdog --config "$HOME/.config/spark-watchdog.yaml" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    old = sim.head / "old-watchdog"
+    old.mkdir()
+    (old / "restarts").write_text(f"{int(time.time()) - 9000}\n")  # exists, never written again
+    before, old_before = history(sim), (old / "restarts").read_bytes()
+    inv = inventory_with(
+        sim, tmp_path, "unmoved", history_file="~/old-watchdog/restarts", journal_file=None,
+        restart_command="site-wd --restart-now --force --reason {reason} --by {by}",
+        status_command=None,
+    )  # fmt: skip
+    res = spark_ops(sim, "restart", "--yes", "--no-drain", "--json", inventory=inv)
+    assert res.returncode == ExitStatus.BUDGET, flat(res)[-3000:]
+    steps = {s["name"]: s for s in json.loads(res.stdout)["plan"]["steps"]}
+    prune = steps["prune"]
+    assert prune["status"] == "failed", prune
+    assert prune["detail"].startswith("watchdog.history_file is wrong: the watchdog printed stamp ")
+    assert "but ~/old-watchdog/restarts on node1 did not change" in prune["detail"], prune
+    assert "watchdog.history_file" in steps["budget"]["detail"], steps["budget"]
+    assert (old / "restarts").read_bytes() == old_before, "the named file was not touched"
+    new = [line for line in history(sim) if line not in before]
+    assert len(new) == 1, "the planned stamp landed in the history the watchdog writes"
+    problem = json.loads(res.stdout)["history_problem"]
+    assert problem["history_file"] == "~/old-watchdog/restarts"
+    assert f"spark-ops budget prune --stamp {new[0]}" in problem["hint"], problem
+    # following the hint with the right inventory: the budget is back as it was
+    res = spark_ops(sim, "budget", "prune", "--stamp", new[0], "--yes")
+    assert res.returncode == 0, flat(res)[-2000:]
+    assert history(sim) == before

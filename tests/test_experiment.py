@@ -226,6 +226,77 @@ async def test_failure_ends_in_restore_and_leftovers_are_pruned(
     assert outcome.budget_before == {"used": 1, "stamps": [100.0]} == outcome.budget_after
 
 
+async def test_a_restore_that_fails_says_what_runs_now_and_what_to_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30 #3: 64 fails to boot, and so does the restore to 6. The ending names the recipe's
+    values and the engine's now (its log's last start, it does not answer) and gives the exact
+    apply to run; the restore's failure, said by its ✗ step line, is not said again."""
+    import spark_ops.workflows.experiment.run as experiment
+    from spark_ops.cli.common import SAID
+    from spark_ops.errors import BootError, RemoteError
+
+    said = "engine boot failed during KV_CACHE: CUDA out of memory"
+
+    async def run_config(op: Any, state: Any, config: dict[str, Any], *rest: Any) -> Any:
+        """6 measures; 64 fails to boot (the recipe and the engine are left on 64)."""
+        if config["max_num_seqs"] == 64:
+            raise BootError("engine exited during KV_CACHE", phase="KV_CACHE")
+        cfg = CASES["note_cap_6_vs_64"]["configs"][0]
+        budget = {"used_before": 1, "used_after": 1, "new_stamps": []}
+        return {
+            "sweep": sweep(cfg, 12).to_dict(), "budget_as_before": True, "budget": budget,
+            "knobs": config, "label": label(config),
+        }  # fmt: skip
+
+    async def apply(op: Any, changes: list[Any], *rest: Any) -> dict[str, Any]:
+        """The restore's boot fails too (its ✗ line says so)."""
+        SAID[said] = "boot"
+        raise BootError(said, phase="KV_CACHE")
+
+    async def knobs(op: Any) -> dict[str, Any]:
+        """The recipe holds what the failed configuration wrote."""
+        return {"max_num_seqs": 64, "kv_cache_memory": None}
+
+    async def args(session: Any) -> dict[str, Any]:
+        """The engine's log: last started with 64."""
+        return {"max_num_seqs": 64, "port": 8000}
+
+    class Op:
+        """The parts of an Operation the restore's report reads (the tunnel fails: no answer)."""
+
+        watchdog = FakeWatchdog([(100.0, "watchdog: engine down")])
+        session = None
+
+        async def api_url(self) -> str:
+            """No tunnel to the engine."""
+            raise RemoteError("node1", "connection refused")
+
+    monkeypatch.setattr(experiment, "_run_config", run_config)
+    monkeypatch.setattr(experiment, "_apply", apply)
+    monkeypatch.setattr(experiment, "current_knobs", knobs)
+    monkeypatch.setattr(experiment, "effective_args", args)
+    spec = ExperimentSpec("sim", {"max_num_seqs": [6, 64]}, {"slo_tok_s": 12}, measure_all=True)
+    state = ExperimentState(spec, {"max_num_seqs": 6})
+    outcome = await experiment.run_experiment(Op(), state, tmp_path / "exp.json")  # type: ignore[arg-type]
+    restore = outcome.state.restore
+    assert restore is not None and restore["ok"] is False
+    assert restore["recipe_now"] == {"max_num_seqs": 64}
+    assert restore["engine_now"] == {"up": False, "knobs": {"max_num_seqs": 64}}
+    assert restore["command"] == "spark-ops apply --max-num-seqs 6"
+    text = " ".join(render_report(outcome).split())
+    SAID.pop(said, None)
+    assert (
+        "RESTORE FAILED (the ✗ boot line above): the starting configuration max_num_seqs=6 is not "
+        "back. The recipe holds max_num_seqs=64; the engine does not answer (last started with "
+        "max_num_seqs=64). Put the start back with `spark-ops apply --max-num-seqs 6`." in text
+    ), text
+    assert said not in text, "the ✗ boot line said it: not again"
+    assert text.count("spark-ops apply --max-num-seqs 6") == 1
+    shown = json.loads(json.dumps(outcome.to_dict()))["state"]["restore"]
+    assert shown["engine_now"]["up"] is False and shown["command"] == restore["command"]
+
+
 CLI_CASES: dict[str, Any] = yaml.safe_load(
     (Path(__file__).parent / "fixtures" / "experiment" / "cli_cases.yaml").read_text("utf-8")
 )

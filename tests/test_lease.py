@@ -31,7 +31,13 @@ from spark_ops.watchdog.lease import (
     pause_shown,
 )
 from spark_ops.workflows.experiment import read_experiment
-from spark_ops.workflows.probe_load import LoadGuard, ProbeWouldTrip, probe_wait
+from spark_ops.workflows.probe_load import (
+    LoadGuard,
+    ProbeWouldTrip,
+    cap_of,
+    plan_load,
+    probe_wait,
+)
 
 CASES: dict[str, Any] = yaml.safe_load(
     (Path(__file__).parent / "fixtures" / "lease" / "cases.yaml").read_text("utf-8")
@@ -129,7 +135,11 @@ def _level(c: int, duration: float) -> stats.LevelResult:
 @pytest.mark.parametrize("case", CASES["probe_waits"], ids=lambda c: c["name"])
 def test_the_probe_wait_of_a_level(case: dict[str, Any]) -> None:
     """Requests queued ahead at the cap x their time, against the probe's timeout."""
-    probe = WatchdogProbe(interval_s=2.0, timeout_s=case["timeout_s"], failures=3)
+    probe = (
+        WatchdogProbe(interval_s=2.0, timeout_s=case["timeout_s"], failures=3)
+        if case["timeout_s"] is not None
+        else None  # the inventory has no watchdog.probe
+    )
     levels = [_level(c, d) for c, d in case.get("measured", [])]
     wait = probe_wait(case["concurrency"], case["cap"], levels, case.get("engine_s"), probe)
     assert wait.trips is case["trips"], wait.arithmetic()
@@ -154,6 +164,77 @@ async def test_a_level_that_trips_the_probe_is_refused_without_a_lease() -> None
         ran.append(64)
     assert ran == [16, 64] and len(notes) == 1 and "unleased (--unleased-load)" in notes[0]
     await asyncio.sleep(0)
+
+
+async def test_a_probe_the_inventory_does_not_describe_is_not_run_past_silently() -> None:
+    """Issue 30 #2: no watchdog.probe, so whether a level starves the probe cannot be computed.
+    Below the cap a slot stays free: it runs. At or above it the level counts as starving the
+    probe: refused without a pause file, naming the key to set; --unleased-load runs it, said."""
+    notes: list[str] = []
+    guard = LoadGuard(None, None, 6, 1, on_note=notes.append)
+    ran = []
+    async with guard.level(5, []):
+        ran.append(5)
+    with pytest.raises(ProbeWouldTrip) as err:
+        async with guard.level(64, [_level(5, 0.2)]):
+            ran.append(64)
+    assert ran == [5], "nothing of level 64 was sent"
+    assert "against a probe timeout that is not known: counted as starving it" in err.value.message
+    assert "set watchdog.probe: {interval_s, timeout_s, failures}" in (err.value.hint or "")
+    guard.unleased = True
+    async with guard.level(64, [_level(5, 0.2)]):
+        ran.append(64)
+    assert ran == [5, 64] and len(notes) == 1 and "unleased (--unleased-load)" in notes[0]
+
+
+@pytest.mark.parametrize("case", CASES["load_plans"], ids=lambda c: c["name"])
+def test_the_load_plan_says_each_level_before_any_request(case: dict[str, Any]) -> None:
+    """bench's and experiment's plan: per level run as is, leased or refused (certain, or by
+    what the sweep measures), the arithmetic shown; each shared risk said once; a level refused
+    whatever the sweep measures is refused up front, with the ways on."""
+    probe = WatchdogProbe(**case["probe"]) if case["probe"] else None
+    plan = plan_load(
+        case["levels"], case["cap"], probe, case["pause_file"],
+        unleased=case.get("unleased", False), measured=case.get("measured", False),
+    )  # fmt: skip
+    assert [[lv.concurrency, lv.action, lv.certain] for lv in plan.levels] == case["plan"]
+    lines = plan.lines()
+    text = "\n".join(lines)
+    for words in case.get("says", []):
+        assert words in text, text
+    for words in case.get("once", []):
+        assert text.count(words) == 1, (words, text)
+    assert [lv.concurrency for lv in plan.refused()] == case["refused"]
+    refusal = plan.refusal()
+    assert (refusal is not None) is bool(case["refused"])
+    if refusal is not None:
+        assert refusal.exit_status == 9 and "refused before any request was sent" in refusal.message
+        for words in case.get("hint", []):
+            assert words in (refusal.hint or ""), refusal.hint
+    assert json.loads(json.dumps(plan.to_dict()))["lines"] == lines
+
+
+def test_the_journal_records_a_bounded_plan() -> None:
+    """--concurrency with a thousand levels: the load run's intent names the levels that meet the
+    probe, at most 64 of them, and counts the rest (an audit line stays small)."""
+    plan = plan_load(range(1, 1001), 6, WatchdogProbe(2.0, 3.0, 3), "~/pause")
+    rec = json.loads(json.dumps(plan.record()))
+    assert len(rec["levels"]) == 64 and rec["more"] == 995 - 64
+    assert rec["levels"][0] == {
+        "concurrency": 6, "action": "lease", "certain": False, "threshold_s": 3.0,
+    }  # fmt: skip
+    assert len(json.dumps(rec)) < 8000
+
+
+@pytest.mark.parametrize(
+    ("knob", "cap"), [(6, 6), ("64", 64), (0, None), ("0", None), (True, None), ("6k", None)]
+)
+def test_the_cap_a_sweep_reckons_with(knob: object, cap: int | None) -> None:
+    """max_num_seqs as the recipe holds it; 0 (no cap vLLM runs with), a flag or text: not
+    known, and the plan says so rather than dividing by it."""
+    assert cap_of({"max_num_seqs": knob}) == cap
+    plan = plan_load([64], cap, WatchdogProbe(2.0, 3.0, 3), None)
+    assert plan.levels[0].action == ("run" if cap is None else "refuse")
 
 
 @pytest.mark.parametrize("case", CASES["inventory"], ids=lambda c: c["name"])

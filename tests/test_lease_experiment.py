@@ -108,8 +108,16 @@ def test_without_a_pause_file_the_starving_level_is_refused_and_the_start_restor
         assert data["state"]["restore"]["ok"] is True, data["state"]["restore"]
         assert s.history.read_bytes() == history, "the budget is exactly as before"
         assert s.recipe.read_bytes() == recipe, "the recipe is back as it was"
-        lines = [ln for ln in (res.stdout + res.stderr).splitlines() if "would starve" in ln]
-        assert len(lines) == 1, lines
+        said = (res.stdout + res.stderr).splitlines()
+        lines = [ln for ln in said if "concurrency 64 would starve" in ln]
+        assert len(lines) == 1, lines  # the refusal, once
+        # the plan said it up front: level 64 refused if a request measures 1 s or more (10 rounds
+        # against the 10 s timeout), and the missing pause file once
+        assert sum("C=64: refused if the sweep measures a request at 1 s or more" in ln
+                   for ln in said) == 1, said  # fmt: skip
+        assert (
+            sum("no watchdog.pause_file: the watchdog cannot be paused" in ln for ln in said) == 1
+        )
     finally:
         down(s.root)
 

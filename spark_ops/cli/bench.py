@@ -297,8 +297,20 @@ def cli(
             shown = json.dumps({"event": "note", "text": text}) if as_json else f"note: {text}"
             click.echo(shown, err=True)
 
+        def plan(load: Any) -> None:
+            """The load plan before any request: which levels run as is, leased or refused."""
+            if quiet():
+                return
+            if as_json:
+                click.echo(json.dumps({"event": "load-plan", **load.to_dict()}), err=True)
+                return
+            head, *rest = load.lines()
+            click.echo(f"{head}:", err=True)
+            for line in rest:
+                click.echo(f"  {line}", err=True)
+
         return await sweep_cluster(
-            load_cluster(ctx), config, unleased=unleased_load, on_note=note, **kw
+            load_cluster(ctx), config, unleased=unleased_load, on_note=note, on_plan=plan, **kw
         )
 
     try:

@@ -98,6 +98,14 @@ def echo_plan(plan: ExperimentPlan, n_done: int, history: str | None = None) -> 
         f"{s['output_tokens']} output tokens, {s['repeats']} repeat(s), "
         f"SLO {s['slo_tok_s']} tok/s per user"
     )
+    said: set[str] = set()  # a risk the sweeps share is said once
+    for name, load in plan.load:
+        head, *rest = load.lines()
+        click.echo(f"  {name}, {head}:")
+        for line in rest:
+            if line not in said:
+                click.echo(f"    {line}")
+            said.add(line)
     end = f"restore {_knobs(plan.start)}" if plan.restore else "no restore (--no-restore)"
     click.echo(f"  at the end: {end}")
     from spark_ops.readiness.eta import estimate
@@ -332,9 +340,7 @@ def _ending(outcome: ExperimentOutcome) -> str:
             f"Put it back with `{r['command']}` once a slot frees, or now with --over-budget."
         )
     else:
-        text += (
-            f" RESTORE FAILED ({r['error']}): put {_knobs(r['knobs'])} back with spark-ops apply."
-        )
+        text += " " + restore_failed(r)
     text += (
         f" Downtime spent: {state.restarts_done()} boot(s), {state.downtime_s():.1f} s"
         f" ({len(state.spec.predicted())} configuration(s) predicted without a restart)."
@@ -384,6 +390,40 @@ def _discard(cluster: Cluster, path: Path, kw: dict[str, Any]) -> int:
     elif not quiet():
         click.echo(f"Removed {path}: {what}. A new experiment can start.")
     return 0
+
+
+def restore_failed(r: dict[str, Any]) -> str:
+    """A restore that failed: why (or the ✗ line above that said it), what the recipe holds and
+    the engine runs now, and the exact apply that puts the start back; each said once."""
+    step = SAID.get(str(r.get("error")))
+    why = f"the ✗ {step} line above" if step else r.get("error")
+    text = f"RESTORE FAILED ({why}): the starting configuration {_knobs(r['knobs'])} is not back."
+    recipe, engine = r.get("recipe_now"), r.get("engine_now")
+    if isinstance(recipe, dict):
+        held = (
+            f"cannot be read ({recipe['error']})" if "error" in recipe
+            else f"holds {_knobs(recipe)}"
+        )  # fmt: skip
+        text += f" The recipe {held};"
+    if isinstance(engine, dict):
+        knobs = engine.get("knobs")
+        values = _knobs({k: _shown(v) for k, v in knobs.items()}) if knobs else None
+        if engine.get("up"):
+            unknown = "its values unknown (its log names no start-up args)"
+            text += f" the engine serves {values or unknown}."
+        else:
+            text += " the engine does not answer" + (
+                f" (last started with {values})." if values else "."
+            )
+    command = r.get("command")
+    if command:
+        text += f" Put the start back with `{command}`."
+    return text
+
+
+def _shown(value: Any) -> Any:
+    """An engine value as shown: vLLM's default when its log does not list it."""
+    return "(vLLM's default)" if value is None else value
 
 
 @click.command("experiment")
@@ -542,7 +582,9 @@ def cli(ctx: click.Context, **kw: Any) -> int:
         knobs = await current_knobs(op)
         digests = {node: sha256(text) for node, text in (await op.read_recipes()).items()}
         state, resumed = start_state(spec, knobs, path, resume=kw["resume"])
-        plan = plan_experiment(state, knobs, path, resumed)
+        plan = plan_experiment(
+            state, knobs, path, resumed, watchdog=cluster.watchdog, unleased=kw["unleased_load"]
+        )
         gate = await read_gate(op, kw["over_budget"]) if plan.restarts else None
         return state, plan, digests, gate
 
@@ -559,15 +601,15 @@ def cli(ctx: click.Context, **kw: Any) -> int:
                     echo_plan(plan, len(state.results), progress.history)
                     if gate is not None:
                         echo_gate(gate)
-            refusal = gate_refusal(gate)
+            refusals = [r for r in (gate_refusal(gate), plan.load_refusal()) if r is not None]
             if kw["dry_run"]:
-                if refusal is not None:
+                for refusal in refusals:
                     click.secho(f"\nexperiment would refuse: {refusal.message}", fg="red", err=err)
                     click.echo(f"hint: {refusal.hint}", err=err)
                 click.echo("\nDry run: nothing was changed.", err=err)
-                return int(refusal.exit_status) if refusal is not None else None
-            if refusal is not None:
-                raise refusal
+                return int(refusals[0].exit_status) if refusals else None
+            if refusals:
+                raise refusals[0]
             if not kw["yes"] and not await confirm("\nProceed?"):
                 raise Aborted("not confirmed; nothing was changed")
             async with op.hold_lock():

@@ -57,6 +57,7 @@ async def run_doctor(
         await doc.check_ray_workers()
         await doc.check_recipe()
         await doc.check_watchdog()
+        await doc.check_probe()
         await doc.check_loop_watchdog()
         await doc.check_budget()
         await doc.check_engine_log()

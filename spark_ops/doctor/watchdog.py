@@ -270,6 +270,56 @@ class WatchdogChecks(Checker):
                     fix,
                 )
 
+    async def check_probe(self) -> None:
+        """The inventory describes the watchdog's probe (watchdog.probe), as its config says:
+        without it bench and experiment cannot compute whether a load level starves the probe
+        (such a level is then leased, or refused without a pause file)."""
+        if not self.up(self.head):
+            return
+        wd = self.cluster.watchdog
+        own = await WatchdogContract(self.session).own_config(await self._home())
+        cfg = own.config.probe if own.config is not None else None
+        said = (
+            f"watchdog.probe: {{interval_s: {cfg.interval:g}, timeout_s: {cfg.timeout:g}, "
+            f"failures: {cfg.failures}}}"
+            if cfg is not None
+            else "watchdog.probe: {interval_s, timeout_s, failures}"
+        )
+        where = f" (the watchdog's config {own.where})" if cfg is not None else (
+            " to the watchdog's own probe: how often it probes, how long one probe waits, how "
+            "many failures in a row make it restart the engine"
+        )  # fmt: skip
+        probe = wd.probe
+        if probe is None:
+            self.report.add(
+                "watchdog-probe",
+                self.head,
+                "warn",
+                "the inventory has no watchdog.probe: bench and experiment cannot compute whether "
+                "a load level starves the watchdog's probe, so a level at or above max_num_seqs "
+                "runs leased (or is refused without watchdog.pause_file)",
+                f"set {said} in the inventory{where}",
+            )
+            return
+        text = (
+            f"every {probe.interval_s:g} s, timeout {probe.timeout_s:g} s, a restart after "
+            f"{probe.failures} failures"
+        )
+        mine = (probe.interval_s, probe.timeout_s, probe.failures)
+        if cfg is not None and mine != (float(cfg.interval), float(cfg.timeout), cfg.failures):
+            self.report.add(
+                "watchdog-probe",
+                self.head,
+                "warn",
+                f"watchdog.probe ({text}) is not the probe of the watchdog's config {own.where} "
+                f"(every {cfg.interval:g} s, timeout {cfg.timeout:g} s, a restart after "
+                f"{cfg.failures} failures): bench and experiment reckon load with the wrong one",
+                f"set {said} in the inventory",
+            )
+            return
+        same = " (as the watchdog's config says)" if cfg is not None else ""
+        self.report.add("watchdog-probe", self.head, "ok", f"{text}{same}")
+
     async def check_budget(self) -> None:
         """The restart budget left: none left fails (a failed boot could not be recovered)."""
         if not self.up(self.head):

@@ -8,6 +8,12 @@ finished, m at a time, so it waits about ceil((c - m + 1) / m) x T, T the time o
 the cap (from the sweep's own measurements, else the engine's e2e latency metric). A level whose
 wait is not below the probe's timeout is run under a lease on the watchdog (disruption.py), or
 refused with the arithmetic shown; it never runs unleased unless the operator said so.
+
+A probe the inventory does not describe (no `watchdog.probe`) has no timeout to compare with: a
+level that queues the probe (c >= m) counts as starving it, as an unknown request time does. The
+plan (`plan_load`) says up front, per level, whether it runs as is, under a lease, or is refused,
+with the arithmetic; a refusal that does not depend on what the sweep measures is made there,
+before any request is sent.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from spark_ops import audit
@@ -28,6 +34,15 @@ from spark_ops.workflows.journal import RunJournal
 from spark_ops.workflows.operation import Operation, head_knobs
 
 MARGIN_S = 120.0  # a leased level's lease past its expected length
+MAX_RECORDED = 64  # levels the journal's intent names (the rest counted)
+NO_PROBE = (
+    "the watchdog's probe is not described (the inventory has no watchdog.probe), so whether a "
+    "level starves it cannot be computed"
+)
+PROBE_FIX = (
+    "set watchdog.probe: {interval_s, timeout_s, failures} in the inventory to the watchdog's own "
+    "probe (`spark-ops doctor` shows the reference watchdog's)"
+)
 
 
 class ProbeWouldTrip(SparkOpsError):
@@ -44,7 +59,7 @@ class ProbeWait:
     cap: int | None
     request_s: float | None  # one request's time at the cap
     source: str  # where request_s came from
-    timeout_s: float
+    timeout_s: float | None  # None: the inventory does not describe the probe (watchdog.probe)
 
     @property
     def ahead(self) -> int:
@@ -67,9 +82,12 @@ class ProbeWait:
 
     @property
     def trips(self) -> bool:
-        """True when the probe would time out (an unknown wait behind a full queue counts)."""
+        """True when the probe would time out (an unknown wait, or an unknown timeout, behind a
+        full queue counts)."""
+        if not self.rounds:
+            return False
         wait = self.wait_s
-        return wait is None or wait >= self.timeout_s
+        return wait is None or self.timeout_s is None or wait >= self.timeout_s
 
     def arithmetic(self) -> str:
         """The reckoning, in words."""
@@ -77,18 +95,22 @@ class ProbeWait:
         if m is None:
             return f"concurrency {c}: the engine's max_num_seqs is not known"
         if not self.rounds:
-            return f"concurrency {c} <= max_num_seqs {m}: a slot stays free for the probe"
+            return f"concurrency {c} < max_num_seqs {m}: a slot stays free for the probe"
         head = (
             f"concurrency {c} at max_num_seqs {m}: {c - m} requests queue, the probe waits for "
             f"{self.ahead} to finish, {m} at a time = {self.rounds} round(s)"
         )
         if self.request_s is None:
-            return f"{head} of an unknown request time ({self.source}): taken as a timeout"
+            head = f"{head} of an unknown request time ({self.source})"
+        else:
+            t, wait = self.request_s, self.wait_s
+            head = f"{head} x {t:.1f} s a request ({self.source}) = {wait:.0f} s"
+        if self.timeout_s is None:
+            return f"{head}, against a probe timeout that is not known: counted as starving it"
+        if self.request_s is None:
+            return f"{head}: taken as a timeout"
         verdict = ">=" if self.trips else "<"
-        return (
-            f"{head} x {self.request_s:.1f} s a request ({self.source}) = {self.wait_s:.0f} s "
-            f"{verdict} the watchdog's probe timeout {self.timeout_s:g} s"
-        )
+        return f"{head} {verdict} the watchdog's probe timeout {self.timeout_s:g} s"
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json and the state file."""
@@ -115,13 +137,209 @@ def request_time(
 
 def probe_wait(
     concurrency: int, cap: int | None, levels: Sequence[LevelResult],
-    engine_request_s: float | None, probe: WatchdogProbe,
+    engine_request_s: float | None, probe: WatchdogProbe | None,
 ) -> ProbeWait:  # fmt: skip
-    """The probe's wait at this level from what the sweep measured so far."""
+    """The probe's wait at this level from what the sweep measured so far (a probe the inventory
+    does not describe: no timeout to compare with)."""
+    timeout = probe.timeout_s if probe is not None else None
     if cap is None:
-        return ProbeWait(concurrency, None, None, "no max_num_seqs", probe.timeout_s)
+        return ProbeWait(concurrency, None, None, "no max_num_seqs", timeout)
     t, source = request_time(levels, cap, engine_request_s)
-    return ProbeWait(concurrency, cap, t, source, probe.timeout_s)
+    return ProbeWait(concurrency, cap, t, source, timeout)
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """What a load level will meet, said before the sweep: run as is, leased, refused, or run
+    unleased (--unleased-load); `certain` False when the sweep's own measurements decide (a
+    request time of `threshold_s` or more at that level makes the probe time out)."""
+
+    concurrency: int
+    action: str  # run | lease | refuse | unleased
+    certain: bool
+    why: str
+    threshold_s: float | None = None
+
+    def text(self) -> str:
+        """One line of the plan."""
+        c = self.concurrency
+        if self.action == "run":
+            return f"C={c}: runs as is ({self.why})"
+        verb = {
+            "lease": "leased", "refuse": "REFUSED" if self.certain else "refused",
+            "unleased": "runs UNLEASED (--unleased-load)",
+        }[self.action]  # fmt: skip
+        if self.certain:
+            return f"C={c}: {verb} ({self.why})"
+        after = "" if self.action == "refuse" else ", else it runs as is"
+        return (
+            f"C={c}: {verb} if the sweep measures a request at {self.threshold_s:.3g} s or "
+            f"more{after} ({self.why})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json and the journal."""
+        return {
+            "concurrency": self.concurrency, "action": self.action, "certain": self.certain,
+            "threshold_s": self.threshold_s, "why": self.why, "text": self.text(),
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """The levels of one sweep against the watchdog's probe, before any request is sent."""
+
+    cap: int | None
+    probe: WatchdogProbe | None
+    pause_file: str | None
+    unleased: bool
+    levels: list[LevelPlan]
+
+    def notes(self) -> list[str]:
+        """The risks said once for the whole sweep (not at every level)."""
+        queued = [lv for lv in self.levels if lv.action != "run"]
+        said = []
+        if self.probe is None and queued:
+            said.append(
+                f"{NO_PROBE}: a level at or above max_num_seqs counts as starving it; {PROBE_FIX}"
+            )
+        if not self.pause_file and queued:
+            said.append(
+                "no watchdog.pause_file: the watchdog cannot be paused, so a level that would "
+                "starve its probe is refused"
+                + (" (run anyway: --unleased-load)" if self.unleased else " unless --unleased-load")
+            )
+        if self.cap is None:
+            said.append(
+                "the engine's max_num_seqs is not known (the recipe does not set it): whether a "
+                "level queues the watchdog's probe cannot be told"
+            )
+        return said
+
+    def header(self) -> str:
+        """What the load is checked against, in words."""
+        p = self.probe
+        probe = (
+            f"the watchdog's probe every {p.interval_s:g} s, timeout {p.timeout_s:g} s, a restart "
+            f"after {p.failures} failures"
+            if p is not None
+            else "the watchdog's probe not described (no watchdog.probe)"
+        )
+        cap = f"max_num_seqs {self.cap}" if self.cap is not None else "max_num_seqs unknown"
+        pause = f"lease in {self.pause_file}" if self.pause_file else "no pause file"
+        return f"load against the watchdog ({cap}; {probe}; {pause})"
+
+    def lines(self) -> list[str]:
+        """The header, the risks said once, and a line per level (levels that run as is share
+        one line)."""
+        out = [self.header(), *self.notes()]
+        free = [lv for lv in self.levels if lv.action == "run"]
+        if free:
+            cs = ", ".join(str(lv.concurrency) for lv in free)
+            why = (
+                "the engine's max_num_seqs is not known" if self.cap is None
+                else f"below max_num_seqs {self.cap}: a slot stays free for the probe"
+            )  # fmt: skip
+            out.append(f"C={cs}: run{'s' if len(free) == 1 else ''} as is ({why})")
+        out += [lv.text() for lv in self.levels if lv.action != "run"]
+        return out
+
+    def refused(self) -> list[LevelPlan]:
+        """The levels refused whatever the sweep measures."""
+        return [lv for lv in self.levels if lv.action == "refuse" and lv.certain]
+
+    def refusal(self) -> ProbeWouldTrip | None:
+        """The error that refuses the sweep before any request is sent (None: nothing refused)."""
+        return refusal_of([("", self)])
+
+    def record(self) -> dict[str, Any]:
+        """What the load run's intent records: the levels that meet the probe (a bounded list:
+        an audit line stays small whatever --concurrency lists)."""
+        meet = [lv for lv in self.levels if lv.action != "run"]
+        return {
+            "cap": self.cap, "probe": asdict(self.probe) if self.probe is not None else None,
+            "pause_file": self.pause_file, "unleased": self.unleased,
+            "levels": [
+                {k: v for k, v in lv.to_dict().items() if k not in ("why", "text")}
+                for lv in meet[:MAX_RECORDED]
+            ],
+            "more": max(0, len(meet) - MAX_RECORDED),
+        }  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json and the experiment's plan."""
+        return {
+            "cap": self.cap, "probe": asdict(self.probe) if self.probe is not None else None,
+            "pause_file": self.pause_file, "unleased": self.unleased,
+            "levels": [lv.to_dict() for lv in self.levels], "lines": self.lines(),
+        }  # fmt: skip
+
+
+def refusal_of(
+    plans: Sequence[tuple[str, LoadPlan]], before: str = "any request was sent"
+) -> ProbeWouldTrip | None:
+    """The refusal of one sweep, or of several (an experiment's configurations, each named),
+    before anything is done; None when no level is refused whatever the sweeps measure."""
+    refusing = [(name, plan) for name, plan in plans if plan.refused()]
+    if not refusing:
+        return None
+    out = {lv.concurrency for _, plan in refusing for lv in plan.refused()}
+    keep = sorted({lv.concurrency for _, plan in plans for lv in plan.levels} - out)
+    probe = refusing[0][1].probe
+    parts = []
+    for name, plan in refusing:
+        levels = "; ".join(f"C={lv.concurrency}: {lv.why}" for lv in plan.refused())
+        parts.append(f"{name}: {levels}" if name else levels)
+    cs = ", ".join(str(c) for c in sorted(out))
+    leave = f"leave {'it' if len(out) == 1 else 'them'} out" + (
+        f" (--concurrency {','.join(map(str, keep))})" if keep else ""
+    )
+    fix = f"{PROBE_FIX}; " if probe is None else ""
+    return ProbeWouldTrip(
+        f"concurrency {cs} would starve the watchdog's probe and the watchdog cannot be paused "
+        f"(no watchdog.pause_file): refused before {before}; {' | '.join(parts)}; "
+        f"after {wait_text(probe)} the watchdog restarts the engine",
+        hint=f"{fix}configure watchdog.pause_file (a lease pauses the watchdog for the level), "
+        f"{leave}, or run anyway with --unleased-load (the watchdog may restart the engine: a "
+        "slot of its budget spent)",
+    )
+
+
+def plan_load(
+    levels: Sequence[int], cap: int | None, probe: WatchdogProbe | None,
+    pause_file: str | None, *, unleased: bool = False, measured: bool = False,
+    engine_request_s: float | None = None,
+) -> LoadPlan:  # fmt: skip
+    """Before the sweep, what each level will meet: the probe's queue at the cap, against its
+    timeout. A level measured after another one is decided by that measurement (conditional, with
+    its threshold); the first one that queues the probe, with nothing measured before it
+    (`measured`: a resumed sweep's levels), meets an unknown request time: taken as a timeout."""
+    act = "lease" if pause_file else ("unleased" if unleased else "refuse")
+    rows: list[LevelPlan] = []
+    known = measured or (engine_request_s is not None and engine_request_s > 0)
+    for c in levels:
+        wait = ProbeWait(c, cap, None, "nothing measured before it", None)
+        if cap is None or not wait.rounds:
+            rows.append(LevelPlan(c, "run", True, wait.arithmetic()))
+        elif probe is None:
+            why = (
+                f"at max_num_seqs {cap} the probe queues behind {wait.ahead} request(s): "
+                f"{wait.rounds} round(s), against a timeout that is not known (no watchdog.probe)"
+            )
+            rows.append(LevelPlan(c, act, True, why))
+        elif not known:
+            first = ProbeWait(c, cap, None, "nothing measured before it", probe.timeout_s)
+            rows.append(LevelPlan(c, act, True, first.arithmetic()))
+        else:
+            threshold = probe.timeout_s / wait.rounds
+            why = (
+                f"at max_num_seqs {cap} the probe queues behind {wait.ahead} request(s): "
+                f"{wait.rounds} round(s) x a request's time against its {probe.timeout_s:g} s "
+                "timeout"
+            )
+            rows.append(LevelPlan(c, act, False, why, threshold))
+        known = True  # every later level has this one's measurement
+    return LoadPlan(cap, probe, pause_file, unleased, rows)
 
 
 @dataclass
@@ -135,18 +353,18 @@ class LoadGuard:
     engine_request_s: float | None = None
     unleased: bool = False  # --unleased-load: the operator accepts the risk
     on_note: Callable[[str], None] | None = None
-    journal: RunJournal | None = None  # its intent written before the first lease (bench)
-    begun: bool = False
+    journal: RunJournal | None = None  # the run whose steps record each level's lease
+    begun: bool = False  # its intent written (bench writes it before its first lease only)
+    plan: LoadPlan | None = None  # the plan shown before the sweep (recorded with the intent)
 
     def _say(self, text: str) -> None:
         """Pass a note on."""
         if self.on_note is not None:
             self.on_note(text)
 
-    def check(self, concurrency: int, levels: Sequence[LevelResult]) -> ProbeWait | None:
-        """The probe's wait at this level (None when the inventory does not describe the probe)."""
-        if self.probe is None:
-            return None
+    def check(self, concurrency: int, levels: Sequence[LevelResult]) -> ProbeWait:
+        """The probe's wait at this level (a probe the inventory does not describe has no timeout:
+        a level that queues it counts as starving it)."""
         return probe_wait(concurrency, self.cap, levels, self.engine_request_s, self.probe)
 
     def seconds(self, wait: ProbeWait) -> float:
@@ -159,34 +377,55 @@ class LoadGuard:
         """The probe's timeout (a request time stand-in when none is known)."""
         return self.probe.timeout_s if self.probe is not None else 60.0
 
+    async def _record(self, step: str, status: str, **extra: Any) -> None:
+        """One step record of the run's journal (never raises; nothing without a journal)."""
+        if self.journal is not None and self.begun:
+            await self.journal.note(step, status, **extra)
+
     @contextlib.asynccontextmanager
     async def level(self, concurrency: int, levels: Sequence[LevelResult]) -> AsyncIterator[None]:
         """Hold what this level needs while it runs (a lease, or nothing), or refuse it."""
         wait = self.check(concurrency, levels)
-        if wait is None or not wait.trips:
+        if not wait.trips:
             yield
             return
         sum_up = wait.arithmetic()
         if self.leases is not None and self.leases.op.cluster.watchdog.pause_file:
             if self.journal is not None and not self.begun:
-                await self.journal.intent(detail={"levels": [concurrency], "cap": self.cap})
+                load = self.plan.record() if self.plan is not None else None
+                await self.journal.intent(
+                    detail={"levels": [concurrency], "cap": self.cap, "load": load}
+                )
                 self.begun = True
-            why = f"load at concurrency {concurrency} (run {self.leases.run}): {sum_up}"
+            path = self.leases.op.cluster.watchdog.pause_file
+            await self._record("lease", "taking", level=concurrency, path=path)
+            why = f"load that would starve its probe: {sum_up}"
             held = await self.leases.take(why, self.seconds(wait))
-            if held.state in ("held", "found"):
+            taken = held.state in ("held", "found")
+            await self._record(
+                "lease", "done" if taken else "skipped", level=concurrency,
+                lease=held.to_dict(), detail=held.text()[:1000],
+            )  # fmt: skip
+            if taken:
                 self._say(f"concurrency {concurrency}: {held.text()}")
                 try:
                     yield
-                finally:
-                    await self.leases.end_all()
+                finally:  # each end an atomic unit; its record after it
+                    said = await self.leases.end_all()
+                    await self._record(
+                        "release", "done", level=concurrency,
+                        detail="; ".join(said) or "no lease of this run to end",
+                    )  # fmt: skip
                 return
         if not self.unleased:
+            fix = f"{PROBE_FIX}, " if self.probe is None else ""
             raise ProbeWouldTrip(
                 f"concurrency {concurrency} would starve the watchdog's probe: {sum_up}; the "
                 "watchdog cannot be paused (no watchdog.pause_file, or the lease failed), so its "
                 f"probe would fail and after {wait_text(self.probe)} it restarts the engine",
-                hint="leave the level out (--levels), configure watchdog.pause_file, or run it "
-                "anyway with --unleased-load (the watchdog may restart the engine: a slot spent)",
+                hint=f"{fix}leave the level out (--concurrency), configure watchdog.pause_file, "
+                "or run it anyway with --unleased-load (the watchdog may restart the engine: a "
+                "slot spent)",
             )
         self._say(f"concurrency {concurrency}: unleased (--unleased-load): {sum_up}")
         yield
@@ -194,20 +433,34 @@ class LoadGuard:
 
 async def sweep_cluster(
     cluster: Cluster, config: SweepConfig, *, unleased: bool = False,
-    on_note: Callable[[str], None] | None = None, **kw: Any,
+    on_note: Callable[[str], None] | None = None,
+    on_plan: Callable[[LoadPlan], None] | None = None, **kw: Any,
 ) -> SweepResult:  # fmt: skip
-    """`bench` against the inventory's engine: each level that would starve the watchdog's probe
-    runs under a lease of a `bench-load` journal run (written only when one is taken), or is
-    refused (LoadGuard)."""
+    """`bench` against the inventory's engine: the load plan first (`on_plan`: which levels run
+    as is, leased or refused, with the arithmetic), a level refused whatever the sweep measures
+    refused before any request is sent; then each level that would starve the watchdog's probe
+    runs under a lease of a `bench-load` journal run (written only when one is taken, each lease
+    and its end a step record), or is refused (LoadGuard)."""
     async with Operation.open(cluster, "bench", lock=False, nodes=[cluster.head.name]) as op:
         config.base_url = await op.api_url()
         config.knobs = config.knobs or await head_knobs(op)
         cap = cap_of(config.knobs)
+        done = {lv.max_concurrency for lv in kw.get("done") or ()}
+        wd = cluster.watchdog
+        plan = plan_load(
+            [c for c in config.levels if c not in done], cap, wd.probe, wd.pause_file,
+            unleased=unleased, measured=bool(done),
+        )  # fmt: skip
+        if on_plan is not None:
+            on_plan(plan)
+        refused = plan.refusal()
+        if refused is not None:
+            raise refused
         journal = RunJournal(op, "bench-load", "spark-ops bench")
         leases = Leases(op, journal.run)
         guard = LoadGuard(
-            leases, cluster.watchdog.probe, cap, config.repeats, unleased=unleased,
-            on_note=on_note, journal=journal,
+            leases, wd.probe, cap, config.repeats, unleased=unleased,
+            on_note=on_note, journal=journal, plan=plan,
         )  # fmt: skip
         outcome = "failed"
         try:
@@ -228,7 +481,8 @@ def cap_of(knobs: dict[str, Any] | None) -> int | None:
     knob = (knobs or {}).get("max_num_seqs")
     if isinstance(knob, bool) or not isinstance(knob, int | str):
         return None
-    return int(knob) if str(knob).isdigit() else None
+    cap = int(knob) if str(knob).isdigit() else 0
+    return cap if cap > 0 else None  # 0 is no cap vLLM runs with: not known
 
 
 def wait_text(probe: WatchdogProbe | None) -> str:

@@ -247,8 +247,9 @@ async def budget(ex: Execution, kind: StepKind) -> Done:
     op, out = ex.op, ex.out
     if out.history_problem is not None:
         return Done(
-            f"unknown: {op.cluster.watchdog.history_file} is not the history the watchdog "
-            "writes (see the prune step), so what it counts is not the watchdog's budget",
+            f"unknown: watchdog.history_file ({op.cluster.watchdog.history_file}) is not the "
+            "history the watchdog writes (see the prune step), so what it counts is not the "
+            "watchdog's budget",
             "failed",
         )
     try:

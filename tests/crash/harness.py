@@ -2,7 +2,8 @@
 
 A case is (command, kill point, signal, target). The command runs as a subprocess with `--json`
 (its stderr prints one JSON line per step transition; `experiment` and `budget prune` print text
-lines and log events, read the same way: see `boundary_of`). At the kill point — the k-th time a
+lines and log events, read the same way: see `boundary_of`; a load level's lease is its note,
+`lease-C64:done`). At the kill point — the k-th time a
 boundary is printed, plus an optional delay that lands inside the step — the harness sends the
 signal to the tool itself, or SIGKILLs the restart command the watchdog runs on the head (found
 under the embedded head's processes by its command line, by pid). Then it runs the same command
@@ -102,6 +103,9 @@ def boundary_of(line: str) -> str | None:
         return f"bench-C{m.group(1)}:done"
     if text.startswith("note: restoring"):
         return "restore:running"
+    m = re.match(r"^note: concurrency (\d+): watchdog paused", text)
+    if m:  # a load level's lease taken (the level's requests follow)
+        return f"lease-C{m.group(1)}:done"
     return None
 
 
@@ -400,6 +404,35 @@ class CrashCluster:
 
         down(self.sim_root)
 
+    # -- the watchdog's probe, for a case that needs a short one
+    @property
+    def watchdog_config(self) -> Path:
+        """The reference watchdog's config on the head."""
+        return self.head / ".config" / "spark-watchdog.yaml"
+
+    def probe_timeout(self) -> float:
+        """The probe timeout the watchdog's config holds now."""
+        m = re.search(r"^  timeout: ([0-9.]+)$", self.watchdog_config.read_text(), re.M)
+        assert m is not None, "the embedded watchdog's config names its probe timeout"
+        return float(m.group(1))
+
+    def set_probe_timeout(self, seconds: float) -> None:
+        """The watchdog's probe timeout, in its config and in both inventories alike, the
+        watchdog (and its engine) restarted to read it; the engine serving again."""
+        from spark_ops.sim.control import restart_watchdog, wait_serving
+
+        text = self.watchdog_config.read_text()
+        self.watchdog_config.write_text(
+            re.sub(r"^  timeout: [0-9.]+$", f"  timeout: {seconds:g}", text, count=1, flags=re.M)
+        )
+        for inv in (self.inventory, self.inventory_b):
+            data = yaml.safe_load(inv.read_text())
+            for cluster in data["clusters"].values():
+                cluster["watchdog"]["probe"]["timeout_s"] = seconds
+            inv.write_text(yaml.safe_dump(data, sort_keys=False))
+        restart_watchdog(self.sim_root)
+        wait_serving(self.state)
+
     # -- the watchdog's own tool
     def history_tool(self, *args: str) -> dict[str, Any]:
         """Run the watchdog's history tool (spark_ops/watchdog/history.py) on the head's history."""
@@ -547,7 +580,11 @@ class CrashCluster:
             args = [a for s in extra for a in ("--stamp", s)]
             self.history_tool("prune", *args, "--by", "harness-reset", "--reason", "reset")
             done.append(f"history: removed {sorted(extra.elements())}")
-        for left in (self.home / ".local" / "state" / "spark-ops").glob("experiment-*.json"):
+        kept = [
+            *(self.home / ".local" / "state" / "spark-ops").glob("experiment-*.json"),
+            *self.root.glob("experiment-*.json"),
+        ]
+        for left in kept:
             left.unlink()  # an unfinished experiment a killed case left: the next case starts anew
             done.append(f"removed {left.name}")
         for marker in ("gave-up", "pause"):
@@ -630,6 +667,17 @@ def _experiment(c: CrashCluster) -> tuple[list[str], dict[str, Any]]:
     return args, {"caps": [6, 64, cap_of(c.recipe_copies[0].read_text()) or 6]}
 
 
+def _experiment_leased_level(c: CrashCluster) -> tuple[list[str], dict[str, Any]]:
+    """experiment at cap 6, levels 1,64: level 64 queues the probe 10 rounds (at the short probe
+    timeout the case sets) and runs under a lease of the experiment-load run; the kill lands
+    inside it (boundary `lease-C64:done`, the note of its lease)."""
+    args = [
+        "experiment", "--max-num-seqs", "6", "--concurrency", "1,64", "--output-tokens", "128",
+        "--yes", "--no-drain", "--state", str(c.root / "experiment-lease.json"),
+    ]  # fmt: skip
+    return args, {"caps": [6, cap_of(c.recipe_copies[0].read_text()) or 6]}
+
+
 COMMANDS: dict[str, Command] = {
     "apply": Command("apply", _apply),
     "restart": Command("restart", _restart, changes_recipe=False),
@@ -637,6 +685,7 @@ COMMANDS: dict[str, Command] = {
     "prune-planned": Command("prune-planned", _prune_planned, changes_recipe=False),
     "prune-stamp": Command("prune-stamp", _prune_stamp, changes_recipe=False),
     "experiment": Command("experiment", _experiment),
+    "experiment-leased-level": Command("experiment-leased-level", _experiment_leased_level),
 }
 
 # the boundaries each command prints on a clean run (tests/crash: checked by the reference run)
@@ -654,6 +703,7 @@ BOUNDARIES: dict[str, list[tuple[str, int]]] = {
         ("bench-C1:done", 2),
         ("restore:running", 1),
     ],
+    "experiment-leased-level": [("lease-C64:done", 1)],
 }
 
 
@@ -727,7 +777,7 @@ def run_case(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
     mid = c.snapshot()
     held_mid = c.locks_held()
     rerun = run_interrupted(c.env(), args, None, c.root)
-    if rerun.code != 0 and "--resume" in rerun.stderr and command == "experiment":
+    if rerun.code != 0 and "--resume" in rerun.stderr and command.startswith("experiment"):
         # the tool's own hint for an unfinished experiment: continue it (recorded as followed)
         rerun = run_interrupted(c.env(), [*args, "--resume"], None, c.root)
         rerun.stderr = "(followed the hint: --resume)\n" + rerun.stderr

@@ -20,6 +20,7 @@ from spark_ops.errors import Interrupted, OverBudget, SparkOpsError, VerifyError
 from spark_ops.log import get_logger
 from spark_ops.recipe import Change, knob_values, render_recipe
 from spark_ops.watchdog.identify import stamp_json, stamps_json, stamps_text
+from spark_ops.workflows.converge import effective_args
 from spark_ops.workflows.disruption import Leases
 from spark_ops.workflows.execute import execute
 from spark_ops.workflows.experiment.reading import ExperimentReading
@@ -35,7 +36,7 @@ from spark_ops.workflows.gate import next_slot, spent_sentence
 from spark_ops.workflows.journal import RunJournal
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plans import plan_apply
-from spark_ops.workflows.probe_load import LoadGuard, cap_of
+from spark_ops.workflows.probe_load import LoadGuard, cap_of, plan_load
 
 
 @dataclass
@@ -147,12 +148,16 @@ async def _leased_sweep(
     """Sweep one configuration; a level that would starve the watchdog's probe runs under a lease
     of its own journal run (ended on every way out), or is refused (probe_load.py)."""
     cap = cap_of(cfg.knobs)
+    wd = op.cluster.watchdog
+    plan = plan_load(cfg.levels, cap, wd.probe, wd.pause_file, unleased=settings.unleased_load)
     journal = RunJournal(op, "experiment-load", "spark-ops experiment")
-    await journal.intent(detail={"knobs": cfg.knobs, "levels": list(cfg.levels)})
+    await journal.intent(
+        detail={"knobs": cfg.knobs, "levels": list(cfg.levels), "load": plan.record()}
+    )
     leases = Leases(op, journal.run)
     guard = LoadGuard(
-        leases, op.cluster.watchdog.probe, cap, cfg.repeats,
-        unleased=settings.unleased_load, on_note=hooks.note,
+        leases, wd.probe, cap, cfg.repeats, unleased=settings.unleased_load,
+        on_note=hooks.note, journal=journal, begun=True, plan=plan,
     )  # fmt: skip
     outcome = "failed"
     try:
@@ -308,7 +313,13 @@ async def _restore(
     try:
         done = await _apply(op, changes_for(start), settings, hooks, f"{REASON}: restore)")
     except (asyncio.CancelledError, KeyboardInterrupt, Interrupted):
-        return {"ok": False, "knobs": start, "error": "interrupted during the restore"}
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            task.uncancel()  # what runs now is still read (a second Ctrl-C abandons that too)
+        return {
+            "ok": False, "knobs": start, "error": "interrupted during the restore",
+            "command": apply_command(start), **await standing_now(op, list(start)),
+        }  # fmt: skip
     except OverBudget as exc:  # refused before anything was written: the start is not back
         return {
             "ok": False, "knobs": start, "refused": True, "budget": exc.budget,
@@ -317,7 +328,10 @@ async def _restore(
             "command": apply_command(start),
         }  # fmt: skip
     except Exception as exc:  # reported, never raised: the run's own outcome comes first
-        return {"ok": False, "knobs": start, "error": getattr(exc, "message", str(exc))}
+        return {
+            "ok": False, "knobs": start, "error": getattr(exc, "message", str(exc)),
+            "command": apply_command(start), **await standing_now(op, list(start)),
+        }  # fmt: skip
     return {
         "ok": True,
         "knobs": start,
@@ -325,6 +339,33 @@ async def _restore(
         "pruned": done.get("pruned"),
         "boot_s": done.get("boot_s"),
     }
+
+
+async def standing_now(op: Operation, axes: list[str]) -> dict[str, Any]:
+    """After a restore that failed: the values the recipe holds now and what the engine runs
+    (`engine_now`: up, and its effective values of the axes, or None when its log names none);
+    whatever cannot be read is said, never raised."""
+    out: dict[str, Any] = {}
+    try:
+        knobs = await current_knobs(op)
+        out["recipe_now"] = {a: knobs.get(a) for a in axes}
+    except Exception as exc:  # reported: the restore's failure comes first
+        out["recipe_now"] = {"error": getattr(exc, "message", str(exc))}
+    try:
+        await op.api_url()
+        async with op.engine(timeout=5) as api:
+            up = await api.health()
+    except Exception:  # an engine that does not answer is what is reported
+        up = False
+    args = await effective_args(op.session)
+    engine: dict[str, Any] = {"up": bool(up), "knobs": None}
+    if args is not None:
+        named = {k.lstrip("-").replace("-", "_"): v for k, v in args.items()}
+        engine["knobs"] = {
+            a: named.get(a, named.get(f"{a}_bytes")) for a in axes
+        }  # kv_cache_memory is the engine's kv_cache_memory_bytes
+    out["engine_now"] = engine
+    return out
 
 
 def apply_command(knobs: dict[str, Any]) -> str:

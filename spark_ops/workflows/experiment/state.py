@@ -15,8 +15,16 @@ from spark_ops.bench.sweep import SweepResult
 from spark_ops.bench.whatif import predicted_sweep, whatif_of
 from spark_ops.errors import BenchError, ExitStatus, RecipeError, SparkOpsError
 from spark_ops.files import read_regular, remove_file, sha256_of, write_file
+from spark_ops.inventory import WatchdogSettings
 from spark_ops.recipe import Change, changes_from_options, parse_kv_cache_memory
 from spark_ops.workflows.experiment.reading import ExperimentReading, read_experiment
+from spark_ops.workflows.probe_load import (
+    LoadPlan,
+    ProbeWouldTrip,
+    cap_of,
+    plan_load,
+    refusal_of,
+)
 
 SCHEMA = "spark-ops.experiment/1"
 MAX_STATE_BYTES = 64 * 1024 * 1024  # a state file holds every sweep: generous, never unbounded
@@ -330,16 +338,27 @@ class ExperimentPlan:
     predicted: list[dict[str, Any]] = field(default_factory=list)  # label, from (no restart)
     restarts_if_all_measured: int = 0
     confirm: bool = False
+    # each configuration to measure: its sweep's levels against the watchdog's probe
+    load: list[tuple[str, LoadPlan]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
-        return asdict(self)
+        data = asdict(self)
+        data["load"] = [{"configuration": name, **plan.to_dict()} for name, plan in self.load]
+        return data
+
+    def load_refusal(self) -> ProbeWouldTrip | None:
+        """The levels refused before anything is changed (no pause file, and a level that starves
+        the watchdog's probe whatever the sweep measures), or None."""
+        return refusal_of(self.load, before="anything was changed (no restart, no request)")
 
 
 def plan_experiment(
-    state: ExperimentState, current_knobs: dict[str, Any], state_path: Path, resumed: bool
-) -> ExperimentPlan:
-    """Lay out the run: each configuration, whether it needs a restart, the restore at the end."""
+    state: ExperimentState, current_knobs: dict[str, Any], state_path: Path, resumed: bool,
+    *, watchdog: WatchdogSettings | None = None, unleased: bool = False,
+) -> ExperimentPlan:  # fmt: skip
+    """Lay out the run: each configuration, whether it needs a restart, the restore at the end,
+    and (given the inventory's `watchdog`) each sweep's levels against the watchdog's probe."""
     axes = list(state.spec.axes)
     position = knobs_of(current_knobs, axes)
     rows: list[dict[str, Any]] = []
@@ -363,6 +382,16 @@ def plan_experiment(
     predicted = [
         {"label": name, "from": label(base)} for name, base in state.spec.predicted().items()
     ]
+    load: list[tuple[str, LoadPlan]] = []
+    levels = list(state.spec.sweep.get("levels") or [])
+    for row in [r for r in rows if not r["done"] and watchdog is not None]:
+        assert watchdog is not None
+        knob = row["knobs"].get("max_num_seqs", current_knobs.get("max_num_seqs"))
+        plan = plan_load(
+            levels, cap_of({"max_num_seqs": knob}), watchdog.probe, watchdog.pause_file,
+            unleased=unleased,
+        )  # fmt: skip
+        load.append((row["label"], plan))
     return ExperimentPlan(
         cluster=state.spec.cluster,
         state_path=str(state_path),
@@ -376,6 +405,7 @@ def plan_experiment(
         predicted=predicted,
         restarts_if_all_measured=full,
         confirm=state.spec.confirm,
+        load=load,
     )
 
 
