@@ -444,6 +444,7 @@ def make_app(
         """Start the boot watch and the load scrape with the app, stop them with the app."""
         src.boot.start()
         src.load.start()
+        src.hardware.refresh()  # the first node reading begins now, not with the first page
         yield
         await src.load.stop()
         await src.boot.stop()

@@ -75,8 +75,12 @@ class Cached:
         return self.task
 
     async def _refresh(self) -> None:
-        """One read; its value kept with when it ended."""
-        self.value = await self.read()
+        """One read; its value kept with when it ended (a read that raises keeps the last value,
+        logged; the next get reads again)."""
+        try:
+            self.value = await self.read()
+        except Exception as exc:
+            log.error("background read failed", error=repr(exc)[:300])
         self.at = time.monotonic()
 
     async def _get_background(self) -> Any:
