@@ -624,7 +624,12 @@ async def test_boot_page_shows_the_engine_log_tail_between_boots(served: Served)
 async def test_node_panels_show_gpu_memory_power_and_rank(served: Served) -> None:
     """Each node's panel: reachable, the GB10's use and power (its nvidia-smi), its memory unified
     with the host, MemAvailable, and the engine rank on it; /metrics has the same per node."""
+    end = time.monotonic() + 240
     page = await _get(served, "/")
+    while "node facts not read yet" in page:  # read in the background: pages never wait on it
+        assert time.monotonic() < end, "the node facts were never read"
+        await asyncio.sleep(0.5)
+        page = await _get(served, "/")
     for name in ("node1", "node2", "node3", "node4"):
         panel = page[page.index(f'id="node-{name}"') :]
         panel = panel[: panel.index("</div>")]

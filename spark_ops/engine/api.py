@@ -143,6 +143,10 @@ def _timeout(seconds: float) -> Any:
     return aiohttp.ClientTimeout(total=seconds)
 
 
+class BodyTooLarge(Exception):
+    """An answer larger than the reader's bound (refused, not read whole)."""
+
+
 class EngineAPI:
     """A small client of the vLLM OpenAI-compatible server."""
 
@@ -152,6 +156,7 @@ class EngineAPI:
         self.timeout = timeout
         self.model = model
         self._session: Any = None
+        self.last_error = ""  # why the last metrics() read nothing, when it was refused
 
     async def __aenter__(self) -> EngineAPI:
         """Open the HTTP session."""
@@ -167,14 +172,26 @@ class EngineAPI:
         if self._session is not None:
             await self._session.close()
 
-    async def _get(self, path: str, timeout: float | None = None) -> tuple[int, str]:
-        """GET a path; returns status and body text."""
+    async def _get(
+        self, path: str, timeout: float | None = None, *, max_bytes: int | None = None
+    ) -> tuple[int, str]:
+        """GET a path; returns status and body text (with `max_bytes`, a larger body raises
+        BodyTooLarge once that much was read, never held whole)."""
         import aiohttp
 
         assert self._session is not None, "use EngineAPI as an async context manager"
         t = aiohttp.ClientTimeout(total=timeout or self.timeout)
         async with self._session.get(self.base_url + path, timeout=t) as resp:
-            return resp.status, await resp.text()
+            if max_bytes is None:
+                return resp.status, await resp.text()
+            body = bytearray()
+            async for chunk in resp.content.iter_chunked(64 * 1024):
+                body += chunk
+                if len(body) > max_bytes:
+                    raise BodyTooLarge(
+                        f"the engine's {path} answer is larger than {max_bytes} bytes"
+                    )
+            return resp.status, body.decode("utf-8", "replace")
 
     async def health(self) -> bool:
         """True when /health answers 200 (necessary, never sufficient)."""
@@ -206,10 +223,15 @@ class EngineAPI:
         except Exception:
             return []
 
-    async def metrics(self) -> EngineSnapshot | None:
-        """Parse /metrics, or None when unreachable."""
+    async def metrics(self, max_bytes: int | None = None) -> EngineSnapshot | None:
+        """Parse /metrics, or None when unreachable or larger than `max_bytes` (last_error says
+        which)."""
+        self.last_error = ""
         try:
-            status, body = await self._get("/metrics")
+            status, body = await self._get("/metrics", max_bytes=max_bytes)
+        except BodyTooLarge as exc:
+            self.last_error = str(exc)
+            return None
         except Exception:
             return None
         return EngineSnapshot.from_metrics(body) if status == 200 else None

@@ -47,6 +47,12 @@ def _finite(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _seconds(value: object) -> float | None:
+    """A duration: a finite, non-negative JSON number, else None."""
+    number = _finite(value)
+    return number if number is not None and number >= 0 else None
+
+
 def _count(value: object) -> int | None:
     """A JSON integer 0..2**63 (not a boolean), else None."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
@@ -60,7 +66,7 @@ def _record_of(rec: object) -> dict[str, Any] | None:
     other than ok reads as failed (never an ETA)."""
     if not isinstance(rec, dict):
         return None
-    at, total = _finite(rec.get("at")), _finite(rec.get("total_s"))
+    at, total = _finite(rec.get("at")), _seconds(rec.get("total_s"))
     if at is None or total is None:
         return None
     durations = rec.get("durations")
@@ -80,7 +86,7 @@ def _record_of(rec: object) -> dict[str, Any] | None:
         "durations": {
             str(k): secs
             for k, v in (durations.items() if isinstance(durations, dict) else ())
-            if (secs := _finite(v)) is not None
+            if (secs := _seconds(v)) is not None
         },
         "skipped": [s for s in skipped if isinstance(s, str)] if isinstance(skipped, list) else [],
         "kv_cache_tokens": _count(rec.get("kv_cache_tokens")),
@@ -184,8 +190,8 @@ class BootHistory:
             if not boot_served(rec):
                 continue
             for phase, secs in (rec.get("durations") or {}).items():
-                if isinstance(secs, (int, float)):
-                    per_phase.setdefault(phase, []).append(float(secs))
+                if (kept := _seconds(secs)) is not None:
+                    per_phase.setdefault(phase, []).append(kept)
         order = {p.value: p.rank for p in PHASE_ORDER}
         return {
             phase: statistics.median(values)

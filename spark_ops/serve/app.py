@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -26,6 +25,7 @@ from spark_ops.errors import ConflictError
 from spark_ops.inventory import Cluster
 from spark_ops.log import get_logger
 from spark_ops.serve.auth import COOKIE, Sessions, TokenSource, guard_http_logs, same_token
+from spark_ops.serve.html import esc, json_text, page, section
 from spark_ops.serve.metrics import render_metrics
 from spark_ops.serve.pages import (
     boot_page,
@@ -40,6 +40,7 @@ SOURCE: web.AppKey[Source] = web.AppKey("source", Source)
 TOKEN: web.AppKey[TokenSource] = web.AppKey("token", TokenSource)
 SESSIONS: web.AppKey[Sessions] = web.AppKey("sessions", Sessions)
 SSE_KEEPALIVE_S = 15.0
+ERROR_METRIC = "spark_ops_serve_answer_failed"
 MAX_CONNECTIONS = 256  # open connections at once; more are closed on arrival
 HEADER_TIMEOUT_S = 10.0  # a request's head arrives within this of the connection or last answer
 HANDLER_TIMEOUT_S = 30.0  # a page or API answer is ready within this (503 otherwise)
@@ -99,6 +100,29 @@ async def deadline(request: web.Request, handler: Handler) -> web.StreamResponse
         raise web.HTTPServiceUnavailable(
             text=f"503: no answer within {HANDLER_TIMEOUT_S:.0f} s\n", headers=HEADERS
         ) from None
+
+
+@web.middleware
+async def shown(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """An unexpected error while reading or drawing is a shown error (200, the page or document
+    saying what failed), never a 500; logged without the request's secrets."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as exc:
+        if request.path in STREAMS:
+            raise
+        what = f"this answer could not be made ({type(exc).__name__}); it is logged"
+        get_logger(op="serve").error("answer failed", path=request.path, error=repr(exc)[:300])
+        if request.path == "/metrics":
+            body = f"# {what}\n{ERROR_METRIC} 1\n"
+            return web.Response(text=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+        if request.path.startswith("/api/"):
+            return _json({"error": what})
+        return _html(
+            page("Error", request.path, section("Not shown", f'<p class="bad">{esc(what)}</p>'))
+        )
 
 
 class Guard:
@@ -222,8 +246,9 @@ def _html(text: str) -> web.Response:
 
 
 def _json(data: Any) -> web.Response:
-    """A JSON answer (what `status --json` and friends print)."""
-    return web.Response(text=json.dumps(data, default=str), content_type="application/json")
+    """A JSON answer (what `status --json` and friends print): valid JSON always, a number that
+    is not finite (NaN, Infinity) written as null."""
+    return web.Response(text=json_text(data), content_type="application/json")
 
 
 async def _status(request: web.Request) -> dict[str, Any]:
@@ -250,21 +275,40 @@ async def cluster_view(request: web.Request) -> web.Response:
 
 async def cluster_events(request: web.Request) -> web.StreamResponse:
     """GET /events/cluster: the cluster page's sections again every LIVE_S seconds (`event:
-    cluster`, JSON {now, html}); the readings are the shared cached ones."""
+    cluster`, JSON {now, html}); the readings are the shared cached ones. A reading or drawing
+    that fails sends an error section and the stream goes on; the stream ends when the request's
+    credential no longer holds (the token moved, rotated or its session ended)."""
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "X-Accel-Buffering": "no", **HEADERS}
     )
     await response.prepare(request)
     try:
-        while True:
-            args, more = await _cluster_data(request)
+        while still_allowed(request):
             now = time.time()
-            item = {"now": now, "html": cluster_sections(*args, **more, now=now)}
-            await response.write(_sse(item, "cluster"))
+            try:
+                args, more = await _cluster_data(request)
+                html = cluster_sections(*args, **more, now=now)
+            except Exception as exc:  # one bad reading: said, and the next one may be good
+                get_logger(op="serve").error("live sections failed", error=repr(exc)[:300])
+                said = f"the live sections could not be drawn ({type(exc).__name__}); it is logged"
+                html = section("Not shown", f'<p class="bad">{esc(said)}</p>', ident="summary")
+            await response.write(_sse({"now": now, "html": html}, "cluster"))
             await asyncio.sleep(LIVE_S)
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     return response
+
+
+def still_allowed(request: web.Request) -> bool:
+    """The request's credential (Bearer header or session cookie) still holds against the
+    current token: a stream re-checks it before each send."""
+    token = request.app[TOKEN].current()
+    if token is None:
+        return False
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and same_token(given.strip(), token):
+        return True
+    return request.app[SESSIONS].valid(request.cookies.get(COOKIE))
 
 
 async def api_nodes(request: web.Request) -> web.Response:
@@ -343,13 +387,17 @@ async def events(request: web.Request) -> web.StreamResponse:
     try:
         hello = {"event": {"kind": "hello"}, "state": src.boot.state.snapshot()}
         await response.write(_sse(hello))
-        while True:
+        while still_allowed(request):
             try:
-                item = await asyncio.wait_for(queue.get(), SSE_KEEPALIVE_S)
+                item = await asyncio.wait_for(src.boot.take(queue), SSE_KEEPALIVE_S)
             except TimeoutError:
-                await response.write(b": keepalive\n\n")
+                if still_allowed(request):
+                    await response.write(b": keepalive\n\n")
                 continue
-            await response.write(_sse(item))
+            if item is None:  # too far behind: dropped; the browser reconnects
+                break
+            if still_allowed(request):
+                await response.write(_sse(item))
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
@@ -359,7 +407,7 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 def _sse(item: dict[str, Any], kind: str = "boot") -> bytes:
     """One server-sent event (JSON on one data line: no newline of a log line can split it)."""
-    return f"event: {kind}\ndata: {json.dumps(item, default=str)}\n\n".encode()
+    return f"event: {kind}\ndata: {json_text(item)}\n\n".encode()
 
 
 def make_app(
@@ -371,7 +419,7 @@ def make_app(
     guard: Guard | None = None,
 ) -> web.Application:
     """The application for one cluster; its boot watch runs while the app does."""
-    app = web.Application(middlewares=[guarded, auth, deadline], handler_args={
+    app = web.Application(middlewares=[guarded, auth, deadline, shown], handler_args={
         "max_line_size": 8190, "max_field_size": 8190, "keepalive_timeout": KEEPALIVE_S,
     })  # fmt: skip
     app[GUARD] = guard or Guard()
@@ -396,6 +444,7 @@ def make_app(
         """Start the boot watch and the load scrape with the app, stop them with the app."""
         src.boot.start()
         src.load.start()
+        src.hardware.refresh()  # the first node reading begins now, not with the first page
         yield
         await src.load.stop()
         await src.boot.stop()

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,8 @@ RETRY_S = 5.0  # after the head or its log went away
 # the access lines of pollers (this server's scrape, status, Prometheus): not kept in the tail
 POLLS = re.compile(r'"(GET|HEAD) /(metrics|health|version|v1/models)[ ?]')
 KEEP_LINES = 40  # log lines the page shows of a boot
+MAX_LINE = 4096  # characters of a log line kept; a longer one is cut and says so
+QUEUE_BYTES = 4 * 1024 * 1024  # what one page may have waiting; beyond, it is dropped (reconnects)
 KEEP_BOOTS = 5  # finished boots kept for the page (this server's own; the CLI records its own)
 
 
@@ -89,7 +92,8 @@ class BootWatch:
         self.state = BootState()
         self.past: deque[dict[str, Any]] = deque(maxlen=KEEP_BOOTS)
         self.tail: deque[str] = deque(maxlen=KEEP_LINES)  # the log's last lines, boot or not
-        self.subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self.subscribers: dict[asyncio.Queue[tuple[int, dict[str, Any] | None]], int] = {}
+        self.dropped = 0  # pages dropped for falling behind
         self.task: asyncio.Task[None] | None = None
         self.log = get_logger(cluster=cluster.name, op="serve-boot")
 
@@ -104,21 +108,41 @@ class BootWatch:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
 
-    def subscribe(self) -> asyncio.Queue[dict[str, Any]]:
-        """A queue of events (dicts) for one page."""
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=1000)
-        self.subscribers.add(queue)
+    def subscribe(self) -> asyncio.Queue[tuple[int, dict[str, Any] | None]]:
+        """A queue of events (size in bytes, dict) for one page; None ends it (dropped)."""
+        queue: asyncio.Queue[tuple[int, dict[str, Any] | None]] = asyncio.Queue()
+        self.subscribers[queue] = 0
         return queue
 
-    def unsubscribe(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
+    def unsubscribe(self, queue: asyncio.Queue[tuple[int, dict[str, Any] | None]]) -> None:
         """The page went away."""
-        self.subscribers.discard(queue)
+        self.subscribers.pop(queue, None)
+
+    async def take(
+        self, queue: asyncio.Queue[tuple[int, dict[str, Any] | None]]
+    ) -> dict[str, Any] | None:
+        """The page's next event (None: it fell behind and was dropped)."""
+        size, item = await queue.get()
+        if queue in self.subscribers:
+            self.subscribers[queue] -= size
+        return item
 
     def publish(self, event: dict[str, Any]) -> None:
-        """Send an event to every page (a page too slow to take it loses it, not the server)."""
-        for queue in list(self.subscribers):
-            with contextlib.suppress(asyncio.QueueFull):
-                queue.put_nowait(event)
+        """Send an event to every page; a page with more than QUEUE_BYTES waiting is dropped (its
+        queue ends; the browser reconnects), never kept growing."""
+        if not self.subscribers:
+            return
+        size = len(json.dumps(event, default=str))
+        for queue, waiting in list(self.subscribers.items()):
+            if waiting + size > QUEUE_BYTES:
+                self.subscribers.pop(queue, None)
+                self.dropped += 1
+                while not queue.empty():
+                    queue.get_nowait()
+                queue.put_nowait((0, None))
+                continue
+            self.subscribers[queue] = waiting + size
+            queue.put_nowait((size, event))
 
     def on_event(self, event: BootEvent) -> None:
         """A BootEvent from wait_for_boot: update the state and tell the pages."""
@@ -162,10 +186,11 @@ class BootWatch:
         res = await op.session.run(head, engine_log_recent(self.cluster.engine, KEEP_LINES),
                                    check=False, timeout=15, label="engine log tail")  # fmt: skip
         self.tail.clear()
-        kept = [line for line in res.stdout.splitlines() if not POLLS.search(line)]
+        kept = [cap_line(line) for line in res.stdout.splitlines() if not POLLS.search(line)]
         self.tail.extend(kept[-KEEP_LINES:])
         while True:  # a stream per boot: wait_for_boot's reader closes the one it read
-            lines = op.session.stream_lines(head, engine_log_follow(self.cluster.engine))
+            raw = op.session.stream_lines(head, engine_log_follow(self.cluster.engine))
+            lines = _capped(raw)
             try:
                 first = await _next_start(lines, self._tail_line)
                 if first is None:
@@ -173,7 +198,9 @@ class BootWatch:
                 await self._boot(op, first, lines)
             finally:
                 with contextlib.suppress(Exception):
-                    await lines.aclose()  # type: ignore[attr-defined]
+                    await lines.aclose()
+                with contextlib.suppress(Exception):
+                    await raw.aclose()  # type: ignore[attr-defined]
 
     @staticmethod
     def workers_query(op: Operation) -> Callable[[], Awaitable[list[str]]]:
@@ -259,6 +286,19 @@ async def _next_start(
         if on_line is not None:
             on_line(line)
     return None
+
+
+def cap_line(line: str) -> str:
+    """A log line as kept and sent: at most MAX_LINE characters, a longer one cut and marked."""
+    if len(line) <= MAX_LINE:
+        return line
+    return f"{line[:MAX_LINE]} …[truncated: {len(line) - MAX_LINE} more characters]"
+
+
+async def _capped(lines: AsyncIterator[str]) -> AsyncGenerator[str]:
+    """The log's lines, each capped (cap_line)."""
+    async for line in lines:
+        yield cap_line(line)
 
 
 async def _prepend(first: str, rest: AsyncIterator[str]) -> AsyncIterator[str]:

@@ -3,11 +3,11 @@ the engine log's tail between boots, and past boots' timelines."""
 
 from __future__ import annotations
 
-import json
+import math
 from typing import Any
 
 from spark_ops.readiness import PHASE_ORDER
-from spark_ops.serve.html import esc, page, section, table, when
+from spark_ops.serve.html import esc, json_text, page, section, table, when
 
 MAX_TAIL = 40  # log lines the page keeps of the engine's tail (as the watch keeps)
 
@@ -49,13 +49,15 @@ es.addEventListener('boot',m=>{const d=JSON.parse(m.data);const tail=d.event&&d.
 def boot_page(boots: dict[str, Any]) -> str:
     """The live boot (phases, time in phase, ETA, lines) and past boots' timelines."""
     live = boots["live"]
-    usual = boots.get("usual_s") or {}
+    given = boots.get("usual_s")
+    usual = {k: v for k, v in (given if isinstance(given, dict) else {}).items()
+             if _seconds(v) is not None}  # fmt: skip
     items = "".join(
         f'<li data-phase="{esc(p.value)}">{esc(p.value)}'
-        f"{' ~' + esc(round(usual[p.value])) + ' s' if p.value in usual else ''}</li>"
+        f"{' ~' + esc(_secs(usual[p.value])) if p.value in usual else ''}</li>"
         for p in PHASE_ORDER
     )
-    init = json.dumps(live)  # inside <script>: no tag can end it early, no quote reads as HTML
+    init = json_text(live)  # inside <script>: no tag can end it early, no quote reads as HTML
     for ch, code in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("'", "\\u0027")):
         init = init.replace(ch, code)
     body = section(
@@ -78,8 +80,8 @@ def boot_page(boots: dict[str, Any]) -> str:
     )
     rows = []
     for b in boots.get("recorded") or []:
-        durations = b.get("durations") or {}
-        timeline = ", ".join(f"{k} {float(v):.0f} s" for k, v in durations.items())
+        durations = b.get("durations") if isinstance(b.get("durations"), dict) else {}
+        timeline = ", ".join(f"{k} {_secs(v)}" for k, v in durations.items())
         rows.append([when(b.get("at")), esc(_secs(b.get("total_s"))), esc(timeline)])
     past = table(["started", "total", "phases"], rows) if rows else "<p>no boot recorded</p>"
     watched = [
@@ -95,6 +97,18 @@ def boot_page(boots: dict[str, Any]) -> str:
     return page("Boot", "/boot", body, script=BOOT_JS)
 
 
+def _seconds(value: object) -> float | None:
+    """A finite, non-negative number of seconds, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
 def _secs(value: object) -> str:
-    """Seconds as text."""
-    return f"{float(value):.0f} s" if isinstance(value, int | float) else "—"
+    """Seconds as text (`—` for anything but a finite, non-negative number)."""
+    number = _seconds(value)
+    return "—" if number is None else f"{number:.0f} s"

@@ -14,12 +14,16 @@ SVG = 'xmlns="http://www.w3.org/2000/svg" font-size="11"'
 LINE_W, LINE_H, PAD = 640, 70, 30
 SERIES_W, SERIES_H = 640, 180
 SERIES_COLORS = ("#0969da", "#9a6700", "#1a7f37")
+MAX_TOP = 1e15  # no axis goes beyond: a larger value is drawn at the top
+MAX_STAMPS = 500  # stamps drawn on the window's line (the newest; the rest counted in words)
 
 
 def nice_ticks(top: float, count: int = 4) -> list[float]:
-    """Round tick values from 0 to at least `top` (1, 2 or 5 times a power of ten apart)."""
+    """Round tick values from 0 to at least `top` (1, 2 or 5 times a power of ten apart); a top
+    beyond MAX_TOP is drawn to MAX_TOP (the chart is clamped, its values shown as text)."""
     if not math.isfinite(top) or top <= 0:
         return [0.0, 1.0]
+    top = min(top, MAX_TOP)
     raw = top / count
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
@@ -27,8 +31,18 @@ def nice_ticks(top: float, count: int = 4) -> list[float]:
     return [round(i * step, 10) for i in range(n + 1)]
 
 
+def clamp(value: float, top: float) -> float:
+    """A value drawn on a chart whose axis ends at `top`: from 0 to top (never off the chart)."""
+    return min(max(value, 0.0), top) if math.isfinite(value) else top
+
+
 def tick_text(value: float) -> str:
-    """A tick's label: an int when it is one, else one or two decimals."""
+    """A tick's label: an int when it is one, else one or two decimals (a value that is not
+    finite is `?`, a huge one in exponent form)."""
+    if not math.isfinite(value):
+        return "?"
+    if abs(value) >= 1e12:
+        return f"{value:.3g}"
     if value == int(value):
         return str(int(value))
     return f"{value:.2f}".rstrip("0")
@@ -84,10 +98,16 @@ def stamp_timeline(
         )
         t += step
     out.append(f'<text x="{LINE_W - PAD}" y="{y + 28}" text-anchor="end" fill="#555">now</text>')
-    for s in stamps:
-        at = s.get("stamp")
-        if not isinstance(at, int | float) or not math.isfinite(at):
-            continue
+    shown = [s for s in stamps if isinstance(s.get("stamp"), int | float)
+             and math.isfinite(s["stamp"])]  # fmt: skip
+    more = max(0, len(shown) - MAX_STAMPS)
+    if more:
+        out.append(
+            f'<text class=more x="{PAD}" y="12" fill="#555">the newest {MAX_STAMPS} stamps drawn, '
+            f"{more} more not drawn</text>"
+        )
+    for s in sorted(shown, key=lambda s: float(s["stamp"]))[-MAX_STAMPS:]:
+        at = s["stamp"]
         why = s.get("reason") or "(no journal entry)"
         out.append(
             f'<circle class=stamp cx="{sx(float(at)):.1f}" cy="{y}" r="6" fill="#9a6700">'
@@ -124,7 +144,7 @@ def time_series(
 
     def sy(v: float) -> float:
         """A value to pixels."""
-        return SERIES_H - PAD - (SERIES_H - 2 * PAD) * v / top
+        return SERIES_H - PAD - (SERIES_H - 2 * PAD) * clamp(v, top) / top
 
     out = [
         f'<svg id="{esc(ident)}" role="img" viewBox="0 0 {SERIES_W} {SERIES_H}" '

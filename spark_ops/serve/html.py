@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import json
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1b1f24;background:#f6f7f9}
@@ -129,3 +131,19 @@ def diff_html(diff: str) -> str:
             cls = "del"
         out.append(f'<span class="{cls}">{esc(line)}</span>' if cls else esc(line))
     return "<pre>" + "\n".join(out) + "</pre>"
+
+
+def json_text(data: Any) -> str:
+    """`data` as strict JSON (no NaN nor Infinity: those are null)."""
+    return json.dumps(finite(data), default=str, allow_nan=False)
+
+
+def finite(data: Any) -> Any:
+    """`data` with every float that is not finite replaced by None (dicts, lists, tuples)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite(v) for v in data]
+    return data

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
 from typing import Any
@@ -24,6 +25,20 @@ SCRAPE_S = 10.0
 SPAN_S = 3600.0
 KEEP = int(SPAN_S / SCRAPE_S) + 1
 RETRY_S = 10.0
+MAX_REQUESTS = 1e7  # running or waiting requests beyond this are no reading (dropped, marked)
+MAX_TOKENS = 1e18  # a generation-token counter beyond this is no reading
+MAX_METRICS_BYTES = 8 * 1024 * 1024  # the engine's /metrics answer read at most; larger refused
+
+
+def sane(value: float | None, top: float) -> float | None:
+    """A reading kept: a finite number from 0 to `top`; anything else None."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) and 0 <= number <= top else None
 
 
 class LoadRing:
@@ -40,17 +55,26 @@ class LoadRing:
     def add(
         self, at: float, running: float | None, waiting: float | None, tokens: float | None
     ) -> None:
-        """One scrape (all None: no answer, a gap)."""
+        """One scrape (all None: no answer, a gap). A value that is not a finite number from 0 to
+        its bound (NaN, inf, negative, 1.7e308) is dropped and the sample says which."""
+        given = {"running": running, "waiting": waiting, "tokens": tokens}
+        running, waiting = sane(running, MAX_REQUESTS), sane(waiting, MAX_REQUESTS)
+        tokens = sane(tokens, MAX_TOKENS)
+        kept = {"running": running, "waiting": waiting, "tokens": tokens}
+        dropped = [k for k, v in given.items() if v is not None and kept[k] is None]
         rate = None
         if tokens is not None:
             prev = self.last_tokens
             if prev is not None and at > prev[0] and tokens >= prev[1]:
-                rate = round((tokens - prev[1]) / (at - prev[0]), 2)
+                rate = sane(round((tokens - prev[1]) / (at - prev[0]), 2), MAX_TOKENS)
             self.last_tokens = (at, tokens)
             self.last_ok, self.error = at, ""
         else:
             self.last_tokens = None
-        self.samples.append({"at": at, "running": running, "waiting": waiting, "tok_s": rate})
+        sample: dict[str, Any] = {"at": at, "running": running, "waiting": waiting, "tok_s": rate}
+        if dropped:
+            sample["dropped"] = dropped
+        self.samples.append(sample)
 
     def view(self) -> dict[str, Any]:
         """The ring as JSON for the page, /api/load and /metrics."""
@@ -95,10 +119,12 @@ class LoadWatch:
                     await op.api_url()
                     async with op.engine(timeout=5) as api:
                         while True:
-                            snap = await api.metrics()
+                            snap = await api.metrics(max_bytes=MAX_METRICS_BYTES)
                             if snap is None:
                                 self.ring.add(time.time(), None, None, None)
-                                self.ring.error = "the engine's /metrics did not answer"
+                                self.ring.error = api.last_error or (
+                                    "the engine's /metrics did not answer"
+                                )
                             else:
                                 self.ring.add(time.time(), snap.running, snap.waiting,
                                               snap.generation_tokens)  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 from spark_ops import __version__
@@ -95,7 +97,7 @@ def render_metrics(
         gauge("doctor_timestamp_seconds", "When the last doctor run kept here ended.",
               float(when) if isinstance(when, int | float) else None)  # fmt: skip
     gauge("status_timestamp_seconds", "When this reading was taken.", status.get("time"))
-    last = latest(load)
+    last = fresh_sample(load, bool(engine.get("up")), time.time())
     if last is not None:
         gauge("engine_requests_running", "Requests the engine runs (its last scrape here).",
               last.get("running"))  # fmt: skip
@@ -104,15 +106,32 @@ def render_metrics(
         gauge("engine_generation_tokens_per_second",
               "Tokens the engine generated per second between two scrapes here (the last two "
               "answered in a row).", latest(load, "tok_s"))  # fmt: skip
-        gauge("engine_scrape_timestamp_seconds", "When this server last read the engine's "
-              "/metrics.", last.get("at"))  # fmt: skip
+    gauge("engine_scrape_timestamp_seconds", "When this server last read the engine's /metrics "
+          "(its figures above are exported only while current).",
+          (latest(load) or {}).get("at"))  # fmt: skip
     return generate_latest(registry)
 
 
 NEXT_FREE_HELP = (
-    "When a restart slot is free (head clock): while the budget is spent, when the oldest "
-    "counted stamp leaves the window; while a slot is free, the time the budget was read."
+    "When a restart slot is free (head clock, as `spark-ops budget` says): while the budget is "
+    "spent, when enough counted stamps have left the window for one slot to be free; while a "
+    "slot is free, the time the budget was read."
 )
+STALE_INTERVALS = 2  # a reading older than this many of its intervals is not exported as current
+
+
+def fresh_sample(load: dict[str, Any] | None, engine_up: bool, now: float) -> dict[str, Any] | None:
+    """The engine's last answered scrape when it is current: the engine up now and the scrape
+    within STALE_INTERVALS of its interval (else None: an old figure is not the engine's now)."""
+    last = latest(load)
+    if last is None or not engine_up:
+        return None
+    interval = (load or {}).get("interval_s")
+    span = STALE_INTERVALS * float(interval) if isinstance(interval, int | float) else 0.0
+    at = last.get("at")
+    if not isinstance(at, int | float) or now - float(at) > span:
+        return None
+    return last
 
 
 def next_free(budget: dict[str, Any]) -> float | None:
@@ -139,6 +158,16 @@ def latest(load: dict[str, Any] | None, key: str = "") -> Any:
     return None
 
 
+FACTS_STALE_S = 45.0  # node facts (read every 15 s) older than this are not current
+
+
+def facts_fresh(hardware: dict[str, Any] | None, now: float | None = None) -> bool:
+    """The node facts were read within FACTS_STALE_S."""
+    at = (hardware or {}).get("time")
+    now = time.time() if now is None else now
+    return isinstance(at, int | float) and now - float(at) <= FACTS_STALE_S
+
+
 def per_node(registry: Any, nodes: list[dict[str, Any]], hardware: dict[str, Any] | None) -> None:
     """Per-node gauges, each with a `node` label: reachable, latency, and what the node hardware
     say (MemAvailable, GPU use and power); a value not read is absent."""
@@ -158,10 +187,15 @@ def per_node(registry: Any, nodes: list[dict[str, Any]], hardware: dict[str, Any
         gauges["node_reachable"].labels(node=name).set(1.0 if n.get("reachable") else 0.0)
         if isinstance(n.get("latency_ms"), int | float):
             gauges["node_ssh_latency_seconds"].labels(node=name).set(n["latency_ms"] / 1000)
-        f = known.get(name) or {}
+        current = bool(n.get("reachable")) and facts_fresh(hardware)
+        f = (known.get(name) or {}) if current else {}  # a stopped node's old facts: not current
         gpu: dict[str, Any] = f["gpu"] if isinstance(f.get("gpu"), dict) else {}
         for metric, value in (("node_mem_available_bytes", f.get("mem_available")),
                               ("node_gpu_utilization_percent", gpu.get("util_pct")),
                               ("node_gpu_power_watts", gpu.get("power_w"))):  # fmt: skip
-            if isinstance(value, int | float) and not isinstance(value, bool):
+            if (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            ):
                 gauges[metric].labels(node=name).set(float(value))

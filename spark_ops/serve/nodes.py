@@ -23,7 +23,8 @@ from spark_ops.workflows.operation import Operation
 FACTS_S = 15.0  # node facts are read at most this often (one SSH command per node)
 MAX_ENGINE_LINES = 20
 
-NODE_RANK = re.compile(r"--node-rank[= ](\d+)")
+NODE_RANK = re.compile(r"--node-rank[= ](\d{1,6})(?!\d)")  # a rank, never a 5000-digit number
+MAX_ERROR_CHARS = 200  # a node's error as the panel shows it: one short line
 
 
 def parse_facts(text: str, *, head: bool) -> dict[str, Any]:
@@ -41,7 +42,7 @@ def parse_facts(text: str, *, head: bool) -> dict[str, Any]:
         elif tag == "NO_GPU_TOOL":
             out["gpu_note"] = "no nvidia-smi on this node"
         elif tag == "GPU_ERROR":
-            out["gpu_note"] = "nvidia-smi answered nothing"
+            out["gpu_note"] = "nvidia-smi answered nothing (within 3 s)"
         elif tag == "ENGINE":
             pid, _, args = rest.partition(" ")
             if _names_a_shell(args) or not _runs_engine(args):
@@ -51,6 +52,8 @@ def parse_facts(text: str, *, head: bool) -> dict[str, Any]:
                 rank = int(found.group(1))
                 role = "serves the API" if rank == 0 else "headless"
                 ranks.append(f"rank {rank} ({role}), pid {pid}")
+            elif "--node-rank" in args:
+                ranks.append(f"rank unreadable, pid {pid}")
             elif head:
                 ranks.append(f"rank 0 (serves the API), pid {pid}")
     out["ranks"] = sorted(set(ranks))
@@ -96,6 +99,13 @@ def parse_gpu(line: str) -> dict[str, Any]:
     }
 
 
+def short_error(text: str) -> str:
+    """An error as a panel shows it: its first line, at most MAX_ERROR_CHARS (never the program's
+    whole text)."""
+    first = (str(text).strip().splitlines() or [""])[0]
+    return first if len(first) <= MAX_ERROR_CHARS else first[: MAX_ERROR_CHARS - 1] + "…"
+
+
 async def read_facts(cluster: Cluster) -> dict[str, Any]:
     """Every reachable node's facts; a node that did not answer says why. Workers' engine part
     (the Ray worker) is asked as the boot watch asks it (workflows.gate.missing_workers)."""
@@ -106,14 +116,17 @@ async def read_facts(cluster: Cluster) -> dict[str, Any]:
         answers = await session.gather(names, lambda h: session.call(h, FACTS))
         for node in cluster.nodes:
             if node.name in session.errors:
-                nodes[node.name] = {"error": session.errors[node.name].message}
+                nodes[node.name] = {"error": short_error(session.errors[node.name].message)}
                 continue
             res = answers.get(node.name)
             if isinstance(res, SparkOpsError) or res is None:
                 said = res.message if isinstance(res, SparkOpsError) else "no answer"
-                nodes[node.name] = {"error": said}
+                nodes[node.name] = {"error": short_error(said)}
                 continue
-            nodes[node.name] = parse_facts(res.stdout, head=node.name == cluster.head.name)
+            try:
+                nodes[node.name] = parse_facts(res.stdout, head=node.name == cluster.head.name)
+            except Exception as exc:  # one odd answer is that node's error, never the page's
+                nodes[node.name] = {"error": short_error(f"unreadable answer ({exc!r})")}
         missing: list[str] = []
         if cluster.workers and not session.errors:
             try:

@@ -16,6 +16,7 @@ from spark_ops.serve.bootpage import boot_page
 from spark_ops.serve.charts import budget_gauge, stamp_timeline, time_series
 from spark_ops.serve.history import history_page
 from spark_ops.serve.html import AGE_JS, ago, esc, page, section, table, when
+from spark_ops.serve.metrics import facts_fresh, fresh_sample
 from spark_ops.serve.sweepspage import svg_chart, sweeps_page
 
 __all__ = ["boot_page", "cluster_page", "cluster_sections", "history_page", "svg_chart",
@@ -70,7 +71,8 @@ def cluster_sections(
     parts.append(section("Budget", _budget(budget, now=now), ident="budget"))
     engine = _engine(status.get("engine") or {}, state, status.get("runs") or {})
     parts.append(section("Engine", engine, ident="engine"))
-    parts.append(section("Load, last hour", _load(load, now), ident="load"))
+    up = bool((status.get("engine") or {}).get("up"))
+    parts.append(section("Load, last hour", _load(load, now, engine_up=up), ident="load"))
     parts.append(section("Knobs", _knobs(status), ident="knobs"))
     parts.append(section("Lock and runs", _runs(status.get("runs") or {}, last_run, now),
                          ident="runs"))  # fmt: skip
@@ -110,6 +112,11 @@ def _nodes(status: dict[str, Any], hardware: dict[str, Any] | None, now: float) 
                 ("reachable", f"{up} {detail}")]  # fmt: skip
         f = known.get(name) if isinstance(name, str) else None
         if isinstance(f, dict):
+            fresh = bool(n.get("reachable")) and facts_fresh(hardware, now)
+            if not fresh and not f.get("error"):
+                why = "the node does not answer now" if not n.get("reachable") else "not read since"
+                read = ago("read", (hardware or {}).get("time"), now)
+                rows.append(("facts", f'<span class="warn stale">stale ({why}): {read}</span>'))
             rows += _fact_rows(f)
         dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
         panels.append(
@@ -301,9 +308,10 @@ def _runs(runs: dict[str, Any], last_run: dict[str, Any] | None, now: float) -> 
     return out
 
 
-def _load(load: dict[str, Any] | None, now: float) -> str:
+def _load(load: dict[str, Any] | None, now: float, *, engine_up: bool = True) -> str:
     """Running and waiting requests and generated tok/s over the last hour, from the engine's
-    /metrics as this server scraped it."""
+    /metrics as this server scraped it; the last figures are `now` only while current (the
+    engine up, the scrape within two intervals), else said stale with their age."""
     if not load:
         return "<p class=muted>the engine's load is not scraped by this server</p>"
     samples = [x for x in load.get("samples") or [] if isinstance(x, dict)]
@@ -315,12 +323,22 @@ def _load(load: dict[str, Any] | None, now: float) -> str:
 
     last = next((x for x in reversed(samples) if x.get("running") is not None), None)
     rate = next((x for x in reversed(samples) if x.get("tok_s") is not None), None)
-    said = (
-        f"<p id=loadnow>now: {esc(last.get('running'))} running, {esc(last.get('waiting'))} "
-        f"waiting, {esc(_tok(rate.get('tok_s') if rate else None))} tok/s</p>"
+    figures = (
+        f"{esc(last.get('running'))} running, {esc(last.get('waiting'))} waiting, "
+        f"{esc(_tok(rate.get('tok_s') if rate else None))} tok/s"
         if last
-        else "<p id=loadnow class=muted>no answer from the engine's /metrics yet</p>"
+        else ""
     )
+    if not last:
+        said = "<p id=loadnow class=muted>no answer from the engine's /metrics yet</p>"
+    elif fresh_sample(load, engine_up, now) is not None:
+        said = f"<p id=loadnow>now: {figures}</p>"
+    else:
+        why = "the engine is down now" if not engine_up else "no answer since"
+        said = (
+            f'<p id=loadnow class="warn stale">stale ({why}): {figures}, '
+            f"{ago('last answer', last.get('at'), now)}</p>"
+        )
     requests = time_series([("running", pts("running")), ("waiting", pts("waiting"))],
                            now=now, span_s=span, ident="chart-requests")  # fmt: skip
     tok = time_series([("generated tok/s", pts("tok_s"))], now=now, span_s=span, ident="chart-tok")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from spark_ops.serve.charts import nice_ticks, tick_text
+from spark_ops.serve.charts import clamp, nice_ticks, tick_text
 from spark_ops.serve.html import esc, page, section, table
 
 CHART_W, CHART_H, PAD = 640, 260, 40
@@ -29,7 +29,7 @@ def svg_chart(series: list[dict[str, Any]], *, y_label: str) -> str:
 
     def sy(y: float) -> float:
         """y to pixels."""
-        return CHART_H - PAD - (CHART_H - 2 * PAD) * y / y_max
+        return CHART_H - PAD - (CHART_H - 2 * PAD) * clamp(y, y_max) / y_max
 
     out = [
         f'<svg role="img" viewBox="0 0 {CHART_W} {CHART_H}" width="{CHART_W}" height="{CHART_H}"'
