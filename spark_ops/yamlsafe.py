@@ -65,7 +65,18 @@ def load_yaml(
             hint="remove or rename one of them",
         ) from None
     except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(exc):  # PyYAML >= 6.0.4's scanner, ahead of our count
+            raise _too_deep(source, error, getattr(exc, "problem_mark", None)) from None
         raise error(f"{source}: not valid YAML: {exc}") from exc
+
+
+def _too_deep(source: str, error: type[SparkOpsError], mark: Any) -> SparkOpsError:
+    """The refusal of a file nested past MAX_DEPTH, at its line when known."""
+    where = f"line {mark.line + 1}: " if mark is not None else ""
+    return error(
+        f"{source}: {where}lists or mappings nested more than {MAX_DEPTH} levels deep; refused",
+        hint="check that the path names the right file",
+    )
 
 
 class DuplicateKey(Exception):
@@ -172,10 +183,6 @@ def _check_events(
         elif isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_DEPTH:
-                raise error(
-                    f"{source}: line {event.start_mark.line + 1}: lists or mappings nested more "
-                    f"than {MAX_DEPTH} levels deep; refused",
-                    hint="check that the path names the right file",
-                )
+                raise _too_deep(source, error, event.start_mark)
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1

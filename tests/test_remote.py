@@ -407,13 +407,26 @@ done
 exec @REAL@ "$@"
 """
 
+# dd as found first on the node's PATH: runs the real one, then records the file it wrote ("file"
+# when it fsynced it: conv=fsync) in the sync log's form; the stage writes and syncs in one dd
+RECORDING_DD = """#!/bin/sh
+of=; kind=unsynced
+for a in "$@"; do
+  case $a in of=*) of=${a#of=} ;; conv=*fsync*) kind=file ;; esac
+done
+@REAL@ "$@" || exit
+[ -n "$of" ] || exit 0
+sum=$(sha256sum < "$of" | cut -c1-64)
+printf '%s\\t%s\\t%s\\t%s\\n' "$of" "$kind" "$sum" "$(sha256sum < @TARGET@ | cut -c1-64)" >> @LOG@
+"""
+
 
 async def test_staged_file_is_synced_before_the_rename(
     cluster: tuple[list[SimNode], Cluster],
 ) -> None:
     """The staged file is fsynced whole, under its temp name, while the target still holds the
-    old content; the directory is synced after the rename (a `sync` on the node's PATH records
-    every call, then runs the real one)."""
+    old content; the directory is synced after the rename (a `sync` and a `dd` on the node's PATH
+    record every call: the stage writes and fsyncs in one `dd conv=fsync`)."""
     nodes, c = cluster
     home = nodes[0].spec.home
     target, log = home / "r.yaml", home / "sync.log"
@@ -422,6 +435,10 @@ async def test_staged_file_is_synced_before_the_rename(
     program = RECORDING_SYNC.replace("@TARGET@", str(target)).replace("@LOG@", str(log))
     (home / "bin" / "sync").write_text(program.replace("@REAL@", real))
     (home / "bin" / "sync").chmod(0o755)
+    real_dd = next(p for p in ("/usr/bin/dd", "/bin/dd") if Path(p).exists())
+    program = RECORDING_DD.replace("@TARGET@", str(target)).replace("@LOG@", str(log))
+    (home / "bin" / "dd").write_text(program.replace("@REAL@", real_dd))
+    (home / "bin" / "dd").chmod(0o755)
     async with ClusterSession(c) as s:
         await s.connect(["node1"])
         await s.write_atomic([FileWrite("node1", "~/r.yaml", "new\n", sha256("old\n"))])

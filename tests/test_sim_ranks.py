@@ -191,8 +191,9 @@ def test_inventory_executor(tmp_path: Path) -> None:
 def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
     """A worker's rank started well before the head's engine is an earlier engine's (it holds
     the node's memory); with no engine running every rank is; children never count twice. A
-    node running two ranks holds one of the engine's: the one started nearest the engine, the
-    other is stray however recent (a restart seconds ago, a rank started by hand later)."""
+    node running two ranks holds one of the engine's: the newest started around the engine's
+    start (an earlier engine's is always older, however recent its restart; a launcher on a
+    loaded head may reach a worker late); a rank started by hand long after is stray."""
     from spark_ops.engine.identity import RANK_SLACK_S, Proc, stray_ranks
 
     engine_start = 10_000.0
@@ -207,6 +208,10 @@ def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
     assert stray_ranks([recent, new], engine_start) == [recent]
     by_hand = Proc(41, 1, 41, "S", engine_start + 600, "python")  # started later, by hand
     assert stray_ranks([new, by_hand], engine_start) == [by_hand]
+    # the CI case: a restart 40 s after the last one, the new rank reached 70 s late
+    prior = Proc(51, 1, 51, "S", engine_start - 40, "python")
+    late = Proc(52, 1, 52, "S", engine_start + 70, "python")
+    assert stray_ranks([prior, late], engine_start) == [prior]
 
 
 def test_rank_leftover_check_names_the_process_and_the_stop() -> None:

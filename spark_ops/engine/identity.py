@@ -34,6 +34,7 @@ from spark_ops.remote.programs.engine import (
 )
 
 RANK_SLACK_S = 120.0  # a launcher starts the ranks of one engine within this of each other
+RANK_LAG_S = 300.0  # ... and a loaded head's launcher reaches a worker's rank this late at most
 START_SLACK_S = 1.5  # process_start_time_seconds reads up to 1 s early (whole-second btime)
 # A command line that runs vLLM's server: `vllm serve`, `python -m vllm.entrypoints…`, the sim's.
 ENGINE_COMMAND = re.compile(r"vllm serve|vllm\.entrypoints|sim\.engine serve")
@@ -388,16 +389,19 @@ def old_ranks(procs: list[Proc], since: float) -> list[Proc]:
 
 def stray_ranks(procs: list[Proc], engine_start: float | None) -> list[Proc]:
     """A worker's ranks not part of the running engine (their top processes): every rank when
-    the head's engine is not running (`engine_start` None), else those started well before it
-    (a launcher starts the nodes' ranks one after another, within RANK_SLACK_S); on a node that
-    runs several (it holds one rank of one engine: its GPU), every one but the rank started
-    nearest the engine."""
+    the head's engine is not running (`engine_start` None), else every one but the engine's own:
+    the newest rank started within RANK_SLACK_S before the engine's start or RANK_LAG_S after it
+    (a launcher starts the nodes' ranks one after another; an earlier engine's rank is always the
+    older, however close its restart; one started by hand long after is not the engine's)."""
     pids = {p.pid for p in procs}
     tops = sorted((p for p in procs if p.ppid not in pids), key=lambda p: p.started_at)
     if engine_start is None or not tops:
         return tops
-    own = min(tops, key=lambda p: abs(p.started_at - engine_start))
-    return [p for p in tops if p is not own or p.started_at < engine_start - RANK_SLACK_S]
+    near = [
+        p for p in tops if engine_start - RANK_SLACK_S <= p.started_at <= engine_start + RANK_LAG_S
+    ]
+    own = near[-1] if near else None
+    return [p for p in tops if p is not own]
 
 
 @dataclass
