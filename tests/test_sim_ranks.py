@@ -212,6 +212,8 @@ def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
     prior = Proc(51, 1, 51, "S", engine_start - 40, "python")
     late = Proc(52, 1, 52, "S", engine_start + 70, "python")
     assert stray_ranks([prior, late], engine_start) == [prior]
+    lone = Proc(61, 1, 61, "S", engine_start + 900, "python")  # a lone rank, however late, is its
+    assert stray_ranks([lone], engine_start) == []
 
 
 def test_rank_leftover_check_names_the_process_and_the_stop() -> None:

@@ -400,8 +400,10 @@ def stray_ranks(procs: list[Proc], engine_start: float | None) -> list[Proc]:
     near = [
         p for p in tops if engine_start - RANK_SLACK_S <= p.started_at <= engine_start + RANK_LAG_S
     ]
-    own = near[-1] if near else None
-    return [p for p in tops if p is not own]
+    # none in the window (a wrapper's start read as the engine's): the one nearest it, as long as
+    # it did not start well before the engine (a lone rank is the engine's unless it is that old)
+    own = near[-1] if near else min(tops, key=lambda p: abs(p.started_at - engine_start))
+    return [p for p in tops if p is not own or p.started_at < engine_start - RANK_SLACK_S]
 
 
 @dataclass
