@@ -392,7 +392,8 @@ def stray_ranks(procs: list[Proc], engine_start: float | None) -> list[Proc]:
     the head's engine is not running (`engine_start` None), else every one but the engine's own:
     the newest rank started within RANK_SLACK_S before the engine's start or RANK_LAG_S after it
     (a launcher starts the nodes' ranks one after another; an earlier engine's rank is always the
-    older, however close its restart; one started by hand long after is not the engine's)."""
+    older, however close its restart; beside it, one started by hand long after is not the
+    engine's); with none in that window, the one nearest the engine's start (a lone rank)."""
     pids = {p.pid for p in procs}
     tops = sorted((p for p in procs if p.ppid not in pids), key=lambda p: p.started_at)
     if engine_start is None or not tops:
