@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spark_ops.bench.openloop import SCHEMA as RATE_SCHEMA
+from spark_ops.bench.openloop import RateResult
 from spark_ops.bench.stats import LevelResult
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.errors import BenchError
@@ -203,20 +205,37 @@ def _write(path: Path, text: str) -> None:
     write_file(path, text)
 
 
-def load_result(path: Path) -> SweepResult:
-    """Read a result JSON written by write_json (a regular file; a FIFO is refused, never
-    waited on)."""
+def _read_json(path: Path) -> Any:
+    """The JSON of a saved result (a regular file; a FIFO is refused, never waited on)."""
     try:
         raw = read_regular(path, limit=MAX_RESULT_BYTES)
         if len(raw) > MAX_RESULT_BYTES:
             raise BenchError(f"{path}: larger than {MAX_RESULT_BYTES} bytes, not a bench result")
-        data = json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"))
     except NotRegularFile as exc:
         raise BenchError(f"{path}: not a regular file") from exc
     except OSError as exc:
         raise BenchError(f"{path}: cannot read: {exc.strerror}") from exc
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise BenchError(f"{path}: not JSON: {str(exc)[:200]}") from exc
+
+
+def load_result(path: Path) -> SweepResult:
+    """Read a concurrency sweep's result JSON written by write_json; an open-loop result is
+    refused by name (its levels are rates, not concurrencies)."""
+    data = _read_json(path)
+    if isinstance(data, dict) and data.get("schema") == RATE_SCHEMA:
+        raise BenchError(
+            f"{path}: an open-loop result (bench --request-rate), not a concurrency sweep"
+        )
+    return SweepResult.from_dict(data, source=str(path))
+
+
+def load_saved(path: Path) -> SweepResult | RateResult:
+    """Read any result bench saves: a concurrency sweep or an open-loop sweep (by its schema)."""
+    data = _read_json(path)
+    if isinstance(data, dict) and data.get("schema") == RATE_SCHEMA:
+        return RateResult.from_dict(data, source=str(path))
     return SweepResult.from_dict(data, source=str(path))
 
 

@@ -53,7 +53,7 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
-def _parse_pairs(values: tuple[str, ...], option: str, sep: str) -> dict[str, str]:
+def parse_pairs(values: tuple[str, ...], option: str, sep: str) -> dict[str, str]:
     """Parse repeated KEY<sep>VALUE options into a dict."""
     out: dict[str, str] = {}
     for item in values:
@@ -79,7 +79,7 @@ def parse_caps(text: str | None) -> list[int]:
     return caps
 
 
-def _knob_value(text: str) -> Any:
+def knob_value(text: str) -> Any:
     """Knob values as ints where they are integers, else the text."""
     return int(text) if text.lstrip("-").isdigit() else text
 
@@ -141,7 +141,48 @@ def _knob_value(text: str) -> Any:
 @click.option("--api-key", envvar="SPARK_OPS_API_KEY", help="Bearer token ($SPARK_OPS_API_KEY).")
 @click.option("--header", "headers", multiple=True, help="Extra header 'Name: value'.")
 @click.option("--knob", "knobs", multiple=True, help="Knob in effect, reported: max_num_seqs=64.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Poisson arrivals seed.")
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Poisson arrivals seed (both modes)."
+)
+@click.option(
+    "--request-rate",
+    "request_rate",
+    help="Open loop: arrivals per second, comma-separated to sweep (e.g. 1,2,4); each request is "
+    "sent at its time whether or not earlier ones finished. Needs --url.",
+)
+@click.option(
+    "--arrivals",
+    type=click.Choice(["poisson", "constant"]),
+    default="poisson",
+    show_default=True,
+    help="Open loop: exponential gaps from --seed, or even gaps of 1/rate.",
+)
+@click.option(
+    "--requests",
+    type=click.IntRange(min=1, max=100_000),
+    default=100,
+    show_default=True,
+    help="Open loop: requests per rate (the same seeded schedule, scaled to each rate).",
+)
+@click.option(
+    "--max-concurrency",
+    type=click.IntRange(min=1),
+    help="Open loop: at most this many requests in flight (default: no cap).",
+)
+@click.option(
+    "--slo-ttft-ms",
+    type=float,
+    default=2000.0,
+    show_default=True,
+    help="Open loop goodput: a request's time to first token at most this (0: not applied).",
+)
+@click.option(
+    "--slo-tpot-ms",
+    type=float,
+    default=100.0,
+    show_default=True,
+    help="Open loop goodput: a request's time per output token at most this (0: not applied).",
+)
 @click.option("--no-metrics", is_flag=True, help="Do not scrape /metrics.")
 @click.option(
     "--unleased-load",
@@ -208,6 +249,12 @@ def cli(
     headers: tuple[str, ...],
     knobs: tuple[str, ...],
     seed: int,
+    request_rate: str | None,
+    arrivals: str,
+    requests: int,
+    max_concurrency: int | None,
+    slo_ttft_ms: float,
+    slo_tpot_ms: float,
     no_metrics: bool,
     unleased_load: bool,
     what_if_cap: str | None,
@@ -224,6 +271,10 @@ def cli(
     and `--resume FILE` runs only the levels it lacks.
     """
     if ctx.invoked_subcommand is not None:
+        return None
+    from spark_ops.cli import bench_rate
+
+    if bench_rate.open_loop(ctx):  # --request-rate given: the open-loop run, done
         return None
     from rich.console import Console
 
@@ -257,9 +308,9 @@ def cli(
         slo_tok_s=slo_tok_s,
         timeout_s=timeout,
         api_key=api_key,
-        headers=_parse_pairs(headers, "--header", ":"),
+        headers=parse_pairs(headers, "--header", ":"),
         seed=seed,
-        knobs={k: _knob_value(v) for k, v in _parse_pairs(knobs, "--knob", "=").items()} or None,
+        knobs={k: knob_value(v) for k, v in parse_pairs(knobs, "--knob", "=").items()} or None,
         metrics=not no_metrics,
         prompts_path=prompts_path,
     )

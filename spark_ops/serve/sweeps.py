@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spark_ops.bench.report import load_result
+from spark_ops.bench.report import RateResult, load_saved
 from spark_ops.bench.whatif import running_cap_of, whatif_of
 from spark_ops.errors import SparkOpsError
 
@@ -48,7 +48,10 @@ def load_sweep(path: Path) -> dict[str, Any]:
     """One saved sweep with bench's what-if for half its cap; a file that is not one, or whose
     what-if cannot be made, is shown with why (one odd file never takes the page down)."""
     try:
-        result = load_result(path)
+        saved = load_saved(path)
+        if isinstance(saved, RateResult):  # an open-loop sweep: its table, no concurrency chart
+            return {"file": path.name, "openloop": saved.to_dict()}
+        result = saved
         run: dict[str, Any] = {"file": path.name, "result": result.to_dict()}
     except SparkOpsError as exc:
         return {"file": path.name, "error": exc.message}

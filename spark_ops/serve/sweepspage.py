@@ -156,6 +156,9 @@ def sweeps_page(sweeps: dict[str, Any]) -> str:
         if "error" in run:
             parts.append(section(run["file"], f'<p class="bad">{esc(run["error"])}</p>'))
             continue
+        if "openloop" in run:
+            parts.append(section(run["file"], open_loop(run["openloop"])))
+            continue
         r = run["result"]
         rows = [
             [esc(lv.get("max_concurrency")), esc(_round(lv.get("output_throughput"))),
@@ -184,6 +187,26 @@ def sweeps_page(sweeps: dict[str, Any]) -> str:
     if not runs:
         parts.append(section("Sweeps", f"<p>no result in {esc(sweeps['dir'])}</p>"))
     return page("Sweeps", "/sweeps", "".join(parts))
+
+
+def open_loop(r: dict[str, Any]) -> str:
+    """An open-loop sweep (`bench --request-rate`): per offered rate, what came back and goodput."""
+    knobs = r.get("knobs")
+    said = ", ".join(f"{k}={v}" for k, v in knobs.items()) if isinstance(knobs, dict) else ""
+    info = (
+        f"<p>{esc(r.get('model'))} · {esc(r.get('started_at'))} · knobs {esc(said)} · open loop, "
+        f"{esc(r.get('arrivals'))} arrivals</p>"
+    )
+    rows = [
+        [esc(_round(lv.get("request_rate"))), esc(_round(lv.get("request_throughput"))),
+         esc(_round(lv.get("output_throughput"))), esc(_round(lv.get("p95_ttft_ms"))),
+         esc(_round(lv.get("p95_tpot_ms"))), esc(_round(lv.get("request_goodput"))),
+         esc(lv.get("completed")), esc(lv.get("failed"))]
+        for lv in r.get("levels") or [] if isinstance(lv, dict)
+    ]  # fmt: skip
+    head = ["offered req/s", "achieved req/s", "tok/s", "TTFT p95 ms", "TPOT p95 ms",
+            "goodput req/s", "done", "failed"]  # fmt: skip
+    return info + table(head, rows)
 
 
 def _round(value: object) -> object:
