@@ -22,13 +22,21 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from spark_ops.bench.client import RequestRecord
+from spark_ops.bench.client import RequestRecord, StreamClient
 from spark_ops.bench.gate import Endpoint, LoadPoint, measure, prove
-from spark_ops.bench.openloop import RateConfig, RateResult, arrival_times, run_rates
+from spark_ops.bench.openloop import (
+    Bodies,
+    RateConfig,
+    RateResult,
+    arrival_times,
+    run_rates,
+    send_at,
+)
 from spark_ops.bench.ratelevel import RateLevel, Slo, summarize_rate_level
 from spark_ops.bench.ratereport import render_rate_text
 from spark_ops.bench.report import load_result, load_saved
-from spark_ops.bench.sweep import SweepResult
+from spark_ops.bench.sweep import SweepResult, discover_model
+from spark_ops.bench.workload import ENDPOINTS
 from spark_ops.cli.bench import cli
 from spark_ops.errors import BenchError
 
@@ -179,13 +187,28 @@ def test_open_loop_sweep_against_sim(sim_url: str, tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_max_concurrency_caps_in_flight(sim_url: str) -> None:
-    """With --max-concurrency 2 at a rate far above what 2 streams serve, every request still
-    goes out (later than scheduled), none at the same time as two others."""
-    config = RateConfig(base_url=sim_url, rates=[200.0], requests=8, output_tokens=10,
-                        max_concurrency=2, arrivals="constant")  # fmt: skip
-    result = asyncio.run(run_rates(config))
-    (lv,) = result.levels
-    assert lv.requests == 8 and lv.completed == 8 and lv.max_concurrency == 2
+    """With a cap of 2 at a rate far above what 2 streams serve, every request still goes out
+    (late: its send lag says so), never more than 2 at once; without the cap they overlap."""
+
+    async def run(cap: int | None) -> tuple[list[RequestRecord], list[float]]:
+        """Eight constant arrivals at 200/s, 10 tokens each, through send_at."""
+        async with StreamClient(sim_url) as client:
+            model = await discover_model(client)
+            bodies = Bodies.build(model, api="chat", output_tokens=10, prompts_path=None)
+            times = arrival_times(8, 200.0, "constant", 0)
+            records, lags, _ = await send_at(client, ENDPOINTS["chat"], bodies, times, cap)
+        return records, lags
+
+    def most_in_flight(records: list[RequestRecord]) -> int:
+        """The most requests in flight at any start."""
+        return max(sum(1 for o in records if o.start <= r.start < o.end) for r in records)
+
+    capped, lags = asyncio.run(run(2))
+    assert [r.index for r in capped] == list(range(8)) and all(r.ok for r in capped)
+    assert most_in_flight(capped) <= 2
+    assert max(lags) > 0  # held back by the cap
+    free, _ = asyncio.run(run(None))
+    assert all(r.ok for r in free) and most_in_flight(free) > 2
 
 
 @pytest.mark.timeout(120)

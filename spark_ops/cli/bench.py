@@ -142,7 +142,11 @@ def knob_value(text: str) -> Any:
 @click.option("--header", "headers", multiple=True, help="Extra header 'Name: value'.")
 @click.option("--knob", "knobs", multiple=True, help="Knob in effect, reported: max_num_seqs=64.")
 @click.option(
-    "--seed", type=int, default=0, show_default=True, help="Poisson arrivals seed (both modes)."
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of poisson arrivals (--mode poisson, --request-rate).",
 )
 @click.option(
     "--request-rate",
@@ -265,7 +269,10 @@ def cli(
     csv_path: Path | None,
     plot_path: Path | None,
 ) -> int | None:
-    """Sweep throughput over concurrency levels and print the note's table.
+    """Sweep throughput over concurrency levels (or open-loop arrival rates) and print a table.
+
+    With --request-rate each rate's requests are sent at seeded times whatever the earlier ones
+    are doing, and goodput under --slo-ttft-ms/--slo-tpot-ms is reported.
 
     After every level its figures are kept in a partial file; an interrupted sweep says which,
     and `--resume FILE` runs only the levels it lacks.
@@ -274,8 +281,8 @@ def cli(
         return None
     from spark_ops.cli import bench_rate
 
-    if bench_rate.open_loop(ctx):  # --request-rate given: the open-loop run, done
-        return None
+    if bench_rate.is_open_loop(ctx):  # --request-rate given: the open-loop run
+        return bench_rate.open_loop(ctx)
     from rich.console import Console
 
     from spark_ops.bench import report

@@ -65,18 +65,23 @@ def refuse_given(ctx: click.Context, options: dict[str, str], why: str) -> None:
             raise click.UsageError(f"{option} {why}")
 
 
-def open_loop(ctx: click.Context) -> bool:
-    """Run the open-loop sweep when --request-rate was given (True), else refuse the open-loop
-    options given and return False: the closed-loop sweep runs."""
+def is_open_loop(ctx: click.Context) -> bool:
+    """True when --request-rate was given (the closed-loop options refused), else False (the
+    open-loop options refused): which loop `bench` runs."""
+    if ctx.params["request_rate"] is None:
+        refuse_given(ctx, OPEN_ONLY, "is for open-loop runs: give --request-rate")
+        return False
+    refuse_given(ctx, CLOSED_ONLY, "is for closed-loop sweeps: not with --request-rate")
+    return True
+
+
+def open_loop(ctx: click.Context) -> int | None:
+    """Run the open-loop sweep `bench`'s parameters describe; ABORTED when interrupted."""
     from spark_ops.bench.openloop import RateConfig
     from spark_ops.bench.ratelevel import Slo
     from spark_ops.cli.bench import knob_value, parse_pairs, resolve_url
 
     p = ctx.params
-    if p["request_rate"] is None:
-        refuse_given(ctx, OPEN_ONLY, "is for open-loop runs: give --request-rate")
-        return False
-    refuse_given(ctx, CLOSED_ONLY, "is for closed-loop sweeps: not with --request-rate")
     rates = parse_rates(p["request_rate"])
     slo = Slo(slo_limit(p["slo_ttft_ms"], "--slo-ttft-ms"),
               slo_limit(p["slo_tpot_ms"], "--slo-tpot-ms"))  # fmt: skip
@@ -96,8 +101,7 @@ def open_loop(ctx: click.Context) -> bool:
         knobs=knobs or None, prompts_path=p["prompts_path"],
     )  # fmt: skip
     config.validate()
-    run_open_loop(config, RateOutputs(p["as_json"], p["json_path"], p["csv_path"]))
-    return True
+    return run_open_loop(config, RateOutputs(p["as_json"], p["json_path"], p["csv_path"]))
 
 
 @dataclass
@@ -109,18 +113,22 @@ class RateOutputs:
     csv_path: Path | None
 
 
-def run_open_loop(config: Any, outputs: RateOutputs) -> None:
-    """Run the open-loop sweep of `config` (a RateConfig) and render or write its result."""
+def run_open_loop(config: Any, outputs: RateOutputs) -> int | None:
+    """Run the open-loop sweep of `config` (a RateConfig) and render or write its result; an
+    interrupted run says which rates finished (nothing is written) and exits ABORTED."""
     from rich.console import Console
 
     from spark_ops.bench import ratereport
     from spark_ops.bench.openloop import run_rates
     from spark_ops.cli.common import emit_json, quiet, run_async
+    from spark_ops.errors import ExitStatus
 
     err = Console(stderr=True)
+    finished: list[float] = []
 
     def on_level(level: Any) -> None:
         """A finished level: one line on stderr (unless quiet or --json)."""
+        finished.append(level.request_rate)
         if quiet() or outputs.as_json:
             return
         err.print(
@@ -129,7 +137,16 @@ def run_open_loop(config: Any, outputs: RateOutputs) -> None:
             highlight=False,
         )
 
-    result = run_async(run_rates(config, on_level=on_level))
+    try:
+        result = run_async(run_rates(config, on_level=on_level))
+    except KeyboardInterrupt:
+        done = ",".join(f"{r:g}" for r in finished) or "none"
+        err.print(
+            f"interrupted: {len(finished)} of {len(config.rates)} rate(s) finished ({done}); "
+            "an open-loop run keeps nothing: run it again",
+            highlight=False,
+        )
+        return int(ExitStatus.ABORTED)
     if outputs.as_json:
         emit_json(result.to_dict())
     else:
@@ -144,3 +161,4 @@ def run_open_loop(config: Any, outputs: RateOutputs) -> None:
     for path in (outputs.json_path, outputs.csv_path):
         if path and not quiet():
             err.print(f"wrote {path}", highlight=False)
+    return None
