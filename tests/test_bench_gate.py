@@ -69,6 +69,8 @@ def test_verdict_renders_and_serializes(case: dict[str, Any]) -> None:
     assert data["ok"] is verdict.ok
     assert [c["metric"] for c in data["checks"]] == list(METRICS)
     assert data["thresholds"] == verdict.thresholds.to_dict()
+    back = Verdict.from_dict(data)
+    assert back.ok is verdict.ok and back.to_dict() == data
     text = render_verdict(verdict, width=120)
     for label in ("aggregate tok/s", "TTFT p95 ms", "TPOT p95 ms", "errors"):
         assert label in text
@@ -118,3 +120,22 @@ def test_load_point_refused(point: LoadPoint, match: str) -> None:
     """A load point that is not exactly one load in range is a BenchError."""
     with pytest.raises(BenchError, match=match):
         point.validate()
+
+
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [
+        ({"max_tok_s_drop_pct": -1}, "max_tok_s_drop_pct"),
+        ({"max_ttft_p95_rise_pct": math.nan}, "max_ttft_p95_rise_pct"),
+        ({"max_tpot_p95_rise_pct": "10%"}, "max_tpot_p95_rise_pct"),
+        ({"max_errors": 0.5}, "max_errors"),
+        ({"max_errors": True}, "max_errors"),
+    ],
+)
+def test_thresholds_refused(given: dict[str, Any], match: str) -> None:
+    """A limit that is not a number >= 0 is a BenchError, in from_dict and in prove()."""
+    with pytest.raises(BenchError, match=match):
+        Thresholds.from_dict(given)
+    m = Measurement(tok_s=1.0, ttft_p95_ms=1.0, tpot_p95_ms=1.0, errors=0)
+    with pytest.raises(BenchError, match=match):
+        prove(m, m, Thresholds(**given))

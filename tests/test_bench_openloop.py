@@ -281,6 +281,24 @@ def test_measure_and_prove_against_sim(sim_url: str) -> None:
         asyncio.run(measure("http://127.0.0.1:9", closed))
 
 
+@pytest.mark.timeout(120)
+def test_a_load_that_only_fails_fails_the_gate(sim_url: str) -> None:
+    """Every request refused (a model the server does not serve): the measurement counts the
+    errors and has no tok/s or latency, and the gate fails each of those metrics with a reason."""
+    point = LoadPoint(concurrency=2, requests=4, output_tokens=10)
+    good = asyncio.run(measure(sim_url, point))
+    bad = asyncio.run(measure(Endpoint(sim_url, model="models/not-served"), point))
+    assert bad.requests == 4 and bad.errors == 4
+    assert bad.tok_s is None and bad.ttft_p95_ms is None and bad.tpot_p95_ms is None
+    assert bad.goodput_req_s == 0.0
+    verdict = prove(good, bad)
+    assert not verdict.ok
+    by_metric = {c.metric: c for c in verdict.checks}
+    for metric in ("tok_s", "ttft_p95_ms", "tpot_p95_ms"):
+        assert not by_metric[metric].ok and "after not measured" in by_metric[metric].reason
+    assert not by_metric["errors"].ok and by_metric["errors"].after == 4
+
+
 def test_rate_config_refused() -> None:
     """Settings out of range are named before any request."""
     for kw, match in (

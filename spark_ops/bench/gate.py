@@ -123,9 +123,26 @@ class Thresholds:
     max_tpot_p95_rise_pct: float = DEFAULT_MAX_TPOT_P95_RISE_PCT
     max_errors: int = DEFAULT_MAX_ERRORS
 
+    def validate(self) -> None:
+        """Raise BenchError naming a limit that is not a number >= 0 (errors: an integer)."""
+        for name, value in asdict(self).items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise BenchError(f"threshold {name} {value!r} must be a number >= 0")
+            if not (math.isfinite(value) and value >= 0):
+                raise BenchError(f"threshold {name} {value!r} must be a number >= 0")
+        if not isinstance(self.max_errors, int):
+            raise BenchError(f"threshold max_errors {self.max_errors!r} must be an integer >= 0")
+
     def to_dict(self) -> dict[str, Any]:
         """Serialize."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Thresholds:
+        """Rebuild from to_dict() output (a key left out: its default), validated."""
+        made = cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        made.validate()
+        return made
 
 
 @dataclass(frozen=True)
@@ -145,6 +162,11 @@ class Check:
     def to_dict(self) -> dict[str, Any]:
         """Serialize (NaN and infinities as null)."""
         return {k: _json_number(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Check:
+        """Rebuild from to_dict() output."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass
@@ -176,6 +198,17 @@ class Verdict:
             "checks": [c.to_dict() for c in self.checks],
             "problems": list(self.problems),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verdict:
+        """Rebuild from to_dict() output (`ok` is worked out again, not read)."""
+        point = data.get("point")
+        return cls(
+            checks=[Check.from_dict(c) for c in data.get("checks") or []],
+            problems=[str(p) for p in data.get("problems") or []],
+            thresholds=Thresholds.from_dict(data.get("thresholds") or {}),
+            point=LoadPoint.from_dict(point) if isinstance(point, dict) else None,
+        )
 
     def lines(self) -> list[str]:
         """The verdict in sentences: pass, or what failed and why."""
@@ -250,6 +283,7 @@ def _errors(before: Any, after: Any, limit: int) -> Check:
 def prove(before: Measurement, after: Measurement, thresholds: Thresholds | None = None) -> Verdict:
     """Compare after with before metric by metric (module docstring); pure."""
     t = thresholds or Thresholds()
+    t.validate()
     checks = [
         _relative("tok_s", "aggregate tok/s", before.tok_s, after.tok_s,
                   t.max_tok_s_drop_pct, higher_is_better=True),
