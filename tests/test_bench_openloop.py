@@ -311,3 +311,52 @@ def test_rate_config_refused() -> None:
     ):
         with pytest.raises(BenchError, match=match):
             RateConfig(base_url="http://127.0.0.1:1", **kw).validate()
+
+
+def _saved(path: Path, rate_records: dict[float, list[Any]], knobs: dict[str, Any]) -> Path:
+    """An open-loop result file of levels summarized from given records (per rate)."""
+    levels = [
+        summarize_rate_level(_records(spec), t0=0.0, rate=rate, arrivals="poisson", seed=0,
+                             max_concurrency=None, slo=Slo())
+        for rate, spec in rate_records.items()
+    ]  # fmt: skip
+    result = RateResult(base_url="http://127.0.0.1:1", model="m", api="chat", arrivals="poisson",
+                        output_tokens=10, levels=levels, knobs=knobs)  # fmt: skip
+    path.write_text(json.dumps(result.to_dict()))
+    return path
+
+
+def test_compare_two_open_loop_results_through_the_gate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bench compare` of two open-loop files: a verdict per shared rate; a rate whose tok/s
+    fell past the limit fails (exit 11); a concurrency sweep beside one is refused."""
+    from spark_ops.cli.main import main
+    from spark_ops.errors import ExitStatus
+
+    def run(*args: str) -> tuple[int, str, str]:
+        """`spark-ops bench compare ARGS`: exit code, stdout, stderr."""
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", "compare", *args])
+        out = capsys.readouterr()
+        return int(exc.value.code or 0), out.out, out.err
+
+    fast = [[0.0, 0.1, 1.0, 10], [0.5, 0.6, 1.5, 10]]
+    slow = [[0.0, 0.1, 1.0, 10], [0.5, 0.6, 2.0, 10]]  # ends later: fewer tok/s, slower TPOT
+    a = _saved(tmp_path / "a.json", {1.0: fast, 2.0: fast}, {"max_num_seqs": 6})
+    b = _saved(tmp_path / "b.json", {1.0: fast, 2.0: slow, 4.0: fast}, {"max_num_seqs": 64})
+    code, out, _ = run(str(a), str(a))
+    assert code == ExitStatus.OK and out.count("Gate: pass") == 2
+    code, out, _ = run(str(a), str(b), "--json")
+    assert code == ExitStatus.CHECK_FAILED
+    data = json.loads(out)
+    assert data["ok"] is False and data["only_after"] == [4.0] and data["only_before"] == []
+    by_rate = {v["point"]["request_rate"]: v for v in data["rates"]}
+    assert by_rate[1.0]["ok"] is True and by_rate[2.0]["ok"] is False
+    failed = {c["metric"] for c in by_rate[2.0]["checks"] if not c["ok"]}
+    assert failed == {"tok_s", "tpot_p95_ms"}
+    code, out, _ = run(str(a), str(b))
+    assert code == ExitStatus.CHECK_FAILED and "Gate: FAIL." in out and "only in" in out
+    code, _, err = run(str(a), str(OLD_SWEEP))
+    assert code == ExitStatus.USAGE
+    assert "compare like with like" in err

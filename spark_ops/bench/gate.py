@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_ops.bench.client import ensure_fd_limit
 from spark_ops.bench.openloop import Bodies, arrival_times, open_client, send_at, send_closed
-from spark_ops.bench.ratelevel import Slo, summarize_rate_level
+from spark_ops.bench.ratelevel import RateLevel, Slo, summarize_rate_level
 from spark_ops.bench.workload import APIS, ENDPOINTS
 from spark_ops.errors import BenchError
 
@@ -320,7 +320,7 @@ def verdict_table(verdict: Verdict) -> Table:
     from rich.table import Table
 
     title = "Gate" + (f" at {verdict.point.text()}" if verdict.point else "")
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", min_width=len(title))
     for name in ("metric", "before", "after", "change", "limit", "ok"):
         table.add_column(name, justify="left" if name == "metric" else "right", no_wrap=True)
     for c in verdict.checks:
@@ -384,9 +384,22 @@ async def measure(
         records, t0=t0, rate=point.request_rate or 0.0, arrivals=point.arrivals, seed=point.seed,
         max_concurrency=point.concurrency or point.max_concurrency, slo=goal,
     )  # fmt: skip
+    return measurement_of(level, point)
+
+
+def measurement_of(level: RateLevel, point: LoadPoint | None = None) -> Measurement:
+    """A level's figures as the gate compares them (no tok/s when no request finished)."""
     return Measurement(
         tok_s=level.output_throughput if level.completed else None,
         ttft_p95_ms=level.p95_ttft_ms, tpot_p95_ms=level.p95_tpot_ms, errors=level.failed,
         requests=level.requests, goodput_req_s=level.request_goodput,
         goodput_tok_s=level.output_goodput, point=point,
+    )  # fmt: skip
+
+
+def point_of(level: RateLevel, output_tokens: int) -> LoadPoint:
+    """The load point an open-loop level was measured at."""
+    return LoadPoint(
+        request_rate=level.request_rate, requests=level.requests, output_tokens=output_tokens,
+        arrivals=level.arrivals, seed=level.seed, max_concurrency=level.max_concurrency,
     )  # fmt: skip

@@ -8,6 +8,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spark_ops.bench.gate import (
+    Thresholds,
+    Verdict,
+    measurement_of,
+    point_of,
+    prove,
+    verdict_table,
+)
 from spark_ops.bench.openloop import RateResult
 from spark_ops.bench.ratelevel import RateLevel
 from spark_ops.bench.report import fit_table, knobs_text
@@ -133,3 +141,49 @@ def write_rate_csv(result: RateResult, path: Path) -> None:
         errors = "; ".join(f"{n}x {msg}" for msg, n in lv.errors.items())
         writer.writerow({"model": result.model, "mode": "open-loop", **cells, "errors": errors})
     write_file(path, buf.getvalue())
+
+
+def compare_rates(
+    before: RateResult, after: RateResult, thresholds: Thresholds | None = None
+) -> dict[str, Any]:
+    """The gate's verdict at each offered rate both open-loop results have (bench.gate.prove),
+    and the rates only one has; JSON-ready."""
+    a = {lv.request_rate: lv for lv in before.levels}
+    b = {lv.request_rate: lv for lv in after.levels}
+    verdicts = [
+        prove(measurement_of(a[r], point_of(a[r], before.output_tokens)),
+              measurement_of(b[r], point_of(b[r], after.output_tokens)), thresholds).to_dict()
+        for r in sorted(set(a) & set(b))
+    ]  # fmt: skip
+    return {
+        "ok": bool(verdicts) and all(v["ok"] for v in verdicts),
+        "knobs_before": before.knobs,
+        "knobs_after": after.knobs,
+        "rates": verdicts,
+        "only_before": sorted(set(a) - set(b)),
+        "only_after": sorted(set(b) - set(a)),
+    }
+
+
+def render_compare_rates(cmp: dict[str, Any], names: tuple[str, str], *, width: int = 120) -> str:
+    """compare_rates' verdicts as plain text: a side-by-side table per rate, then the outcome."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(f"{names[0]} → {names[1]}", highlight=False, markup=False)
+    for data in cmp["rates"]:
+        verdict = Verdict.from_dict(data)
+        console.print(verdict_table(verdict))
+        for line in verdict.lines():
+            console.print(line, highlight=False, markup=False)
+    if cmp["knobs_before"] != cmp["knobs_after"]:
+        console.print(
+            f"knobs: {knobs_text(cmp['knobs_before'])} → {knobs_text(cmp['knobs_after'])}",
+            highlight=False, markup=False,
+        )  # fmt: skip
+    for key, name in (("only_before", names[0]), ("only_after", names[1])):
+        if cmp[key]:
+            console.print(f"only in {name}: {cmp[key]} req/s", highlight=False, markup=False)
+    if not cmp["rates"]:
+        console.print("No offered rate in both results: nothing to compare.", highlight=False)
+    return console.export_text()

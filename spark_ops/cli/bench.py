@@ -458,17 +458,22 @@ def _interrupted(
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write the comparison as JSON to this file.",
 )
-def compare_cmd(before: Path, after: Path, as_json: bool, json_path: Path | None) -> None:
-    """Compare two sweep results level by level (after/before ratios)."""
+def compare_cmd(before: Path, after: Path, as_json: bool, json_path: Path | None) -> int | None:
+    """Compare two sweep results level by level (after/before ratios); two open-loop results
+    rate by rate through the gate (exit 11 when a rate fails it)."""
     import json
 
     from rich.console import Console
 
     from spark_ops.bench import report
+    from spark_ops.bench.sweep import SweepResult
 
-    cmp = report.compare(
-        report.load_result(before), report.load_result(after), names=(str(before), str(after))
-    )
+    first, second = report.load_saved(before), report.load_saved(after)
+    if not isinstance(first, SweepResult) or not isinstance(second, SweepResult):
+        from spark_ops.cli.bench_rate import compare_open_loop
+
+        return compare_open_loop(first, second, (str(before), str(after)), as_json, json_path)
+    cmp = report.compare(first, second, names=(str(before), str(after)))
     if as_json:
         click.echo(json.dumps(cmp.to_dict(), indent=2))
     else:
@@ -478,3 +483,4 @@ def compare_cmd(before: Path, after: Path, as_json: bool, json_path: Path | None
         from spark_ops.files import write_file
 
         write_file(json_path, json.dumps(cmp.to_dict(), indent=2) + "\n")
+    return None

@@ -162,3 +162,34 @@ def run_open_loop(config: Any, outputs: RateOutputs) -> int | None:
         if path and not quiet():
             err.print(f"wrote {path}", highlight=False)
     return None
+
+
+def compare_open_loop(
+    before: Any, after: Any, names: tuple[str, str], as_json: bool, json_path: Path | None
+) -> int | None:
+    """`bench compare` of two open-loop results: the gate's verdict per rate both have (default
+    thresholds); CHECK_FAILED when a rate fails it or none is shared."""
+    import json
+
+    from spark_ops.bench import ratereport
+    from spark_ops.bench.openloop import RateResult
+    from spark_ops.cli.bench import report_width
+    from spark_ops.errors import BenchError, ExitStatus
+    from spark_ops.files import write_file
+
+    for result, name in ((before, names[0]), (after, names[1])):
+        if not isinstance(result, RateResult):
+            raise BenchError(
+                f"{name}: a concurrency sweep, the other an open-loop result: compare like with "
+                "like"
+            )
+    cmp = ratereport.compare_rates(before, after)
+    text = json.dumps(cmp, indent=2)
+    if as_json:
+        click.echo(text)
+    else:
+        out = ratereport.render_compare_rates(cmp, names, width=report_width())
+        click.echo(out, nl=False)
+    if json_path:
+        write_file(json_path, text + "\n")
+    return None if cmp["ok"] else int(ExitStatus.CHECK_FAILED)
