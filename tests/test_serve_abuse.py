@@ -646,7 +646,7 @@ def test_finding8_stale_values_are_said_stale_and_not_exported() -> None:
     text = render_metrics(down, {"active": False, "phase": None, **idle}, None, hardware=hardware,
                           load=load).decode()  # fmt: skip
     assert "engine_requests_running" not in text
-    assert 'spark_ops_node_mem_available_bytes{node="node1"}' not in text
+    assert 'spark_ops_node_mem_available_bytes{cluster="default",node="node1"}' not in text
     old = {**load, "samples": [{**load["samples"][0], "at": now - 3000}]}
     up = {**STATUS, "time": now}
     html = cluster_sections(up, None, load=old, now=now)
