@@ -35,12 +35,12 @@ def load_cluster(ctx: click.Context) -> Cluster:
     if fleet is None:
         return load_inventory(obj.get("inventory")).cluster(obj.get("cluster"))
     if obj.get("cluster") is None:
-        names = ", ".join(fleet.names())
+        names = fleet.names()
         raise NeedsCluster(
-            f"{fleet.path} names the clusters {names}: `{ctx.command_path}` acts on one cluster; "
-            "choose it with --cluster NAME",
-            hint=f"spark-ops --cluster {fleet.names()[0]} {ctx.command_path.split(' ', 1)[-1]} "
-            "...; only status, budget, doctor and log span the whole fleet (docs/fleet.md)",
+            f"{fleet.path} names the clusters {', '.join(names)}: `{ctx.command_path}` acts on "
+            "one cluster; choose it with --cluster NAME",
+            hint=f"{command_line().replace('spark-ops', f'spark-ops --cluster {names[0]}', 1)}; "
+            "only status, budget, doctor and log span the whole fleet (docs/fleet.md)",
         )
     return fleet.member(str(obj["cluster"])).cluster
 

@@ -255,7 +255,7 @@ def log_fleet(fleet: Fleet, limit: int, as_json: bool) -> int:
     if not lines and not any(r.error for r in readings):
         click.echo("The audit logs are empty: no operation has been recorded on any cluster yet.")
         return _worst(codes)
-    table(["WHEN", "CLUSTER", "WHO", "OPERATION", "OUTCOME"],
+    table(["WHEN", "CLUSTER", "OUTCOME", "OPERATION", "WHO"],
           [[when(at) if at else "-", name, *cells] for at, name, cells in lines])  # fmt: skip
     _errors(readings)
     return _worst(codes)

@@ -21,9 +21,9 @@ def _list(value: object) -> list[object]:
 
 
 def entry_line(e: dict[str, Any]) -> list[str]:
-    """One operation as the fleet's log table shows it: who, what (with its arguments), outcome."""
+    """One operation as the fleet's log table shows it: outcome, what (with its arguments), who."""
     if "malformed" in e:
-        return ["?", f"(unreadable line) {_clean(e['malformed'])[:80]}", "-"]
+        return ["-", f"(unreadable line) {_clean(e['malformed'])[:80]}", "?"]
     raw_what = e.get("what")
     what: dict[str, Any] = raw_what if isinstance(raw_what, dict) else {}
     raw_args = what.get("args")
@@ -39,7 +39,7 @@ def entry_line(e: dict[str, Any]) -> list[str]:
         outcome = "did not end"
     elif e.get("settled_by"):
         outcome = f"finished by run {e['settled_by']}"
-    return [_clean(e.get("who", "?")), operation, _clean(outcome)]
+    return [_clean(outcome), operation, _clean(e.get("who", "?"))]
 
 
 def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
