@@ -156,12 +156,24 @@ def _member(path: str, base: Path, where: str, data: object) -> Member:
             path, f"{where}.inventory", f"{inventory} does not exist (or is not a file)",
             hint=f"a relative path is read from the fleet file's directory, {base}",
         )  # fmt: skip
+    chosen = _text(path, where, entry, "cluster", False)
     try:
-        cluster = load_inventory(inventory).cluster(_text(path, where, entry, "cluster", False))
-    except FleetError:
-        raise
+        loaded = load_inventory(inventory)
     except SparkOpsError as exc:
         raise _error(path, f"{where}.inventory", exc.message, hint=exc.hint) from exc
+    held = ", ".join(loaded.clusters)
+    if chosen is not None and chosen not in loaded.clusters:
+        raise _error(
+            path, f"{where}.cluster", f"{excerpt(chosen)} is not a cluster of {inventory}; its "
+            f"clusters are {held}",
+        )  # fmt: skip
+    if chosen is None and loaded.default is None and len(loaded.clusters) > 1:
+        raise _error(
+            path, f"{where}.cluster",
+            f"is required: {inventory} holds the clusters {held} and no default_cluster",
+            hint="name one with `cluster:` in this entry (one entry per cluster you operate)",
+        )  # fmt: skip
+    cluster = loaded.cluster(chosen)
     # the cluster goes by its fleet name (plans, status, the local state kept per cluster name:
     # two inventories that both call their cluster `sim` stay two clusters here)
     return Member(name=name, inventory=str(inventory), cluster=replace(cluster, name=name))

@@ -30,6 +30,7 @@ def spark_ops(
     """Run the real CLI against the embedded cluster (or another inventory of it)."""
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory or sim.inventory))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     return subprocess.run(
         [sys.executable, "-m", "spark_ops.cli.main", *args],
         env=env, capture_output=True, text=True, timeout=400,

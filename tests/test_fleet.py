@@ -47,7 +47,7 @@ def test_invalid(path: Path) -> None:
         load_fleet(path)
     said = err.value.message
     assert said.startswith(str(path)), said
-    assert said.removeprefix(str(path.parent) + "/").startswith(_expect(path)), said
+    assert said.removeprefix(str(path.parent) + "/").startswith(_expect(path).rstrip()), said
 
 
 @pytest.mark.parametrize(
@@ -56,6 +56,30 @@ def test_invalid(path: Path) -> None:
 def test_worst_exit(case: dict[str, object]) -> None:
     """The fleet's exit code is the worst of its clusters' (SEVERITY's order)."""
     assert worst_exit(list(case["codes"])) == case["worst"]  # type: ignore[call-overload]
+
+
+def test_a_reading_past_its_deadline_is_that_clusters_error() -> None:
+    """`across` reads every cluster at once: one that never answers gets a TIMEOUT error naming
+    it when its own deadline passes; the other's reading is whole."""
+    import asyncio
+
+    from spark_ops.errors import ExitStatus
+    from spark_ops.fleet import across
+    from spark_ops.inventory import Cluster
+
+    fleet = load_fleet(CASES / "valid" / "deadlines.yaml")
+
+    async def read(cluster: Cluster) -> str:
+        """The slow cluster never answers; the other answers its name."""
+        if cluster.name == "slow":
+            await asyncio.Event().wait()
+        return cluster.name
+
+    slow, quick = asyncio.run(across(fleet, read))
+    assert (quick.value, quick.error) == ("quick", None)
+    assert slow.value is None and slow.error is not None
+    assert slow.error.exit_status is ExitStatus.TIMEOUT
+    assert slow.error.message.startswith("slow: no answer within"), slow.error.message
 
 
 def test_metrics_carry_the_fleet_name(tmp_path: Path) -> None:
@@ -210,6 +234,8 @@ def test_one_cluster_by_name(fleet: FleetRun) -> None:
         (["apply", "--max-num-seqs", "8", "--yes"], {}, 2, "names the clusters east, west: "
          "`spark-ops apply` acts on one cluster; choose it with --cluster NAME"),
         (["restart", "--yes"], {}, 2, "`spark-ops restart` acts on one cluster"),
+        (["plan", "--max-num-seqs", "8"], {}, 2, "`spark-ops plan` acts on one cluster"),
+        (["rollback", "--yes"], {}, 2, "`spark-ops rollback` acts on one cluster"),
         (["budget", "prune", "--planned", "--yes"], {}, 2, "`spark-ops budget prune` acts on one"),
         (["exec", "--", "true"], {}, 2, "`spark-ops exec` acts on one cluster"),
         (["--cluster", "wset", "status"], {}, 3, "no cluster 'wset' in the fleet; its clusters "
@@ -220,7 +246,8 @@ def test_one_cluster_by_name(fleet: FleetRun) -> None:
          "SPARK_OPS_FLEET"),
         (["--fleet", "nowhere.yaml", "status"], {}, 3, "nowhere.yaml: cannot read the fleet file"),
     ],
-    ids=["apply", "restart", "prune", "exec", "unknown", "both-options", "both-env", "no-file"],
+    ids=["apply", "restart", "plan", "rollback", "prune", "exec", "unknown", "both-options",
+         "both-env", "no-file"],
 )  # fmt: skip
 def test_refusals(
     fleet: FleetRun, args: list[str], env: dict[str, str], code: int, said: str
@@ -231,3 +258,13 @@ def test_refusals(
     assert res.returncode == code, res.stdout + res.stderr
     assert said in res.stderr.replace("\n", " "), res.stderr
     assert res.stdout == ""
+
+
+def test_a_refusal_in_json(fleet: FleetRun) -> None:
+    """With --json the refusal is one JSON object on stderr, as every error is; its hint is the
+    command line again, with --cluster."""
+    res = _cli(fleet.env, "restart", "--yes", "--json")
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    said = json.loads(res.stderr.strip().splitlines()[-1])
+    assert said["error"] == "NeedsCluster" and "east, west" in said["message"], said
+    assert said["hint"].startswith("spark-ops --cluster east restart --yes --json"), said

@@ -75,6 +75,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         # module's, not another test's run on a cluster of the same name
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(sim.inventory), HOME=str(root / "home"))
         env.pop("SPARK_OPS_CLUSTER", None)
+        env.pop("SPARK_OPS_FLEET", None)
         proc = subprocess.Popen(
             [sys.executable, "-m", "spark_ops.cli.main", "serve", "--port", "0", "--json",
              "--token-file", str(token_file), "--results", str(FIXTURES)],

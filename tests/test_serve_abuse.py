@@ -69,6 +69,7 @@ def _serve(tmp_path: Path, results: Path) -> Iterator[Server]:
     token_file.chmod(0o600)
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory), HOME=str(tmp_path / "home"))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     proc = subprocess.Popen(  # --log-json: its log lines on stderr, as an operator asks for them
         [sys.executable, "-m", "spark_ops.cli.main", "--log-json", "serve", "--port", "0", "--json",
          "--token-file", str(token_file), "--results", str(results)],

@@ -70,7 +70,9 @@ def chosen_fleet(ctx: click.Context) -> Fleet | None:
             )
         if "inventory" in typed:
             return None
-    return load_fleet(fleet)
+    if "_fleet" not in obj:  # read once per command (it loads every inventory it names)
+        obj["_fleet"] = load_fleet(fleet)
+    return obj["_fleet"]
 
 
 def fleet_span(ctx: click.Context) -> Fleet | None:

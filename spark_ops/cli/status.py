@@ -192,7 +192,7 @@ def _exit_status(data: dict[str, Any], as_json: bool = False) -> ExitStatus:
     one is said on stderr as every error is: `error:`/`hint:` lines, or one JSON object."""
     refused = [n for n in data.get("nodes") or [] if n.get("refused")]
     if not refused:
-        return VERDICT_EXIT[(data.get("verdict") or {}).get("state", "not-serving")]
+        return verdict_exit(data)
     names = ", ".join(n["name"] for n in refused)
     message = "SSH refused (host key or credentials): " + "; ".join(
         f"{n['name']}: {n.get('error') or 'refused'}" for n in refused
