@@ -179,10 +179,19 @@ def _member(path: str, base: Path, where: str, data: object) -> Member:
     return Member(name=name, inventory=str(inventory), cluster=replace(cluster, name=name))
 
 
-def _machine(cluster: Cluster) -> tuple[str, int, str]:
-    """What makes two clusters one: the head's address and SSH port, and the recipe's path."""
+def _machine(cluster: Cluster) -> tuple[str, int, str, str]:
+    """What makes two clusters one: the head's address and SSH port, and the recipe file there
+    (a path under `~`, or relative, is the SSH user's own: the user is part of it then)."""
     head = cluster.head
-    return head.host.lower().rstrip("."), head.port, cluster.recipe.path
+    path = cluster.recipe.path
+    owner = "" if path.startswith("/") else (head.user or "")
+    return head.host.lower().rstrip("."), head.port, owner, path
+
+
+def _machine_text(cluster: Cluster) -> str:
+    """The head and recipe `_machine` compares, as an error names them."""
+    host, port, owner, path = _machine(cluster)
+    return f"head {f'{owner}@' if owner else ''}{host}:{port}, recipe {path}"
 
 
 def parse_fleet(text: str, source: str) -> Fleet:
@@ -204,12 +213,11 @@ def parse_fleet(text: str, source: str) -> Fleet:
                     f"{m.name!r} is also the name of clusters[{j}]; each cluster has its own name",
                 )  # fmt: skip
             if _machine(other.cluster) == _machine(m.cluster):
-                host, port, recipe = _machine(m.cluster)
                 raise _error(
                     source, f"clusters[{i}] ({m.name})",
-                    f"is the cluster clusters[{j}] ({other.name}) already names: head "
-                    f"{host}:{port}, recipe {recipe}; one machine under two names would take "
-                    "every change twice",
+                    f"is the cluster clusters[{j}] ({other.name}) already names: "
+                    f"{_machine_text(m.cluster)}; one machine under two names would take every "
+                    "change twice",
                     hint=f"keep one of {other.name} and {m.name} in {source}",
                 )  # fmt: skip
         members.append(m)
