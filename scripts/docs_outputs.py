@@ -194,8 +194,11 @@ class Session:
         return HOSTS_RE.sub(lambda m: next(hosts, m.group(0)), shown)
 
     def close(self) -> None:
-        """Stop the cluster and remove its directory."""
+        """Stop the cluster, and every other one a block's setup started in the session's
+        directory (docs/fleet.md runs a fleet: `sim up --dir .sim-NAME`), and remove it."""
         self.run(["spark-ops", "sim", "down"])
+        for other in sorted(self.dir.glob(".sim-*/")):
+            self.run(["spark-ops", "sim", "down", "--dir", str(other)])
         self.tmp.cleanup()
 
 

@@ -59,6 +59,16 @@ class InventoryError(SparkOpsError):
     exit_status = ExitStatus.INVENTORY
 
 
+class FleetError(InventoryError):
+    """The fleet file is missing or invalid, or names no such cluster (names the file and key)."""
+
+
+class NeedsCluster(SparkOpsError):
+    """Under a fleet, a command that changes things was given no --cluster (names the clusters)."""
+
+    exit_status = ExitStatus.USAGE
+
+
 class RecipeError(SparkOpsError):
     """A recipe cannot be read, edited or rendered."""
 

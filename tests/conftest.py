@@ -152,4 +152,5 @@ def cli_env(sim: Sim) -> dict[str, str]:
     env = dict(os.environ)
     env["SPARK_OPS_INVENTORY"] = str(sim.inventory)
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     return env

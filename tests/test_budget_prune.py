@@ -102,6 +102,7 @@ def _prune_cli(inventory: Path, *args: str) -> subprocess.Popen[bytes]:
     """The real CLI, its stdin a pipe for the confirmation."""
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     return subprocess.Popen(
         [sys.executable, "-m", "spark_ops.cli.main", "budget", "prune", *args],
         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

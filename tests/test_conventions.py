@@ -29,6 +29,7 @@ def _env(home: Path, inventory: Path | None) -> dict[str, str]:
     """The CLI's environment: this checkout, a private HOME, the inventory only when given."""
     env = dict(os.environ, HOME=str(home), PYTHONPATH=str(ROOT), COLUMNS="100")
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     env.pop("SPARK_OPS_SIM_DIR", None)
     env.pop("SPARK_OPS_INVENTORY", None)
     if inventory is not None:

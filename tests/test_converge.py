@@ -45,6 +45,7 @@ def env_for(sim: Sim, inventory: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["SPARK_OPS_INVENTORY"] = str(inventory or sim.inventory)
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     return env
 
 

@@ -74,6 +74,7 @@ class RanksGround:
         """Run the spark-ops CLI inside the head's namespace."""
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(self.sim.inventory))
         env.pop("SPARK_OPS_CLUSTER", None)
+        env.pop("SPARK_OPS_FLEET", None)
         argv = self.net.in_ns(self.net.head_ns, [sys.executable, "-m", "spark_ops.cli.main", *args])
         return subprocess.run(
             argv, env=env, capture_output=True, text=True, timeout=timeout, check=False

@@ -69,6 +69,7 @@ class RayGround:
         """Run the spark-ops CLI inside the head's namespace."""
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(self.sim.inventory))
         env.pop("SPARK_OPS_CLUSTER", None)
+        env.pop("SPARK_OPS_FLEET", None)
         argv = self.ray.in_ns(self.ray.head_ns, [sys.executable, "-m", "spark_ops.cli.main", *args])
         return subprocess.run(
             argv, env=env, capture_output=True, text=True, timeout=timeout, check=False

@@ -103,6 +103,7 @@ def _env(s: Sim) -> dict[str, str]:
     """CLI environment for this cluster."""
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     return env
 
 

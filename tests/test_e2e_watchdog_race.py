@@ -30,6 +30,7 @@ def spark_ops(
     """Run the real CLI against the embedded cluster (or another inventory of it)."""
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory or sim.inventory))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     return subprocess.run(
         [sys.executable, "-m", "spark_ops.cli.main", *args],
         env=env, capture_output=True, text=True, timeout=400,
@@ -239,7 +240,7 @@ def test_wedged_engine_in_status_doctor_metrics_and_the_watchdog(wedging: Sim) -
     assert "token counters stayed frozen" in checks["engine-completion"]["detail"]
     cluster = load_inventory(sim.inventory).cluster(None)
     page = render_metrics(asyncio.run(collect_status(cluster)), {"active": False}, None).decode()
-    assert 'spark_ops_verdict{state="wedged"} 1.0' in page, page[:3000]
+    assert 'spark_ops_verdict{cluster="default",state="wedged"} 1.0' in page, page[:3000]
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not history(sim):
         time.sleep(1.0)
@@ -280,7 +281,10 @@ def test_mistyped_history_file_is_an_error_in_every_view(sim: Sim, tmp_path: Pat
     status = asyncio.run(collect_status(cluster))  # what serve's pages and /metrics read
     assert said in status["budget"]["error"]
     page = render_metrics(status, {"active": False}, None).decode()
-    assert "spark_ops_budget_readable 0.0" in page and "spark_ops_budget_used " not in page
+    assert (
+        'spark_ops_budget_readable{cluster="default"} 0.0' in page
+        and "spark_ops_budget_used{" not in page
+    )
     # the right file, absent before any restart but named by the watchdog's config: no error
     res = spark_ops(sim, "budget", "--json")
     assert res.returncode == 0, res.stderr
@@ -318,7 +322,10 @@ def test_missing_history_of_an_unknown_watchdog_is_an_error(sim: Sim, tmp_path: 
     status = asyncio.run(collect_status(load_inventory(other).cluster(None)))  # serve reads this
     assert said in status["budget"]["error"]
     page = render_metrics(status, {"active": False}, None).decode()
-    assert "spark_ops_budget_readable 0.0" in page and "spark_ops_budget_used " not in page
+    assert (
+        'spark_ops_budget_readable{cluster="default"} 0.0' in page
+        and "spark_ops_budget_used{" not in page
+    )
 
 
 def test_a_history_that_did_not_move_names_the_key(sim: Sim, tmp_path: Path) -> None:

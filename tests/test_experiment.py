@@ -348,6 +348,7 @@ def test_discard_removes_only_its_own_state(case: dict[str, Any], tmp_path: Path
         os.mkfifo(path)
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     res = cli(env, "experiment", "--discard", "--state", str(path), "--yes")
     assert res.returncode == case["status"], res.stdout + res.stderr
     for words in case.get("stdout", []):

@@ -143,6 +143,7 @@ def sim_target(s: Sim) -> Target:
     sim_serving(s)
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     state = s.head / ".local" / "state"
     return Target(
         "sim",

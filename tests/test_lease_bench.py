@@ -49,6 +49,7 @@ def cli(inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """Run the real CLI against the embedded cluster (this inventory)."""
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     return subprocess.run(
         [sys.executable, "-m", "spark_ops.cli.main", *args],
         env=env, capture_output=True, text=True, timeout=600,

@@ -90,6 +90,7 @@ def test_apply_interrupted_during_the_boot_as_a_person_sees_it(slow_sim: Sim) ->
     """Asked, answered, followed live, Ctrl-C: one clean table, then where the cluster stands."""
     env = {**os.environ, "SPARK_OPS_INVENTORY": str(slow_sim.inventory)}
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     term = Terminal(env, "apply", "--max-num-seqs", "64")
     screen = term.wait_for(lambda s: "Proceed? [y/N]" in s, "the question")
     assert "max_num_seqs: 6 -> 64" in screen and "+  max_num_seqs: 64" in screen, screen

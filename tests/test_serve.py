@@ -75,6 +75,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         # module's, not another test's run on a cluster of the same name
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(sim.inventory), HOME=str(root / "home"))
         env.pop("SPARK_OPS_CLUSTER", None)
+        env.pop("SPARK_OPS_FLEET", None)
         proc = subprocess.Popen(
             [sys.executable, "-m", "spark_ops.cli.main", "serve", "--port", "0", "--json",
              "--token-file", str(token_file), "--results", str(FIXTURES)],
@@ -224,7 +225,6 @@ async def test_read_only_a_forged_action_is_refused(served: Served) -> None:
 
 async def test_metrics_parse_and_match_budget(served: Served) -> None:
     """/metrics is Prometheus text its own parser reads, with the budget `budget --json` shows."""
-    from prometheus_client.parser import text_string_to_metric_families
 
     async with aiohttp.ClientSession() as http:
         async with http.get(served.url + "/metrics", headers=served.auth) as r:
@@ -233,11 +233,7 @@ async def test_metrics_parse_and_match_budget(served: Served) -> None:
             text = await r.text()
         async with http.get(served.url + "/api/budget", headers=served.auth) as r:
             api_budget = await r.json()
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-    }
+    samples = _samples(text)
     cli_budget = json.loads(_cli(served.env, "budget", "--json").stdout)
     assert samples[("spark_ops_budget_used", ())] == cli_budget["used"] == api_budget["used"]
     assert samples[("spark_ops_budget_allowed", ())] == cli_budget["allowed"] == 2
@@ -498,7 +494,6 @@ def test_an_odd_saved_sweep_is_one_error_not_a_broken_page(tmp_path: Path) -> No
 def test_metrics_say_unread_when_the_head_did_not_answer() -> None:
     """With the head down, status has no budget and no runs: /metrics says the budget was not
     read and gives no lock or run figure; an experiment under way is a verdict state too."""
-    from prometheus_client.parser import text_string_to_metric_families
 
     from spark_ops.serve.metrics import render_metrics
 
@@ -507,11 +502,7 @@ def test_metrics_say_unread_when_the_head_did_not_answer() -> None:
                              ({"budget": {"error": "x"}}, 0.0)):  # fmt: skip
         status["verdict"] = {"state": "experimenting"}
         text = render_metrics(status, boot, None).decode()
-        samples = {
-            (m.name, tuple(sorted(m.labels.items()))): m.value
-            for fam in text_string_to_metric_families(text)
-            for m in fam.samples
-        }
+        samples = _samples(text, "default")
         assert samples[("spark_ops_budget_readable", ())] == readable
         assert ("spark_ops_lock_held", ()) not in samples
         assert samples[("spark_ops_verdict", (("state", "experimenting"),))] == 1
@@ -588,14 +579,16 @@ async def _get(served: Served, path: str) -> str:
         return await r.text()
 
 
-def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Prometheus text as {(name, labels): value}."""
+def _samples(text: str, cluster: str = "sim") -> dict[tuple[str, tuple[tuple[str, str], ...]], Any]:
+    """Prometheus text as {(name, labels): value}, each sample's `cluster` label checked (the
+    inventory's name for its cluster, or render_metrics' default) and left out of the key."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+    assert samples and all(s.labels.get("cluster") == cluster for s in samples), text[:2000]
     return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "cluster"))): s.value
+        for s in samples
     }
 
 

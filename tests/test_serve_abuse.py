@@ -69,6 +69,7 @@ def _serve(tmp_path: Path, results: Path) -> Iterator[Server]:
     token_file.chmod(0o600)
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory), HOME=str(tmp_path / "home"))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     proc = subprocess.Popen(  # --log-json: its log lines on stderr, as an operator asks for them
         [sys.executable, "-m", "spark_ops.cli.main", "--log-json", "serve", "--port", "0", "--json",
          "--token-file", str(token_file), "--results", str(results)],
@@ -646,7 +647,7 @@ def test_finding8_stale_values_are_said_stale_and_not_exported() -> None:
     text = render_metrics(down, {"active": False, "phase": None, **idle}, None, hardware=hardware,
                           load=load).decode()  # fmt: skip
     assert "engine_requests_running" not in text
-    assert 'spark_ops_node_mem_available_bytes{node="node1"}' not in text
+    assert 'spark_ops_node_mem_available_bytes{cluster="default",node="node1"}' not in text
     old = {**load, "samples": [{**load["samples"][0], "at": now - 3000}]}
     up = {**STATUS, "time": now}
     html = cluster_sections(up, None, load=old, now=now)

@@ -362,6 +362,7 @@ def test_apply_restart_rollback_in_rank_mode(tmp_path: Path) -> None:
         wait_serving(s.state)
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
         env.pop("SPARK_OPS_CLUSTER", None)
+        env.pop("SPARK_OPS_FLEET", None)
         first = rank_pids(s)
         history = s.history.read_bytes()
 
@@ -412,6 +413,7 @@ def test_worker_rank_failing_at_start_is_named_before_the_deadline(tmp_path: Pat
         wait_serving(s.state)
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
         env.pop("SPARK_OPS_CLUSTER", None)
+        env.pop("SPARK_OPS_FLEET", None)
         cfg = s.root / "engine.yaml"
         cfg.write_text(cfg.read_text().replace("fault: null", "fault: rank_fail"))
         res = cli(env, "restart", "--yes", "--deadline", "240", "--json")
@@ -439,6 +441,7 @@ def test_experiment_in_rank_mode(tmp_path: Path) -> None:
     try:
         env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
         env.pop("SPARK_OPS_CLUSTER", None)
+        env.pop("SPARK_OPS_FLEET", None)
         history, recipe = s.history.read_bytes(), s.recipe.read_bytes()
         report = tmp_path / "report.json"
         res = cli(
@@ -487,6 +490,7 @@ def test_a_lingering_rank_fails_verify_and_refuses_the_next_plan(rank_sim: Sim) 
     s = rank_sim
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     old = rank_pids(s)
     cfg = s.root / "engine.yaml"
     clean = cfg.read_text()

@@ -184,6 +184,7 @@ async def _status_async(inventory: Path, *args: str) -> tuple[int, str, str]:
     """The real CLI's status, run without blocking the loop the embedded nodes serve on."""
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "spark_ops.cli.main", "status", *args,
         env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -234,6 +235,7 @@ def test_watch_rounds_are_stamped_and_ctrl_c_ends_it(tmp_path: Path, as_json: bo
     )
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     args = ["status", "--watch", "0.2", *(["--json"] if as_json else [])]
     proc = subprocess.Popen(
         [sys.executable, "-m", "spark_ops.cli.main", *args],

@@ -115,6 +115,7 @@ def _spark_ops(inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The real CLI with this inventory."""
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(inventory))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     return subprocess.run(
         [sys.executable, "-m", "spark_ops.cli.main", *args],
         env=env, capture_output=True, text=True, timeout=240, check=False,

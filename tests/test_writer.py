@@ -356,6 +356,7 @@ def test_one_machine_twice_cli(pair: Pair, command: list[str]) -> None:
     pair.seed(case)
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(twice(pair)))
     env.pop("SPARK_OPS_CLUSTER", None)
+    env.pop("SPARK_OPS_FLEET", None)
     before = {n: sorted(os.listdir(pair.home(n))) for n in ("node1", "node2")}
     res = subprocess.run(
         [sys.executable, "-m", "spark_ops.cli.main", *command],

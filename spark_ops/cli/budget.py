@@ -13,6 +13,7 @@ from spark_ops.cli.common import (
     command_line,
     confirm,
     emit_json,
+    fleet_span,
     load_cluster,
     quiet,
     run_async,
@@ -125,6 +126,11 @@ def cli(ctx: click.Context, as_json: bool) -> None:
         return
     from spark_ops.workflows import Operation, budget_view
 
+    fleet = fleet_span(ctx)  # under a fleet without --cluster: every cluster's (docs/fleet.md)
+    if fleet is not None:
+        from spark_ops.cli.fleet import budget_fleet
+
+        ctx.exit(budget_fleet(fleet, as_json))
     cluster = load_cluster(ctx)
 
     async def flow() -> Any:

@@ -15,17 +15,71 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import click
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
+    from spark_ops.fleet import Fleet
+    from spark_ops.inventory import Cluster
     from spark_ops.workflows.plan import Plan, StepRun
 
 T = TypeVar("T")
 
 
-def load_cluster(ctx: click.Context) -> Any:
-    """The cluster chosen by --inventory / --cluster (or their environment variables)."""
+def load_cluster(ctx: click.Context) -> Cluster:
+    """The cluster chosen by --inventory / --cluster, or by --fleet and --cluster (or their
+    environment variables). Under a fleet a command that reaches one cluster needs --cluster:
+    without it, NeedsCluster names the fleet's clusters (only status, budget, doctor and log span
+    the fleet, through fleet_span)."""
+    from spark_ops.errors import NeedsCluster
     from spark_ops.inventory import load_inventory
 
     obj = ctx.find_root().obj or {}
-    return load_inventory(obj.get("inventory")).cluster(obj.get("cluster"))
+    fleet = chosen_fleet(ctx)
+    if fleet is None:
+        return load_inventory(obj.get("inventory")).cluster(obj.get("cluster"))
+    if obj.get("cluster") is None:
+        names = fleet.names()
+        raise NeedsCluster(
+            f"{fleet.path} names the clusters {', '.join(names)}: `{ctx.command_path}` acts on "
+            "one cluster; choose it with --cluster NAME",
+            hint=f"{command_line().replace('spark-ops', f'spark-ops --cluster {names[0]}', 1)}; "
+            "only status, budget, doctor and log span the whole fleet (docs/fleet.md)",
+        )
+    return fleet.member(str(obj["cluster"])).cluster
+
+
+def chosen_fleet(ctx: click.Context) -> Fleet | None:
+    """The fleet of --fleet / $SPARK_OPS_FLEET, or None when an inventory is chosen instead.
+
+    -i and --fleet both on the command line (or both variables set) are a usage error; one typed
+    and the other from the environment: the typed one wins.
+    """
+    from spark_ops.fleet import load_fleet
+
+    obj = ctx.find_root().obj or {}
+    fleet, inventory, typed = obj.get("fleet"), obj.get("inventory"), obj.get("typed") or set()
+    if fleet is None:
+        return None
+    if inventory is not None:
+        if typed == {"inventory", "fleet"}:
+            raise click.UsageError(
+                f"-i {inventory} and --fleet {fleet} both given: choose one (with a fleet, "
+                "--cluster NAME picks its inventory)"
+            )
+        if not typed:
+            raise click.UsageError(
+                f"SPARK_OPS_INVENTORY ({inventory}) and SPARK_OPS_FLEET ({fleet}) are both set: "
+                "unset one, or give -i or --fleet on the command line"
+            )
+        if "inventory" in typed:
+            return None
+    if "_fleet" not in obj:  # read once per command (it loads every inventory it names)
+        obj["_fleet"] = load_fleet(fleet)
+    return obj["_fleet"]
+
+
+def fleet_span(ctx: click.Context) -> Fleet | None:
+    """The fleet a reading command spans: a fleet chosen and no --cluster (else None)."""
+    obj = ctx.find_root().obj or {}
+    fleet = chosen_fleet(ctx)
+    return fleet if fleet is not None and obj.get("cluster") is None else None
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

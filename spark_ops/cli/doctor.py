@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from spark_ops.cli.common import emit_json, load_cluster, run_async
+from spark_ops.cli.common import emit_json, fleet_span, load_cluster, run_async
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
     from spark_ops.doctor import DoctorReport
@@ -35,10 +35,17 @@ def echo_report(report: DoctorReport) -> None:
 @click.option("--json", "as_json", is_flag=True, help="As JSON on stdout.")
 @click.pass_context
 def cli(ctx: click.Context, as_json: bool) -> None:
-    """Check every precondition of apply without changing anything (exit 11 when one fails)."""
+    """Check every precondition of apply without changing anything (exit 11 when one fails).
+
+    Under a fleet without --cluster: every cluster, one table, the worst code (docs/fleet.md)."""
     from spark_ops.doctor import run_doctor
     from spark_ops.errors import ExitStatus
 
+    fleet = fleet_span(ctx)
+    if fleet is not None:
+        from spark_ops.cli.fleet import doctor_fleet
+
+        sys.exit(doctor_fleet(fleet, as_json))
     cluster = load_cluster(ctx)
     report = run_async(run_doctor(cluster))
     if as_json:

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from spark_ops.cli.common import emit_json, load_cluster, run_async, when
+from spark_ops.cli.common import emit_json, fleet_span, load_cluster, run_async, when
 
 
 def _clean(value: object) -> str:
@@ -18,6 +18,28 @@ def _clean(value: object) -> str:
 def _list(value: object) -> list[object]:
     """A record's list, or none when a line holds something else there."""
     return value if isinstance(value, list) else []
+
+
+def entry_line(e: dict[str, Any]) -> list[str]:
+    """One operation as the fleet's log table shows it: outcome, what (with its arguments), who."""
+    if "malformed" in e:
+        return ["-", f"(unreadable line) {_clean(e['malformed'])[:80]}", "?"]
+    raw_what = e.get("what")
+    what: dict[str, Any] = raw_what if isinstance(raw_what, dict) else {}
+    raw_args = what.get("args")
+    args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
+    arg_text = " ".join(
+        f"{_clean(k)}={_clean(v)}" for k, v in args.items() if v not in (None, False, [], "")
+    )
+    operation = f"{_clean(what.get('operation', '?'))} {arg_text}".strip()[:80]
+    outcome = str(e.get("outcome", "")) or "-"
+    if e.get("unattributed"):
+        outcome = "unattributed"
+    elif e.get("unfinished"):
+        outcome = "did not end"
+    elif e.get("settled_by"):
+        outcome = f"finished by run {e['settled_by']}"
+    return [_clean(outcome), operation, _clean(e.get("who", "?"))]
 
 
 def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
@@ -84,10 +106,18 @@ def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
 @click.pass_context
 def cli(ctx: click.Context, limit: int, diffs: bool, raw: bool, as_json: bool) -> None:
     """Show the audit log kept on the head: when, who, what, on which nodes, the outcome, the
-    steps; one entry per operation (a run's intent, step records and end together)."""
-    cluster = load_cluster(ctx)
+    steps; one entry per operation (a run's intent, step records and end together). Under a
+    fleet without --cluster: every cluster's, one table by time (docs/fleet.md)."""
     if raw and not as_json:
         raise click.UsageError("--raw is for --json (the audit file's lines as kept)")
+    fleet = fleet_span(ctx)
+    if fleet is not None:
+        if raw:
+            raise click.UsageError("--raw reads one cluster's audit file: give --cluster NAME")
+        from spark_ops.cli.fleet import log_fleet
+
+        ctx.exit(log_fleet(fleet, limit, as_json))
+    cluster = load_cluster(ctx)
     from spark_ops.audit import read_log
     from spark_ops.workflows.oplog import read_log_operations
 

@@ -109,7 +109,18 @@ class LazyGroup(click.Group):
     type=click.Path(dir_okay=False),
     help="Inventory file (env SPARK_OPS_INVENTORY).",
 )
-@click.option("-c", "--cluster", envvar="SPARK_OPS_CLUSTER", help="Cluster name when several.")
+@click.option(
+    "--fleet",
+    envvar="SPARK_OPS_FLEET",
+    type=click.Path(dir_okay=False),
+    help="Fleet file naming several inventories (env SPARK_OPS_FLEET; docs/fleet.md).",
+)
+@click.option(
+    "-c",
+    "--cluster",
+    envvar="SPARK_OPS_CLUSTER",
+    help="Cluster name: of the fleet, or of an inventory holding several (env SPARK_OPS_CLUSTER).",
+)
 @click.option("-v", "--verbose", count=True, help="Log lines on stderr (-vv for debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors on stderr.")
 @click.option("--log-json", is_flag=True, help="Log lines on stderr, as JSON lines.")
@@ -118,6 +129,7 @@ class LazyGroup(click.Group):
 def cli(
     ctx: click.Context,
     inventory: str | None,
+    fleet: str | None,
     cluster: str | None,
     verbose: int,
     quiet: bool,
@@ -129,6 +141,11 @@ def cli(
     level = cli_verbosity(verbose, quiet=quiet, as_json=_JSON["flag"], log_json=log_json)
     configure(level, json=log_json or _JSON["flag"])
     ctx.obj = {"inventory": inventory, "cluster": cluster, "verbose": verbose, "quiet": quiet}
+    ctx.obj["fleet"] = fleet
+    typed = click.core.ParameterSource.COMMANDLINE
+    ctx.obj["typed"] = {
+        name for name in ("inventory", "fleet") if ctx.get_parameter_source(name) is typed
+    }
 
 
 _JSON = {"flag": False}  # --json on this command line (log lines are JSON only then)

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from spark_ops.cli.common import emit_json, load_cluster, run_async, when
+from spark_ops.cli.common import emit_json, fleet_span, load_cluster, run_async, when
 from spark_ops.errors import ExitStatus
 
 VERDICT_EXIT = {
@@ -179,13 +179,20 @@ def _boot_text(boot: dict[str, Any], last: dict[str, Any] | None) -> str:
     return text
 
 
+def verdict_exit(data: dict[str, Any]) -> ExitStatus:
+    """The status' exit code, said nowhere: the verdict's, or 4 when SSH refused a node."""
+    if any(n.get("refused") for n in data.get("nodes") or []):
+        return ExitStatus.UNREACHABLE
+    return VERDICT_EXIT[(data.get("verdict") or {}).get("state", "not-serving")]
+
+
 def _exit_status(data: dict[str, Any], as_json: bool = False) -> ExitStatus:
     """The verdict's code; 4 (UNREACHABLE) when a node's host key is unknown or changed, or it
     refused our credentials: a set-up problem to fix first, as docs/exit-codes.md says. That
     one is said on stderr as every error is: `error:`/`hint:` lines, or one JSON object."""
     refused = [n for n in data.get("nodes") or [] if n.get("refused")]
     if not refused:
-        return VERDICT_EXIT[(data.get("verdict") or {}).get("state", "not-serving")]
+        return verdict_exit(data)
     names = ", ".join(n["name"] for n in refused)
     message = "SSH refused (host key or credentials): " + "; ".join(
         f"{n['name']}: {n.get('error') or 'refused'}" for n in refused
@@ -217,10 +224,22 @@ def cli(ctx: click.Context, as_json: bool, watch: float | None) -> None:
     Exit status (for scripts and alerts): 0 serving, 13 degraded (serving, but a node is down,
     the budget spent, a run unfinished ...), 14 not serving, 15 a restart under way (another
     run holds the lock, or the engine boots: the watchdog's restart, a colleague's), 21 an
-    experiment under way (its restarts and sweeps go on until it ends).
+    experiment under way (its restarts and sweeps go on until it ends). Under a fleet without
+    --cluster: one table of every cluster, the worst of their codes (docs/fleet.md).
     """
     from spark_ops.status import collect_status
 
+    fleet = fleet_span(ctx)
+    if fleet is not None:
+        from spark_ops.cli.fleet import status_fleet
+
+        try:
+            ctx.exit(status_fleet(fleet, as_json, watch))
+        except KeyboardInterrupt:
+            if not watch:
+                raise
+            click.echo("", err=True)
+            ctx.exit(0)
     cluster = load_cluster(ctx)
     while True:
         try:

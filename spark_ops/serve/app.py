@@ -371,7 +371,7 @@ async def metrics_view(request: web.Request) -> web.Response:
     audit = await src.audit.get()
     body = render_metrics(
         status, src.boot.state.snapshot(), last_run(audit["entries"]), src.doctor(),
-        hardware=await src.hardware.get(), load=src.load.ring.view(),
+        hardware=await src.hardware.get(), load=src.load.ring.view(), cluster=src.cluster.name,
     )  # fmt: skip
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 

@@ -11,6 +11,7 @@ from spark_ops.readiness import PHASE_ORDER
 from spark_ops.status import VERDICT_STATES
 
 PREFIX = "spark_ops_"
+DEFAULT_CLUSTER = "default"  # the `cluster` label when no name is given
 VERDICTS = VERDICT_STATES
 
 
@@ -22,9 +23,13 @@ def render_metrics(
     *,
     hardware: dict[str, Any] | None = None,
     load: dict[str, Any] | None = None,
+    cluster: str = DEFAULT_CLUSTER,
 ) -> bytes:
     """The Prometheus text page of one reading (status' dict, the live boot, the last run, the last
-    doctor report kept here, the nodes' hardware and the engine's load as this server read them)."""
+    doctor report kept here, the nodes' hardware and the engine's load as this server read them).
+
+    Every sample carries a `cluster` label, first: the cluster's fleet name under a fleet, its
+    inventory name otherwise (docs/fleet.md), so that one Prometheus scrapes a fleet's servers."""
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)
@@ -33,16 +38,16 @@ def render_metrics(
         """One gauge with one sample; a value not known is left out (absent, not zero)."""
         if value is None:
             return
-        g = Gauge(PREFIX + name, doc, list(labels), registry=registry)
-        (g.labels(**labels) if labels else g).set(float(value))
+        g = Gauge(PREFIX + name, doc, ["cluster", *labels], registry=registry)
+        g.labels(cluster=cluster, **labels).set(float(value))
 
-    info = Gauge(PREFIX + "build_info", "The spark-ops serving this page (1).", ["version"],
-                 registry=registry)  # fmt: skip
-    info.labels(version=__version__).set(1.0)
+    info = Gauge(PREFIX + "build_info", "The spark-ops serving this page (1).",
+                 ["cluster", "version"], registry=registry)  # fmt: skip
+    info.labels(cluster=cluster, version=__version__).set(1.0)
     nodes = status.get("nodes") or []
     gauge("nodes", "Nodes in the inventory.", len(nodes))
     gauge("nodes_reachable", "Nodes that answered SSH.", sum(1 for n in nodes if n["reachable"]))
-    per_node(registry, nodes, hardware)
+    per_node(registry, nodes, hardware, cluster)
     engine = status.get("engine") or {}
     gauge("engine_up", "1 when the engine answers /health.", 1.0 if engine.get("up") else 0.0)
     budget = status.get("budget") or {}
@@ -65,19 +70,19 @@ def render_metrics(
               len(engine["leftovers"]))  # fmt: skip
     state = (status.get("verdict") or {}).get("state")
     if state in VERDICTS:
-        g = Gauge(PREFIX + "verdict", "status' verdict (1 for the current state).", ["state"],
-                  registry=registry)  # fmt: skip
+        g = Gauge(PREFIX + "verdict", "status' verdict (1 for the current state).",
+                  ["cluster", "state"], registry=registry)  # fmt: skip
         for v in VERDICTS:
-            g.labels(state=v).set(1.0 if v == state else 0.0)
+            g.labels(cluster=cluster, state=v).set(1.0 if v == state else 0.0)
     last_boot = status.get("last_boot") or {}
     gauge("last_boot_duration_seconds", "The last boot spark-ops watched, start to ready.",
           last_boot.get("total_s"))  # fmt: skip
     gauge("boot_in_progress", "1 while an engine boot is under way.", float(bool(boot["active"])))
     if boot["active"] and boot["phase"]:
-        g = Gauge(PREFIX + "boot_phase", "The current boot phase (1 for it).", ["phase"],
-                  registry=registry)  # fmt: skip
+        g = Gauge(PREFIX + "boot_phase", "The current boot phase (1 for it).",
+                  ["cluster", "phase"], registry=registry)  # fmt: skip
         for p in PHASE_ORDER:
-            g.labels(phase=p.value).set(1.0 if p.value == boot["phase"] else 0.0)
+            g.labels(cluster=cluster, phase=p.value).set(1.0 if p.value == boot["phase"] else 0.0)
         gauge("boot_phase_seconds", "Seconds the boot has been in its current phase.",
               boot["seconds_in_phase"])  # fmt: skip
         gauge("boot_phase_usual_seconds", "The current phase's median time in earlier boots.",
@@ -168,9 +173,14 @@ def facts_fresh(hardware: dict[str, Any] | None, now: float | None = None) -> bo
     return isinstance(at, int | float) and now - float(at) <= FACTS_STALE_S
 
 
-def per_node(registry: Any, nodes: list[dict[str, Any]], hardware: dict[str, Any] | None) -> None:
-    """Per-node gauges, each with a `node` label: reachable, latency, and what the node hardware
-    say (MemAvailable, GPU use and power); a value not read is absent."""
+def per_node(
+    registry: Any,
+    nodes: list[dict[str, Any]],
+    hardware: dict[str, Any] | None,
+    cluster: str = DEFAULT_CLUSTER,
+) -> None:
+    """Per-node gauges, each with `cluster` and `node` labels: reachable, latency, and what the
+    node hardware say (MemAvailable, GPU use and power); a value not read is absent."""
     from prometheus_client import Gauge
 
     known = (hardware or {}).get("nodes") or {}
@@ -181,12 +191,15 @@ def per_node(registry: Any, nodes: list[dict[str, Any]], hardware: dict[str, Any
         ("node_gpu_utilization_percent", "The node's GPU use (nvidia-smi)."),
         ("node_gpu_power_watts", "The node's GPU power draw (nvidia-smi)."),
     )
-    gauges = {name: Gauge(PREFIX + name, doc, ["node"], registry=registry) for name, doc in specs}
+    gauges = {
+        name: Gauge(PREFIX + name, doc, ["cluster", "node"], registry=registry)
+        for name, doc in specs
+    }
     for n in nodes:
         name = str(n.get("name"))
-        gauges["node_reachable"].labels(node=name).set(1.0 if n.get("reachable") else 0.0)
+        gauges["node_reachable"].labels(cluster, name).set(1.0 if n.get("reachable") else 0.0)
         if isinstance(n.get("latency_ms"), int | float):
-            gauges["node_ssh_latency_seconds"].labels(node=name).set(n["latency_ms"] / 1000)
+            gauges["node_ssh_latency_seconds"].labels(cluster, name).set(n["latency_ms"] / 1000)
         current = bool(n.get("reachable")) and facts_fresh(hardware)
         f = (known.get(name) or {}) if current else {}  # a stopped node's old facts: not current
         gpu: dict[str, Any] = f["gpu"] if isinstance(f.get("gpu"), dict) else {}
@@ -198,4 +211,4 @@ def per_node(registry: Any, nodes: list[dict[str, Any]], hardware: dict[str, Any
                 and not isinstance(value, bool)
                 and math.isfinite(value)
             ):
-                gauges[metric].labels(node=name).set(float(value))
+                gauges[metric].labels(cluster, name).set(float(value))

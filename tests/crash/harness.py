@@ -394,6 +394,7 @@ class CrashCluster:
         env = dict(os.environ)
         env["SPARK_OPS_INVENTORY"] = str(self.inventory_b if second else self.inventory)
         env.pop("SPARK_OPS_CLUSTER", None)
+        env.pop("SPARK_OPS_FLEET", None)
         env["HOME"] = str(self.home)
         env["COLUMNS"] = "120"
         return env

@@ -214,6 +214,7 @@ class SparkGround:
         env = dict(os.environ)
         env["SPARK_OPS_INVENTORY"] = str(self.inventory)
         env.pop("SPARK_OPS_CLUSTER", None)
+        env.pop("SPARK_OPS_FLEET", None)
         return env
 
     def stamps(self) -> list[str]:
