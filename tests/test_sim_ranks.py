@@ -191,10 +191,11 @@ def test_inventory_executor(tmp_path: Path) -> None:
 def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
     """A worker's rank started well before the head's engine is an earlier engine's (it holds
     the node's memory); with no engine running every rank is; children never count twice. A
-    node running two ranks holds one of the engine's: the newest started around the engine's
-    start (an earlier engine's is always older, however recent its restart; a launcher on a
-    loaded head may reach a worker late); a rank started by hand long after is stray."""
-    from spark_ops.engine.identity import RANK_SLACK_S, Proc, stray_ranks
+    node running two ranks around the engine's start holds one of the engine's, but time alone
+    cannot tell which (an earlier engine's restarted close before, or one started by hand close
+    after): neither is named stray, both are ambiguous (rank_verdict; more cases in
+    tests/fixtures/ranks/verdict.yaml); a rank started by hand long after is stray."""
+    from spark_ops.engine.identity import RANK_SLACK_S, Proc, rank_verdict, stray_ranks
 
     engine_start = 10_000.0
     old = Proc(11, 1, 11, "S", engine_start - RANK_SLACK_S - 60, "python")
@@ -205,13 +206,15 @@ def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
     assert stray_ranks([new], engine_start) == []
     assert stray_ranks(procs, None) == [old, new]
     recent = Proc(31, 1, 31, "S", engine_start - 30, "python")  # the engine before, 30 s ago
-    assert stray_ranks([recent, new], engine_start) == [recent]
+    assert stray_ranks([recent, new], engine_start) == []
+    assert rank_verdict([recent, new], engine_start).ambiguous == [recent, new]
     by_hand = Proc(41, 1, 41, "S", engine_start + 600, "python")  # started later, by hand
     assert stray_ranks([new, by_hand], engine_start) == [by_hand]
     # the CI case: a restart 40 s after the last one, the new rank reached 70 s late
     prior = Proc(51, 1, 51, "S", engine_start - 40, "python")
     late = Proc(52, 1, 52, "S", engine_start + 70, "python")
-    assert stray_ranks([prior, late], engine_start) == [prior]
+    assert stray_ranks([prior, late], engine_start) == []
+    assert rank_verdict([prior, late], engine_start).ambiguous == [prior, late]
     lone = Proc(61, 1, 61, "S", engine_start + 900, "python")  # a lone rank, however late, is its
     assert stray_ranks([lone], engine_start) == []
 
