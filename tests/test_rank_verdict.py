@@ -80,3 +80,45 @@ def test_a_workers_start_on_the_heads_clock(case: dict[str, Any]) -> None:
     assert moved.started_at == pytest.approx(case["moved"])
     if abs(case["moved"] - ENGINE) < 120:
         assert rank_verdict([moved], ENGINE).stray == []
+
+
+@pytest.mark.parametrize("stamp", ["$(/bin/date +%s).N", "nan", "garbage"])
+def test_a_node_whose_date_prints_no_nanoseconds(stamp: str, tmp_path: Path) -> None:
+    """ENGINE_PROCS run by a real shell on a node whose `date` prints no %N (busybox without
+    nanoseconds, macOS: `1733412345.N`) or no number: each process's start still comes exact
+    from /proc (ticks since boot), the node's clock reads as unknown (no shift), nothing raises
+    (it raised ValueError in every plan and doctor before)."""
+    import os
+    import subprocess
+    import sys
+
+    from spark_ops.engine.identity import _parse_pid_probe, _probe_now
+    from spark_ops.remote.programs.engine import ENGINE_PROCS_SH
+
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "date").write_text(f'#!/bin/sh\necho "{stamp}"\n')
+    (shim / "date").chmod(0o755)
+    rank = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "sim.engine serve", "--headless"]
+    )
+    try:
+        env = dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}")
+        out = subprocess.run(
+            ["sh", "-c", ENGINE_PROCS_SH], env=env, capture_output=True, text=True, check=True
+        ).stdout
+        assert _probe_now(out) is None
+        seen = _parse_pid_probe("F 0\n" + out, None)
+        assert seen is not None
+        (mine,) = [p for p in seen.members if p.pid == rank.pid]
+        stat = Path(f"/proc/{rank.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        btime = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        assert mine.started_at == round(btime + int(stat[19]) / os.sysconf("SC_CLK_TCK"), 2)
+        assert rank_verdict([mine], mine.started_at).unreadable is None
+    finally:
+        rank.kill()
+        rank.wait()

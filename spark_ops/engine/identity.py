@@ -517,9 +517,10 @@ def rank_verdict(
     engine's. Where two or more are left (an earlier engine's rank restarted close before, one
     started by hand close after: time alone cannot tell), the command line decides when it
     positively can: a rank giving another value than the engine's (`engine_args`) to a flag both
-    show is not its, and if exactly one candidate agrees that one is the engine's (preferred to
-    any time rule). Otherwise the candidates are ambiguous: none is named the engine's and none
-    stray. A start time that is no number (NaN, infinity) makes the node unreadable."""
+    show is not its (stray, as long as one candidate agrees), and if exactly one agrees that one
+    is the engine's (preferred to any time rule). Otherwise the candidates left are ambiguous:
+    none is named the engine's and none stray. A start time that is no finite number (NaN,
+    infinity) makes the node unreadable."""
     pids = {p.pid for p in procs}
     tops = sorted((p for p in procs if p.ppid not in pids), key=lambda p: (p.started_at, p.pid))
     why = unreadable_starts(tops, engine_start)
@@ -534,8 +535,8 @@ def rank_verdict(
     stray = old + (later if window else [])
     if len(candidates) > 1 and engine_args:
         agree = [p for p in candidates if not contradicts(engine_args, p.args)]
-        if len(agree) == 1:
-            stray += [p for p in candidates if p is not agree[0]]
+        if agree:
+            stray += [p for p in candidates if p not in agree]
             candidates = agree
     stray.sort(key=lambda p: (p.started_at, p.pid))
     if len(candidates) > 1:
@@ -608,8 +609,8 @@ def ambiguous_words(node: str, procs: list[Proc]) -> str:
     return (
         f"{node} runs {len(procs)} ranks that could each be the running engine's (started within "
         f"{RANK_SLACK_S:.0f} s before it or {RANK_LAG_S:.0f} s after, their command lines not "
-        f"telling them apart): {_since(procs)}; spark-ops does not guess which, and the other "
-        "holds the node's memory"
+        f"telling them apart): {_since(procs)}; spark-ops does not guess which, and each but the "
+        "engine's holds its share of the node's memory"
     )
 
 
@@ -620,7 +621,7 @@ def ambiguous_hint(node: str, procs: list[Proc]) -> str:
     stops = " or ".join(f"`{stop_hint([p])}` ({p.pid})" for p in procs)
     return (
         f"on {node}, see which is the engine's (`ps -o pid,lstart,args -p {pids}`), then stop "
-        f"the other: {stops}"
+        f"every other: {stops}"
     )
 
 

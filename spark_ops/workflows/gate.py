@@ -196,9 +196,13 @@ async def check_ranks(op: Operation, plan: Plan) -> None:
         words += [ambiguous_words(n, p) for n, p in left.ambiguous.items()]
         hints = [f"on {n}: {stop_hint(p)}" for n, p in stray.items()]
         hints += [ambiguous_hint(n, p) for n, p in left.ambiguous.items()]
+        why = (
+            "it outlived the engine's last restart and holds its share of the node's memory, so"
+            if stray
+            else "the one that is not the engine's holds its share of the node's memory, so"
+        )
         raise BootWouldFail(
-            f"the restart would fail: {'; '.join(words)}; "
-            "it outlived the engine's last restart and holds its share of the node's memory, so "
+            f"the restart would fail: {'; '.join(words)}; {why} "
             "the new rank started beside it would find less free than it asks (vLLM refuses that "
             "start); nothing was written and the engine was not restarted",
             hint="stop it: "
