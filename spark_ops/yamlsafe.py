@@ -24,6 +24,10 @@ from spark_ops.errors import SparkOpsError, excerpt
 MAX_ALIASES = 64  # real inventories and recipes use a handful (`<<: *defaults`)
 MAX_YAML_BYTES = 1 << 20  # 1 MiB: a recipe or an inventory is a few kilobytes
 MAX_DEPTH = 128  # nested collections: real files nest a handful; libyaml's composer recurses in C
+# the collections and scalars a value holds once every alias is written out: a 1 MiB file holds
+# fewer than this; past it a few aliases of aliases (`[*a, *a]` 32 deep) build a value whose walk
+# (validation, an error's excerpt, json.dumps) never ends
+MAX_EXPANDED_NODES = 1 << 18
 
 
 def load_yaml(
@@ -57,7 +61,18 @@ def load_yaml(
             or len(_NESTING_START.findall(text)) > MAX_DEPTH
         ):
             _check_events(yaml, loader, text, source, error, max_aliases)
-        return yaml.load(text, Loader=loader)
+        if not _ALIAS_LIKE.search(text):
+            return yaml.load(text, Loader=loader)
+        # aliases: what they build is measured on the composed nodes (shared, never expanded)
+        # before any value is constructed
+        parser = loader(text)
+        try:
+            node = parser.get_single_node()
+            if node is not None:
+                _check_graph(node, source, error)
+            return parser.construct_document(node) if node is not None else None
+        finally:
+            parser.dispose()
     except DuplicateKey as dup:
         raise error(
             f"{source}: line {dup.line}: key {excerpt(dup.key)} is written twice in one mapping "
@@ -68,6 +83,64 @@ def load_yaml(
         if "maximum nesting depth" in str(exc):  # PyYAML >= 6.0.4's scanner, ahead of our count
             raise _too_deep(source, error, getattr(exc, "problem_mark", None)) from None
         raise error(f"{source}: not valid YAML: {exc}") from exc
+
+
+def _check_graph(root: Any, source: str, error: type[SparkOpsError]) -> None:
+    """Refuse composed nodes whose value, aliases followed, nests past MAX_DEPTH, holds more than
+    MAX_EXPANDED_NODES nodes written out, or holds itself (`&a [*a]`): one pass over the shared
+    nodes, iterative (no Python recursion), each node measured once."""
+    depth: dict[int, int] = {}
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children = _children(node)
+        if done:
+            on_path.discard(key)
+            depth[key] = 1 + max((depth[id(c)] for c in children), default=0)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            if depth[key] > MAX_DEPTH:
+                raise _too_deep(source, error, node.start_mark)
+            if size[key] > MAX_EXPANDED_NODES:
+                raise error(
+                    f"{source}: line {node.start_mark.line + 1}: its aliases (*name) build more "
+                    f"than {MAX_EXPANDED_NODES:,} values once written out; refused (an alias bomb "
+                    "expands to gigabytes)",
+                    hint="write the values out, or use fewer anchors",
+                )
+            continue
+        if key in depth:
+            continue
+        if not children:
+            depth[key], size[key] = 0, 1
+            continue
+        on_path.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in on_path:
+                raise error(
+                    f"{source}: line {child.start_mark.line + 1}: an alias (*name) inside the "
+                    "collection its anchor (&name) names: a value that holds itself; refused",
+                    hint="write the values out instead of the alias",
+                )
+            if id(child) not in depth:
+                stack.append((child, False))
+
+
+def _children(node: Any) -> list[Any]:
+    """The nodes a composed node holds (a mapping's keys and values); none for a scalar."""
+    value = node.value
+    if isinstance(value, str):
+        return []
+    out: list[Any] = []
+    for item in value:
+        if isinstance(item, tuple):
+            out.extend(item)
+        else:
+            out.append(item)
+    return out
 
 
 def _too_deep(source: str, error: type[SparkOpsError], mark: Any) -> SparkOpsError:

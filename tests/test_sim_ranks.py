@@ -17,6 +17,7 @@ import asyncio
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -191,10 +192,11 @@ def test_inventory_executor(tmp_path: Path) -> None:
 def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
     """A worker's rank started well before the head's engine is an earlier engine's (it holds
     the node's memory); with no engine running every rank is; children never count twice. A
-    node running two ranks holds one of the engine's: the newest started around the engine's
-    start (an earlier engine's is always older, however recent its restart; a launcher on a
-    loaded head may reach a worker late); a rank started by hand long after is stray."""
-    from spark_ops.engine.identity import RANK_SLACK_S, Proc, stray_ranks
+    node running two ranks around the engine's start holds one of the engine's, but time alone
+    cannot tell which (an earlier engine's restarted close before, or one started by hand close
+    after): neither is named stray, both are ambiguous (rank_verdict; more cases in
+    tests/fixtures/ranks/verdict.yaml); a rank started by hand long after is stray."""
+    from spark_ops.engine.identity import RANK_SLACK_S, Proc, rank_verdict, stray_ranks
 
     engine_start = 10_000.0
     old = Proc(11, 1, 11, "S", engine_start - RANK_SLACK_S - 60, "python")
@@ -205,13 +207,15 @@ def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
     assert stray_ranks([new], engine_start) == []
     assert stray_ranks(procs, None) == [old, new]
     recent = Proc(31, 1, 31, "S", engine_start - 30, "python")  # the engine before, 30 s ago
-    assert stray_ranks([recent, new], engine_start) == [recent]
+    assert stray_ranks([recent, new], engine_start) == []
+    assert rank_verdict([recent, new], engine_start).ambiguous == [recent, new]
     by_hand = Proc(41, 1, 41, "S", engine_start + 600, "python")  # started later, by hand
     assert stray_ranks([new, by_hand], engine_start) == [by_hand]
     # the CI case: a restart 40 s after the last one, the new rank reached 70 s late
     prior = Proc(51, 1, 51, "S", engine_start - 40, "python")
     late = Proc(52, 1, 52, "S", engine_start + 70, "python")
-    assert stray_ranks([prior, late], engine_start) == [prior]
+    assert stray_ranks([prior, late], engine_start) == []
+    assert rank_verdict([prior, late], engine_start).ambiguous == [prior, late]
     lone = Proc(61, 1, 61, "S", engine_start + 900, "python")  # a lone rank, however late, is its
     assert stray_ranks([lone], engine_start) == []
 
@@ -541,3 +545,87 @@ def test_a_lingering_rank_fails_verify_and_refuses_the_next_plan(rank_sim: Sim) 
     res = cli(env, "plan", "--max-num-seqs", "32", "--json")
     assert res.returncode == 0, res.stderr[-3000:]
     assert not any("earlier engine" in w for w in json.loads(res.stdout)["plan"]["warnings"])
+
+
+def _start_like(pid: int, change: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start by hand, on the same node, a copy of the rank `pid` runs (its command line, with the
+    flags in `change` given other values; its environment and directory)."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    for flag, value in change.items():
+        argv[argv.index(flag) + 1] = value
+    env = dict(
+        line.split("=", 1)
+        for line in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+        if "=" in line
+    )
+    return subprocess.Popen(
+        argv, env=env, cwd=os.readlink(f"/proc/{pid}/cwd"), stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+
+
+def _started(pid: int) -> float:
+    """A process's start time (Unix s), from /proc."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    btime = next(
+        int(line.split()[1])
+        for line in Path("/proc/stat").read_text().splitlines()
+        if line.startswith("btime ")
+    )
+    return btime + ticks / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_rank_started_by_hand_beside_the_engines_is_never_guessed(rank_sim: Sim) -> None:
+    """A copy of node3's rank started by hand beside it: with the same command line, time alone
+    cannot tell which is the engine's (both within the window), so the plan refuses naming both
+    pids and the stop of each, and doctor fails node3 alike (the rule before named the real rank
+    stray, with a hint that would stop the engine's own); past the window, or with another
+    `--max-num-seqs` (its command line contradicts the engine's), only the copy is named. The
+    real rank is never named alone; once the copy is stopped the plan goes through."""
+    from spark_ops.engine.identity import RANK_LAG_S
+
+    s = rank_sim
+    env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))
+    env.pop("SPARK_OPS_CLUSTER", None)
+    real = rank_pids(s)["node3"]
+    seqs = Path(f"/proc/{real}/cmdline").read_bytes().decode().split("\0")
+    other = str(int(seqs[seqs.index("--max-num-seqs") + 1]) + 1)
+    recipe, history = s.recipe.read_bytes(), s.history.read_bytes()
+    for change in ({}, {"--max-num-seqs": other}):
+        copy = _start_like(real, change)
+        try:
+            res = cli(env, "plan", "--max-num-seqs", "32", "--json")
+            assert res.returncode == ExitStatus.CHECK_FAILED, (change, res.stderr[-3000:])
+            err = _error(res.stderr)
+            assert err["error"] == "BootWouldFail" and "nothing was written" in err["message"]
+            assert f"{copy.pid} (python" in err["message"], err
+            assert f"kill -TERM -- -{copy.pid}" in err["hint"], err
+            engine = int((s.head / ".local/state/spark-watchdog/engine.pid").read_text())
+            late = _started(copy.pid) - _started(engine) > RANK_LAG_S
+            if change or late:  # the copy alone, as a rank not the engine's
+                assert f"{real} (python" not in err["message"], err
+                assert (
+                    f"node3 runs a rank of an earlier engine: {copy.pid} (python" in err["message"]
+                )
+            else:  # both, ambiguous: never the real one alone
+                assert (
+                    "node3 runs 2 ranks that could each be the running engine's" in err["message"]
+                )
+                assert f"{real} (python" in err["message"], err
+                assert f"-p {real},{copy.pid}" in err["hint"], err  # by their start
+                res = cli(env, "doctor", "--json")
+                checks = json.loads(res.stdout)["checks"]
+                node3 = [
+                    c for c in checks if c["name"] == "engine-leftovers" and c["host"] == "node3"
+                ]
+                assert [c["status"] for c in node3] == ["fail"], node3
+                assert f"{real} (python" in node3[0]["detail"] and str(copy.pid) in node3[0]["fix"]
+        finally:
+            os.killpg(copy.pid, signal.SIGTERM)
+            copy.wait(timeout=60)
+    assert s.recipe.read_bytes() == recipe and s.history.read_bytes() == history
+    assert alive(real), "the engine's own rank was never stopped"
+    res = cli(env, "plan", "--max-num-seqs", "32", "--json")
+    assert res.returncode == 0, res.stderr[-3000:]

@@ -7,6 +7,8 @@ from typing import Any
 
 from spark_ops.doctor.report import Checker, parse_kv
 from spark_ops.engine.identity import (
+    ambiguous_hint,
+    ambiguous_words,
     leftover_ranks,
     leftovers,
     rank_warning,
@@ -267,7 +269,13 @@ class EngineChecks(Checker):
                     "free than it asks",
                     f"stop it on {host}: {stop_hint(procs)}",
                 )  # fmt: skip
-            else:
+            if host in found.ambiguous:
+                self.report.add(
+                    "engine-leftovers", host, "fail",
+                    ambiguous_words(host, found.ambiguous[host]),
+                    ambiguous_hint(host, found.ambiguous[host]),
+                )  # fmt: skip
+            elif not procs:
                 self.report.add("engine-leftovers", host, "ok", "no rank of an earlier engine")
 
     async def _head_leftovers(self) -> None:

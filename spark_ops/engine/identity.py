@@ -17,9 +17,10 @@ An instance is told apart by what the head knows of it, per how the inventory ru
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spark_ops.errors import SparkOpsError
@@ -169,12 +170,18 @@ def _parse_pid_probe(text: str, previous: EngineInstance | None) -> EngineInstan
     start: float | None = None
     pgid: int | None = None
     procs: list[Proc] = []
+    ticks: dict[int, int] = {}
     for line in text.splitlines():
         tag, _, rest = line.partition(" ")
         if tag == "T":
             parts = rest.split()
-            if len(parts) >= 3:
-                now, btime, hz = float(parts[0]), float(parts[1]), float(parts[2]) or 100.0
+            if len(parts) >= 3:  # a `date` without %N (`123.N`): the node's clock unreadable
+                now, btime, hz = _number(parts[0]), _number(parts[1]), _number(parts[2])
+                hz = hz if math.isfinite(hz) and hz > 0 else 100.0
+        elif tag == "K":
+            parts = rest.split()
+            if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+                ticks[int(parts[0])] = int(parts[1])
         elif tag == "F":
             pid = int(rest) if rest.strip().isdigit() else None
         elif tag == "S":
@@ -186,7 +193,10 @@ def _parse_pid_probe(text: str, previous: EngineInstance | None) -> EngineInstan
             parts = rest.split(None, 6)
             if len(parts) >= 6 and not parts[3].startswith(("Z", "X")):
                 n, pp, g = int(parts[0]), int(parts[1]), int(parts[2])
-                started = round(now - float(parts[4]), 0)
+                if n in ticks and btime > 0:  # its start in ticks: exact, on the node's clock
+                    started = round(btime + ticks[n] / hz, 2)
+                else:  # its age as ps counted it, from the "T" line's moment
+                    started = round(now - _number(parts[4]), 0)
                 args = parts[6] if len(parts) > 6 else ""
                 name = _full_name(parts[5], args)
                 procs.append(Proc(n, pp, g, parts[3], started, name, args[:300]))
@@ -204,6 +214,24 @@ def _parse_pid_probe(text: str, previous: EngineInstance | None) -> EngineInstan
             pgid = pid  # a dead leader's group, still holding its children
     engine = engine_process(procs, pid) if alive else None
     return EngineInstance("pid_file", key, alive, pid, start, pgid, tuple(procs), engine)
+
+
+def _number(text: str) -> float:
+    """A number a node printed; NaN when it is none (a start time then reads as unreadable)."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def _probe_now(text: str) -> float | None:
+    """The node's clock at the read ("T" line of PID_PROBE or ENGINE_PROCS), when readable."""
+    for line in text.splitlines():
+        tag, _, rest = line.partition(" ")
+        if tag == "T" and rest.split():
+            now = _number(rest.split()[0])
+            return now if math.isfinite(now) else None
+    return None
 
 
 def _json_values(text: str) -> list[Any]:
@@ -366,20 +394,68 @@ def stop_hint(procs: list[Proc]) -> str:
     return "kill -TERM " + " ".join(str(p.pid) for p in procs)
 
 
+async def _read_procs(session: ClusterSession, node: str) -> tuple[list[Proc], Clock | None]:
+    """A node's engine processes and its clock against this machine's, in the same read."""
+    before = time.time()
+    res = await session.call(node, ENGINE_PROCS)
+    after = time.time()
+    seen = _parse_pid_probe("F 0\n" + res.stdout, None)
+    now = _probe_now(res.stdout)
+    clock = Clock(now - (before + after) / 2, after - before) if now is not None else None
+    return sorted(seen.members if seen is not None else (), key=lambda p: p.pid), clock
+
+
+@dataclass(frozen=True)
+class Clock:
+    """A node's clock against this machine's: offset (node − here, s) as read, and the round trip
+    of that read (the offset is known to within it)."""
+
+    offset: float
+    round_trip: float
+
+
+def on_head_clock(procs: list[Proc], worker: Clock | None, head: Clock | None) -> list[Proc]:
+    """A worker's processes with their start times moved onto the head's clock (the engine's
+    start is read there): shifted by the two clocks' difference when it exceeds what the reads
+    can tell (their round trips, and one second of whole-second starts); as read otherwise."""
+    if worker is None or head is None:
+        return procs
+    skew = worker.offset - head.offset
+    if abs(skew) <= (worker.round_trip + head.round_trip) / 2 + 1.0:
+        return procs
+    return [replace(p, started_at=round(p.started_at - skew, 2)) for p in procs]
+
+
 async def worker_ranks(session: ClusterSession, cluster: Cluster) -> dict[str, list[Proc] | str]:
     """An engine run as ranks: the engine processes on each worker (its rank and what that
-    rank started), or why they could not be read there."""
+    rank started), their start times on the head's clock (each worker's clock measured against
+    the head's in the same read as its process table), or why they could not be read there."""
 
+    try:
+        _, head = await _read_procs(session, cluster.head.name)
+    except SparkOpsError:
+        head = None  # the head's clock unknown: each worker's starts as read
     found: dict[str, list[Proc] | str] = {}
     for node in cluster.workers:
         try:
-            res = await session.call(node.name, ENGINE_PROCS)
+            procs, clock = await _read_procs(session, node.name)
         except SparkOpsError as exc:
             found[node.name] = exc.message
             continue
-        seen = _parse_pid_probe("F 0\n" + res.stdout, None)
-        found[node.name] = sorted(seen.members if seen is not None else (), key=lambda p: p.pid)
+        found[node.name] = on_head_clock(procs, clock, head)
     return found
+
+
+def unreadable_starts(procs: list[Proc], *starts: float | None) -> str | None:
+    """Why start times cannot be compared (a NaN or infinite one: a node's clock or process table
+    read wrong); None when every one is a number."""
+    bad = [p for p in procs if not math.isfinite(p.started_at)]
+    if any(t is not None and not math.isfinite(t) for t in starts):
+        return "the head engine's start time is unreadable (not a finite number)"
+    if bad:
+        named = ", ".join(f"{p.label()} ({p.started_at})" for p in bad)
+        return f"start time unreadable (not a finite number): {named}"
+    return None
 
 
 def old_ranks(procs: list[Proc], since: float) -> list[Proc]:
@@ -387,24 +463,94 @@ def old_ranks(procs: list[Proc], since: float) -> list[Proc]:
     return [p for p in procs if p.started_at < since - START_SLACK_S]
 
 
-def stray_ranks(procs: list[Proc], engine_start: float | None) -> list[Proc]:
-    """A worker's ranks not part of the running engine (their top processes): every rank when
-    the head's engine is not running (`engine_start` None), else every one but the engine's own:
-    the newest rank started within RANK_SLACK_S before the engine's start or RANK_LAG_S after it
-    (a launcher starts the nodes' ranks one after another; an earlier engine's rank is always the
-    older, however close its restart; beside it, one started by hand long after is not the
-    engine's); with none in that window, the one nearest the engine's start (a lone rank)."""
+# flags a worker's rank and rank 0 give differently by design
+_RANK_OWN_FLAGS = frozenset(
+    {"node-rank", "headless", "data-parallel-rank", "data-parallel-start-rank", "port", "host"}
+)
+
+
+def _flags(args: str) -> dict[str, str]:
+    """A command line's `--flag value` and `--flag=value` (a flag alone: ""); a line cut at 300
+    characters (Proc.args) loses its last flag, whose value may be cut."""
+    words = args.split()
+    out: dict[str, tuple[str, int]] = {}
+    for i, word in enumerate(words):
+        if not word.startswith("--") or len(word) == 2:
+            continue
+        name, eq, value = word[2:].partition("=")
+        last = i
+        if not eq and i + 1 < len(words) and not words[i + 1].startswith("--"):
+            value, last = words[i + 1], i + 1
+        out[name.replace("_", "-")] = (value, last)
+    cut = len(args) >= 300
+    return {k: v for k, (v, last) in out.items() if not (cut and last >= len(words) - 1)}
+
+
+def contradicts(engine_args: str, rank_args: str) -> bool:
+    """True when a rank's command line gives another value than the engine's to a flag both
+    show (`--max-num-seqs 6` beside the engine's 64, another `--master-port`): it is not a rank
+    of that engine. Flags ranks give apart (`--node-rank`, `--headless`) are not compared."""
+    mine, theirs = _flags(engine_args), _flags(rank_args)
+    return any(theirs[k] != v for k, v in mine.items() if k in theirs and k not in _RANK_OWN_FLAGS)
+
+
+@dataclass(frozen=True)
+class RankVerdict:
+    """One worker's ranks against the running engine: the stray ones; the ones that could each
+    be the engine's own (two or more: spark-ops does not guess); or why it cannot be told."""
+
+    stray: list[Proc]
+    ambiguous: list[Proc] = field(default_factory=list)
+    unreadable: str | None = None
+
+
+def rank_verdict(
+    procs: list[Proc], engine_start: float | None, engine_args: str = ""
+) -> RankVerdict:
+    """Which of a worker's ranks (their top processes) are not the running engine's.
+
+    Every rank is stray when the head's engine is not running (`engine_start` None). Else by
+    time, all on the head's clock (worker_ranks): one started more than RANK_SLACK_S before the
+    engine is an earlier engine's; one started within RANK_LAG_S after it may be its own (a
+    launcher reaches the workers one after another, a loaded head's late), and one started past
+    that beside such a one is stray (by hand); with none in that window, a lone later rank is the
+    engine's. Where two or more are left (an earlier engine's rank restarted close before, one
+    started by hand close after: time alone cannot tell), the command line decides when it
+    positively can: a rank giving another value than the engine's (`engine_args`) to a flag both
+    show is not its (stray, as long as one candidate agrees), and if exactly one agrees that one
+    is the engine's (preferred to any time rule). Otherwise the candidates left are ambiguous:
+    none is named the engine's and none stray. A start time that is no finite number (NaN,
+    infinity) makes the node unreadable."""
     pids = {p.pid for p in procs}
-    tops = sorted((p for p in procs if p.ppid not in pids), key=lambda p: p.started_at)
+    tops = sorted((p for p in procs if p.ppid not in pids), key=lambda p: (p.started_at, p.pid))
+    why = unreadable_starts(tops, engine_start)
+    if why is not None:
+        return RankVerdict([], [], why)
     if engine_start is None or not tops:
-        return tops
-    near = [
-        p for p in tops if engine_start - RANK_SLACK_S <= p.started_at <= engine_start + RANK_LAG_S
-    ]
-    # none in the window (a wrapper's start read as the engine's): the one nearest it, as long as
-    # it did not start well before the engine (a lone rank is the engine's unless it is that old)
-    own = near[-1] if near else min(tops, key=lambda p: abs(p.started_at - engine_start))
-    return [p for p in tops if p is not own or p.started_at < engine_start - RANK_SLACK_S]
+        return RankVerdict(tops)
+    old = [p for p in tops if p.started_at < engine_start - RANK_SLACK_S]
+    window = [p for p in tops if p not in old and p.started_at <= engine_start + RANK_LAG_S]
+    later = [p for p in tops if p not in old and p not in window]
+    candidates = window or later
+    stray = old + (later if window else [])
+    if len(candidates) > 1 and engine_args:
+        agree = [p for p in candidates if not contradicts(engine_args, p.args)]
+        if agree:
+            stray += [p for p in candidates if p not in agree]
+            candidates = agree
+    stray.sort(key=lambda p: (p.started_at, p.pid))
+    if len(candidates) > 1:
+        return RankVerdict(stray, candidates)
+    return RankVerdict(stray)
+
+
+def stray_ranks(procs: list[Proc], engine_start: float | None, engine_args: str = "") -> list[Proc]:
+    """A worker's ranks not part of the running engine (rank_verdict's stray ones: ranks it
+    finds ambiguous are not in it). SparkOpsError when a start time is unreadable."""
+    verdict = rank_verdict(procs, engine_start, engine_args)
+    if verdict.unreadable is not None:
+        raise SparkOpsError(verdict.unreadable)
+    return verdict.stray
 
 
 @dataclass
@@ -413,6 +559,7 @@ class RankLeftovers:
 
     engine_running: bool  # False: every rank is an earlier engine's, and a restart may stop it
     nodes: dict[str, list[Proc] | str]  # per worker its stray ranks, or why it was not read
+    ambiguous: dict[str, list[Proc]] = field(default_factory=dict)  # ranks none told apart
 
     def stray(self) -> dict[str, list[Proc]]:
         """The workers that run a stray rank, with those ranks."""
@@ -421,26 +568,61 @@ class RankLeftovers:
 
 async def leftover_ranks(session: ClusterSession, cluster: Cluster) -> RankLeftovers:
     """An engine run as ranks: per worker, the ranks left from an old engine (each still holds
-    the node's memory), or why that worker could not be read; none for the Ray shape.
-    SparkOpsError when the head's engine cannot be read (no rank can be told from it)."""
+    the node's memory), the ranks that could each be the engine's (ambiguous), or why that
+    worker could not be read; none for the Ray shape. SparkOpsError when the head's engine
+    cannot be read (no rank can be told from it)."""
 
     if cluster.engine.executor != "mp":
         return RankLeftovers(True, {})
     instance = await current_instance(session, cluster)
-    start = instance.engine_started_at if instance is not None and instance.alive else None
+    running = instance is not None and instance.alive
+    start = instance.engine_started_at if running and instance is not None else None
+    args = instance.engine.args if running and instance and instance.engine else ""
     found: dict[str, list[Proc] | str] = {}
+    ambiguous: dict[str, list[Proc]] = {}
     for node, procs in (await worker_ranks(session, cluster)).items():
-        found[node] = procs if isinstance(procs, str) else stray_ranks(procs, start)
-    return RankLeftovers(start is not None, found)
+        if isinstance(procs, str):
+            found[node] = procs
+            continue
+        verdict = rank_verdict(procs, start, args)
+        found[node] = verdict.unreadable if verdict.unreadable is not None else verdict.stray
+        if verdict.ambiguous:
+            ambiguous[node] = verdict.ambiguous
+    return RankLeftovers(start is not None, found, ambiguous)
+
+
+def _since(procs: list[Proc]) -> str:
+    """`812 (python) since 10:01:02, …` (head's clock)."""
+    return ", ".join(
+        f"{p.label()} since {time.strftime('%H:%M:%S', time.localtime(p.started_at))}"
+        for p in procs
+    )
 
 
 def rank_words(node: str, procs: list[Proc]) -> str:
     """`node3 runs a rank of an earlier engine: 812 (python) since 10:01:02`."""
-    since = ", ".join(
-        f"{p.label()} since {time.strftime('%H:%M:%S', time.localtime(p.started_at))}"
-        for p in procs
+    return f"{node} runs a rank of an earlier engine: {_since(procs)}"
+
+
+def ambiguous_words(node: str, procs: list[Proc]) -> str:
+    """The words for ranks that could each be the running engine's (rank_verdict)."""
+    return (
+        f"{node} runs {len(procs)} ranks that could each be the running engine's (started within "
+        f"{RANK_SLACK_S:.0f} s before it or {RANK_LAG_S:.0f} s after, their command lines not "
+        f"telling them apart): {_since(procs)}; spark-ops does not guess which, and each but the "
+        "engine's holds its share of the node's memory"
     )
-    return f"{node} runs a rank of an earlier engine: {since}"
+
+
+def ambiguous_hint(node: str, procs: list[Proc]) -> str:
+    """The commands that stop each candidate (the operator stops the one that is not the
+    engine's)."""
+    pids = ",".join(str(p.pid) for p in procs)
+    stops = " or ".join(f"`{stop_hint([p])}` ({p.pid})" for p in procs)
+    return (
+        f"on {node}, see which is the engine's (`ps -o pid,lstart,args -p {pids}`), then stop "
+        f"every other: {stops}"
+    )
 
 
 def rank_warning(node: str, procs: list[Proc]) -> str:

@@ -250,7 +250,14 @@ async def run_headless(cfg: dict[str, Any], args: Any, log: Any, stop: asyncio.E
             await asyncio.sleep(JOIN_RETRY_S)
     writer.write(f"rank {rank} {node}\n".encode())
     await writer.drain()
-    if await reader.readline() != b"go\n":
+    go = asyncio.ensure_future(reader.readline())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({go, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not go.done():  # a signal while waiting for go (a rank started by hand, never let in)
+        go.cancel()
+        return 0
+    stopped.cancel()
+    if go.result() != b"go\n":
         log.error(w, "multiproc_executor.py:661", f"Rank {rank}: rank 0 went away before go")
         return 1
     log.info(w, "gpu_model_runner.py:3420", f"Starting to load model {args.model}...")

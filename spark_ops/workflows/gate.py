@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from spark_ops.engine.identity import (
+    ambiguous_hint,
+    ambiguous_words,
     current_instance,
     leftover_ranks,
     leftovers,
@@ -184,16 +186,27 @@ async def check_ranks(op: Operation, plan: Plan) -> None:
     except SparkOpsError:
         return  # the head's engine unknown: no rank can be told from it
     stray = left.stray()
+    plan.warnings.extend(
+        f"ranks on {n} not checked: {why}" for n, why in left.nodes.items() if isinstance(why, str)
+    )
     if stray and not left.engine_running:
         plan.warnings.extend(rank_warning(n, p) for n, p in stray.items())
-    elif stray:
+    elif stray or left.ambiguous:
+        words = [rank_words(n, p) for n, p in stray.items()]
+        words += [ambiguous_words(n, p) for n, p in left.ambiguous.items()]
+        hints = [f"on {n}: {stop_hint(p)}" for n, p in stray.items()]
+        hints += [ambiguous_hint(n, p) for n, p in left.ambiguous.items()]
+        why = (
+            "it outlived the engine's last restart and holds its share of the node's memory, so"
+            if stray
+            else "the one that is not the engine's holds its share of the node's memory, so"
+        )
         raise BootWouldFail(
-            f"the restart would fail: {'; '.join(rank_words(n, p) for n, p in stray.items())}; "
-            "it outlived the engine's last restart and holds its share of the node's memory, so "
+            f"the restart would fail: {'; '.join(words)}; {why} "
             "the new rank started beside it would find less free than it asks (vLLM refuses that "
             "start); nothing was written and the engine was not restarted",
             hint="stop it: "
-            + "; ".join(f"on {n}: {stop_hint(p)}" for n, p in stray.items())
+            + "; ".join(hints)
             + "; check with `spark-ops doctor`, then run the command again",
         )
 

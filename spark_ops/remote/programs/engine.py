@@ -39,9 +39,14 @@ ps -ww -e -o pid=,ppid=,pgid=,stat=,etimes=,comm=,args= | awk -v root="${pid:--1
 # Engine-like processes on the head: vLLM's titled processes and `vllm serve` command lines. A
 # process whose environment is readable and names another HOME belongs to another account (or,
 # on a test ground, another node sharing the kernel): it is not this cluster's; nor is one gone
-# since ps listed it (its environment then unreadable for that reason alone).
+# since ps listed it (its environment then unreadable for that reason alone). Before each "P"
+# line, "K <pid> <start in clock ticks since boot>" from /proc/PID/stat (field 22): with the "T"
+# line's btime and CLK_TCK the start on the node's clock, not moved by how late ps ran after
+# `date` (etimes is counted at ps's own moment: under load seconds after the "T" line).
 ENGINE_PROCS_SH = r"""
-echo "T $(date +%s.%N) 0 100"
+b=$(awk '/^btime /{print $2}' /proc/stat 2>/dev/null)
+t=$(getconf CLK_TCK 2>/dev/null)
+echo "T $(date +%s.%N) ${b:-0} ${t:-100}"
 ps -ww -e -o pid=,ppid=,pgid=,stat=,etimes=,comm=,args= | awk -v me=$$ '
   $1 != me && $2 != me \
     && ($6 ~ /^VLLM::/ || $0 ~ /vllm serve|vllm\.entrypoints|sim\.engine serve/) {
@@ -52,6 +57,7 @@ ps -ww -e -o pid=,ppid=,pgid=,stat=,etimes=,comm=,args= | awk -v me=$$ '
   elif [ ! -e "/proc/$pid" ]; then
     continue
   fi
+  read -r st < "/proc/$pid/stat" 2>/dev/null && set -- ${st##*) } && echo "K $pid ${20:-}"
   echo "P $pid $rest"
 done
 """
