@@ -7,8 +7,15 @@ import re
 from collections.abc import Sequence
 
 from spark_ops.errors import RecipeError, UnsupportedRecipe
+from spark_ops.recipe.flags import resolve_flag
 from spark_ops.recipe.render import Option, parse_options, serve_index
-from spark_ops.recipe.source import Entry, RecipeText, prelude_end, scan_shell
+from spark_ops.recipe.source import (
+    SECOND_COMMAND_HINT,
+    Entry,
+    RecipeText,
+    prelude_end,
+    scan_shell,
+)
 from spark_ops.yamlsafe import load_yaml
 
 Edit = tuple[int, int, str]
@@ -48,11 +55,9 @@ class CommandView:
         self.scan = scan_shell(rt.text, start, end, loose=loose, folded=self.folded)
         src = rt.source
         if self.scan.rest_start is not None:
-            line = rt.line_of(self.scan.rest_start) + 1
+            why = self.scan.second_command(lambda at: rt.line_of(at) + 1)
             raise UnsupportedRecipe(
-                f"{src}: line {line}: a second shell command starts inside 'command' (bash ends "
-                "the first at a blank or `#` line inside a continuation); refusing to edit",
-                hint="remove the blank/comment line, or move comments after the last line",
+                f"{src}: 'command': {why}; refusing to edit", hint=SECOND_COMMAND_HINT
             )
         self.tokens = self.scan.tokens
         first = serve_index([t.value for t in self.tokens])
@@ -63,7 +68,11 @@ class CommandView:
                 "where its flags go",
                 hint="edit this recipe by hand, or make its command a literal `vllm serve ...`",
             )
-        self.options = parse_options(self.tokens, first)
+        try:
+            self.options = parse_options(self.tokens, first)
+        except RecipeError as exc:
+            line = next(rt.line_of(t.start) + 1 for t in self.tokens if _ambiguous(t.value))
+            raise type(exc)(f"{src}: line {line}: {exc.message}", hint=exc.hint) from None
 
     def find(self, names: Sequence[str]) -> list[Option]:
         """Options whose canonical name is one of `names`."""
@@ -148,6 +157,15 @@ class CommandView:
         prev_tok = self.tokens[pos - 1]
         cut_from = prev_tok.end if rt.line_of(prev_tok.end - 1) == line_no else start
         return [(cut_from, end, "")]
+
+
+def _ambiguous(word: str) -> bool:
+    """Whether vLLM's parser refuses an option word as an ambiguous abbreviation."""
+    try:
+        resolve_flag(word.split("=", 1)[0])
+    except RecipeError:
+        return True
+    return False
 
 
 def yaml_scalar(value: str, old_raw: str | None) -> str:

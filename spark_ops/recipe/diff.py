@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from spark_ops.errors import RecipeError, SparkOpsError
 from spark_ops.recipe.changes import Change
+from spark_ops.recipe.flags import resolve_flag
 from spark_ops.recipe.knobs import KNOBS, LEGACY_MOE_SETTINGS, has_moe_flag
 from spark_ops.recipe.render import render_recipe
 from spark_ops.recipe.source import load_recipe_text
@@ -88,7 +89,7 @@ def check_others(
     """Check that flags and env vars no change asked for kept their effective values."""
     if any(c.kind == "setting" for c in changes):
         return  # a defaults key may feed any number of flags
-    allowed = {KNOBS[c.name].flag if c.kind == "knob" else c.name for c in changes}
+    allowed = {KNOBS[c.name].flag if c.kind == "knob" else resolve_flag(c.name) for c in changes}
     allowed |= {"--" + name[5:] for name in allowed if name.startswith("--no-")}
     for key in set(old_args) | set(args):
         if key not in allowed and old_args.get(key) != args.get(key):
@@ -104,20 +105,21 @@ def _took_effect(
 ) -> bool:
     """Whether the rendered result shows a change."""
     if change.kind == "setting":
-        flag = "--" + change.name.replace("_", "-")
+        flag = resolve_flag("--" + change.name)
         if flag in args:
             return args[flag] == str(change.value)
         if change.name in defaults:
             return str(defaults[change.name]) == str(change.value) or _same_number(
                 defaults[change.name], str(change.value)
             )
-        return args.get("--" + change.name.replace("_", "-")) == change.value
+        return args.get(flag) == change.value
     if change.kind == "flag":
-        if change.remove and change.name.startswith("--no-"):
-            return args.get("--" + change.name[5:]) is not False
+        name = resolve_flag(change.name)
+        if change.remove and name.startswith("--no-"):
+            return args.get("--" + name[5:]) is not False
         if change.remove:
-            return args.get(change.name) in (None, False)
-        return args.get(change.name) == (True if change.value is None else str(change.value))
+            return args.get(name) in (None, False)
+        return args.get(name) == (True if change.value is None else str(change.value))
     spec = KNOBS[change.name]
     if spec.boolean:
         return (args.get(spec.flag) is True) == bool(change.value)
@@ -132,9 +134,10 @@ def took_effect_in(
 ) -> bool:
     """Whether a rendered result shows a change (for renderers other than verify_edit's);
     a bare `--no-x` shows as `--x` false."""
-    negated = change.kind == "flag" and change.name.startswith("--no-") and not change.remove
+    name = resolve_flag(change.name) if change.kind == "flag" else change.name
+    negated = change.kind == "flag" and name.startswith("--no-") and not change.remove
     if negated and change.value is None:
-        return args.get("--" + change.name[5:]) is False
+        return args.get("--" + name[5:]) is False
     return _took_effect(change, args, env, defaults, version)
 
 

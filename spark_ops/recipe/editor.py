@@ -17,6 +17,7 @@ from spark_ops.recipe.command import (
     yaml_scalar,
 )
 from spark_ops.recipe.diff import unified_diff
+from spark_ops.recipe.flags import resolve_flag
 from spark_ops.recipe.knobs import (
     KNOBS,
     LEGACY_MOE_SETTINGS,
@@ -82,7 +83,7 @@ class Editor:
         if change.kind == "setting":
             edits = self._setting(rt, change)
         elif change.kind == "flag":
-            edits = self._flag(rt, change.name, change.value, change.remove, set())
+            edits = self._flag(rt, resolve_flag(change.name), change.value, change.remove, set())
         elif change.name == "moe_backend" and not has_moe_flag(self.version):
             edits = self._legacy_moe(rt, str(change.value))
         else:
@@ -124,11 +125,8 @@ class Editor:
             for opt in found:
                 edits += cmd.remove(opt)
             return edits
-        if len(found) > 1:
-            self.warn(
-                f"{self.source}: {flag} appears {len(found)} times in command; vLLM takes the "
-                "last: all were set"
-            )
+        if len(found) > 1 and not remove:
+            self.warn(f"{self.source}: {_occurrences(rt, flag, found)}: all were set")
         if value is None:
             edits = [(opt.flag.start, opt.flag.end, flag) for opt in negated]
             if negated:
@@ -148,7 +146,7 @@ class Editor:
         for key, val in defaults.items():
             if not isinstance(val, str) or not cmd.placeholder_uses(str(key)):
                 continue
-            if any(word.split("=", 1)[0] in names for word in val.split()):
+            if any(_word_option(word) in names for word in val.split()):
                 return str(key)
         return None
 
@@ -172,7 +170,7 @@ class Editor:
                 hint=f"edit defaults.{key} by hand, or move {flag} out of it into the command",
             )
         negation = "--no-" + flag[2:]
-        words = [w for w in current.split() if w.split("=", 1)[0] not in names | {negation}]
+        words = [w for w in current.split() if _word_option(w) not in names | {negation}]
         if not remove:
             words.append(flag)
         new = " ".join(words)
@@ -193,9 +191,6 @@ class Editor:
                 keys[key] = keys.get(key, 0) + 1
         edited_defaults: set[str] = set()
         for opt in found:
-            if _dashed(opt.spelled) != flag:
-                self.warn(f"{self.source}: {opt.spelled} written as its full name {flag}")
-                edits.append((opt.flag.start, opt.flag.start + len(opt.spelled), flag))
             key = _placeholder(opt)
             entry = rt.entry("defaults", key) if key else None
             if key and entry is None:
@@ -221,7 +216,7 @@ class Editor:
         """A defaults key, or the literal flag when the recipe has no such key."""
         key, value = change.name, str(change.value)
         entry = rt.entry("defaults", key)
-        flag = "--" + key.replace("_", "-")
+        flag = resolve_flag("--" + key)
         if entry is not None:
             view = self.view(rt)
             if view.placeholder_uses(key) == 0 and view.find([flag]):
@@ -339,6 +334,23 @@ def resolve_version(text: str, source: str, vllm_version: str | None) -> tuple[s
     ]
 
 
-def _dashed(flag: str) -> str:
-    """A long flag with underscores written as dashes (vLLM accepts both)."""
-    return "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
+def _word_option(word: str) -> str:
+    """The option a word of a defaults value names (as vLLM resolves it), else the word."""
+    return resolve_flag(word.split("=", 1)[0]) if word.startswith("-") else word
+
+
+def _occurrences(rt: RecipeText, flag: str, found: list[Option]) -> str:
+    """`flag` given several times: each spelling with its line, and the one vLLM takes (last)."""
+    where = [f"line {rt.line_of(opt.flag.start) + 1} `{_written(opt)}`" for opt in found]
+    last = rt.line_of(found[-1].flag.start) + 1
+    return (
+        f"{flag} appears {len(found)} times in command ({', '.join(where)}); vLLM takes the "
+        f"last (line {last})"
+    )
+
+
+def _written(opt: Option) -> str:
+    """An option as the recipe writes it (flag and value words)."""
+    if opt.value_token is None:
+        return opt.flag.raw
+    return f"{opt.flag.raw} {opt.value_token.raw}"

@@ -18,6 +18,7 @@ from spark_ops.recipe.changes import Change
 from spark_ops.recipe.command import CommandView, Edit, apply_edits, entry_edit, yaml_scalar
 from spark_ops.recipe.diff import check_others, took_effect_in
 from spark_ops.recipe.editor import Editor, RecipeEdit
+from spark_ops.recipe.flags import dashed, resolve_flag
 from spark_ops.recipe.knobs import (
     KNOBS,
     NEWEST_KNOWN,
@@ -26,7 +27,7 @@ from spark_ops.recipe.knobs import (
     version_is_guessed,
 )
 from spark_ops.recipe.render import Rendered, render_sparkrun
-from spark_ops.recipe.source import RecipeText, normalize_flag
+from spark_ops.recipe.source import RecipeText
 from spark_ops.recipe.sparkrun_maps import (
     KNOB_DEFAULTS_KEYS,
     SGLANG_KNOB_FLAGS,
@@ -133,9 +134,10 @@ def _key_of(change: Change) -> str | None:
         return KNOB_DEFAULTS_KEYS[change.name]
     if change.kind == "setting":
         return change.name
-    canon = change.name if not change.name.startswith("--no-") else "--" + change.name[5:]
+    name = resolve_flag(change.name)
+    canon = name if not name.startswith("--no-") else "--" + name[5:]
     for key, flag in VLLM_FLAG_MAP.items():
-        if normalize_flag(flag) == canon:
+        if dashed(flag) == canon:
             return key
     return None
 
@@ -172,8 +174,8 @@ def _flag_of(change: Change) -> str:
     if change.kind == "knob":
         return KNOBS[change.name].flag
     if change.kind == "setting":
-        return "--" + change.name.replace("_", "-")
-    return change.name
+        return resolve_flag("--" + change.name)
+    return resolve_flag(change.name)
 
 
 def _placeholder_key(layer: Layer, change: Change) -> str | None:
@@ -182,7 +184,7 @@ def _placeholder_key(layer: Layer, change: Change) -> str | None:
     names = (
         set(KNOBS[change.name].aliases) | {KNOBS[change.name].flag}
         if (change.kind == "knob")
-        else {change.name}
+        else {resolve_flag(change.name)}
     )
     keys: set[str | None] = set()
     found = view.find(sorted(names))
