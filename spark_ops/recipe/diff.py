@@ -9,7 +9,7 @@ from spark_ops.errors import RecipeError, SparkOpsError
 from spark_ops.recipe.changes import Change
 from spark_ops.recipe.flags import resolve_flag
 from spark_ops.recipe.knobs import KNOBS, LEGACY_MOE_SETTINGS, has_moe_flag
-from spark_ops.recipe.render import render_recipe
+from spark_ops.recipe.render import Rendered, render_recipe
 from spark_ops.recipe.source import load_recipe_text
 
 
@@ -63,18 +63,27 @@ def verify_edit(old: str, new: str, changes: Sequence[Change], source: str, vers
         if key not in ("defaults", "env", "command") and before.get(key) != after.get(key):
             raise RecipeError(f"{source}: internal: edit changed key {key!r}; nothing written")
     try:
-        render_recipe(old, source=source).args()
+        old_rendered = render_recipe(old, source=source)
+        old_rendered.args()
     except SparkOpsError:
         return
-    old_rendered = render_recipe(old, source=source)
     rendered = render_recipe(new, source=source)
-    args = rendered.args()
-    check_others(old_rendered.args(), args, old_rendered.env, rendered.env, changes, source)
+    check_rendered(old_rendered, rendered, changes, version, "the rendered command")
+
+
+def check_rendered(
+    before: Rendered, after: Rendered, changes: Sequence[Change], version: str, what: str
+) -> None:
+    """The edited recipe, rendered (`what` names the rendering), shows every change and nothing
+    else moved; RecipeError naming the recipe (nothing written) when not."""
+    source = after.source
+    args = after.args()
+    check_others(before.args(), args, before.env, after.env, changes, source)
     for change in changes:
-        if not _took_effect(change, args, rendered.env, after.get("defaults") or {}, version):
+        if not took_effect(change, args, after.env, dict(after.defaults), version):
             raise RecipeError(
-                f"{source}: internal: {change.describe()} did not take effect in the rendered "
-                "command; nothing written"
+                f"{source}: internal: {change.describe()} did not take effect in {what}; "
+                "nothing written"
             )
 
 
@@ -100,10 +109,10 @@ def check_others(
             raise RecipeError(f"{source}: internal: edit changed env {key}; nothing written")
 
 
-def _took_effect(
+def took_effect(
     change: Change, args: dict[str, object], env: dict[str, str], defaults: dict, version: str
 ) -> bool:
-    """Whether the rendered result shows a change."""
+    """Whether a rendered result shows a change (a bare `--no-x` shows as `--x` false)."""
     if change.kind == "setting":
         flag = resolve_flag("--" + change.name)
         if flag in args:
@@ -115,6 +124,8 @@ def _took_effect(
         return args.get(flag) == change.value
     if change.kind == "flag":
         name = resolve_flag(change.name)
+        if name.startswith("--no-") and not change.remove and change.value is None:
+            return args.get("--" + name[5:]) is False
         if change.remove and name.startswith("--no-"):
             return args.get("--" + name[5:]) is not False
         if change.remove:
@@ -127,18 +138,6 @@ def _took_effect(
         wanted = LEGACY_MOE_SETTINGS[str(change.value)]
         return all(env.get(k) == v for k, v in wanted.items() if v is not None)
     return args.get(spec.flag) == str(change.value)
-
-
-def took_effect_in(
-    change: Change, args: dict[str, object], env: dict[str, str], defaults: dict, version: str
-) -> bool:
-    """Whether a rendered result shows a change (for renderers other than verify_edit's);
-    a bare `--no-x` shows as `--x` false."""
-    name = resolve_flag(change.name) if change.kind == "flag" else change.name
-    negated = change.kind == "flag" and name.startswith("--no-") and not change.remove
-    if negated and change.value is None:
-        return args.get("--" + name[5:]) is False
-    return _took_effect(change, args, env, defaults, version)
 
 
 def _same_number(value: object, text: str) -> bool:

@@ -4,6 +4,7 @@ lines a knob, setting or flag lives on."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe, excerpt
@@ -26,6 +27,7 @@ from spark_ops.recipe.knobs import (
     legacy_env_warnings,
     validate_moe_backend,
     version_from_container,
+    version_is_guessed,
 )
 from spark_ops.recipe.render import Option
 from spark_ops.recipe.source import RecipeText, load_recipe_text
@@ -76,6 +78,18 @@ class Editor:
         """Record a warning once."""
         if message not in self.warnings:
             self.warnings.append(message)
+
+    def apply_all(
+        self, changes: Sequence[Change], image: str, explicit: bool, version_warnings: list[str]
+    ) -> None:
+        """Apply every change; the version read from a tag that is not vLLM's own image is a
+        guess (`explicit`: the version was given), and its warnings count for a MoE change."""
+        if not explicit and not version_warnings and version_is_guessed(image):
+            self.guessed_from = image
+        if any(c.kind == "knob" and c.name == "moe_backend" for c in changes):
+            self.warnings += version_warnings
+        for change in changes:
+            self.apply(change)
 
     def apply(self, change: Change) -> None:
         """Apply one change to the current text."""
@@ -321,16 +335,21 @@ def _quote(text: str) -> str:
 
 
 def resolve_version(text: str, source: str, vllm_version: str | None) -> tuple[str, list[str]]:
-    """The vLLM version to edit for: explicit, else the container tag's, else newest (warned)."""
-    if vllm_version:
-        return vllm_version, []
+    """The vLLM version to edit a recipe text for (version_for its container)."""
     data = load_recipe_text(text, source=source)
-    found = version_from_container(str(data.get("container") or ""))
+    return version_for(data.get("container"), source, vllm_version)
+
+
+def version_for(container: object, source: str, explicit: str | None) -> tuple[str, list[str]]:
+    """The vLLM version to edit for: explicit, else the container tag's, else newest (warned)."""
+    if explicit:
+        return explicit, []
+    found = version_from_container(str(container or ""))
     if found:
         return found, []
     return NEWEST_KNOWN, [
-        f"{source}: vLLM version unknown (no --vllm-version and container "
-        f"{data.get('container')!r} names none): assuming {NEWEST_KNOWN}"
+        f"{source}: vLLM version unknown (no --vllm-version and container {container!r} "
+        f"names none): assuming {NEWEST_KNOWN}"
     ]
 
 

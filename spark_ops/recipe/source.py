@@ -36,9 +36,8 @@ def load_recipe_text(text: str, *, source: str) -> dict[str, Any]:
     return dict(_parsed(text, source))
 
 
-@functools.lru_cache(maxsize=8)
-def _parsed(text: str, source: str) -> dict[str, Any]:
-    """The checked mapping of a recipe text, parsed once per text (callers copy, never mutate)."""
+def parse_yaml(text: str, *, source: str) -> dict[str, Any]:
+    """Parse a recipe file with the one safe YAML loader: a mapping, else RecipeError naming it."""
     data = load_yaml(
         text,
         source=source,
@@ -49,6 +48,13 @@ def _parsed(text: str, source: str) -> dict[str, Any]:
     )
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(text: str, source: str) -> dict[str, Any]:
+    """The checked mapping of a recipe text, parsed once per text (callers copy, never mutate)."""
+    data = parse_yaml(text, source=source)
     if detect_dialect(data, source=source) is Dialect.SPARKRUN:
         check_sparkrun_shape(data, source=source)
         return data

@@ -13,18 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe
+from spark_ops.errors import KnobError, UnsupportedRecipe
 from spark_ops.recipe.changes import Change
 from spark_ops.recipe.command import CommandView, Edit, apply_edits, entry_edit, yaml_scalar
-from spark_ops.recipe.diff import check_others, took_effect_in
-from spark_ops.recipe.editor import Editor, RecipeEdit
+from spark_ops.recipe.diff import check_rendered
+from spark_ops.recipe.editor import Editor, RecipeEdit, version_for
 from spark_ops.recipe.flags import dashed, resolve_flag
 from spark_ops.recipe.knobs import (
     KNOBS,
-    NEWEST_KNOWN,
     validate_moe_backend,
-    version_from_container,
-    version_is_guessed,
 )
 from spark_ops.recipe.render import Rendered, render_sparkrun
 from spark_ops.recipe.source import RecipeText
@@ -67,7 +64,7 @@ def edit_sparkrun(
     family = runtime_family(chain.merged)
     for change in changes:
         _refuse_other_runtime(change, family, source)
-    version, version_warnings = _version(chain, source, vllm_version)
+    version, version_warnings = version_for(chain.merged.get("container"), source, vllm_version)
     targets: dict[str, list[str]] = {}
     keys: dict[Change, str] = {}
     for change in changes:
@@ -86,29 +83,10 @@ def edit_sparkrun(
     layer = next(lay for lay in chain.layers if lay.source == target_source)
     editor = _SparkrunEditor(layer.text, layer.source, version, chain, keys)
     image = str(chain.merged.get("container") or "")
-    if not vllm_version and not version_warnings and version_is_guessed(image):
-        editor.guessed_from = image
-    if any(c.kind == "knob" and c.name == "moe_backend" for c in changes):
-        editor.warnings += version_warnings
-    for change in changes:
-        editor.apply(change)
+    editor.apply_all(changes, image, bool(vllm_version), version_warnings)
     _verify(chain, layer, editor.text, changes, source, version)
     edit = RecipeEdit(editor.text, layer.text, editor.warnings, version)
     return FileEdit(layer.source, edit, targets[target_source])
-
-
-def _version(chain: Chain, source: str, explicit: str | None) -> tuple[str, list[str]]:
-    """The vLLM version to edit for: explicit, else the merged container tag's, else newest."""
-    if explicit:
-        return explicit, []
-    container = str(chain.merged.get("container") or "")
-    found = version_from_container(container)
-    if found:
-        return found, []
-    return NEWEST_KNOWN, [
-        f"{source}: vLLM version unknown (no --vllm-version and container {container!r} "
-        f"names none): assuming {NEWEST_KNOWN}"
-    ]
 
 
 def _refuse_other_runtime(change: Change, family: str, source: str) -> None:
@@ -318,15 +296,7 @@ def _verify(
     """Render the merged chain before and after: every change took effect, nothing else moved."""
     before = _render(chain, layer, layer.text, source)
     after = _render(chain, layer, new_text, source)
-    args = after.args()
-    check_others(before.args(), args, before.env, after.env, changes, source)
-    defaults = dict(after.defaults)
-    for change in changes:
-        if not took_effect_in(change, args, after.env, defaults, version):
-            raise RecipeError(
-                f"{source}: internal: {change.describe()} did not take effect in the command "
-                "sparkrun renders; nothing written"
-            )
+    check_rendered(before, after, changes, version, "the command sparkrun renders")
 
 
 def _render(chain: Chain, layer: Layer, text: str, source: str) -> Rendered:
