@@ -194,23 +194,24 @@ def entry_edit(rt: RecipeText, entry: Entry, scalar: str) -> Edit:
     return (entry.value_start, entry.value_end, scalar)
 
 
-def env_insert(rt: RecipeText, adds: list[str]) -> Edit:
-    """An edit adding `KEY: "value"` lines to the env mapping (creating it if needed)."""
-    block = rt.blocks.get("env")
+def mapping_insert(rt: RecipeText, key: str, adds: list[str], *, before_command: bool) -> Edit:
+    """An edit adding `adds` lines to the top-level mapping `key`, after its last entry and with
+    its indentation; a missing mapping is created before `command:` (`before_command`), else at
+    the end of the file."""
+    block = rt.blocks.get(key)
     if block is not None and block.entries:
-        last = block.entries[-1]
-        indent = rt.lines[last.line][: len(rt.lines[last.line]) - len(rt.lines[last.line].lstrip())]
-        at = rt.offsets[last.line + 1]
-        prefix = "" if rt.lines[last.line].endswith("\n") else "\n"
+        last = rt.lines[block.entries[-1].line]
+        indent = last[: len(last) - len(last.lstrip())]
+        at = rt.offsets[block.entries[-1].line + 1]
+        prefix = "" if last.endswith("\n") else "\n"
         return (at, at, prefix + "".join(f"{indent}{a}\n" for a in adds))
-    body = "".join(f"  {a}\n" for a in adds)
+    body = f"{key}:\n" + "".join(f"  {a}\n" for a in adds)
     if block is not None:
         head = rt.lines[block.line]
-        eol_at = rt.offsets[block.line] + len(head.rstrip("\r\n"))
-        return (
-            rt.offsets[block.line],
-            rt.offsets[block.line + 1] if head.endswith("\n") else eol_at,
-            "env:\n" + body,
-        )
-    at = rt.offsets[rt.blocks["command"].line]
-    return (at, at, "env:\n" + body + "\n")
+        end = rt.offsets[block.line + 1] if head.endswith("\n") else len(rt.text)
+        return (rt.offsets[block.line], end, body)
+    if before_command:
+        at = rt.offsets[rt.blocks["command"].line]
+        return (at, at, body + "\n")
+    prefix = "" if not rt.text or rt.text.endswith("\n") else "\n"
+    return (len(rt.text), len(rt.text), f"{prefix}\n{body}")

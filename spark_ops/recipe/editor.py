@@ -14,7 +14,7 @@ from spark_ops.recipe.command import (
     Edit,
     apply_edits,
     entry_edit,
-    env_insert,
+    mapping_insert,
     yaml_scalar,
 )
 from spark_ops.recipe.diff import unified_diff
@@ -200,12 +200,12 @@ class Editor:
         edits: list[Edit] = []
         keys: dict[str, int] = {}
         for opt in found:
-            key = _placeholder(opt)
+            key = placeholder_of(opt)
             if key is not None:
                 keys[key] = keys.get(key, 0) + 1
         edited_defaults: set[str] = set()
         for opt in found:
-            key = _placeholder(opt)
+            key = placeholder_of(opt)
             entry = rt.entry("defaults", key) if key else None
             if key and entry is None:
                 raise RecipeError(
@@ -285,7 +285,7 @@ class Editor:
             else:
                 adds.append(f"{key}: {json.dumps(val)}")
         if adds:
-            edits.append(env_insert(rt, adds))
+            edits.append(mapping_insert(rt, "env", adds, before_command=True))
         self.warn(f"{self.source}: vLLM {self.version} < 0.18: MoE backend set through env vars")
         return edits
 
@@ -307,7 +307,7 @@ def _plain_word(source: str, key: str, value: str) -> None:
     )
 
 
-def _placeholder(opt: Option) -> str | None:
+def placeholder_of(opt: Option) -> str | None:
     """The defaults key when the option's value is exactly one `{key}` placeholder."""
     raw = opt.flag.raw.split("=", 1)[1] if opt.inline else (opt.value_token or opt.flag).raw
     if opt.value is None:

@@ -15,9 +15,16 @@ from dataclasses import dataclass
 
 from spark_ops.errors import KnobError, UnsupportedRecipe
 from spark_ops.recipe.changes import Change
-from spark_ops.recipe.command import CommandView, Edit, apply_edits, entry_edit, yaml_scalar
+from spark_ops.recipe.command import (
+    CommandView,
+    Edit,
+    apply_edits,
+    entry_edit,
+    mapping_insert,
+    yaml_scalar,
+)
 from spark_ops.recipe.diff import check_rendered
-from spark_ops.recipe.editor import Editor, RecipeEdit, version_for
+from spark_ops.recipe.editor import Editor, RecipeEdit, placeholder_of, version_for
 from spark_ops.recipe.flags import dashed, resolve_flag
 from spark_ops.recipe.knobs import (
     KNOBS,
@@ -167,10 +174,7 @@ def _placeholder_key(layer: Layer, change: Change) -> str | None:
     keys: set[str | None] = set()
     found = view.find(sorted(names))
     for opt in found:
-        raw = (opt.value_token.raw if opt.value_token else opt.flag.raw.partition("=")[2]) or ""
-        raw = raw.strip("'\"")
-        ok = raw.startswith("{") and raw.endswith("}") and raw[1:-1].isidentifier()
-        keys.add(raw[1:-1] if ok else None)
+        keys.add(placeholder_of(opt))
     key = next(iter(keys)) if len(keys) == 1 else None
     if key is not None and view.placeholder_uses(key) != len(found):
         raise UnsupportedRecipe(
@@ -253,7 +257,8 @@ class _SparkrunEditor(Editor):
             return [entry_edit(rt, entry, _scalar(value, entry.raw))]
         if value == "false" and key in VLLM_BOOL_KEYS and key not in VLLM_NEGATABLE_KEYS:
             return []  # absent is already off (sparkrun omits a false default-off boolean)
-        return [defaults_insert(rt, f"{key}: {_scalar(value, None)}")]
+        line = f"{key}: {_scalar(value, None)}"
+        return [mapping_insert(rt, "defaults", [line], before_command=False)]
 
 
 def _text_value(change: Change) -> str:
@@ -270,24 +275,6 @@ def _scalar(value: str, old_raw: str | None) -> str:
     if value in ("true", "false") and (old_raw is None or old_raw[:1] not in "'\""):
         return value
     return yaml_scalar(value, old_raw)
-
-
-def defaults_insert(rt: RecipeText, line: str) -> Edit:
-    """An edit adding `key: value` to the defaults mapping (creating the mapping if needed)."""
-    block = rt.blocks.get("defaults")
-    if block is not None and block.entries:
-        last = block.entries[-1]
-        text = rt.lines[last.line]
-        indent = text[: len(text) - len(text.lstrip())]
-        prefix = "" if text.endswith("\n") else "\n"
-        at = rt.offsets[last.line + 1]
-        return (at, at, f"{prefix}{indent}{line}\n")
-    if block is not None:
-        head = rt.lines[block.line]
-        end = rt.offsets[block.line + 1] if head.endswith("\n") else len(rt.text)
-        return (rt.offsets[block.line], end, f"defaults:\n  {line}\n")
-    prefix = "" if not rt.text or rt.text.endswith("\n") else "\n"
-    return (len(rt.text), len(rt.text), f"{prefix}\ndefaults:\n  {line}\n")
 
 
 def _verify(
