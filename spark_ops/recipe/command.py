@@ -71,8 +71,9 @@ class CommandView:
         try:
             self.options = parse_options(self.tokens, first)
         except RecipeError as exc:
-            line = next(rt.line_of(t.start) + 1 for t in self.tokens if _ambiguous(t.value))
-            raise type(exc)(f"{src}: line {line}: {exc.message}", hint=exc.hint) from None
+            bad = [rt.line_of(t.start) + 1 for t in self.tokens if _ambiguous(t.value)]
+            where = f"line {bad[0]}: " if bad else ""
+            raise type(exc)(f"{src}: {where}{exc.message}", hint=exc.hint) from None
 
     def find(self, names: Sequence[str]) -> list[Option]:
         """Options whose canonical name is one of `names`."""
