@@ -1,4 +1,7 @@
-"""Data-driven recipe edit cases: tests/fixtures/recipes/<case>/{before,after,case}.yaml."""
+"""Data-driven recipe edit cases: tests/fixtures/recipes/<case>/{before,after,case}.yaml.
+
+case.yaml: `changes`, then `error`, or `touches` (with `warnings`); `knobs_before`/`knobs_after`:
+knobs `recipe show` reads from before.yaml / the edited text (the one resolution of flags)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import yaml
 from cases import changes_of
 
 from spark_ops import errors
-from spark_ops.recipe import edit_recipe, render_recipe
+from spark_ops.recipe import edit_recipe, knob_values, render_recipe
 from spark_ops.recipe.diff import changed_line_pairs, lines_outside
 
 CASES = Path(__file__).parent / "fixtures" / "recipes"
@@ -29,6 +32,8 @@ def test_case(name: str) -> None:
     spec = yaml.safe_load((folder / "case.yaml").read_text(encoding="utf-8"))
     before = (folder / "before.yaml").read_bytes().decode("utf-8")
     source = f"{name}/before.yaml"
+    shown = knob_values(before, source=source) if "knobs_before" in spec else {}
+    assert {k: shown[k] for k in spec.get("knobs_before", {})} == spec.get("knobs_before", {})
     if "error" in spec:
         err_type = getattr(errors, spec["error"]["type"])
         with pytest.raises(err_type, match=spec["error"]["match"]) as info:
@@ -48,6 +53,8 @@ def test_case(name: str) -> None:
     if not spec.get("warnings"):
         assert result.warnings == []
     assert_touches_only(before, result.text, spec["touches"])
+    shown = knob_values(result.text, source=source) if "knobs_after" in spec else {}
+    assert {k: shown[k] for k in spec.get("knobs_after", {})} == spec.get("knobs_after", {})
     again = edit_recipe(
         result.text, changes_of(spec), source=source, vllm_version=spec.get("vllm_version")
     )

@@ -188,8 +188,7 @@ def refusal_kind(message: str) -> str:
         ),
         ("without 'command'", "not vLLM (SGLang, TRT-LLM): the knob named with its own flag"),
         ("env' must be a mapping", "'env' written as a list (run-recipe needs a mapping)"),
-        ("second shell command", "a line without `\\` ends the command, another follows"),
-        ("more than one shell command", "a line without `\\` ends the command, another follows"),
+        ("second shell command", "a line end no `\\` escapes ends the command, another follows"),
         (
             "bash would run more than the one command",
             "shell code (`$(…)`, a loop) before `vllm serve`",

@@ -8,6 +8,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from spark_ops.errors import KnobError, excerpt
+from spark_ops.recipe.flags import dashed
 from spark_ops.recipe.knobs import (
     KNOB_KEYS,
     KNOBS,
@@ -16,7 +17,6 @@ from spark_ops.recipe.knobs import (
     parse_kv_cache_memory,
     parse_max_num_seqs,
 )
-from spark_ops.recipe.source import normalize_flag
 from spark_ops.recipe.sparkrun_maps import VLLM_FLAG_MAP
 
 _KEY = re.compile(r"^[A-Za-z_]\w*$")
@@ -83,7 +83,9 @@ class Change:
         if not _FLAG.match(flag):
             raise KnobError(f"flag {flag!r} is not a command-line option (e.g. --max-model-len)")
 
-        canon = normalize_flag(flag)
+        canon = dashed(flag)
+        for knob in KNOBS.values():
+            canon = knob.flag if canon in knob.aliases else canon
         for knob in KNOBS.values():
             if canon == knob.flag and not remove:
                 if knob.boolean:
@@ -196,7 +198,7 @@ def requested_flags(
         elif change.kind == "setting" and change.name in VLLM_FLAG_MAP:  # sparkrun's own flag
             out.append((f"--set {change.name}", VLLM_FLAG_MAP[change.name]))
         elif change.kind == "setting" and change.name not in defaults_keys:
-            out.append((f"--set {change.name}", normalize_flag("--" + change.name)))
+            out.append((f"--set {change.name}", dashed("--" + change.name)))
     return out
 
 

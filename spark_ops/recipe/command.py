@@ -7,8 +7,15 @@ import re
 from collections.abc import Sequence
 
 from spark_ops.errors import RecipeError, UnsupportedRecipe
+from spark_ops.recipe.flags import resolve_flag
 from spark_ops.recipe.render import Option, parse_options, serve_index
-from spark_ops.recipe.source import Entry, RecipeText, prelude_end, scan_shell
+from spark_ops.recipe.source import (
+    SECOND_COMMAND_HINT,
+    Entry,
+    RecipeText,
+    prelude_end,
+    scan_shell,
+)
 from spark_ops.yamlsafe import load_yaml
 
 Edit = tuple[int, int, str]
@@ -48,11 +55,9 @@ class CommandView:
         self.scan = scan_shell(rt.text, start, end, loose=loose, folded=self.folded)
         src = rt.source
         if self.scan.rest_start is not None:
-            line = rt.line_of(self.scan.rest_start) + 1
+            why = self.scan.second_command(lambda at: rt.line_of(at) + 1)
             raise UnsupportedRecipe(
-                f"{src}: line {line}: a second shell command starts inside 'command' (bash ends "
-                "the first at a blank or `#` line inside a continuation); refusing to edit",
-                hint="remove the blank/comment line, or move comments after the last line",
+                f"{src}: 'command': {why}; refusing to edit", hint=SECOND_COMMAND_HINT
             )
         self.tokens = self.scan.tokens
         first = serve_index([t.value for t in self.tokens])
@@ -63,7 +68,12 @@ class CommandView:
                 "where its flags go",
                 hint="edit this recipe by hand, or make its command a literal `vllm serve ...`",
             )
-        self.options = parse_options(self.tokens, first)
+        try:
+            self.options = parse_options(self.tokens, first)
+        except RecipeError as exc:
+            bad = [rt.line_of(t.start) + 1 for t in self.tokens if _ambiguous(t.value)]
+            where = f"line {bad[0]}: " if bad else ""
+            raise type(exc)(f"{src}: {where}{exc.message}", hint=exc.hint) from None
 
     def find(self, names: Sequence[str]) -> list[Option]:
         """Options whose canonical name is one of `names`."""
@@ -150,6 +160,15 @@ class CommandView:
         return [(cut_from, end, "")]
 
 
+def _ambiguous(word: str) -> bool:
+    """Whether vLLM's parser refuses an option word as an ambiguous abbreviation."""
+    try:
+        resolve_flag(word.split("=", 1)[0])
+    except RecipeError:
+        return True
+    return False
+
+
 def yaml_scalar(value: str, old_raw: str | None) -> str:
     """Spell a string value as a YAML scalar that reads back as exactly `value`."""
     if old_raw and old_raw[0] == "'":
@@ -176,23 +195,24 @@ def entry_edit(rt: RecipeText, entry: Entry, scalar: str) -> Edit:
     return (entry.value_start, entry.value_end, scalar)
 
 
-def env_insert(rt: RecipeText, adds: list[str]) -> Edit:
-    """An edit adding `KEY: "value"` lines to the env mapping (creating it if needed)."""
-    block = rt.blocks.get("env")
+def mapping_insert(rt: RecipeText, key: str, adds: list[str], *, before_command: bool) -> Edit:
+    """An edit adding `adds` lines to the top-level mapping `key`, after its last entry and with
+    its indentation; a missing mapping is created before `command:` (`before_command`), else at
+    the end of the file."""
+    block = rt.blocks.get(key)
     if block is not None and block.entries:
-        last = block.entries[-1]
-        indent = rt.lines[last.line][: len(rt.lines[last.line]) - len(rt.lines[last.line].lstrip())]
-        at = rt.offsets[last.line + 1]
-        prefix = "" if rt.lines[last.line].endswith("\n") else "\n"
+        last = rt.lines[block.entries[-1].line]
+        indent = last[: len(last) - len(last.lstrip())]
+        at = rt.offsets[block.entries[-1].line + 1]
+        prefix = "" if last.endswith("\n") else "\n"
         return (at, at, prefix + "".join(f"{indent}{a}\n" for a in adds))
-    body = "".join(f"  {a}\n" for a in adds)
+    body = f"{key}:\n" + "".join(f"  {a}\n" for a in adds)
     if block is not None:
         head = rt.lines[block.line]
-        eol_at = rt.offsets[block.line] + len(head.rstrip("\r\n"))
-        return (
-            rt.offsets[block.line],
-            rt.offsets[block.line + 1] if head.endswith("\n") else eol_at,
-            "env:\n" + body,
-        )
-    at = rt.offsets[rt.blocks["command"].line]
-    return (at, at, "env:\n" + body + "\n")
+        end = rt.offsets[block.line + 1] if head.endswith("\n") else len(rt.text)
+        return (rt.offsets[block.line], end, body)
+    if before_command:
+        at = rt.offsets[rt.blocks["command"].line]
+        return (at, at, body + "\n")
+    prefix = "" if not rt.text or rt.text.endswith("\n") else "\n"
+    return (len(rt.text), len(rt.text), f"{prefix}\n{body}")

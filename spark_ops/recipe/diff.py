@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 from spark_ops.errors import RecipeError, SparkOpsError
 from spark_ops.recipe.changes import Change
+from spark_ops.recipe.flags import resolve_flag
 from spark_ops.recipe.knobs import KNOBS, LEGACY_MOE_SETTINGS, has_moe_flag
-from spark_ops.recipe.render import render_recipe
+from spark_ops.recipe.render import Rendered, render_recipe
 from spark_ops.recipe.source import load_recipe_text
 
 
@@ -62,18 +63,27 @@ def verify_edit(old: str, new: str, changes: Sequence[Change], source: str, vers
         if key not in ("defaults", "env", "command") and before.get(key) != after.get(key):
             raise RecipeError(f"{source}: internal: edit changed key {key!r}; nothing written")
     try:
-        render_recipe(old, source=source).args()
+        old_rendered = render_recipe(old, source=source)
+        old_rendered.args()
     except SparkOpsError:
         return
-    old_rendered = render_recipe(old, source=source)
     rendered = render_recipe(new, source=source)
-    args = rendered.args()
-    check_others(old_rendered.args(), args, old_rendered.env, rendered.env, changes, source)
+    check_rendered(old_rendered, rendered, changes, version, "the rendered command")
+
+
+def check_rendered(
+    before: Rendered, after: Rendered, changes: Sequence[Change], version: str, what: str
+) -> None:
+    """The edited recipe, rendered (`what` names the rendering), shows every change and nothing
+    else moved; RecipeError naming the recipe (nothing written) when not."""
+    source = after.source
+    args = after.args()
+    check_others(before.args(), args, before.env, after.env, changes, source)
     for change in changes:
-        if not _took_effect(change, args, rendered.env, after.get("defaults") or {}, version):
+        if not took_effect(change, args, after.env, dict(after.defaults), version):
             raise RecipeError(
-                f"{source}: internal: {change.describe()} did not take effect in the rendered "
-                "command; nothing written"
+                f"{source}: internal: {change.describe()} did not take effect in {what}; "
+                "nothing written"
             )
 
 
@@ -88,7 +98,7 @@ def check_others(
     """Check that flags and env vars no change asked for kept their effective values."""
     if any(c.kind == "setting" for c in changes):
         return  # a defaults key may feed any number of flags
-    allowed = {KNOBS[c.name].flag if c.kind == "knob" else c.name for c in changes}
+    allowed = {KNOBS[c.name].flag if c.kind == "knob" else resolve_flag(c.name) for c in changes}
     allowed |= {"--" + name[5:] for name in allowed if name.startswith("--no-")}
     for key in set(old_args) | set(args):
         if key not in allowed and old_args.get(key) != args.get(key):
@@ -99,25 +109,28 @@ def check_others(
             raise RecipeError(f"{source}: internal: edit changed env {key}; nothing written")
 
 
-def _took_effect(
+def took_effect(
     change: Change, args: dict[str, object], env: dict[str, str], defaults: dict, version: str
 ) -> bool:
-    """Whether the rendered result shows a change."""
+    """Whether a rendered result shows a change (a bare `--no-x` shows as `--x` false)."""
     if change.kind == "setting":
-        flag = "--" + change.name.replace("_", "-")
+        flag = resolve_flag("--" + change.name)
         if flag in args:
             return args[flag] == str(change.value)
         if change.name in defaults:
             return str(defaults[change.name]) == str(change.value) or _same_number(
                 defaults[change.name], str(change.value)
             )
-        return args.get("--" + change.name.replace("_", "-")) == change.value
+        return args.get(flag) == change.value
     if change.kind == "flag":
-        if change.remove and change.name.startswith("--no-"):
-            return args.get("--" + change.name[5:]) is not False
+        name = resolve_flag(change.name)
+        if name.startswith("--no-") and not change.remove and change.value is None:
+            return args.get("--" + name[5:]) is False
+        if change.remove and name.startswith("--no-"):
+            return args.get("--" + name[5:]) is not False
         if change.remove:
-            return args.get(change.name) in (None, False)
-        return args.get(change.name) == (True if change.value is None else str(change.value))
+            return args.get(name) in (None, False)
+        return args.get(name) == (True if change.value is None else str(change.value))
     spec = KNOBS[change.name]
     if spec.boolean:
         return (args.get(spec.flag) is True) == bool(change.value)
@@ -125,17 +138,6 @@ def _took_effect(
         wanted = LEGACY_MOE_SETTINGS[str(change.value)]
         return all(env.get(k) == v for k, v in wanted.items() if v is not None)
     return args.get(spec.flag) == str(change.value)
-
-
-def took_effect_in(
-    change: Change, args: dict[str, object], env: dict[str, str], defaults: dict, version: str
-) -> bool:
-    """Whether a rendered result shows a change (for renderers other than verify_edit's);
-    a bare `--no-x` shows as `--x` false."""
-    negated = change.kind == "flag" and change.name.startswith("--no-") and not change.remove
-    if negated and change.value is None:
-        return args.get("--" + change.name[5:]) is False
-    return _took_effect(change, args, env, defaults, version)
 
 
 def _same_number(value: object, text: str) -> bool:

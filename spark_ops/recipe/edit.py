@@ -8,8 +8,7 @@ from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe
 from spark_ops.recipe.changes import Change
 from spark_ops.recipe.dialect import Dialect, detect_dialect
 from spark_ops.recipe.diff import verify_edit
-from spark_ops.recipe.editor import Editor, RecipeEdit, resolve_version
-from spark_ops.recipe.knobs import version_is_guessed
+from spark_ops.recipe.editor import Editor, RecipeEdit, version_for
 from spark_ops.recipe.source import load_recipe_text
 from spark_ops.recipe.sparkrun_edit import edit_sparkrun
 
@@ -48,14 +47,9 @@ def _edit(
     data = load_recipe_text(text, source=source)
     if detect_dialect(data, source=source) is Dialect.SPARKRUN:
         return edit_sparkrun(text, changes, source=source, vllm_version=vllm_version).edit
-    version, version_warnings = resolve_version(text, source, vllm_version)
+    container = data.get("container")
+    version, version_warnings = version_for(container, source, vllm_version)
     editor = Editor(text, source, version)
-    image = str(data.get("container") or "")
-    if not vllm_version and not version_warnings and version_is_guessed(image):
-        editor.guessed_from = image
-    if any(c.kind == "knob" and c.name == "moe_backend" for c in changes):
-        editor.warnings += version_warnings
-    for change in changes:
-        editor.apply(change)
+    editor.apply_all(changes, str(container or ""), bool(vllm_version), version_warnings)
     verify_edit(text, editor.text, changes, source, version)
     return RecipeEdit(editor.text, text, editor.warnings, version)

@@ -4,6 +4,7 @@ lines a knob, setting or flag lives on."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe, excerpt
@@ -13,10 +14,11 @@ from spark_ops.recipe.command import (
     Edit,
     apply_edits,
     entry_edit,
-    env_insert,
+    mapping_insert,
     yaml_scalar,
 )
 from spark_ops.recipe.diff import unified_diff
+from spark_ops.recipe.flags import resolve_flag
 from spark_ops.recipe.knobs import (
     KNOBS,
     LEGACY_MOE_SETTINGS,
@@ -25,6 +27,7 @@ from spark_ops.recipe.knobs import (
     legacy_env_warnings,
     validate_moe_backend,
     version_from_container,
+    version_is_guessed,
 )
 from spark_ops.recipe.render import Option
 from spark_ops.recipe.source import RecipeText, load_recipe_text
@@ -76,13 +79,25 @@ class Editor:
         if message not in self.warnings:
             self.warnings.append(message)
 
+    def apply_all(
+        self, changes: Sequence[Change], image: str, explicit: bool, version_warnings: list[str]
+    ) -> None:
+        """Apply every change; the version read from a tag that is not vLLM's own image is a
+        guess (`explicit`: the version was given), and its warnings count for a MoE change."""
+        if not explicit and not version_warnings and version_is_guessed(image):
+            self.guessed_from = image
+        if any(c.kind == "knob" and c.name == "moe_backend" for c in changes):
+            self.warnings += version_warnings
+        for change in changes:
+            self.apply(change)
+
     def apply(self, change: Change) -> None:
         """Apply one change to the current text."""
         rt = RecipeText(self.text, source=self.source)
         if change.kind == "setting":
             edits = self._setting(rt, change)
         elif change.kind == "flag":
-            edits = self._flag(rt, change.name, change.value, change.remove, set())
+            edits = self._flag(rt, resolve_flag(change.name), change.value, change.remove, set())
         elif change.name == "moe_backend" and not has_moe_flag(self.version):
             edits = self._legacy_moe(rt, str(change.value))
         else:
@@ -124,11 +139,8 @@ class Editor:
             for opt in found:
                 edits += cmd.remove(opt)
             return edits
-        if len(found) > 1:
-            self.warn(
-                f"{self.source}: {flag} appears {len(found)} times in command; vLLM takes the "
-                "last: all were set"
-            )
+        if len(found) > 1 and not remove:
+            self.warn(f"{self.source}: {_occurrences(rt, flag, found)}: all were set")
         if value is None:
             edits = [(opt.flag.start, opt.flag.end, flag) for opt in negated]
             if negated:
@@ -148,7 +160,7 @@ class Editor:
         for key, val in defaults.items():
             if not isinstance(val, str) or not cmd.placeholder_uses(str(key)):
                 continue
-            if any(word.split("=", 1)[0] in names for word in val.split()):
+            if any(_word_option(word) in names for word in val.split()):
                 return str(key)
         return None
 
@@ -172,7 +184,7 @@ class Editor:
                 hint=f"edit defaults.{key} by hand, or move {flag} out of it into the command",
             )
         negation = "--no-" + flag[2:]
-        words = [w for w in current.split() if w.split("=", 1)[0] not in names | {negation}]
+        words = [w for w in current.split() if _word_option(w) not in names | {negation}]
         if not remove:
             words.append(flag)
         new = " ".join(words)
@@ -188,15 +200,12 @@ class Editor:
         edits: list[Edit] = []
         keys: dict[str, int] = {}
         for opt in found:
-            key = _placeholder(opt)
+            key = placeholder_of(opt)
             if key is not None:
                 keys[key] = keys.get(key, 0) + 1
         edited_defaults: set[str] = set()
         for opt in found:
-            if _dashed(opt.spelled) != flag:
-                self.warn(f"{self.source}: {opt.spelled} written as its full name {flag}")
-                edits.append((opt.flag.start, opt.flag.start + len(opt.spelled), flag))
-            key = _placeholder(opt)
+            key = placeholder_of(opt)
             entry = rt.entry("defaults", key) if key else None
             if key and entry is None:
                 raise RecipeError(
@@ -221,7 +230,7 @@ class Editor:
         """A defaults key, or the literal flag when the recipe has no such key."""
         key, value = change.name, str(change.value)
         entry = rt.entry("defaults", key)
-        flag = "--" + key.replace("_", "-")
+        flag = resolve_flag("--" + key)
         if entry is not None:
             view = self.view(rt)
             if view.placeholder_uses(key) == 0 and view.find([flag]):
@@ -276,7 +285,7 @@ class Editor:
             else:
                 adds.append(f"{key}: {json.dumps(val)}")
         if adds:
-            edits.append(env_insert(rt, adds))
+            edits.append(mapping_insert(rt, "env", adds, before_command=True))
         self.warn(f"{self.source}: vLLM {self.version} < 0.18: MoE backend set through env vars")
         return edits
 
@@ -298,7 +307,7 @@ def _plain_word(source: str, key: str, value: str) -> None:
     )
 
 
-def _placeholder(opt: Option) -> str | None:
+def placeholder_of(opt: Option) -> str | None:
     """The defaults key when the option's value is exactly one `{key}` placeholder."""
     raw = opt.flag.raw.split("=", 1)[1] if opt.inline else (opt.value_token or opt.flag).raw
     if opt.value is None:
@@ -326,19 +335,41 @@ def _quote(text: str) -> str:
 
 
 def resolve_version(text: str, source: str, vllm_version: str | None) -> tuple[str, list[str]]:
-    """The vLLM version to edit for: explicit, else the container tag's, else newest (warned)."""
-    if vllm_version:
-        return vllm_version, []
+    """The vLLM version to edit a recipe text for (version_for its container)."""
     data = load_recipe_text(text, source=source)
-    found = version_from_container(str(data.get("container") or ""))
+    return version_for(data.get("container"), source, vllm_version)
+
+
+def version_for(container: object, source: str, explicit: str | None) -> tuple[str, list[str]]:
+    """The vLLM version to edit for: explicit, else the container tag's, else newest (warned)."""
+    if explicit:
+        return explicit, []
+    found = version_from_container(str(container or ""))
     if found:
         return found, []
     return NEWEST_KNOWN, [
-        f"{source}: vLLM version unknown (no --vllm-version and container "
-        f"{data.get('container')!r} names none): assuming {NEWEST_KNOWN}"
+        f"{source}: vLLM version unknown (no --vllm-version and container {container!r} "
+        f"names none): assuming {NEWEST_KNOWN}"
     ]
 
 
-def _dashed(flag: str) -> str:
-    """A long flag with underscores written as dashes (vLLM accepts both)."""
-    return "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
+def _word_option(word: str) -> str:
+    """The option a word of a defaults value names (as vLLM resolves it), else the word."""
+    return resolve_flag(word.split("=", 1)[0]) if word.startswith("-") else word
+
+
+def _occurrences(rt: RecipeText, flag: str, found: list[Option]) -> str:
+    """`flag` given several times: each spelling with its line, and the one vLLM takes (last)."""
+    where = [f"line {rt.line_of(opt.flag.start) + 1} `{_written(opt)}`" for opt in found]
+    last = rt.line_of(found[-1].flag.start) + 1
+    return (
+        f"{flag} appears {len(found)} times in command ({', '.join(where)}); vLLM takes the "
+        f"last (line {last})"
+    )
+
+
+def _written(opt: Option) -> str:
+    """An option as the recipe writes it (flag and value words)."""
+    if opt.value_token is None:
+        return opt.flag.raw
+    return f"{opt.flag.raw} {opt.value_token.raw}"

@@ -11,17 +11,10 @@ from spark_ops.sizes import parse_human_int
 #: Newest vLLM version whose knob facts are encoded here; assumed when no version is known.
 NEWEST_KNOWN = "0.33"
 
-#: Flag aliases as vLLM's parser resolves them (argparse abbreviation and short options).
-FLAG_ALIASES = {
-    "--kv-cache-memory": "--kv-cache-memory-bytes",
-    "-tp": "--tensor-parallel-size",
-    "-pp": "--pipeline-parallel-size",
-}
-
 
 @dataclass(frozen=True)
 class KnobSpec:
-    """How one knob is spelled on the command line."""
+    """How one knob is spelled on the command line (`aliases`: the names `--flag` input takes)."""
 
     name: str
     flag: str

@@ -7,15 +7,16 @@ from dataclasses import dataclass, field
 
 from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe
 from spark_ops.recipe.dialect import Dialect, detect_dialect
+from spark_ops.recipe.flags import resolve_flag, takes_inline_value
 from spark_ops.recipe.knobs import (
     backend_from_legacy_env,
     parse_kv_cache_memory,
     parse_max_num_seqs,
 )
 from spark_ops.recipe.source import (
+    SECOND_COMMAND_HINT,
     Token,
     load_recipe_text,
-    normalize_flag,
     prelude_end,
     scan_shell,
 )
@@ -52,7 +53,8 @@ def is_option(word: str) -> bool:
 
 
 def parse_options(tokens: list[Token], start: int) -> list[Option]:
-    """Options after index `start`: `--f=v`, `--f v`, bare `--f` (positionals skipped)."""
+    """Options after index `start`: `--f=v`, `--f v`, bare `--f` (positionals skipped), each
+    named as vLLM's parser resolves it (flags.resolve_flag; RecipeError naming an ambiguous one)."""
     options: list[Option] = []
     i = start
     while i < len(tokens):
@@ -60,15 +62,15 @@ def parse_options(tokens: list[Token], start: int) -> list[Option]:
         if not is_option(tok.value):
             i += 1
             continue
-        if tok.value.startswith("--") and "=" in tok.value:
+        if takes_inline_value(tok.value):
             name, value = tok.value.split("=", 1)
-            options.append(Option(normalize_flag(name), name, tok, value, None, True))
+            options.append(Option(resolve_flag(name), name, tok, value, None, True))
         elif i + 1 < len(tokens) and not is_option(tokens[i + 1].value):
             nxt = tokens[i + 1]
-            options.append(Option(normalize_flag(tok.value), tok.value, tok, nxt.value, nxt, False))
+            options.append(Option(resolve_flag(tok.value), tok.value, tok, nxt.value, nxt, False))
             i += 1
         else:
-            options.append(Option(normalize_flag(tok.value), tok.value, tok, None, None, False))
+            options.append(Option(resolve_flag(tok.value), tok.value, tok, None, None, False))
         i += 1
     return options
 
@@ -117,7 +119,10 @@ class Rendered:
                 f"{' '.join(self.argv[:2])!r}); spark-ops cannot read or edit its flags"
             )
         tokens = [Token(word, word, 0, 0) for word in self.argv]
-        return parse_options(tokens, start)
+        try:
+            return parse_options(tokens, start)
+        except RecipeError as exc:
+            raise type(exc)(f"{self.source}: {exc.message}", hint=exc.hint) from None
 
     def args(self) -> dict[str, object]:
         """Effective flags of the `vllm serve` command (last wins)."""
@@ -194,16 +199,12 @@ def render_recipe(text: str, *, source: str, includes: IncludeReader | None = No
     except RecipeError as exc:
         raise type(exc)(f"{source}: {exc.message}", hint=exc.hint) from None
     if scan.rest_start is not None:
-        line = command.count("\n", 0, scan.rest_start) + 1
-        raise UnsupportedRecipe(
-            f"{source}: command line {line} starts a second shell command: bash ends the first at "
-            "a line without a trailing `\\` (a blank or `#` line inside a continuation ends it)",
-            hint="remove the blank/comment line, or move comments after the last line",
-        )
+        why = scan.second_command(lambda at: command.count("\n", 0, at) + 1, "command line")
+        raise UnsupportedRecipe(f"{source}: {why}", hint=SECOND_COMMAND_HINT)
     env = {str(k): env_value(v) for k, v in (data.get("env") or {}).items()}
     model = data.get("model")
     container = data.get("container")
-    return Rendered(
+    rendered = Rendered(
         source=source,
         argv=[tok.value for tok in scan.tokens],
         env=env,
@@ -212,6 +213,8 @@ def render_recipe(text: str, *, source: str, includes: IncludeReader | None = No
         defaults=dict(defaults),
         notes=notes,
     )
+    rendered.notes += option_notes(rendered)
+    return rendered
 
 
 def render_sparkrun(text: str, *, source: str, includes: IncludeReader | None) -> Rendered:
@@ -221,10 +224,10 @@ def render_sparkrun(text: str, *, source: str, includes: IncludeReader | None) -
     built = build_command(data, source=source)
     scan = scan_shell(built.text, prelude_end(built.text))
     if scan.rest_start is not None:
+        why = scan.second_command(lambda at: built.text.count("\n", 0, at) + 1, "command line")
         raise UnsupportedRecipe(
-            f"{source}: command renders to more than one shell command (a line without a "
-            "trailing `\\` ends it); sparkrun would run only the first as the server",
-            hint="join the lines with `\\`, or move comments after the last line",
+            f"{source}: {why}; sparkrun would run only the first as the server",
+            hint=SECOND_COMMAND_HINT,
         )
     notes = prelude_notes(built.text, source) + [
         f"{source}: placeholder {{{name}}} has no value; sparkrun passes it literally"
@@ -236,7 +239,7 @@ def render_sparkrun(text: str, *, source: str, includes: IncludeReader | None) -
             "shown are the declared values"
         )
     model, container = data.get("model"), data.get("container")
-    return Rendered(
+    rendered = Rendered(
         source=source,
         argv=[tok.value for tok in scan.tokens],
         env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
@@ -248,6 +251,38 @@ def render_sparkrun(text: str, *, source: str, includes: IncludeReader | None) -
         chain=[layer.source for layer in chain.layers[:-1]],
         notes=notes,
     )
+    rendered.notes += option_notes(rendered)
+    return rendered
+
+
+def option_notes(rendered: Rendered) -> list[str]:
+    """Notes on options vLLM reads other than they look: one given several times (under any
+    spelling; the last wins), or an abbreviation of several options (vLLM refuses to start)."""
+    if rendered.runtime != "vllm" or not rendered.is_vllm_serve():
+        return []
+    try:
+        options = rendered.options()
+    except RecipeError as exc:
+        return [exc.message]
+    seen: dict[str, list[Option]] = {}
+    for opt in options:
+        negated = opt.value is None and opt.name.startswith("--no-")
+        base = "--" + opt.name[5:] if negated else opt.name
+        seen.setdefault(base, []).append(opt)
+    notes = []
+    for name, given in seen.items():
+        if len(given) > 1:
+            words = ", ".join(
+                opt.spelled
+                if opt.value is None
+                else f"{opt.spelled}{'=' if opt.inline else ' '}{opt.value}"
+                for opt in given
+            )
+            notes.append(
+                f"{rendered.source}: {name} is given {len(given)} times ({words}); vLLM takes "
+                f"the last: {rendered.args().get(name)}"
+            )
+    return notes
 
 
 def knob_values(

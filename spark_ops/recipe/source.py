@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops.errors import RecipeError, UnsupportedRecipe, excerpt
 from spark_ops.recipe.dialect import Dialect, check_sparkrun_shape, detect_dialect
-from spark_ops.recipe.knobs import FLAG_ALIASES
 from spark_ops.yamlsafe import load_yaml
 
 MAX_RECIPE_BYTES = 256 << 10  # a recipe is a few kilobytes; 256 KiB is refused at once
@@ -36,9 +36,8 @@ def load_recipe_text(text: str, *, source: str) -> dict[str, Any]:
     return dict(_parsed(text, source))
 
 
-@functools.lru_cache(maxsize=8)
-def _parsed(text: str, source: str) -> dict[str, Any]:
-    """The checked mapping of a recipe text, parsed once per text (callers copy, never mutate)."""
+def parse_yaml(text: str, *, source: str) -> dict[str, Any]:
+    """Parse a recipe file with the one safe YAML loader: a mapping, else RecipeError naming it."""
     data = load_yaml(
         text,
         source=source,
@@ -49,6 +48,13 @@ def _parsed(text: str, source: str) -> dict[str, Any]:
     )
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(text: str, source: str) -> dict[str, Any]:
+    """The checked mapping of a recipe text, parsed once per text (callers copy, never mutate)."""
+    data = parse_yaml(text, source=source)
     if detect_dialect(data, source=source) is Dialect.SPARKRUN:
         check_sparkrun_shape(data, source=source)
         return data
@@ -232,6 +238,23 @@ class Scan:
     end: int
     rest_start: int | None  # offset of a further command, when one follows
 
+    def second_command(self, line_of: Callable[[int], int], where: str = "line") -> str:
+        """Why bash runs a second command: the line that ends the first (its line end escaped by
+        no `\\`) and the line the next starts at; `line_of`: 1-based line of an offset."""
+        assert self.rest_start is not None
+        return (
+            f"bash ends the command at {where} {line_of(self.end)}, whose line end no `\\` "
+            "escapes (a `\\` inside a `#` comment escapes nothing; a blank line has none), and "
+            f"{where} {line_of(self.rest_start)} starts a second shell command"
+        )
+
+
+#: What to do about a second command inside `command` (the hint of its refusals).
+SECOND_COMMAND_HINT = (
+    "end every line of the command but its last with `\\` outside any comment; put comments "
+    "after the command's last line"
+)
+
 
 def scan_shell(
     text: str,
@@ -379,11 +402,3 @@ def _next_command(text: str, i: int, stop: int) -> int | None:
             return i + (len(text[i:line_end]) - len(text[i:line_end].lstrip()))
         i = line_end + 1
     return None
-
-
-def normalize_flag(name: str) -> str:
-    """Canonical flag name as vLLM's parser sees it: `_` -> `-` before the first dot, aliases."""
-    if name.startswith("--"):
-        head, dot, tail = name[2:].partition(".")
-        name = "--" + head.replace("_", "-") + dot + tail
-    return FLAG_ALIASES.get(name, name)

@@ -13,20 +13,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe
+from spark_ops.errors import KnobError, UnsupportedRecipe
 from spark_ops.recipe.changes import Change
-from spark_ops.recipe.command import CommandView, Edit, apply_edits, entry_edit, yaml_scalar
-from spark_ops.recipe.diff import check_others, took_effect_in
-from spark_ops.recipe.editor import Editor, RecipeEdit
+from spark_ops.recipe.command import (
+    CommandView,
+    Edit,
+    apply_edits,
+    entry_edit,
+    mapping_insert,
+    yaml_scalar,
+)
+from spark_ops.recipe.diff import check_rendered
+from spark_ops.recipe.editor import Editor, RecipeEdit, placeholder_of, version_for
+from spark_ops.recipe.flags import dashed, resolve_flag
 from spark_ops.recipe.knobs import (
     KNOBS,
-    NEWEST_KNOWN,
     validate_moe_backend,
-    version_from_container,
-    version_is_guessed,
 )
 from spark_ops.recipe.render import Rendered, render_sparkrun
-from spark_ops.recipe.source import RecipeText, normalize_flag
+from spark_ops.recipe.source import RecipeText
 from spark_ops.recipe.sparkrun_maps import (
     KNOB_DEFAULTS_KEYS,
     SGLANG_KNOB_FLAGS,
@@ -66,7 +71,7 @@ def edit_sparkrun(
     family = runtime_family(chain.merged)
     for change in changes:
         _refuse_other_runtime(change, family, source)
-    version, version_warnings = _version(chain, source, vllm_version)
+    version, version_warnings = version_for(chain.merged.get("container"), source, vllm_version)
     targets: dict[str, list[str]] = {}
     keys: dict[Change, str] = {}
     for change in changes:
@@ -85,29 +90,10 @@ def edit_sparkrun(
     layer = next(lay for lay in chain.layers if lay.source == target_source)
     editor = _SparkrunEditor(layer.text, layer.source, version, chain, keys)
     image = str(chain.merged.get("container") or "")
-    if not vllm_version and not version_warnings and version_is_guessed(image):
-        editor.guessed_from = image
-    if any(c.kind == "knob" and c.name == "moe_backend" for c in changes):
-        editor.warnings += version_warnings
-    for change in changes:
-        editor.apply(change)
+    editor.apply_all(changes, image, bool(vllm_version), version_warnings)
     _verify(chain, layer, editor.text, changes, source, version)
     edit = RecipeEdit(editor.text, layer.text, editor.warnings, version)
     return FileEdit(layer.source, edit, targets[target_source])
-
-
-def _version(chain: Chain, source: str, explicit: str | None) -> tuple[str, list[str]]:
-    """The vLLM version to edit for: explicit, else the merged container tag's, else newest."""
-    if explicit:
-        return explicit, []
-    container = str(chain.merged.get("container") or "")
-    found = version_from_container(container)
-    if found:
-        return found, []
-    return NEWEST_KNOWN, [
-        f"{source}: vLLM version unknown (no --vllm-version and container {container!r} "
-        f"names none): assuming {NEWEST_KNOWN}"
-    ]
 
 
 def _refuse_other_runtime(change: Change, family: str, source: str) -> None:
@@ -133,9 +119,10 @@ def _key_of(change: Change) -> str | None:
         return KNOB_DEFAULTS_KEYS[change.name]
     if change.kind == "setting":
         return change.name
-    canon = change.name if not change.name.startswith("--no-") else "--" + change.name[5:]
+    name = resolve_flag(change.name)
+    canon = name if not name.startswith("--no-") else "--" + name[5:]
     for key, flag in VLLM_FLAG_MAP.items():
-        if normalize_flag(flag) == canon:
+        if dashed(flag) == canon:
             return key
     return None
 
@@ -172,8 +159,8 @@ def _flag_of(change: Change) -> str:
     if change.kind == "knob":
         return KNOBS[change.name].flag
     if change.kind == "setting":
-        return "--" + change.name.replace("_", "-")
-    return change.name
+        return resolve_flag("--" + change.name)
+    return resolve_flag(change.name)
 
 
 def _placeholder_key(layer: Layer, change: Change) -> str | None:
@@ -182,15 +169,12 @@ def _placeholder_key(layer: Layer, change: Change) -> str | None:
     names = (
         set(KNOBS[change.name].aliases) | {KNOBS[change.name].flag}
         if (change.kind == "knob")
-        else {change.name}
+        else {resolve_flag(change.name)}
     )
     keys: set[str | None] = set()
     found = view.find(sorted(names))
     for opt in found:
-        raw = (opt.value_token.raw if opt.value_token else opt.flag.raw.partition("=")[2]) or ""
-        raw = raw.strip("'\"")
-        ok = raw.startswith("{") and raw.endswith("}") and raw[1:-1].isidentifier()
-        keys.add(raw[1:-1] if ok else None)
+        keys.add(placeholder_of(opt))
     key = next(iter(keys)) if len(keys) == 1 else None
     if key is not None and view.placeholder_uses(key) != len(found):
         raise UnsupportedRecipe(
@@ -273,7 +257,8 @@ class _SparkrunEditor(Editor):
             return [entry_edit(rt, entry, _scalar(value, entry.raw))]
         if value == "false" and key in VLLM_BOOL_KEYS and key not in VLLM_NEGATABLE_KEYS:
             return []  # absent is already off (sparkrun omits a false default-off boolean)
-        return [defaults_insert(rt, f"{key}: {_scalar(value, None)}")]
+        line = f"{key}: {_scalar(value, None)}"
+        return [mapping_insert(rt, "defaults", [line], before_command=False)]
 
 
 def _text_value(change: Change) -> str:
@@ -292,39 +277,13 @@ def _scalar(value: str, old_raw: str | None) -> str:
     return yaml_scalar(value, old_raw)
 
 
-def defaults_insert(rt: RecipeText, line: str) -> Edit:
-    """An edit adding `key: value` to the defaults mapping (creating the mapping if needed)."""
-    block = rt.blocks.get("defaults")
-    if block is not None and block.entries:
-        last = block.entries[-1]
-        text = rt.lines[last.line]
-        indent = text[: len(text) - len(text.lstrip())]
-        prefix = "" if text.endswith("\n") else "\n"
-        at = rt.offsets[last.line + 1]
-        return (at, at, f"{prefix}{indent}{line}\n")
-    if block is not None:
-        head = rt.lines[block.line]
-        end = rt.offsets[block.line + 1] if head.endswith("\n") else len(rt.text)
-        return (rt.offsets[block.line], end, f"defaults:\n  {line}\n")
-    prefix = "" if not rt.text or rt.text.endswith("\n") else "\n"
-    return (len(rt.text), len(rt.text), f"{prefix}\ndefaults:\n  {line}\n")
-
-
 def _verify(
     chain: Chain, layer: Layer, new_text: str, changes: Sequence[Change], source: str, version: str
 ) -> None:
     """Render the merged chain before and after: every change took effect, nothing else moved."""
     before = _render(chain, layer, layer.text, source)
     after = _render(chain, layer, new_text, source)
-    args = after.args()
-    check_others(before.args(), args, before.env, after.env, changes, source)
-    defaults = dict(after.defaults)
-    for change in changes:
-        if not took_effect_in(change, args, after.env, defaults, version):
-            raise RecipeError(
-                f"{source}: internal: {change.describe()} did not take effect in the command "
-                "sparkrun renders; nothing written"
-            )
+    check_rendered(before, after, changes, version, "the command sparkrun renders")
 
 
 def _render(chain: Chain, layer: Layer, text: str, source: str) -> Rendered:

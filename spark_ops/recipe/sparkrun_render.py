@@ -20,7 +20,7 @@ from typing import Any
 
 from spark_ops.errors import RecipeError, UnsupportedRecipe
 from spark_ops.recipe.dialect import check_sparkrun_shape
-from spark_ops.recipe.source import MAX_RECIPE_BYTES
+from spark_ops.recipe.source import parse_yaml
 from spark_ops.recipe.sparkrun_maps import (
     VLLM_BOOL_KEYS,
     VLLM_FLAG_MAP,
@@ -30,7 +30,6 @@ from spark_ops.recipe.sparkrun_maps import (
     parse_bool,
 )
 from spark_ops.remote.program import quote_word
-from spark_ops.yamlsafe import load_yaml
 
 #: Deepest include chain sparkrun accepts.
 MAX_INCLUDE_DEPTH = 8
@@ -80,21 +79,6 @@ class Chain:
             if isinstance(block, dict) and key in block:
                 return layer if block[key] is not None else None
         return None
-
-
-def parse_yaml(text: str, *, source: str) -> dict[str, Any]:
-    """Parse a recipe file with the one safe YAML loader: a mapping, else RecipeError naming it."""
-    data = load_yaml(
-        text,
-        source=source,
-        error=RecipeError,
-        max_bytes=MAX_RECIPE_BYTES,
-        same_value_ok=True,
-        scalar_last_wins=True,
-    )
-    if not isinstance(data, dict):
-        raise RecipeError(f"{source}: a recipe must be a YAML mapping, got {type(data).__name__}")
-    return data
 
 
 def sibling_reader(name: str, including: str) -> tuple[str, str]:
