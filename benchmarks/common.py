@@ -35,9 +35,10 @@ BENCH_VENV = Path(os.environ.get("SPARK_OPS_BENCH_VENV", "/tmp/sparkops-bench"))
 
 
 def _source_digest() -> str:
-    """A digest of what `pip install .` installs: pyproject.toml and the spark_ops package."""
+    """A digest of what `pip install .` installs: pyproject.toml, spark_ops and refwatchdog."""
     h = hashlib.sha256()
     files = [REPO / "pyproject.toml", *(REPO / "spark_ops").rglob("*")]
+    files += [*(REPO / "refwatchdog").rglob("*")]
     for p in sorted(f for f in files if f.is_file() and "__pycache__" not in f.parts):
         h.update(str(p.relative_to(REPO)).encode() + b"\0" + p.read_bytes())
     return h.hexdigest()

@@ -100,7 +100,7 @@ def scratch_copy(where: Path) -> Path:
     as tests/conftest.py finds the shared corpus next to the repository)."""
     repo = where / "repo"
     repo.mkdir()
-    for name in ("spark_ops", "tests", "benchmarks"):
+    for name in ("spark_ops", "refwatchdog", "tests", "benchmarks"):
         shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "conftest.py"):
         if (REPO / name).exists():

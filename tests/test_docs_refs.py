@@ -121,9 +121,12 @@ def test_every_section_a_doc_cites_exists(path: Path) -> None:
 
 
 def product_strings() -> list[tuple[str, str]]:
-    """Every string literal of spark_ops/, as (where, text); implicitly joined ones are one."""
+    """Every string literal of spark_ops/ and refwatchdog/, as (where, text); implicitly joined
+    ones are one."""
     out = []
-    for file in sorted((ROOT / "spark_ops").rglob("*.py")):
+    for file in [
+        p for pkg in ("spark_ops", "refwatchdog") for p in sorted((ROOT / pkg).rglob("*.py"))
+    ]:
         for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 out.append((f"{file.relative_to(ROOT)}:{node.lineno}", node.value))

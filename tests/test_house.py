@@ -1,5 +1,9 @@
 """The house holds: the import graph is visible (module level) and acyclic, and points one way.
 
+The house is spark_ops/ and the reference watchdog beside it (refwatchdog/, a program of its own):
+nothing of spark_ops imports refwatchdog, and refwatchdog imports from spark_ops only the contract
+and foundation modules rules.yaml lists.
+
 Read from the sources with ast, nothing imported: no function-level import of the project's own
 modules outside cli/ (`importlib.import_module("…")`, under any name, and `__import__` count as
 imports; one with a computed name is refused), no cycle among module-level imports (a package's
@@ -26,6 +30,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("spark_ops", "refwatchdog")  # the product and the reference watchdog it ships
 FIXTURES = Path(__file__).parent / "fixtures" / "house"
 RULES: dict[str, Any] = yaml.safe_load((FIXTURES / "rules.yaml").read_text("utf-8"))
 CASES: list[dict[str, Any]] = yaml.safe_load((FIXTURES / "cases.yaml").read_text("utf-8"))
@@ -167,14 +172,19 @@ def _within(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
+def _ours(module: str) -> bool:
+    """A module of the house: spark_ops or the reference watchdog."""
+    return any(_within(module, p) for p in PACKAGES)
+
+
 class House:
-    """The sources under root/spark_ops, parsed once."""
+    """The sources under root/spark_ops and root/refwatchdog, parsed once."""
 
     def __init__(self, root: Path, rules: dict[str, Any] | None = None) -> None:
         """Parse every module of the package; check it against rules (rules.yaml's by default)."""
         self.root = root
         self.rules = RULES if rules is None else rules
-        files = sorted((root / "spark_ops").rglob("*.py"))
+        files = [f for p in PACKAGES for f in sorted((root / p).rglob("*.py"))]
         self.paths = {module_name(p.relative_to(root)): p for p in files}
         self.trees = {m: ast.parse(p.read_text("utf-8"), str(p)) for m, p in self.paths.items()}
         modules = set(self.paths)
@@ -193,7 +203,7 @@ class House:
             f"{s.path}:{s.line}: function-level import of {s.target}"
             for m in self.sites
             for s in self.sites[m]
-            if not s.module_level and _within(s.target, "spark_ops")
+            if not s.module_level and _ours(s.target)
             if not s.path.startswith(allowed)
         }
         return sorted(found)
@@ -263,11 +273,15 @@ class House:
         free = {f"{base}.{p}" for p in self.rules["foundation"]}
         out: list[str] = []
         for m, sites in self.sites.items():
+            if not _within(m, base):  # refwatchdog: its imports of spark_ops are a forbidden rule
+                continue
             here = _part(m, base)
             allowed = self.rules["arrows"].get(here.removeprefix(base + "."), {}).get("to", [])
             for s in sites:
                 there = _part(s.target, base)
-                if not _within(s.target, base) or there in (here, base) or there in free:
+                if not _within(s.target, base) or there in (here, base):
+                    continue
+                if any(_within(s.target, f) for f in free):  # a foundation part or module
                     continue
                 if "*" in allowed or any(_within(s.target, f"{base}.{a}") for a in allowed):
                     continue
@@ -301,7 +315,7 @@ class House:
             f"{s.path}:{s.line}: private name {name} imported from {s.from_module}"
             for sites in self.sites.values()
             for s in sites
-            if s.from_module and _within(s.from_module, "spark_ops")
+            if s.from_module and _ours(s.from_module)
             for name in s.names
             if name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
         ]
@@ -573,7 +587,7 @@ def who_am_i_copies(root: Path) -> list[str]:
     """Places outside account.py that ask who runs the process (getpass, os.getlogin, pwd, or the
     environment's $LOGNAME / $USER)."""
     out: list[str] = []
-    for path in sorted((root / "spark_ops").rglob("*.py")):
+    for path in [p for pkg in PACKAGES for p in sorted((root / pkg).rglob("*.py"))]:
         rel = path.relative_to(root).as_posix()
         if rel == WHO_AM_I or rel.startswith(WHO_EXEMPT):
             continue
@@ -591,13 +605,13 @@ def who_am_i_copies(root: Path) -> list[str]:
 def test_one_who_am_i(tmp_path: Path) -> None:
     """Who runs spark-ops is asked in one place, the account database (spark_ops/account.py)."""
     assert who_am_i_copies(REPO) == []
-    (tmp_path / "spark_ops" / "watchdog").mkdir(parents=True)
-    (tmp_path / "spark_ops" / "watchdog" / "daemon.py").write_text(
+    (tmp_path / "refwatchdog").mkdir()
+    (tmp_path / "refwatchdog" / "daemon.py").write_text(
         "import getpass, os\nwho = getpass.getuser() or os.environ.get('LOGNAME')\n"
     )
     assert who_am_i_copies(tmp_path) == [
-        "spark_ops/watchdog/daemon.py:2: $LOGNAME",
-        "spark_ops/watchdog/daemon.py:2: getpass.getuser",
+        "refwatchdog/daemon.py:2: $LOGNAME",
+        "refwatchdog/daemon.py:2: getpass.getuser",
     ]
 
 

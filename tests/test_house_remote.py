@@ -17,6 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "spark_ops"
+REFWATCHDOG = REPO / "refwatchdog"  # the reference watchdog beside it: no sh of its own either
 HOME = "spark_ops/remote/"
 
 SH = re.compile(
@@ -113,9 +114,10 @@ def test_checker_reads_docstrings_as_prose() -> None:
 
 
 def test_no_sh_program_or_quoting_outside_remote() -> None:
-    """Every sh program and every shell quoting of the package is in spark_ops/remote/."""
+    """Every sh program and every shell quoting of the package (and of the reference watchdog
+    shipped beside it) is in spark_ops/remote/."""
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in [*sorted(PACKAGE.rglob("*.py")), *sorted(REFWATCHDOG.rglob("*.py"))]:
         rel = path.relative_to(REPO).as_posix()
         found += escapes(rel, path.read_text("utf-8"))
     assert not found, "\n".join(found)

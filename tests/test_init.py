@@ -195,7 +195,7 @@ def test_init_reports_unknown_host_key(mini: MiniCluster, tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_init_doctor_apply_on_the_embedded_cluster(tmp_path: Path) -> None:
     """First contact on `spark-ops sim up`: init, doctor green, apply 64 with it unchanged."""
-    pytest.importorskip("spark_ops.watchdog.daemon", reason="the reference watchdog is needed")
+    pytest.importorskip("refwatchdog.daemon", reason="the reference watchdog is needed")
     from conftest import start_sim
 
     from spark_ops.sim.control import down

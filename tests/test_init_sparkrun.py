@@ -21,9 +21,9 @@ from ground import GroundUnavailable
 from ground.sparkrun_venv import run_sparkrun, sparkrun_bin
 from test_init import spark_ops
 
+from refwatchdog.actions import sparkrun_argv
 from spark_ops.errors import InventoryError
 from spark_ops.inventory import load_inventory
-from spark_ops.watchdog.actions import sparkrun_argv
 from spark_ops.watchdog.config import WatchdogConfigError, parse_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -181,7 +181,7 @@ def test_sparkrun_action_runs_the_real_cli_and_reports_its_refusal(tmp_path: Pat
     """
     from ground.sparkrun_venv import VENV, no_network_prefix, offline_env, prepare_home
 
-    from spark_ops.watchdog.actions import restart_engine
+    from refwatchdog.actions import restart_engine
 
     try:
         sparkrun_bin()

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from refwatchdog.daemon import Watchdog
 from spark_ops.bench import stats
 from spark_ops.errors import InventoryError
 from spark_ops.inventory import WatchdogProbe, parse_inventory
@@ -22,7 +23,6 @@ from spark_ops.remote.programs.watchdog import LEASE_END, LEASE_TAKE
 from spark_ops.remote.shell import sha256
 from spark_ops.serve.pages import _budget
 from spark_ops.watchdog.config import load_config
-from spark_ops.watchdog.daemon import Watchdog
 from spark_ops.watchdog.lease import (
     lease_body,
     lease_seconds,

@@ -29,7 +29,7 @@ def test_ruff_lint_and_format() -> None:
 
 
 def test_mypy_clean() -> None:
-    """The package type-checks."""
+    """The package and the reference watchdog shipped beside it type-check."""
     pytest.importorskip("mypy")
-    res = _run(sys.executable, "-m", "mypy", "spark_ops", "--no-incremental")
+    res = _run(sys.executable, "-m", "mypy", "spark_ops", "refwatchdog", "--no-incremental")
     assert res.returncode == 0, res.stdout[-3000:]

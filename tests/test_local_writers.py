@@ -145,13 +145,14 @@ def test_expected_digest_of_an_absent_file(tmp_path: Path) -> None:
 
 def test_no_other_local_writer() -> None:
     """Outside headlib/ (the writer) and sim/ (which builds its own fresh tree), no module
-    replaces a file by itself; appending to a log is not replacing."""
-    root = Path(__file__).resolve().parents[1] / "spark_ops"
+    replaces a file by itself, the reference watchdog's (refwatchdog/) included; appending to a
+    log is not replacing."""
+    repo = Path(__file__).resolve().parents[1]
     calls = ("write_text(", "write_bytes(", "os.replace(", ".rename(", "mkstemp(", "os.link(")
     found = [
-        f"{p.relative_to(root)}: {call}"
-        for p in root.rglob("*.py")
-        if p.parent != root / "headlib" and "sim" not in p.relative_to(root).parts
+        f"{p.relative_to(repo)}: {call}"
+        for p in [*(repo / "spark_ops").rglob("*.py"), *(repo / "refwatchdog").rglob("*.py")]
+        if p.relative_to(repo).parts[:2] not in (("spark_ops", "headlib"), ("spark_ops", "sim"))
         for call in calls
         if call in p.read_text()
     ]

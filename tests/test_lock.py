@@ -209,16 +209,13 @@ def test_one_lock_probe_free_held_and_read_only(tmp_path: Path) -> None:
     assert free(lock)
     assert not (tmp_path / "PWNED").exists() and not Path("PWNED").exists()
 
-    package = Path(__file__).resolve().parents[1] / "spark_ops"
+    repo = Path(__file__).resolve().parents[1]  # the package and the reference watchdog beside it
+    sources = [*(repo / "spark_ops").rglob("*.py"), *(repo / "refwatchdog").rglob("*.py")]
     writers = sorted(
-        p.relative_to(package).as_posix()
-        for p in package.rglob("*.py")
-        if "flock -n" in p.read_text("utf-8")
+        p.relative_to(repo).as_posix() for p in sources if "flock -n" in p.read_text("utf-8")
     )
-    assert writers == ["remote/programs/lock.py"], "probe a lock with LOCK_FREE_SH, not a copy"
+    assert writers == ["spark_ops/remote/programs/lock.py"], "probe with LOCK_FREE_SH, not a copy"
     flockers = sorted(
-        p.relative_to(package).as_posix()
-        for p in package.rglob("*.py")
-        if "fcntl.flock(" in p.read_text("utf-8")
+        p.relative_to(repo).as_posix() for p in sources if "fcntl.flock(" in p.read_text("utf-8")
     )
-    assert flockers == ["headlib/flock.py"], "lock with headlib.flock, not a copy of it"
+    assert flockers == ["spark_ops/headlib/flock.py"], "lock with headlib.flock, not a copy of it"

@@ -75,7 +75,7 @@ class Loop:
 
 def _daemon(sim: Sim) -> int:
     """The pid of the reference watchdog the embedded cluster started."""
-    pids = pids_running("spark_ops.watchdog.daemon", sim.root)
+    pids = pids_running("refwatchdog.daemon", sim.root)
     assert pids, "the embedded cluster's reference watchdog is not running"
     return pids[0]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_ops.watchdog.actions import (
+from refwatchdog.actions import (
     ActionError,
     group_members,
     pid_alive,
@@ -245,7 +245,7 @@ def test_detached_survives_parent(tmp_path: Path) -> None:
     """An engine started by a short-lived process (like an SSH session) outlives it."""
     pid_file = tmp_path / "pid"
     code = (
-        "from spark_ops.watchdog.actions import start_detached;"
+        "from refwatchdog.actions import start_detached;"
         f"start_detached(['sleep', '30'], env=None, log_file={str(tmp_path / 'log')!r},"
         f" pid_file={str(pid_file)!r})"
     )

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import yaml
 
+from refwatchdog.actions import pid_alive, read_pid, start_detached
+from refwatchdog.daemon import Watchdog
 from spark_ops.headlib.flock import locked
 from spark_ops.watchdog import history
-from spark_ops.watchdog.actions import pid_alive, read_pid, start_detached
 from spark_ops.watchdog.config import load_config
 from spark_ops.watchdog.contract import history_source
-from spark_ops.watchdog.daemon import Watchdog
 
 FAKE_ENGINE = Path(__file__).parent / "fixtures" / "watchdog" / "fake_engine.py"
 
@@ -119,7 +119,7 @@ class Env:
             [
                 sys.executable,
                 "-m",
-                "spark_ops.watchdog.daemon",
+                "refwatchdog.daemon",
                 "--config",
                 str(self.config),
                 *args,
@@ -163,7 +163,7 @@ def test_three_kills_two_restarts_then_gave_up(make_env: Callable[..., Env]) -> 
     env.start_engine()
     log = open(env.root / "daemon.log", "w")  # noqa: SIM115
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "spark_ops.watchdog.daemon", "--config", str(env.config)],
+        [sys.executable, "-m", "refwatchdog.daemon", "--config", str(env.config)],
         stderr=log,
     )
     try:
@@ -291,7 +291,7 @@ def test_status_json_shape(make_env: Callable[..., Env]) -> None:
     assert st["stamps"] == [] and st["last_restart"] is None and st["gave_up"] is None
     assert st["engine"]["alive"] is False and st["next_free_at"] == pytest.approx(st["now"])
     text = subprocess.run(
-        [sys.executable, "-m", "spark_ops.watchdog.daemon", "--config", str(env.config),
+        [sys.executable, "-m", "refwatchdog.daemon", "--config", str(env.config),
          "--status"],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
@@ -336,7 +336,7 @@ def test_usage_errors(make_env: Callable[..., Env], tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("probe: {failures: 0}\naction: {kind: command, start: 'true'}\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "spark_ops.watchdog.daemon", "--config", str(bad), "--status"],
+        [sys.executable, "-m", "refwatchdog.daemon", "--config", str(bad), "--status"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -380,7 +380,7 @@ def test_recipe_action_with_sim_engine(tmp_path: Path) -> None:
     def run(*args: str) -> dict[str, Any]:
         """Run spark-watchdog and parse its JSON."""
         proc = subprocess.run(
-            [sys.executable, "-m", "spark_ops.watchdog.daemon", "--config", str(config), *args],
+            [sys.executable, "-m", "refwatchdog.daemon", "--config", str(config), *args],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr

@@ -4,7 +4,8 @@ Standard library only, and importing nothing of spark-ops but itself: history.py
 without spark-ops installed, sent to its python3 as one program (`python3 - ARGS`) that
 `head_program` builds from these modules' sources and history.py's. The local writer
 (spark_ops/files.py), the remote writer (remote/shell.py renders the backup rule into sh), the
-reference watchdog's daemon and history.py all import these modules: one implementation each.
+reference watchdog (refwatchdog/daemon.py) and history.py all import these modules: one
+implementation each.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from spark_ops.recipe.knobs import (
 )
 from spark_ops.recipe.render import Option
 from spark_ops.recipe.source import RecipeText, load_recipe_text
-from spark_ops.remote.program import quote_word
+from spark_ops.remote.quoting import quote_word
 
 
 @dataclass

@@ -29,7 +29,7 @@ from spark_ops.recipe.sparkrun_maps import (
     VLLM_SKIPPED_IN_LOOP,
     parse_bool,
 )
-from spark_ops.remote.program import quote_word
+from spark_ops.remote.quoting import quote_word
 
 #: Deepest include chain sparkrun accepts.
 MAX_INCLUDE_DEPTH = 8

@@ -22,11 +22,9 @@ if TYPE_CHECKING:  # the names are imported on first use (a command imports what
     from spark_ops.remote.program import (
         RemoteProgram,
         check_text,
-        quote_args,
-        quote_path,
-        quote_word,
         sh_program,
     )
+    from spark_ops.remote.quoting import quote_args, quote_path, quote_word
     from spark_ops.remote.session import ClusterSession, FileWrite, WriteOutcome
     from spark_ops.remote.shell import (
         engine_log_follow,
@@ -48,11 +46,9 @@ __getattr__, __dir__ = lazy_exports(
         "spark_ops.remote.program": (
             "RemoteProgram",
             "check_text",
-            "quote_args",
-            "quote_path",
-            "quote_word",
             "sh_program",
         ),
+        "spark_ops.remote.quoting": ("quote_args", "quote_path", "quote_word"),
         "spark_ops.remote.session": ("ClusterSession", "FileWrite", "WriteOutcome"),
         "spark_ops.remote.shell": (
             "engine_log_follow",

@@ -10,35 +10,16 @@ before anything runs, naming the program and the argument.
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, TypeVar
 
 from spark_ops.errors import InputError, excerpt
 from spark_ops.remote.connector import Result
+from spark_ops.remote.quoting import quote_path, quote_word
 
 T = TypeVar("T")
-
-
-def quote_word(value: str) -> str:
-    """One literal shell word: the value exactly, whatever it holds (the one use of shlex.quote)."""
-    return shlex.quote(value)
-
-
-def quote_path(path: str) -> str:
-    """Quote a remote path for the shell, expanding a leading ~ to $HOME and nothing else."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + quote_word(path[2:])
-    return quote_word(path)
-
-
-def quote_args(args: Iterable[str]) -> str:
-    """Join arguments into one shell command line, each one literal word."""
-    return " ".join(quote_word(str(a)) for a in args)
 
 
 def check_text(what: str, value: str, *, max_bytes: int | None) -> str:

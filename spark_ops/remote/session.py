@@ -29,7 +29,8 @@ from spark_ops.remote.connector import (
     retrying,
     transient,
 )
-from spark_ops.remote.program import RemoteProgram, check_text, quote_word
+from spark_ops.remote.program import RemoteProgram, check_text
+from spark_ops.remote.quoting import quote_word
 from spark_ops.remote.shell import (
     COMMIT,
     DIGEST,

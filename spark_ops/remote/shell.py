@@ -17,11 +17,10 @@ from spark_ops.remote.program import (
     checked,
     integer,
     path,
-    quote_path,
-    quote_word,
     result,
     text,
 )
+from spark_ops.remote.quoting import quote_path, quote_word
 
 MISSING_EXIT = 44  # our own exit code for "file does not exist"
 MISMATCH_EXIT = 45  # the file changed under us (compare-and-swap failed)

@@ -33,6 +33,10 @@ from spark_ops.yamlsafe import load_yaml
 STATE = "state.json"
 EXECUTORS = ("mp", "ray")
 CONTROL = "control.sock"
+# The reference watchdog (refwatchdog/, a program of its own): the head runs it as a process, by
+# module name; nothing of spark_ops imports it (tests/fixtures/house/rules.yaml)
+WATCHDOG_MODULE = "refwatchdog.daemon"
+ACTIONS_MODULE = "refwatchdog.actions"
 
 
 # control requests on one node; each names a SimNode method (dashes as underscores)
@@ -150,9 +154,7 @@ def prepare(root: Path, opts: SimOptions) -> dict[str, Any]:
     write_vllm_shim(head, wrapper=opts.engine_wrapper)
     wd = head / "bin" / "spark-watchdog"
     # PYTHONSAFEPATH: `-m` puts the working directory (the node's home) first on the import path
-    wd.write_text(
-        f'#!/bin/sh\nPYTHONSAFEPATH=1 exec {sys.executable} -m spark_ops.watchdog.daemon "$@"\n'
-    )
+    wd.write_text(f'#!/bin/sh\nPYTHONSAFEPATH=1 exec {sys.executable} -m {WATCHDOG_MODULE} "$@"\n')
     wd.chmod(0o755)
     engine_cfg = root / "engine.yaml"
     engine_cfg.write_text(_engine_overlay(opts))
@@ -329,7 +331,7 @@ class SimCluster:
         env = self.head_env()
         start = (
             "import sys; from spark_ops.watchdog.config import load_config; "
-            "from spark_ops.watchdog.actions import restart_engine; "
+            f"from {ACTIONS_MODULE} import restart_engine; "
             "c = load_config(sys.argv[1]); restart_engine(c.action, c.paths)"
         )
         subprocess.run(
@@ -338,7 +340,7 @@ class SimCluster:
         )  # fmt: skip
         log = open(head / "watchdog.log", "ab")  # noqa: SIM115
         self.watchdog = subprocess.Popen(
-            [sys.executable, "-m", "spark_ops.watchdog.daemon", "--config", cfg],
+            [sys.executable, "-m", WATCHDOG_MODULE, "--config", cfg],
             cwd=head, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip

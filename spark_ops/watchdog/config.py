@@ -1,4 +1,10 @@
-"""Configuration of the reference watchdog: a YAML file, every key checked, errors name the key."""
+"""The reference watchdog's config format: a YAML file, every key checked, errors name the key.
+
+Read by both sides of the contract: the reference watchdog (refwatchdog/) runs by it, and spark-ops
+reads the head's copy to check the inventory against it (the contract: history, lock, pause, the
+budget it enforces) and to fill the inventory (`init`). `config_of_commands` finds which file an
+inventory's restart or status command hands `spark-watchdog`.
+"""
 
 from __future__ import annotations
 

@@ -28,9 +28,10 @@ from spark_ops.errors import (
     WatchdogError,
 )
 from spark_ops.headlib import head_program
-from spark_ops.remote import ClusterSession, quote_word
+from spark_ops.remote import ClusterSession
 from spark_ops.remote.programs.node import HOME
 from spark_ops.remote.programs.watchdog import HISTORY_PY
+from spark_ops.remote.quoting import quote_word
 from spark_ops.remote.shell import REMOVE
 from spark_ops.watchdog.config import (
     WatchdogConfig,

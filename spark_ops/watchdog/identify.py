@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops.errors import AmbiguousStamp
-from spark_ops.remote.program import quote_word
+from spark_ops.remote.quoting import quote_word
 
 SLACK_S = 1.0  # stamps are whole seconds on most watchdogs: one second of slack either side
 

@@ -2,9 +2,10 @@
 
 Before a planned disruption (a restart, or load that can starve the watchdog's probe) spark-ops
 creates the watchdog's pause file (`watchdog.pause_file`) with a lease in it: JSON naming the
-holder, the run, why, and an expiry in the head's clock. The reference watchdog (daemon.py) is
-paused while the file exists, except by a lease past its expiry: a pause that nobody ends lapses
-by itself. Any other content (an operator's `touch`) pauses it for as long as the file exists.
+holder, the run, why, and an expiry in the head's clock. The reference watchdog
+(refwatchdog/daemon.py) is paused while the file exists, except by a lease past its expiry: a
+pause that nobody ends lapses by itself. Any other content (an operator's `touch`) pauses it for
+as long as the file exists.
 
 spark-ops makes the file only when none is there (link(2): never through a symlink, never over
 an operator's pause) and removes only a file whose content is exactly the one its run made

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops.errors import SparkOpsError
-from spark_ops.remote import ClusterSession, quote_word
+from spark_ops.remote import ClusterSession
 from spark_ops.remote.programs.watchdog import (
     FILE_SYSTEM,
     PROCESS_ENV,
     PROCESSES,
 )
+from spark_ops.remote.quoting import quote_word
 
 # directories a reboot empties on the usual distributions (tmpfs, or cleaned at boot)
 VOLATILE_DIRS = ("/tmp/", "/run/", "/var/run/", "/dev/shm/")

@@ -324,7 +324,7 @@ def _cmdline(pid: int) -> str:
 
 def _watchdog_loop(cmdline: str) -> bool:
     """The watchdog daemon's own loop (it holds its state lock while it runs), not an action."""
-    return "spark_ops.watchdog.daemon" in cmdline and "--restart-now" not in cmdline
+    return "refwatchdog.daemon" in cmdline and "--restart-now" not in cmdline
 
 
 class CrashCluster:

@@ -3,7 +3,8 @@ log (all read-only), and the sparkrun command lines it writes into an inventory.
 
 from __future__ import annotations
 
-from spark_ops.remote.program import RemoteProgram, path, quote_word, result, succeeded, text
+from spark_ops.remote.program import RemoteProgram, path, result, succeeded, text
+from spark_ops.remote.quoting import quote_word
 
 # $1 a test(1) operator (-f, -d, -e …), $2 a path: exit 0 when the test holds
 TEST_PATH = RemoteProgram(

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from refwatchdog.actions import pid_alive, read_pid, restart_engine
 from spark_ops.account import local_account
 from spark_ops.errors import WatchdogError
 from spark_ops.files import read_regular
@@ -28,7 +29,6 @@ from spark_ops.headlib.errors import HeadFailure, LockTimeout
 from spark_ops.headlib.flock import lock_free, locked
 from spark_ops.log import configure, get_logger
 from spark_ops.watchdog import history
-from spark_ops.watchdog.actions import pid_alive, read_pid, restart_engine
 from spark_ops.watchdog.config import (
     DEFAULT_CONFIG,
     BudgetConfig,
