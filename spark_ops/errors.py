@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 
 class ExitStatus(enum.IntEnum):
@@ -259,17 +260,30 @@ class BootUnderWayError(SparkOpsError):
     exit_status = ExitStatus.RESTARTING
 
 
+class BudgetFact(Protocol):
+    """A budget a refusal was made on (workflows/facts.py's gates): what its JSON is."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The budget as JSON."""
+
+
 class OverBudget(SparkOpsError):
     """A planned restart refused: the watchdog's budget has no slot left (or cannot be read)."""
 
     exit_status = ExitStatus.OVER_BUDGET
 
     def __init__(
-        self, message: str, *, budget: dict[str, object] | None = None, hint: str | None = None
+        self, message: str, *, budget: BudgetFact | None = None, hint: str | None = None
     ) -> None:
-        """Keep the budget the refusal was made on (used, allowed, next free slot)."""
+        """Keep the budget the refusal was made on (used, allowed, next free slot): the gate
+        itself (workflows/facts.py), read by its attributes."""
         super().__init__(message, hint=hint)
-        self.budget = dict(budget or {})
+        self.gate = budget
+
+    @property
+    def budget(self) -> dict[str, object]:
+        """The budget as the error's JSON holds it ({} when none was given)."""
+        return self.gate.to_json() if self.gate is not None else {}
 
     def to_dict(self) -> dict[str, object]:
         """Serialize with the budget."""

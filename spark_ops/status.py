@@ -291,7 +291,7 @@ async def _runs(session: ClusterSession) -> dict[str, Any]:
             mine = [r for r in every if holds_lock(r, holder)]
             out["experiment"] = experiment_under_way(holder, mine)
         runs = [r for r in runs if not holds_lock(r, holder)]  # the holder's own run is live
-    out["unfinished"] = [r.summary() for r in runs]
+    out["unfinished"] = [r.summary().to_json() for r in runs]
     return out
 
 

@@ -706,3 +706,60 @@ def test_the_executor_reads_in_one_sitting() -> None:
     from spark_ops.workflows.plan import StepKind
 
     assert set(STEPS) == set(StepKind), set(StepKind) - set(STEPS)
+
+
+# The plan, its gate and its run hold typed facts: no `dict[str, Any]` in a dataclass field of
+# these modules. to_json / to_dict return types (the JSON they produce) may stay dict[str, Any]:
+# only field annotations are read. The one exception left is named with its reason.
+TYPED_FACT_MODULES = (
+    "spark_ops/workflows/plan.py",
+    "spark_ops/workflows/gate.py",
+    "spark_ops/workflows/operation.py",
+    "spark_ops/workflows/facts.py",
+)
+UNTYPED_FIELDS_ALLOWED: set[str] = set()  # none: every fact has its type
+
+
+def untyped_fact_fields(root: Path, modules: tuple[str, ...]) -> list[str]:
+    """Dataclass fields of `modules` whose annotation holds `dict[str, Any]` (any nesting)."""
+    out: list[str] = []
+    for rel in modules:
+        tree = ast.parse((root / rel).read_text("utf-8"))
+        anys = _any_names(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef) or not any(
+                "dataclass" in ast.unparse(d) for d in node.decorator_list
+            ):
+                continue
+            for item in node.body:
+                if not isinstance(item, ast.AnnAssign) or not isinstance(item.target, ast.Name):
+                    continue
+                text = _annotation(item.annotation) or ""
+                expr = ast.parse(text, mode="eval")
+                loose = any(
+                    isinstance(n, ast.Subscript)
+                    and _dotted(n.value) in ("dict", "Dict", "typing.Dict", "Mapping")
+                    and isinstance(n.slice, ast.Tuple)
+                    and _says_any(ast.unparse(n.slice.elts[1]), anys)
+                    for n in ast.walk(expr)
+                )
+                where = f"{rel}: {node.name}.{item.target.id}"
+                if loose and where not in UNTYPED_FIELDS_ALLOWED:
+                    out.append(f"{where}: {text}")
+    return out
+
+
+def test_plan_gate_and_run_fields_are_typed(tmp_path: Path) -> None:
+    """No dataclass field of the plan, the gate, the operation's outcome or the facts is a
+    `dict[str, Any]` (but the preflight answer, named above); the checker sees one in a tree."""
+    assert untyped_fact_fields(REPO, TYPED_FACT_MODULES) == []
+    bad = tmp_path / "x.py"
+    bad.write_text(
+        "from dataclasses import dataclass\nfrom typing import Any\n\n@dataclass\nclass F:\n"
+        "    a: dict[str, Any] | None = None\n    b: list[dict[str, Any]]\n"
+        "    c: dict[str, int]\n\n    def to_json(self) -> dict[str, Any]:\n        return {}\n"
+    )
+    assert untyped_fact_fields(tmp_path, ("x.py",)) == [
+        "x.py: F.a: dict[str, Any] | None",
+        "x.py: F.b: list[dict[str, Any]]",
+    ]

@@ -295,8 +295,8 @@ def _echo_outcome(outcome: Outcome) -> None:
         click.secho(f"  {mark} {c.name} [{c.host}]: {c.detail}", fg=None if c.ok else "red")
     problem = outcome.history_problem
     if problem:
-        click.secho(f"✗ Restart budget UNKNOWN: {problem['message']}.", fg="red", bold=True)
-        click.secho(f"  fix: {problem['hint']}", fg="red")
+        click.secho(f"✗ Restart budget UNKNOWN: {problem.message}.", fg="red", bold=True)
+        click.secho(f"  fix: {problem.hint}", fg="red")
     if outcome.budget and not hush:
         b = outcome.budget
         click.echo(

@@ -17,6 +17,7 @@ import click
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
     from spark_ops.fleet import Fleet
     from spark_ops.inventory import Cluster
+    from spark_ops.workflows.facts import Gate
     from spark_ops.workflows.plan import Plan, StepRun
 
 T = TypeVar("T")
@@ -194,34 +195,33 @@ def echo_plan(plan: Plan) -> None:
         for i, s in enumerate(plan.steps, 1):
             click.echo(f"  {i}. {s.description}")
     gate = plan.facts.budget
-    if gate and plan.restarts:
+    if gate is not None and plan.restarts:
         echo_gate(gate)
 
 
-def echo_gate(gate: dict[str, Any]) -> None:
+def echo_gate(gate: Gate) -> None:
     """The restart budget the plan's restart meets, and whether it may go ahead."""
+    from spark_ops.workflows.facts import BudgetGate, UnreadableBudget
     from spark_ops.workflows.gate import next_slot
 
-    if "error" in gate:
-        text, color = f"cannot be read: {gate['error']}", "red"
-    elif gate.get("spent"):
+    if isinstance(gate, UnreadableBudget):
+        text, color = f"cannot be read: {gate.error}", "red"
+    elif gate.spent:
         text = (
-            f"{gate['used']}/{gate['allowed']} used in the last {gate['window_s'] / 3600:g} h: "
+            f"{gate.used}/{gate.allowed} used in the last {gate.window_s / 3600:g} h: "
             f"no slot left, the next frees {next_slot(gate)}"
         )
         color = "red"
     else:
         text = (
-            f"{gate['used']}/{gate['allowed']} used in the last {gate['window_s'] / 3600:g} h, "
-            f"{gate['remaining']} left (this restart's stamp is pruned after its boot)"
+            f"{gate.used}/{gate.allowed} used in the last {gate.window_s / 3600:g} h, "
+            f"{gate.remaining} left (this restart's stamp is pruned after its boot)"
         )
         color = None
-    if color and gate.get("over_budget_given"):
+    if color and gate.over_budget_given:
         text, color = text + "; --over-budget given: the restart goes ahead", "yellow"
-    if gate.get("inventory_disagrees"):  # the plan's warnings (or the refusal) say it whole
-        text += (
-            f" [counted by {gate.get('limits_source')}: the inventory's watchdog.budget differs]"
-        )
+    if isinstance(gate, BudgetGate) and gate.inventory_disagrees:  # the warnings say it whole
+        text += f" [counted by {gate.limits_source}: the inventory's watchdog.budget differs]"
     click.secho(f"Restart budget: {text}", fg=color)
 
 

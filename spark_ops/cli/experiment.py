@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up 
     from spark_ops.inventory import Cluster
     from spark_ops.workflows.experiment.run import ExperimentOutcome
     from spark_ops.workflows.experiment.state import ExperimentPlan, ExperimentState
+    from spark_ops.workflows.facts import Gate
     from spark_ops.workflows.plan import StepRun
 
 AXIS_OPTIONS = ("max_num_seqs", "moe_backend", "kv_cache_memory")
@@ -574,7 +575,7 @@ def cli(ctx: click.Context, **kw: Any) -> int:
     hooks = Hooks(progress.on_config, progress.on_step, progress.on_event, progress.on_level,
                   progress.on_note)  # fmt: skip
 
-    async def plan_now(op: Operation) -> tuple[Any, Any, dict[str, str], dict[str, Any] | None]:
+    async def plan_now(op: Operation) -> tuple[Any, Any, dict[str, str], Gate | None]:
         """The state, the plan, each recipe copy's digest and the budget its restarts meet, as
         the cluster stands now (a colleague's edit of any line is a change, not only a knob's)."""
         from spark_ops.remote import sha256
@@ -616,8 +617,9 @@ def cli(ctx: click.Context, **kw: Any) -> int:
                 state, again, digests_now, gate_now = await plan_now(op)
                 refuse_changes(
                     facts_differences(
-                        {**plan.to_dict(), "recipe sha256": digests, "budget": gate},
-                        {**again.to_dict(), "recipe sha256": digests_now, "budget": gate_now},
+                        {**plan.to_dict(), "recipe sha256": digests},
+                        {**again.to_dict(), "recipe sha256": digests_now},
+                        (gate, gate_now),
                     )
                 )
                 secrets = {"api_key": kw["api_key"]} if kw["api_key"] else {}

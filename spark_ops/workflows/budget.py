@@ -28,6 +28,7 @@ from spark_ops.workflows import interrupt
 from spark_ops.workflows.converge import dead_runs, left_by
 from spark_ops.workflows.journal import RunJournal, read_runs
 from spark_ops.workflows.operation import Operation
+from spark_ops.workflows.plan import OperationKind
 
 MAX_PRUNE_BYTES = 64_000  # the exact lines travel on one command line (Linux: 128 KiB per word)
 
@@ -256,7 +257,7 @@ async def settle_under_lock(op: Operation, plan: PrunePlan) -> None:
 async def execute_prune(op: Operation, plan: PrunePlan) -> PruneReport:
     """Remove exactly the plan's lines (by their exact text), audit it, report what changed."""
     report = PruneReport(plan)
-    journal = RunJournal(op, "budget prune", plan.command)
+    journal = RunJournal(op, OperationKind.BUDGET_PRUNE, plan.command)
     if plan.chosen or plan.clear_gave_up:
         await journal.intent(
             args=plan.selection.to_dict(),
@@ -286,7 +287,10 @@ async def execute_prune(op: Operation, plan: PrunePlan) -> PruneReport:
                 "vanished": report.vanished,
             }
             entry = audit.make_entry(
-                "budget prune", args=plan.selection.to_dict(), outcome=outcome, detail=detail
+                OperationKind.BUDGET_PRUNE,
+                args=plan.selection.to_dict(),
+                outcome=outcome,
+                detail=detail,
             )
             await journal.end(entry)
     return report

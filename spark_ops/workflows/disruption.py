@@ -22,6 +22,7 @@ from spark_ops.watchdog.contract import operator
 from spark_ops.workflows import interrupt
 from spark_ops.workflows.journal import Run
 from spark_ops.workflows.operation import ApplyOptions, Operation
+from spark_ops.workflows.plan import OperationKind
 
 MARGIN_S = 300.0  # prune, verify and the steps between, past the boot's own deadline
 
@@ -131,7 +132,7 @@ async def settle_leases(op: Operation, dead: Sequence[Run]) -> str:
         return ""
     found = lease.parse_lease(text)
     # a bench runs without the cluster lock: its run may be alive, its lease lapses by itself
-    runs = {r.run for r in dead if r.operation != "bench-load"}
+    runs = {r.run for r in dead if r.operation != OperationKind.BENCH_LOAD}
     if found is None or found.run not in runs:
         return ""
     said = await lease.end(op.session, path, sha256(text))

@@ -194,7 +194,7 @@ def intent_of(plan: Plan, opts: ApplyOptions) -> dict[str, Any]:
             "restart": StepKind.RESTART in steps,
             "steps": [str(s) for s in steps],
             "left_stamps": plan.facts.left_stamps or [],
-            "budget": plan.facts.budget,
+            "budget": None if plan.facts.budget is None else plan.facts.budget.to_json(),
         },
         "settles": plan.facts.settles or [],
     }
@@ -276,7 +276,7 @@ def audit_entry(
             names = ", ".join(sorted({f"{c.name}@{c.host}" for c in bad}))
             result = f"ok, checks failed: {names}"
         if out.history_problem is not None:
-            result += f"; budget unknown: {out.history_problem['message']}"
+            result += f"; budget unknown: {out.history_problem.message}"
     detail: dict[str, Any] = {}
     if out is not None:
         detail = {"stamp": stamp_json(out.stamp), "pruned": stamps_json(out.pruned)}

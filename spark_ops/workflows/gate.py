@@ -31,8 +31,9 @@ from spark_ops.engine.identity import (
 )
 from spark_ops.errors import ExitStatus, OverBudget, PlanChanged, SparkOpsError
 from spark_ops.watchdog.history import budget_of
+from spark_ops.workflows.facts import BudgetGate, EngineFact, Gate, UnreadableBudget
 from spark_ops.workflows.operation import ApplyOptions, Operation
-from spark_ops.workflows.plan import Plan, PlanFacts, StepKind
+from spark_ops.workflows.plan import Plan, PlanFacts, StepKind, as_json
 
 # Warnings on unfinished runs say whether the plan was made under the lock: compared as facts.
 UNFINISHED_MARK = " did not finish; last recorded: "
@@ -49,16 +50,14 @@ def in_words(seconds: float) -> str:
     return f"{hours} h {rest} min" if rest else f"{hours} h"
 
 
-def next_slot(budget: dict[str, Any]) -> str:
+def next_slot(budget: BudgetGate) -> str:
     """When the next restart slot frees, relative and in UTC: "in 47 min (at 03:12 UTC)"."""
-    wait = float(budget["next_free_at"]) - float(budget["now"])
-    at = dt.datetime.fromtimestamp(float(budget["next_free_at"]), dt.timezone.utc)
+    wait = float(budget.next_free_at) - float(budget.now)
+    at = dt.datetime.fromtimestamp(float(budget.next_free_at), dt.timezone.utc)
     return f"in {in_words(wait)} (at {at:%H:%M} UTC)"
 
 
-async def read_gate(
-    op: Operation, over_budget: bool, settled: Sequence[float] = ()
-) -> dict[str, Any]:
+async def read_gate(op: Operation, over_budget: bool, settled: Sequence[float] = ()) -> Gate:
     """The budget a planned restart meets, as the history's own `budget` computes it.
 
     No slot left is used >= allowed (the watchdog's rule, WatchdogContract.budget). `settled`:
@@ -69,7 +68,7 @@ async def read_gate(
     try:
         view = await op.watchdog.budget()
     except SparkOpsError as exc:
-        return {"error": exc.message, "over_budget_given": over_budget}
+        return UnreadableBudget(exc.message, over_budget)
     stamps = [float(s["stamp"]) for s in view.stamps]
     gone = [s for s in stamps if any(abs(s - x) < 1e-6 for x in settled)]
     counted = budget_of(
@@ -78,48 +77,46 @@ async def read_gate(
         window=view.window_s,
         now=view.now,
     )
-    return {
-        "used": counted["used"],
-        "allowed": view.allowed,
-        "remaining": counted["remaining"],
-        "window_s": view.window_s,
-        "now": view.now,
-        "next_free_at": counted["next_free_at"],
-        "history_file": view.history_file,
-        "spent": counted["over_budget"],
-        "settled": len(gone),  # left by dead runs, removed first: not counted
-        "over_budget_given": over_budget,
-        "limits_source": view.limits_source,  # the watchdog's own max / window, when readable
-        "inventory_disagrees": view.disagreement or None,
-    }
-
-
-def spent_sentence(gate: dict[str, Any]) -> str:
-    """What a spent budget means for a restart, and when the next slot frees (one sentence)."""
-    mine = (
-        f", not counting {gate['settled']} left by unfinished runs" if gate.get("settled") else ""
+    return BudgetGate(
+        used=counted["used"],
+        allowed=view.allowed,
+        remaining=counted["remaining"],
+        window_s=view.window_s,
+        now=view.now,
+        next_free_at=counted["next_free_at"],
+        history_file=view.history_file,
+        spent=counted["over_budget"],
+        settled=len(gone),  # left by dead runs, removed first: not counted
+        over_budget_given=over_budget,
+        limits_source=view.limits_source,  # the watchdog's own max / window, when readable
+        inventory_disagrees=view.disagreement or None,
     )
-    whose = f"; {gate['inventory_disagrees']}" if gate.get("inventory_disagrees") else ""
+
+
+def spent_sentence(gate: BudgetGate) -> str:
+    """What a spent budget means for a restart, and when the next slot frees (one sentence)."""
+    mine = f", not counting {gate.settled} left by unfinished runs" if gate.settled else ""
+    whose = f"; {gate.inventory_disagrees}" if gate.inventory_disagrees else ""
     return (
-        f"the watchdog's restart budget is spent: {gate['used']}/{gate['allowed']} restarts in "
-        f"the last {float(gate['window_s']) / 3600:g} h{mine} (history {gate['history_file']}"
+        f"the watchdog's restart budget is spent: {gate.used}/{gate.allowed} restarts in "
+        f"the last {float(gate.window_s) / 3600:g} h{mine} (history {gate.history_file}"
         f"{whose}); if this restart's boot failed, the watchdog could not restart the engine. "
         f"The next slot frees {next_slot(gate)}"
     )
 
 
-def gate_refusal(gate: dict[str, Any] | None, *, ignore_option: bool = False) -> OverBudget | None:
+def gate_refusal(gate: Gate | None, *, ignore_option: bool = False) -> OverBudget | None:
     """The refusal a restart meets at this budget, or None (a slot left, or --over-budget)."""
-    if not gate or (gate.get("over_budget_given") and not ignore_option):
+    if gate is None or (gate.over_budget_given and not ignore_option):
         return None
-    if "error" in gate:
+    if isinstance(gate, UnreadableBudget):
         return OverBudget(
-            f"the restart budget cannot be read ({gate['error']}): the restart's stamp could not "
+            f"the restart budget cannot be read ({gate.error}): the restart's stamp could not "
             "be pruned, nor a failed boot restarted by the watchdog; nothing was changed",
             budget=gate,
             hint="fix the history first (`spark-ops doctor`), or pass --over-budget",
         )
-    if not gate.get("spent"):
+    if not gate.spent:
         return None
     return OverBudget(
         f"{spent_sentence(gate)}; nothing was changed",
@@ -239,27 +236,27 @@ async def check_budget(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
     """Record in a restart's plan the budget it meets and the engine it replaces."""
     gate = await read_gate(op, opts.over_budget, plan.facts.left_stamp_values or ())
     plan.facts.budget = gate
-    if gate.get("inventory_disagrees"):
-        plan.warnings.append(str(gate["inventory_disagrees"]))
+    if isinstance(gate, BudgetGate) and gate.inventory_disagrees:
+        plan.warnings.append(gate.inventory_disagrees)
     if opts.over_budget and gate_refusal(gate, ignore_option=True) is not None:
         plan.warnings.append(over_budget_warning(gate))
     try:
         inst = await current_instance(op.session, op.cluster)
     except SparkOpsError:
         inst = None
-    plan.facts.engine = None if inst is None else {"instance": inst.key, "alive": inst.alive}
+    plan.facts.engine = None if inst is None else EngineFact(inst.key, inst.alive)
 
 
-def over_budget_warning(gate: dict[str, Any]) -> str:
+def over_budget_warning(gate: Gate) -> str:
     """The plan's warning when --over-budget lets a restart through (no relative time in it:
     the plan made again under the lock must read the same)."""
-    if "error" in gate:
-        why = f"the restart budget cannot be read ({gate['error']})"
+    if isinstance(gate, UnreadableBudget):
+        why = f"the restart budget cannot be read ({gate.error})"
     else:
-        at = dt.datetime.fromtimestamp(float(gate["next_free_at"]), dt.timezone.utc)
+        at = dt.datetime.fromtimestamp(float(gate.next_free_at), dt.timezone.utc)
         why = (
-            f"the watchdog's restart budget is spent ({gate['used']}/{gate['allowed']} in the last "
-            f"{float(gate['window_s']) / 3600:g} h; the next slot frees at {at:%H:%M} UTC)"
+            f"the watchdog's restart budget is spent ({gate.used}/{gate.allowed} in the last "
+            f"{float(gate.window_s) / 3600:g} h; the next slot frees at {at:%H:%M} UTC)"
         )
     return (
         f"--over-budget given: {why}; if this boot fails, the engine stays down until someone "
@@ -313,29 +310,30 @@ def plan_differences(shown: Plan, now: Plan) -> list[str]:
     return out
 
 
-def _budget_difference(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[str]:
+def _budget_difference(a: Gate | None, b: Gate | None) -> list[str]:
     """The budget's difference: more restarts used, or readable/spent no more (an aged-out
     stamp that only frees room is no difference)."""
-    if not a or not b or a == b:
+    if a is None or b is None or a == b:
         return [] if (a is None) == (b is None) else ["the restart budget: read only once"]
-    if ("error" in a) != ("error" in b) or a.get("allowed") != b.get("allowed"):
+    if not isinstance(a, BudgetGate) or not isinstance(b, BudgetGate):
+        if isinstance(a, UnreadableBudget) and isinstance(b, UnreadableBudget):
+            return []  # unreadable both times (another error): refused alike
         return [f"the restart budget: {_budget_text(a)} -> {_budget_text(b)}"]
-    more = int(b["used"]) > int(a["used"]) or (b.get("spent") and not a.get("spent"))
-    if "error" not in a and more:
+    if a.allowed != b.allowed or int(b.used) > int(a.used) or (b.spent and not a.spent):
         return [f"the restart budget: {_budget_text(a)} -> {_budget_text(b)}"]
     return []
 
 
-def _budget_text(gate: dict[str, Any]) -> str:
+def _budget_text(gate: Gate) -> str:
     """A budget fact in a few words."""
-    if "error" in gate:
-        return f"unreadable ({gate['error']})"
-    return f"{gate['used']}/{gate['allowed']} used"
+    if isinstance(gate, UnreadableBudget):
+        return f"unreadable ({gate.error})"
+    return f"{gate.used}/{gate.allowed} used"
 
 
 def _short(value: Any) -> str:
-    """A fact as a difference line shows it (cut, never whole)."""
-    text = repr(value)
+    """A fact as a difference line shows it, as its JSON (cut, never whole)."""
+    text = repr(as_json(value))
     return text if len(text) <= 200 else text[:200] + "…"
 
 
@@ -344,14 +342,17 @@ def ensure_same(shown: Plan, now: Plan) -> None:
     refuse_changes(plan_differences(shown, now))
 
 
-def facts_differences(shown: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """What differs between two plans given as dicts (e.g. an experiment's), budget included."""
+def facts_differences(
+    shown: dict[str, Any], now: dict[str, Any], budgets: tuple[Gate | None, Gate | None]
+) -> list[str]:
+    """What differs between two plans given as dicts (e.g. an experiment's), and the budgets
+    their restarts meet (shown, now)."""
     out = [
         f"{key}: {_short(shown.get(key))} -> {_short(now.get(key))}"
         for key in sorted(set(shown) | set(now))
-        if key != "budget" and shown.get(key) != now.get(key)
+        if shown.get(key) != now.get(key)
     ]
-    return out + _budget_difference(shown.get("budget"), now.get("budget"))
+    return out + _budget_difference(*budgets)
 
 
 def replan_refused(exc: SparkOpsError) -> PlanChanged:

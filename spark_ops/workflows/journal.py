@@ -23,8 +23,9 @@ from spark_ops import audit
 from spark_ops.errors import SparkOpsError
 from spark_ops.remote import ClusterSession, sha256
 from spark_ops.watchdog.identify import stamp_json
+from spark_ops.workflows.facts import RunSummary, WindowSummary
 from spark_ops.workflows.operation import Operation
-from spark_ops.workflows.plan import Plan, StepKind, StepRun
+from spark_ops.workflows.plan import OperationKind, Plan, StepKind, StepRun
 
 INTENT, STEP, END = "intent", "step", "end"
 AUDIT_TAIL = 2000  # entries read back to find unfinished runs (a run writes about ten)
@@ -55,12 +56,15 @@ class RestartWindow:
         """Until when an unmarked new stamp may be this restart's."""
         return (self.hi if self.closed else self.lo) + STAMP_GRACE_S
 
+    def summary(self) -> WindowSummary:
+        """What status, doctor and --json show of it."""
+        return WindowSummary(
+            self.step, self.lo, self.hi, self.closed, stamp_json(self.stamp), self.pruned
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """Serialize for --json."""
-        return {
-            "step": self.step, "from": self.lo, "to": self.hi, "closed": self.closed,
-            "stamp": stamp_json(self.stamp), "pruned": self.pruned,
-        }  # fmt: skip
+        return self.summary().to_json()
 
 
 @dataclass
@@ -145,19 +149,19 @@ class Run:
         """Every planned stamp it made was pruned (or it recorded there was none)."""
         return all(w.pruned for w in self.restart_windows())
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunSummary:
         """What status, doctor and --json show of an unfinished run."""
-        return {
-            "run": self.run,
-            "operation": self.operation,
-            "who": self.intent.get("who"),
-            "when": self.intent.get("when"),
-            "last_step": self.last_step,
-            "written": self.written,
-            "restart_windows": [w.to_dict() for w in self.restart_windows()],
-            "stamp_pruned": self.pruned,
-            "command": self.command,
-        }
+        return RunSummary(
+            run=self.run,
+            operation=self.operation,
+            who=self.intent.get("who"),
+            when=self.intent.get("when"),
+            last_step=self.last_step,
+            written=self.written,
+            restart_windows=[w.summary() for w in self.restart_windows()],
+            stamp_pruned=self.pruned,
+            command=self.command,
+        )
 
 
 def runs_of(entries: Sequence[dict[str, Any]]) -> list[Run]:
@@ -233,7 +237,7 @@ def write_facts(plan: Plan) -> list[dict[str, Any]]:
 class RunJournal:
     """Append a run's intent, its steps and its end to the head's audit log, under one run id."""
 
-    def __init__(self, op: Operation, operation: str, command: str = "") -> None:
+    def __init__(self, op: Operation, operation: OperationKind, command: str = "") -> None:
         """Bind to an open Operation; nothing is written yet."""
         self.op = op
         self.operation = operation

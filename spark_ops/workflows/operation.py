@@ -25,7 +25,8 @@ from spark_ops.remote import ClusterSession, check_text
 from spark_ops.verify import Check
 from spark_ops.watchdog.contract import BudgetView, WatchdogContract
 from spark_ops.watchdog.identify import stamp_json, stamps_json
-from spark_ops.workflows.plan import Plan, RunFacts, StepRun
+from spark_ops.workflows.facts import HistoryProblem, KnobValue
+from spark_ops.workflows.plan import Plan, RunFacts, StepKind, StepRun
 
 MAX_REASON_BYTES = 1000
 
@@ -88,6 +89,18 @@ class ApplyOptions:
                 raise InputError(f"{label}: {seconds!r} is not allowed; give {what}")
 
 
+@dataclass(frozen=True)
+class BootFollowed:
+    """A boot a run followed: its step (boot, or the rollback's) and the boot's report."""
+
+    step: StepKind
+    report: BootReport
+
+    def to_json(self) -> dict[str, Any]:
+        """As the outcome's JSON holds it: the step's name beside the report."""
+        return {"step": self.step.value, **self.report.to_dict()}
+
+
 @dataclass
 class Outcome:
     """What an executed plan did, beside the plan (never in it): the steps as they ran, what the
@@ -101,10 +114,10 @@ class Outcome:
     checks: list[Check] = field(default_factory=list)
     budget: BudgetView | None = None
     rolled_back: bool = False
-    error: dict[str, Any] | None = None
-    boots: list[dict[str, Any]] = field(default_factory=list)  # every boot followed, rollback's too
+    error: SparkOpsError | None = None  # the failed boot (the run's error), when it recovered
+    boots: list[BootFollowed] = field(default_factory=list)  # every boot followed, rollback's too
     warnings: list[str] = field(default_factory=list)  # e.g. gave-up appeared during the apply
-    history_problem: dict[str, Any] | None = None  # the history did not move: budget unknown
+    history_problem: HistoryProblem | None = None  # the history did not move: budget unknown
     steps: list[StepRun] = field(default_factory=list)  # the plan's steps as run (+ a rollback's)
     found: RunFacts = field(default_factory=RunFacts)
 
@@ -129,10 +142,12 @@ class Outcome:
             "checks": [c.to_dict() for c in self.checks],
             "budget": self.budget.to_dict() if self.budget is not None else None,
             "rolled_back": self.rolled_back,
-            "error": self.error,
-            "boots": self.boots,
+            "error": self.error.to_dict() if self.error is not None else None,
+            "boots": [b.to_json() for b in self.boots],
             "warnings": self.warnings,
-            "history_problem": self.history_problem,
+            "history_problem": (
+                self.history_problem.to_json() if self.history_problem is not None else None
+            ),
         }
 
 
@@ -213,7 +228,7 @@ class Operation:
         return out
 
 
-def jsonable(values: dict[str, Any]) -> dict[str, Any]:
+def jsonable(values: dict[str, Any]) -> dict[str, KnobValue]:
     """Make knob values JSON-friendly."""
     return {
         k: (v if isinstance(v, str | int | float | bool) or v is None else str(v))

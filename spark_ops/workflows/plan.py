@@ -13,9 +13,21 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from spark_ops.workflows.facts import (
+    EngineFact,
+    Gate,
+    Keys,
+    KnobValue,
+    RunSummary,
+    gate_from_json,
+    keys_from_json,
+)
 from spark_ops.workflows.preflight import PreflightAnswer
+
+if TYPE_CHECKING:
+    from spark_ops.remote import WriteOutcome
 
 
 @dataclass
@@ -35,11 +47,20 @@ class FileChange:
 
 
 class OperationKind(StrEnum):
-    """What a plan does (the value is the name the JSON, the journal and the audit show)."""
+    """What a run does (the value is the name the JSON, the journal and the audit show): a plan's
+    operation (apply, restart, rollback), or a run journalled apart from any plan."""
 
     APPLY = "apply"
     RESTART = "restart"
     ROLLBACK = "rollback"
+    BUDGET_PRUNE = "budget prune"  # workflows/budget.py
+    EXPERIMENT_LOAD = "experiment-load"  # an experiment's sweep under the lease
+    BENCH_LOAD = "bench-load"  # bench's load under the lease (workflows/probe_load.py)
+
+    @property
+    def planned(self) -> bool:
+        """True for the operations a Plan holds."""
+        return self in (OperationKind.APPLY, OperationKind.RESTART, OperationKind.ROLLBACK)
 
 
 class StepKind(StrEnum):
@@ -137,16 +158,16 @@ class PlanFacts:
     (gate.plan_differences); the budget by its own rule.
     """
 
-    knobs_before: dict[str, Any] | None = field(
+    knobs_before: dict[str, KnobValue] | None = field(
         default=None, metadata=_compared("the recipe's knobs")
     )
-    knobs_after: dict[str, Any] | None = field(
+    knobs_after: dict[str, KnobValue] | None = field(
         default=None, metadata=_compared("the knobs after the change")
     )
     vllm_version: str | None = field(
         default=None, metadata=_compared("the engine's vLLM version", known_only=True)
     )
-    keys: dict[str, Any] | None = None  # how --set / --flag keys were checked
+    keys: Keys | None = None  # how --set / --flag keys were checked
     restart_needed: str | None = field(default=None, metadata=_compared("why a restart is needed"))
     preflight: PreflightAnswer | None = None  # the head's vLLM on the edited command line
     backups: dict[str, str] | None = field(  # host -> the backup path
@@ -159,12 +180,12 @@ class PlanFacts:
         default=None, metadata=_compared("the stamps unfinished runs left")
     )
     left_stamp_values: list[float] | None = None  # their stamps: the gate counts without
-    unfinished: list[dict[str, Any]] | None = None  # the dead runs' summaries
+    unfinished: list[RunSummary] | None = None  # the dead runs' summaries
     checks_owed: str | None = field(  # the run whose restart this run verifies (no restart here)
         default=None, metadata=_compared("the stopped run whose checks this run runs")
     )
-    budget: dict[str, Any] | None = None  # the gate a restart meets (gate.read_gate)
-    engine: dict[str, Any] | None = field(  # the running engine's instance key, alive
+    budget: Gate | None = None  # the gate a restart meets (gate.read_gate)
+    engine: EngineFact | None = field(  # the running engine's instance key, alive
         default=None, metadata=_compared("the running engine", known_only=True)
     )
 
@@ -179,16 +200,36 @@ class PlanFacts:
 
     def to_json(self) -> dict[str, Any]:
         """The facts as --json shows them: the known ones, by name."""
-        out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-        if self.preflight is not None:
-            out["preflight"] = self.preflight.to_json()
-        return out
+        return {
+            f.name: as_json(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PlanFacts:
         """Facts from their JSON form (unknown names refused: a typo is no fact)."""
-        pre = data.get("preflight")
-        return cls(**{**data, "preflight": None if pre is None else PreflightAnswer.from_json(pre)})
+        typed: dict[str, Callable[[Any], Any]] = {
+            "keys": keys_from_json,
+            "unfinished": lambda runs: [RunSummary.from_json(r) for r in runs],
+            "budget": gate_from_json,
+            "engine": EngineFact.from_json,
+            "preflight": PreflightAnswer.from_json,
+        }
+        return cls(
+            **{k: typed[k](v) if k in typed and v is not None else v for k, v in data.items()}
+        )
+
+
+def as_json(value: Any) -> Any:
+    """A fact as JSON holds it: a typed fact by its to_json, containers copied through."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if isinstance(value, dict):
+        return {k: as_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_json(v) for v in value]
+    return value
 
 
 @dataclass
@@ -197,7 +238,7 @@ class RunFacts:
 
     run: str | None = None  # the run id of the journal
     written: list[str] | None = None  # host:path of every recipe copy written
-    write_backups: list[dict[str, Any]] | None = None  # the backups the write made
+    write_backups: list[WriteOutcome] | None = None  # the backups the write made
     kv_pool_before: int | None = None  # the old engine's KV pool, in tokens
     kv_memory_before: int | None = None  # the old engine's KV cache memory (its own report)
     restart_at: float | None = None  # head clock when the restart command began
@@ -206,7 +247,14 @@ class RunFacts:
 
     def to_json(self) -> dict[str, Any]:
         """The known ones, by name."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        data = {
+            f.name: as_json(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+        if self.write_backups is not None:
+            data["write_backups"] = [w.to_dict() for w in self.write_backups]
+        return data
 
 
 @dataclass
@@ -221,8 +269,10 @@ class Plan:
     facts: PlanFacts = field(default_factory=PlanFacts)
 
     def __post_init__(self) -> None:
-        """Take the operation as given in text ("restart"); an unknown one is refused."""
+        """Take the operation as given in text ("restart"); one no plan holds is refused."""
         self.operation = OperationKind(self.operation)
+        if not self.operation.planned:
+            raise ValueError(f"{self.operation.value!r} is not an operation a plan holds")
 
     def has(self, kind: StepKind) -> bool:
         """True when the plan holds a step of this kind."""

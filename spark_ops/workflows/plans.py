@@ -26,6 +26,7 @@ from spark_ops.remote import sha256
 from spark_ops.watchdog.policy import crash_loop_warning, engine_policy
 from spark_ops.workflows.converge import booting_note, checks_owed, engine_differs, plan_settle
 from spark_ops.workflows.disruption import lease_description
+from spark_ops.workflows.facts import KeysChecked, KeysTrusted
 from spark_ops.workflows.gate import check_budget, check_leftovers, check_ranks, check_workers
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, OperationKind, Plan, StepKind
@@ -121,14 +122,16 @@ async def _check_keys(op: Operation, opts: ApplyOptions, plan: Plan, head_text: 
         found, why = None, exc.message
     if why is not None:  # no parser answered: --trust-keys, and only then, writes them unchecked
         if opts.trust_keys:
-            plan.facts.keys = {"trusted": [g for g, _ in requested], "why": why}
+            plan.facts.keys = KeysTrusted([g for g, _ in requested], why)
             plan.warnings.append(
                 f"--trust-keys: {given} written unchecked (no vLLM parser answered: {why})"
             )
             return
         raise KnobError(f"{source}: cannot check {given} against the head's vLLM: {why}", hint=hint)
     assert found is not None and found.options is not None
-    plan.facts.keys = found.keys_json()
+    plan.facts.keys = KeysChecked(
+        found.vllm_version, found.method, found.detail, found.cached, len(found.options)
+    )
     version = str(found.vllm_version)
     parser = (
         f"the sim engine (vLLM {version.removeprefix('sim ')}) on {head}"

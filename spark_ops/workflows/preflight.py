@@ -111,12 +111,6 @@ class PreflightAnswer:
         """An answer from its JSON form (an unknown name is refused)."""
         return cls(**data)
 
-    def keys_json(self) -> dict[str, Any]:
-        """The options answer as the plan's facts keep it (the number of options, not them)."""
-        count = None if self.options is None else len(self.options)
-        return {"version": self.vllm_version, "method": self.method, "detail": self.detail,
-                "cached": self.cached, "options": count}  # fmt: skip
-
 
 class _Unreachable(Exception):
     """This way of asking found no vLLM to ask (the reason is the message)."""

@@ -32,6 +32,7 @@ from spark_ops.inventory import Cluster, WatchdogProbe
 from spark_ops.workflows.disruption import Leases
 from spark_ops.workflows.journal import RunJournal
 from spark_ops.workflows.operation import Operation, head_knobs
+from spark_ops.workflows.plan import OperationKind
 
 MARGIN_S = 120.0  # a leased level's lease past its expected length
 MAX_RECORDED = 64  # levels the journal's intent names (the rest counted)
@@ -456,7 +457,7 @@ async def sweep_cluster(
         refused = plan.refusal()
         if refused is not None:
             raise refused
-        journal = RunJournal(op, "bench-load", "spark-ops bench")
+        journal = RunJournal(op, OperationKind.BENCH_LOAD, "spark-ops bench")
         leases = Leases(op, journal.run)
         guard = LoadGuard(
             leases, wd.probe, cap, config.repeats, unleased=unleased,
@@ -473,7 +474,7 @@ async def sweep_cluster(
                 if on_note is not None:
                     on_note(text)
             if guard.begun:
-                await journal.end(audit.make_entry("bench-load", outcome=outcome))
+                await journal.end(audit.make_entry(OperationKind.BENCH_LOAD, outcome=outcome))
 
 
 def cap_of(knobs: dict[str, Any] | None) -> int | None:

@@ -12,14 +12,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from spark_ops.engine.identity import START_SLACK_S
 from spark_ops.engine.watch import EngineWatch
 from spark_ops.errors import AmbiguousStamp, BootError, SparkOpsError
 from spark_ops.readiness import BootReport, BootTracker, history_key, record_failed, wait_for_boot
 from spark_ops.readiness import record as record_boot
-from spark_ops.remote import FileWrite, engine_log_follow, sha256
+from spark_ops.remote import FileWrite, WriteOutcome, engine_log_follow, sha256
 from spark_ops.remote.programs.engine import LOG_SIZE
 from spark_ops.remote.shell import REMOVE
 from spark_ops.watchdog.contract import Trigger
@@ -27,7 +26,7 @@ from spark_ops.watchdog.identify import HistEntry, Identification, new_entries
 from spark_ops.workflows import interrupt
 from spark_ops.workflows.execution import Attempt, Done, Execution
 from spark_ops.workflows.gate import missing_workers
-from spark_ops.workflows.operation import Operation, Outcome
+from spark_ops.workflows.operation import BootFollowed, Operation, Outcome
 from spark_ops.workflows.plan import StepKind
 from spark_ops.workflows.postboot import kv_cache
 
@@ -74,7 +73,7 @@ async def boot(ex: Execution, kind: StepKind) -> Done:
         report = await wait(ex, a.start_at, a.watch)
         await time_from_engine(op, report, a.watch, a.trigger)
         out.boot = report
-        out.boots.append({"step": kind.value, **report.to_dict()})
+        out.boots.append(BootFollowed(kind, report))
         record_boot(history_key(op.cluster), report)  # the ETA learns the engine's own boot time
         return Done(boot_text(report, a.watch))
     except BootError as exc:  # status says the last boot failed; the ETAs skip it
@@ -232,7 +231,7 @@ async def trigger_failed(ex: Execution, name: StepKind, trigger: Trigger) -> Non
             for ch in plan.changes
         ]
         undone = await op.session.write_atomic(writes)
-        await drop_backups(op, [*(out.found.write_backups or []), *(u.to_dict() for u in undone)])
+        await drop_backups(op, [*(out.found.write_backups or []), *undone])
         error.message += "; no restart began: the recipe write was undone"
         run.fail(name, error.message)
         error.hint = "nothing changed on the cluster; fix the watchdog command, then run again"
@@ -253,11 +252,11 @@ async def trigger_failed(ex: Execution, name: StepKind, trigger: Trigger) -> Non
     raise error
 
 
-async def drop_backups(op: Operation, backups: list[dict[str, Any]]) -> None:
+async def drop_backups(op: Operation, backups: list[WriteOutcome]) -> None:
     """Remove the backups an undone write made (spark-ops' own files, nothing else)."""
     for b in backups:
-        if b.get("backup"):
-            await op.session.call(b["host"], REMOVE, b["backup"], sudo=True)
+        if b.backup:
+            await op.session.call(b.host, REMOVE, b.backup, sudo=True)
 
 
 async def wait(ex: Execution, start_at: int | None, watch: EngineWatch) -> BootReport:

@@ -24,6 +24,7 @@ from spark_ops.watchdog.identify import (
 from spark_ops.workflows.converge import dead_runs
 from spark_ops.workflows.disruption import restart_lease_seconds, settle_leases
 from spark_ops.workflows.execution import Done, Execution
+from spark_ops.workflows.facts import HistoryProblem
 from spark_ops.workflows.operation import Operation, Outcome
 from spark_ops.workflows.plan import OperationKind, Step, StepKind
 from spark_ops.workflows.postboot import verify_boot
@@ -82,7 +83,7 @@ async def write(ex: Execution, kind: StepKind) -> Done:
         )
         raise
     out.found.written = [f"{d.host}:{d.path}" for d in done]  # named by the audit entry
-    out.found.write_backups = [d.to_dict() for d in done]
+    out.found.write_backups = list(done)
     detail = "; ".join(f"{d.host}: backup {d.backup}" for d in done)
     return Done(detail, journal={"written": out.found.written})
 
@@ -154,7 +155,7 @@ async def _prune(ex: Execution, kind: StepKind) -> Done:
         evidence = await restart_recorded(op, out)
         if evidence is not None:  # the watchdog recorded a restart, but not in this file
             out.history_problem = history_unmoved(op, *evidence)
-            return Done(out.history_problem["message"], "failed")
+            return Done(out.history_problem.message, "failed")
         return Done(
             f"the watchdog left no new stamp in {op.cluster.watchdog.history_file}: nothing to "
             "prune (right when the restart command bypasses the watchdog; if it goes through "
@@ -213,25 +214,25 @@ async def restart_recorded(op: Operation, out: Outcome) -> tuple[float, str] | N
     )
 
 
-def history_unmoved(op: Operation, recorded: float, how: str) -> dict[str, Any]:
+def history_unmoved(op: Operation, recorded: float, how: str) -> HistoryProblem:
     """The report of a restart the watchdog recorded elsewhere: watchdog.history_file is wrong."""
     wd = op.cluster.watchdog
     stamp = fmt_stamp(recorded)
-    return {
-        "history_file": wd.history_file,
-        "recorded_stamp": recorded,
-        "message": (
+    return HistoryProblem(
+        history_file=wd.history_file,
+        recorded_stamp=recorded,
+        message=(
             f"watchdog.history_file is wrong: {how}, "
             f"but {wd.history_file} on {op.cluster.head.name} did not change; the "
             f"watchdog keeps its history elsewhere, where stamp {stamp} now counts against the "
             "budget and was not pruned"
         ),
-        "hint": (
+        hint=(
             "set watchdog.history_file (and lock_file / journal_file) in the inventory to the "
             "files the watchdog's own config names (`spark-ops doctor` shows them), then remove "
             f"the planned stamp: spark-ops budget prune --stamp {stamp}"
         ),
-    }
+    )
 
 
 async def verify(ex: Execution, kind: StepKind) -> Done:
@@ -272,7 +273,7 @@ def rollback_wanted(ex: Execution) -> bool:
     """A failed boot is recorded; it is rolled back when the options ask and files changed."""
     if not isinstance(ex.failure, BootError):
         return False
-    ex.out.error = ex.failure.to_dict()
+    ex.out.error = ex.failure
     return ex.opts.rollback_on_failure and bool(ex.plan.changes)
 
 

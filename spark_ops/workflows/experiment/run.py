@@ -32,9 +32,11 @@ from spark_ops.workflows.experiment.state import (
     label,
     now_iso,
 )
+from spark_ops.workflows.facts import BudgetGate
 from spark_ops.workflows.gate import next_slot, spent_sentence
 from spark_ops.workflows.journal import RunJournal
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
+from spark_ops.workflows.plan import OperationKind
 from spark_ops.workflows.plans import plan_apply
 from spark_ops.workflows.probe_load import LoadGuard, cap_of, plan_load
 
@@ -150,7 +152,7 @@ async def _leased_sweep(
     cap = cap_of(cfg.knobs)
     wd = op.cluster.watchdog
     plan = plan_load(cfg.levels, cap, wd.probe, wd.pause_file, unleased=settings.unleased_load)
-    journal = RunJournal(op, "experiment-load", "spark-ops experiment")
+    journal = RunJournal(op, OperationKind.EXPERIMENT_LOAD, "spark-ops experiment")
     await journal.intent(
         detail={"knobs": cfg.knobs, "levels": list(cfg.levels), "load": plan.record()}
     )
@@ -168,7 +170,7 @@ async def _leased_sweep(
         await leases.end_all()
         for text in leases.notes:
             hooks.note(text)
-        await journal.end(audit.make_entry("experiment-load", outcome=outcome))
+        await journal.end(audit.make_entry(OperationKind.EXPERIMENT_LOAD, outcome=outcome))
 
 
 @dataclass
@@ -323,8 +325,8 @@ async def _restore(
     except OverBudget as exc:  # refused before anything was written: the start is not back
         return {
             "ok": False, "knobs": start, "refused": True, "budget": exc.budget,
-            "error": f"its restart was refused too: {spent_sentence(exc.budget)}"
-            if "used" in exc.budget else exc.message,
+            "error": f"its restart was refused too: {spent_sentence(exc.gate)}"
+            if isinstance(exc.gate, BudgetGate) else exc.message,
             "command": apply_command(start),
         }  # fmt: skip
     except Exception as exc:  # reported, never raised: the run's own outcome comes first
@@ -385,7 +387,7 @@ def apply_command(knobs: dict[str, Any]) -> str:
 def midway_refusal(state: ExperimentState, refused: OverBudget, at: str | None) -> OverBudget:
     """A restart refused by the budget after the experiment changed the cluster: what it changed,
     where the recipe stands, when the next slot frees, and the ways on (`--over-budget`)."""
-    gate = refused.budget
+    gate = refused.gate
     applied = [name for name, r in state.results.items() if (r.get("apply") or {}).get("restarted")]
     restore = state.restore
     start = label({a: state.start_knobs.get(a) for a in state.spec.axes})
@@ -405,8 +407,10 @@ def midway_refusal(state: ExperimentState, refused: OverBudget, at: str | None) 
                 f"; the recipe and the engine hold {applied[-1]}: the starting configuration "
                 f"({start}) was not put back ({why_not})"
             )
-    why = spent_sentence(gate) if "used" in gate else refused.message
-    slot = f"once the next slot frees, {next_slot(gate)}," if "next_free_at" in gate else "later"
+    if isinstance(gate, BudgetGate):
+        why, slot = spent_sentence(gate), f"once the next slot frees, {next_slot(gate)},"
+    else:
+        why, slot = refused.message, "later"
     back = ""
     if restore is not None and restore.get("refused"):
         back = (
