@@ -183,3 +183,34 @@ def test_a_killed_rollout_resumes_and_converges(fleet3: Fleet3) -> None:
     for name in NAMES:
         assert after[name][0] == before[name][0], f"{name}: its restart history changed"
         assert _recipe_ok(case["recipe"][name], before[name][1], after[name][1]), name
+
+
+RULES = yaml.safe_load((CASES / "rules.yaml").read_text())
+
+
+@pytest.mark.parametrize("case", RULES, ids=[c["name"] for c in RULES])
+def test_the_rollouts_rules(case: dict, tmp_path: Path) -> None:
+    """batches, exit and the shown state of a rollout as its journal holds it; the journal
+    written and read back whole (an unfinished one found by its fleet)."""
+    from spark_ops.workflows.rollout import (
+        ClusterStep,
+        Rollout,
+        RolloutJournal,
+        batches,
+        exit_of,
+        shown_state,
+    )
+
+    steps = [
+        ClusterStep(n, "canary" if i == 0 else "next", state=s, exit=case.get("exits", {}).get(n))
+        for i, (n, s) in enumerate(case["states"].items())
+    ]
+    ro = Rollout("k", "fleet.yaml", "spark-ops rollout", {}, case["parallel"], steps,
+                 stopped=case.get("stopped", ""), finished=bool(case.get("stopped")))  # fmt: skip
+    assert batches(ro) == case["batches"]
+    assert exit_of(ro) == case["exit"]
+    assert {c.name: shown_state(c, ro) for c in ro.clusters} == case["shown"]
+    journal = RolloutJournal(tmp_path)
+    journal.save(ro)
+    assert journal.load("k") == ro
+    assert (journal.unfinished("fleet.yaml") is None) == ro.finished

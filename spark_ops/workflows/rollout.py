@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from spark_ops.errors import ExitStatus, SparkOpsError
+from spark_ops.errors import ExitStatus, Interrupted, SparkOpsError
 from spark_ops.files import read_regular, write_file
 from spark_ops.fleet import Fleet, Member, across
 from spark_ops.inventory import Cluster
@@ -237,6 +237,8 @@ async def apply_one(member: Member, opts: ApplyOptions, say: StepSay | None) -> 
                 return step
             report = (lambda s: say(member.name, s)) if say is not None else None
             out: Outcome = await execute(op, plan, opts, on_step=report)
+    except Interrupted:  # the journal keeps the cluster running: a resume applies it again
+        raise
     except SparkOpsError as exc:
         step.state, step.reason, step.exit = "failed", exc.message, int(exc.exit_status)
         return step
