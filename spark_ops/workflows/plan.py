@@ -67,6 +67,7 @@ class StepKind(StrEnum):
     """Every step a plan or its run can hold (the value is the name the JSON and audit show)."""
 
     SETTLE = "settle"
+    MEASURE = "measure-before"  # apply --prove: the load point measured on the running engine
     WRITE = "write"
     LEASE = "lease"  # pause the watchdog for the disruption (watchdog/lease.py)
     DRAIN = "drain"
@@ -74,6 +75,7 @@ class StepKind(StrEnum):
     BOOT = "boot"
     PRUNE = "prune"
     VERIFY = "verify"
+    PROVE = "measure-after"  # apply --prove: the same point again, and the gate's verdict
     BUDGET = "budget"
     ROLLBACK = "rollback"
     RESTART_ROLLBACK = "restart-rollback"

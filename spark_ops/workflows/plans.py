@@ -32,6 +32,7 @@ from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, OperationKind, Plan, StepKind
 from spark_ops.workflows.postboot import kv_pool
 from spark_ops.workflows.preflight import preflight
+from spark_ops.workflows.prove import add_prove_steps, prove_refusal
 
 
 def _drift(texts: dict[str, str], path: str) -> list[str]:
@@ -93,8 +94,20 @@ async def plan_apply(op: Operation, opts: ApplyOptions, shown: Plan | None = Non
     if warning:
         plan.warnings.append(warning)
     _restart_steps(plan, op, opts, write=True)
+    if opts.prove is not None:
+        _prove_steps(op, opts, plan)
     await _settle_and_gate(op, opts, plan)
     return plan
+
+
+def _prove_steps(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
+    """apply --prove: the measurement steps join the plan; a point bench would refuse is refused."""
+    assert opts.prove is not None
+    wd = op.cluster.watchdog
+    refused = prove_refusal(plan, opts.prove, wd.probe, wd.pause_file)
+    if refused is not None:
+        raise refused
+    add_prove_steps(plan, opts.prove, op.cluster.head.name)
 
 
 async def _check_keys(op: Operation, opts: ApplyOptions, plan: Plan, head_text: str) -> None:
