@@ -274,7 +274,7 @@ def rollback_wanted(ex: Execution) -> bool:
     """A failed boot is recorded; it is rolled back when the options ask and files changed. A
     regression (apply --prove's gate failed) is always rolled back."""
     if isinstance(ex.failure, Regressed):
-        ex.out.error = ex.failure.to_dict()
+        ex.out.error = ex.failure
         return bool(ex.plan.changes)
     if not isinstance(ex.failure, BootError):
         return False
