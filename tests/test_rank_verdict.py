@@ -142,7 +142,9 @@ def test_one_reading_one_program_per_node(case: dict[str, Any]) -> None:
         "clusters:\n  c:\n    nodes: {head: {host: h, role: head}, node2: {host: n2, role: worker},"
         " node3: {host: n3, role: worker}}\n    recipe: {path: ~/r.yaml}\n"
         "    watchdog: {restart_command: x, history_file: h}\n"
-        f"    engine: {{pid_file: ~/engine.pid, executor: {case['executor']}}}\n"
+        f"    engine: {{pid_file: ~/engine.pid, executor: {case['executor']}"
+        + (", log: {kind: docker, container: vllm}" if case.get("log") == "docker" else "")
+        + "}\n"
     )
     cluster = parse_inventory(text, "t").cluster()
     outputs = {"head": case["head"], **case["workers"]}
@@ -156,11 +158,14 @@ def test_one_reading_one_program_per_node(case: dict[str, Any]) -> None:
         async def call(self, host: str, program: Any, *args: Any) -> Any:
             """The case's output for the node."""
             calls.setdefault(host, []).append(program.name)
-            return program.parse(Result(host, program.name, 0, outputs[host], "", 0.0))
+            out = outputs[host]
+            out = out[program.name] if isinstance(out, dict) else out
+            return program.parse(Result(host, program.name, 0, out, "", 0.0))
 
     reading = asyncio.run(read_engine(Session(), cluster))  # type: ignore[arg-type]
-    assert calls == case["programs"]
+    assert {h: sorted(c) for h, c in calls.items()} == case["programs"]
     ranks = reading.rank_leftovers()
     assert {n: [p.pid for p in procs] for n, procs in ranks.stray().items()} == case["stray"]
-    _, own, _ = reading.leftovers()
+    _, own, others = reading.leftovers()
     assert [p.pid for p in own] == case["leftovers"]
+    assert [p.pid for p in others] == case.get("others", [])
