@@ -83,10 +83,6 @@ class StepKind(StrEnum):
     PRUNE_ROLLBACK = "prune-rollback"
     RELEASE = "release"  # end the lease (on every path out)
 
-    def of_rollback(self) -> StepKind:
-        """The same step of the rollback's restart (restart -> restart-rollback)."""
-        return StepKind(f"{self.value}-rollback")
-
 
 @dataclass(frozen=True)
 class Step:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from spark_ops.engine.identity import read_engine
 from spark_ops.errors import (
     KnobError,
     RecipeError,
@@ -364,9 +365,10 @@ async def _settle_and_gate(op: Operation, opts: ApplyOptions, plan: Plan) -> Non
     await plan_settle(op, plan)
     if plan.has(StepKind.RESTART):
         await check_workers(op, plan)
-        await check_leftovers(op, plan)  # the head's dead engine's processes (doctor's check)
-        await check_ranks(op, plan)  # ranks without Ray: an earlier engine's rank still on a worker
-        await check_budget(op, opts, plan)
+        reading = await read_engine(op.session, op.cluster)  # once, for the checks below
+        check_leftovers(op, reading)  # the head's dead engine's processes (doctor's check)
+        check_ranks(plan, reading)  # ranks without Ray: an earlier engine's rank still on a worker
+        await check_budget(op, opts, plan, reading)
         loop = crash_loop_warning(await engine_policy(op.session))  # a policy is a watchdog too
         if loop and loop not in plan.warnings:
             plan.warnings.append(loop)
