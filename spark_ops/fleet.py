@@ -27,7 +27,7 @@ from spark_ops.errors import (
     excerpt,
 )
 from spark_ops.inventory import Cluster, load_inventory
-from spark_ops.yamlsafe import load_yaml
+from spark_ops.yamlsafe import load_yaml, read_capped
 
 ENV_VAR = "SPARK_OPS_FLEET"
 NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
@@ -228,7 +228,7 @@ def load_fleet(path: str | os.PathLike[str]) -> Fleet:
     """Read and validate the fleet file at `path` (FleetError naming the file on any problem)."""
     p = Path(path).expanduser()
     try:
-        raw = p.read_bytes()
+        raw = read_capped(p, error=FleetError)
     except OSError as exc:
         raise FleetError(f"{p}: cannot read the fleet file: {exc.strerror or exc}") from exc
     try:

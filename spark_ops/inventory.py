@@ -19,7 +19,7 @@ from typing import Any
 
 from spark_ops.errors import InventoryError, excerpt
 from spark_ops.watchdog.history import MAX_RESTARTS, MAX_WINDOW_S, default_journal, default_lock
-from spark_ops.yamlsafe import load_yaml
+from spark_ops.yamlsafe import load_yaml, read_capped
 
 ENV_VAR = "SPARK_OPS_INVENTORY"
 ROLES = ("head", "worker")
@@ -684,7 +684,7 @@ def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
         chosen = default
     p = Path(chosen).expanduser()
     try:
-        raw = p.read_bytes()
+        raw = read_capped(p, error=InventoryError)
     except OSError as exc:
         raise InventoryError(f"{p}: cannot read inventory: {exc.strerror or exc}") from exc
     try:

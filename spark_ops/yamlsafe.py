@@ -16,7 +16,9 @@ repeated mapping or list (`defaults:` twice) is still refused, as is every repea
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from typing import Any
 
 from spark_ops.errors import SparkOpsError, excerpt
@@ -28,6 +30,30 @@ MAX_DEPTH = 128  # nested collections: real files nest a handful; libyaml's comp
 # fewer than this; past it a few aliases of aliases (`[*a, *a]` 32 deep) build a value whose walk
 # (validation, an error's excerpt, json.dumps) never ends
 MAX_EXPANDED_NODES = 1 << 18
+
+
+def read_capped(
+    path: os.PathLike[str] | str, *, error: type[SparkOpsError], max_bytes: int = MAX_YAML_BYTES
+) -> bytes:
+    """A file an operator names, read whole but never past `max_bytes` (/dev/zero, a FIFO that
+    never ends): `error` naming it beyond, before any is parsed; OSError as reading raises it."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        size = st.st_size
+        if stat.S_ISREG(st.st_mode) and size > max_bytes:
+            raise error(
+                f"{path}: {size:,} bytes, more than the {max_bytes:,} spark-ops reads; refused "
+                "before parsing",
+                hint="check that the path names the right file",
+            )
+        raw = f.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise error(
+            f"{path}: more than the {max_bytes:,} bytes spark-ops reads (not a regular file, "
+            "or one growing); refused before parsing",
+            hint="check that the path names the right file",
+        )
+    return raw
 
 
 def load_yaml(

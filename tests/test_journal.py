@@ -52,6 +52,9 @@ def test_journal_case(case: dict[str, Any]) -> None:
         notes += said
     assert left == case["left"], case["why"]
     assert len(notes) == case["notes"], (case["why"], notes)
+    if "summary" in case:  # what status and doctor show of the dead run (one, here)
+        said = dead[0].summary().to_json()
+        assert {k: said[k] for k in case["summary"]} == case["summary"], case["why"]
     if "checks_owed" in case:
         owed = unchecked_restart(runs)
         assert (owed.run if owed is not None else None) == case["checks_owed"], case["why"]

@@ -217,6 +217,24 @@ def test_parse_answer_needs_the_marker_line() -> None:
         parse_answer(Result("node1", "c", 47, "", "no Python here imports vllm (tried: x)\n", 0.1))
 
 
+HOSTILE: list[dict[str, Any]] = yaml.safe_load(
+    (Path(__file__).parent / "fixtures" / "preflight" / "hostile_answers.yaml").read_text("utf-8")
+)
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[c["key"] + str(i) for i, c in enumerate(HOSTILE)])
+def test_an_answer_of_another_shape_is_no_answer(case: dict[str, Any]) -> None:
+    """A value of a type the programs never write is no answer, naming the key; a well-typed
+    answer with keys the programs do not write is read (they are not used)."""
+    out = f"{MARK}{json.dumps(case['answer'])}\n"
+    with pytest.raises(
+        Exception, match=f"unreadable answer from the check program: {case['key']} "
+    ):
+        parse_answer(Result("node1", "c", 0, out, "", 0.1))
+    extra = f"{MARK}{json.dumps({'ok': True, 'version': '0.32.0', 'zzz': [1]})}\n"
+    assert parse_answer(Result("node1", "c", 0, extra, "", 0.1))["ok"] is True
+
+
 @pytest.mark.parametrize(
     "entry",
     [5, [], {"options": 5}, {"options": []}, {"options": ["max-num-seqs"]}, {"options": [1]},

@@ -102,7 +102,7 @@ class NodeChecks(Checker):
                 "unfinished-runs",
                 self.head,
                 "fail",
-                f"run {r.run} ({r.operation} by {r.intent.get('who', '?')}) did not end; "
+                f"run {r.run} ({r.operation} by {r.summary().who or '?'}) did not end; "
                 f"last recorded: {r.last_step}",
                 f"finish it: {r.command}",
             )

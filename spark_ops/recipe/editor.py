@@ -134,6 +134,8 @@ class Editor:
             return self._edit_default_words(rt, carrier, flag, value, remove, names)
         found = cmd.find(sorted(names))
         negated = cmd.find(["--no-" + flag[2:]]) if value is None else []
+        if not remove:
+            _refuse_dotted_mix(rt, cmd, flag)
         if remove:
             edits: list[Edit] = []
             for opt in found:
@@ -309,9 +311,12 @@ def _plain_word(source: str, key: str, value: str) -> None:
 
 def placeholder_of(opt: Option) -> str | None:
     """The defaults key when the option's value is exactly one `{key}` placeholder."""
-    raw = opt.flag.raw.split("=", 1)[1] if opt.inline else (opt.value_token or opt.flag).raw
     if opt.value is None:
         return None
+    raw = (opt.value_token or opt.flag).raw
+    if opt.inline:
+        at = raw.find("=") + 1 or len(opt.spelled)
+        raw = raw[at:]
     raw = raw.strip("'\"")
     if raw.startswith("{") and raw.endswith("}") and raw[1:-1].isidentifier():
         return raw[1:-1]
@@ -321,11 +326,24 @@ def placeholder_of(opt: Option) -> str | None:
 def _value_edit(opt: Option, text: str) -> Edit:
     """Replace an option's value word (or the part after `=`), or add a missing value."""
     if opt.inline:
-        at = opt.flag.start + opt.flag.raw.index("=") + 1
-        return (at, opt.flag.end, _quote(text))
+        return (opt.flag.start + _inline_at(opt), opt.flag.end, _quote(text))
     if opt.value_token is None:
         return (opt.flag.end, opt.flag.end, " " + _quote(text))
     return (opt.value_token.start, opt.value_token.end, _quote(text))
+
+
+def _inline_at(opt: Option) -> int:
+    """Where an inline value starts in its word as written: after `=`, or after a one-letter
+    option it is joined to (`-n2`); UnsupportedRecipe when the word's quoting hides that."""
+    if "=" in opt.flag.raw:
+        return opt.flag.raw.index("=") + 1
+    if opt.flag.raw.startswith(opt.spelled):
+        return len(opt.spelled)
+    raise UnsupportedRecipe(
+        f"{opt.flag.raw!r}: a value joined to its option inside quotes; spark-ops edits "
+        f"`{opt.spelled} VALUE` or `{opt.spelled}=VALUE`",
+        hint=f"write it as {opt.spelled} {opt.value}",
+    )
 
 
 def _quote(text: str) -> str:
@@ -356,6 +374,29 @@ def version_for(container: object, source: str, explicit: str | None) -> tuple[s
 def _word_option(word: str) -> str:
     """The option a word of a defaults value names (as vLLM resolves it), else the word."""
     return resolve_flag(word.split("=", 1)[0]) if word.startswith("-") else word
+
+
+def _refuse_dotted_mix(rt: RecipeText, cmd: CommandView, flag: str) -> None:
+    """Refuse to set a JSON option beside its dotted fields, or a field beside the whole JSON:
+    vLLM gathers every `--x.field` word into one `--x` given after all the others (the last
+    wins), so a whole `--x` never counts beside a field, and a field drops the whole one's
+    other keys."""
+    base, dot, _ = flag.partition(".")
+    clash = [o for o in cmd.options if (o.name == base if dot else o.name.startswith(flag + "."))]
+    if not clash:
+        return
+    where = f"line {rt.line_of(clash[0].flag.start) + 1} `{_written(clash[0])}`"
+    why = (
+        f"the command gives the whole {base} ({where}): vLLM would put {flag} in a new {base} "
+        f"after it, dropping every other key of that one"
+        if dot
+        else f"the command gives its fields ({where}): vLLM gathers them into a {flag} it "
+        "takes after every other word, so this value would not count"
+    )
+    raise UnsupportedRecipe(
+        f"{rt.source}: {flag}: {why}; refusing to edit",
+        hint=f"write {base} one way in the command (its whole JSON, or its fields), by hand",
+    )
 
 
 def _occurrences(rt: RecipeText, flag: str, found: list[Option]) -> str:

@@ -18,12 +18,13 @@ from spark_ops.recipe.render import Rendered, knob_values, render_recipe, serve_
 from spark_ops.recipe.source import load_recipe_text
 from spark_ops.recipe.sparkrun_edit import FileEdit, edit_sparkrun
 from spark_ops.recipe.sparkrun_render import sibling_reader
+from spark_ops.yamlsafe import read_capped
 
 
 def read_recipe(path: Path) -> str:
     """A recipe file as UTF-8 text, byte for byte (no newline translation)."""
     try:
-        return path.read_bytes().decode("utf-8")
+        return read_capped(path, error=RecipeError).decode("utf-8")
     except OSError as exc:
         raise RecipeError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe
 from spark_ops.recipe.dialect import Dialect, detect_dialect
-from spark_ops.recipe.flags import resolve_flag, takes_inline_value
+from spark_ops.recipe.flags import joined_value, resolve_flag, takes_inline_value
 from spark_ops.recipe.knobs import (
     backend_from_legacy_env,
     parse_kv_cache_memory,
@@ -34,7 +34,7 @@ class Option:
     flag: Token
     value: str | None  # None for a bare flag
     value_token: Token | None  # the separate value word (`--flag value`)
-    inline: bool  # `--flag=value`
+    inline: bool  # `--flag=value` (or a one-letter option's joined value, `-n2`)
 
 
 def serve_index(words: list[str]) -> int | None:
@@ -62,7 +62,10 @@ def parse_options(tokens: list[Token], start: int) -> list[Option]:
         if not is_option(tok.value):
             i += 1
             continue
-        if takes_inline_value(tok.value):
+        joined = joined_value(tok.value)
+        if joined is not None:  # `-n2`: a one-letter option and its value in one word
+            options.append(Option(resolve_flag(joined[0]), joined[0], tok, joined[1], None, True))
+        elif takes_inline_value(tok.value):
             name, value = tok.value.split("=", 1)
             options.append(Option(resolve_flag(name), name, tok, value, None, True))
         elif i + 1 < len(tokens) and not is_option(tokens[i + 1].value):

@@ -80,7 +80,8 @@ class Run:
     @property
     def operation(self) -> str:
         """apply, restart, rollback, budget prune, ..."""
-        return str((self.intent.get("what") or {}).get("operation", "?"))
+        what = self.intent.get("what")
+        return str(what.get("operation", "?")) if isinstance(what, dict) else "?"
 
     @property
     def command(self) -> str:
@@ -112,7 +113,8 @@ class Run:
     def written(self) -> list[str]:
         """host:path of every recipe copy the run's write step committed."""
         rec = self.step("write") or {}  # a failed write names what its undo could not put back
-        return list(rec.get("written") or [])
+        written = rec.get("written")
+        return [str(w) for w in written] if isinstance(written, list) else []
 
     def restart_windows(self) -> list[RestartWindow]:
         """Every planned restart it triggered (apply's, a rollback's) and its clock window.
@@ -154,8 +156,8 @@ class Run:
         return RunSummary(
             run=self.run,
             operation=self.operation,
-            who=self.intent.get("who"),
-            when=self.intent.get("when"),
+            who=who if isinstance(who := self.intent.get("who"), str) else None,
+            when=_number(self.intent.get("when")),
             last_step=self.last_step,
             written=self.written,
             restart_windows=[w.summary() for w in self.restart_windows()],

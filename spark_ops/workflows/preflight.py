@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import posixpath
 import re
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark_ops.errors import CommandTimeout, ExitStatus, SparkOpsError
+from spark_ops.errors import CommandTimeout, ExitStatus, SparkOpsError, excerpt
 from spark_ops.files import write_file
 from spark_ops.log import get_logger
 from spark_ops.remote import ClusterSession, Result, quote_args
@@ -47,11 +48,13 @@ from spark_ops.remote.programs.preflight import (
     SIM_MODULE,
     VLLM,
 )
+from spark_ops.yamlsafe import read_capped
 
 HOWS = ("auto", "vllm", "sim", "docker", "off")
 # The serve parsers' option strings by "<kind> <version>" (the head's answer, kept per version).
 OPTIONS_CACHE = Path("~/.cache/spark-ops/vllm-serve-options.json")
 PROBE_TIMEOUT = 15.0
+CACHE_MAX_BYTES = 8 << 20  # the options of a version are some 15 kB: hundreds of versions
 # Never fetch anything, never report usage, while checking a command line.
 QUIET_ENV = dict.fromkeys(
     ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"), "1"
@@ -217,11 +220,41 @@ def parse_answer(res: Result) -> dict[str, Any]:
             except ValueError as exc:
                 raise _Unreachable(f"unreadable answer from the check program: {exc}") from exc
             if isinstance(data, dict):
-                return data
+                return _typed(data)
     tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
     if res.exit_code == NO_PYTHON_EXIT:
         raise _Unreachable(tail or "no Python with vLLM found")
     raise _Unreachable(f"the check program exited {res.exit_code} without an answer: {tail}")
+
+
+# What the head's programs write in their answer, by key (None allowed for each): what else an
+# answer holds is not read. A value of another type is no answer (a tampered or foreign program).
+_ANSWER_TYPES: dict[str, tuple[type, ...]] = {
+    "ok": (bool,), "version": (str,), "stage": (str,), "error": (str,), "python": (str,),
+    "parser_module": (str,), "import_seconds": (int, float), "program_seconds": (int, float),
+    "warnings": (list,), "options": (list,), "abbrev": (bool,), "cached": (bool,),
+}  # fmt: skip
+
+
+def _typed(data: dict[str, Any]) -> dict[str, Any]:
+    """The answer when each key it holds is of the type the programs write (numbers finite, lists
+    of text); _Unreachable naming the first key that is not."""
+    for key, types in _ANSWER_TYPES.items():
+        value = data.get(key)
+        if value is None:
+            continue
+        fits = isinstance(value, types) and not (bool not in types and isinstance(value, bool))
+        if fits and isinstance(value, float):
+            fits = math.isfinite(value)
+        if fits and isinstance(value, list):
+            fits = all(isinstance(v, str) for v in value)
+        if not fits:
+            raise _Unreachable(
+                f"unreadable answer from the check program: {key} is {excerpt(repr(value))}, "
+                f"not {' or '.join(t.__name__ for t in types)}"
+                + (" of text" if list in types else "")
+            )
+    return data
 
 
 def warning_lines(res: Result, limit: int = 10) -> list[str]:
@@ -434,10 +467,10 @@ def _load_cache(path: Path) -> dict[str, Any]:
     writes (a real vLLM's, a non-empty list of `-` options and a bool); an unreadable cache or a
     malformed entry counts as not cached (the head is asked), with a warning naming the file."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_capped(path, error=PreflightError, max_bytes=CACHE_MAX_BYTES))
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SparkOpsError) as exc:
         get_logger().warning("options cache unreadable: ignored", path=str(path), error=str(exc))
         return {}
     held: dict[str, Any] = {}
