@@ -183,7 +183,7 @@ PROTECTED = [
     "/", "/metrics", "/c/east/", "/c/west/", "/c/east/boot", "/c/west/history",
     "/c/east/sweeps", "/c/west/api/status", "/c/east/api/log", "/c/west/metrics",
     "/c/east/events", "/c/west/events", "/c/east/events/cluster", "/c/west/events/cluster",
-    "/c/gone/", "/c/gone/events/cluster",
+    "/c/gone/", "/c/gone/events/cluster", "/c/east", "/c/nowhere/", "/events",
 ]  # fmt: skip
 
 
@@ -196,6 +196,14 @@ def test_the_token_is_required_on_every_prefix_and_stream(
     status, _, body = served.get(path, token=token)
     assert status == 401, body
     assert "east" not in body and "west" not in body
+
+
+@pytest.mark.parametrize("name", ["east", "west"])
+def test_a_clusters_bare_prefix_leads_to_its_page(served: FleetServer, name: str) -> None:
+    """/c/NAME (no slash) is its page's address, /c/NAME/; without the token, 401 first."""
+    status, headers, _ = served.get(f"/c/{name}")
+    assert status == 302 and headers["location"] == f"/c/{name}/", headers
+    assert served.get(f"/c/{name}", token=None)[0] == 401
 
 
 def test_one_login_opens_every_cluster(served: FleetServer) -> None:
@@ -218,6 +226,10 @@ def test_metrics_has_every_clusters_samples_once_per_family(served: FleetServer)
         assert f'spark_ops_fleet_cluster_answered{{cluster="{name}"}} 1.0' in body
     helps = re.findall(r"^# HELP (\S+)", body, re.M)
     assert len(helps) == len(set(helps)), helps
+    from prometheus_client.parser import text_string_to_metric_families
+
+    up = next(f for f in text_string_to_metric_families(body) if f.name == "spark_ops_engine_up")
+    assert sorted(s.labels["cluster"] for s in up.samples) == ["east", "gone", "west"]
 
 
 MERGES = [  # (pages, the merged page)

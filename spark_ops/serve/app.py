@@ -116,9 +116,8 @@ async def shown(request: web.Request, handler: Handler) -> web.StreamResponse:
             return web.Response(text=body, headers={"Content-Type": "text/plain; version=0.0.4"})
         if where.startswith("/api/"):
             return _json({"error": what})
-        return _html(
-            page("Error", request.path, section("Not shown", f'<p class="bad">{esc(what)}</p>'))
-        )
+        said = section("Not shown", f'<p class="bad">{esc(what)}</p>')
+        return _html(page("Error", where, said, base=request_base(request)))
 
 
 class Guard:
@@ -213,11 +212,16 @@ async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
         guard.busy(request.transport, False)
 
 
+def request_base(request: web.Request) -> str:
+    """The base of the cluster a request is for ("" at the top, "/c/NAME" under a fleet)."""
+    apps = request.match_info.apps
+    return apps[-1].get(BASE, "") if apps else ""
+
+
 def local_path(request: web.Request) -> str:
     """The request's path under its cluster's base: a fleet serves each cluster's pages under
     /c/NAME, and its streams and /metrics are known by their path there."""
-    apps = request.match_info.apps
-    base = apps[-1].get(BASE, "") if apps else ""
+    base = request_base(request)
     if base and request.path.startswith(base + "/"):
         return request.path[len(base) :]
     return request.path

@@ -48,6 +48,7 @@ def make_fleet_app(
         src = new_source(m.cluster, None, ttl)
         sub = web.Application()
         add_cluster(sub, src, cluster_base(m.name))
+        app.router.add_get(cluster_base(m.name), to_its_page)  # before its prefix takes it
         app.add_subapp(cluster_base(m.name) + "/", sub)
         app[SOURCES].append(src)
         members.append((m, src))
@@ -55,6 +56,11 @@ def make_fleet_app(
     app.router.add_get("/", overview)
     app.router.add_get("/metrics", fleet_metrics)
     return app
+
+
+async def to_its_page(request: web.Request) -> web.StreamResponse:
+    """GET /c/NAME: to the cluster's page, /c/NAME/ (its links are relative to that)."""
+    raise web.HTTPFound(location=request.path + "/")
 
 
 def deadline_s(m: Member) -> float:
