@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,8 @@ from spark_ops.serve.fleetapp import merge_metrics, overview_row, reading
 from spark_ops.serve.html import page, url
 
 DEADLINE_S = 120.0  # a generous bound on one answer on a loaded machine
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
 @dataclass
@@ -308,3 +311,49 @@ def test_a_cluster_past_its_deadline_is_an_error_reading(monkeypatch: pytest.Mon
 
     got = asyncio.run(reading(M(), Src()))  # type: ignore[arg-type]
     assert "no answer within" in got["error"]
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Headless chromium (as test_serve drives it), skipped where it is missing."""
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.skip("chromium and chromedriver not installed")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip("selenium not installed (pip install -e '.[test]')")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-sync",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):  # fmt: skip
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(DEADLINE_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_browser_logs_in_once_and_each_clusters_page_is_live(
+    served: FleetServer, browser: Any
+) -> None:
+    """As a person: the login URL opens the fleet's page; a cluster's page, reached by its link,
+    gets its own live sections over its own stream (the page's script under its prefix)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    top = f"http://{served.host}:{served.port}"
+    browser.get(f"{top}/?token={served.token}")
+    assert browser.current_url == top + "/"
+    for name, other in (("west", "east"), ("east", "west")):
+        browser.find_element("link text", name).click()
+        assert browser.current_url == f"{top}/c/{name}/"
+        WebDriverWait(browser, DEADLINE_S).until(
+            lambda d: int(d.execute_script("return document.body.dataset.updates||0")) >= 1
+        )
+        summary = browser.find_element("id", "summary").text
+        assert f"Cluster {name}" in summary and other not in summary
+        browser.find_element("link text", "Fleet").click()
+        assert browser.current_url == top + "/"
