@@ -33,6 +33,8 @@ class ExitStatus(enum.IntEnum):
     MISSING = 20  # an optional module this option needs is not installed
     EXPERIMENTING = 21  # status: an experiment holds the lock (its restarts and sweeps go on)
     WEDGED = 22  # status: /health answers, token counters frozen with requests running
+    REGRESSED = 23  # apply --prove / rollout: the gate failed, the change was rolled back
+    ROLLOUT_STOPPED = 24  # rollout: stopped (a regression) or clusters skipped; others untouched
 
 
 class SparkOpsError(Exception):

@@ -49,7 +49,6 @@ from spark_ops.remote.programs.lock import HOLD, LOCK_PROBE, OPERATORS_GROUP
 
 LOCK_DIR = SHARED_STATE_DIR  # the head-wide directory of cluster locks (never the state_dir)
 KEY_PREFIX = "history:"  # what the key hashes: this prefix, then the history's real path
-UNSAFE_EXIT = 77  # the head programs' exit when a state dir or file is not the operators' own
 
 
 class UnsafeState(RemoteError):

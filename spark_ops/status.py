@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from spark_ops.engine.api import CompletionProbe
-from spark_ops.engine.identity import leftovers, stop_hint
+from spark_ops.engine.identity import read_engine, stop_hint
 from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
 from spark_ops.inventory import Cluster
 from spark_ops.lock import describe_holder, lock_state
@@ -328,7 +328,7 @@ def experiment_under_way(holder: dict[str, Any], mine: list[Run]) -> str:
 async def _instance(session: ClusterSession, cluster: Cluster) -> dict[str, Any]:
     """The engine instance the head runs and engine processes left outside it."""
     try:
-        instance, own, others = await leftovers(session, cluster)
+        instance, own, others = (await read_engine(session, cluster, ranks=False)).leftovers()
     except SparkOpsError as exc:
         return {"instance": None, "leftovers_error": exc.message}
 

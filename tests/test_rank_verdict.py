@@ -122,3 +122,50 @@ def test_a_node_whose_date_prints_no_nanoseconds(stamp: str, tmp_path: Path) -> 
     finally:
         rank.kill()
         rank.wait()
+
+
+READINGS = yaml.safe_load((HERE / "reading.yaml").read_text("utf-8"))
+
+
+@pytest.mark.parametrize("case", READINGS, ids=[c["id"] for c in READINGS])
+def test_one_reading_one_program_per_node(case: dict[str, Any]) -> None:
+    """The plan's gate reads the engine once, one program per node at the same time, and both
+    its checks (the head's leftovers, the workers' ranks) judge that one reading."""
+    import asyncio
+
+    from spark_ops.engine.identity import read_engine
+    from spark_ops.inventory import parse_inventory
+    from spark_ops.remote import ClusterSession
+    from spark_ops.remote.connector import Result
+
+    text = (
+        "clusters:\n  c:\n    nodes: {head: {host: h, role: head}, node2: {host: n2, role: worker},"
+        " node3: {host: n3, role: worker}}\n    recipe: {path: ~/r.yaml}\n"
+        "    watchdog: {restart_command: x, history_file: h}\n"
+        f"    engine: {{pid_file: ~/engine.pid, executor: {case['executor']}"
+        + (", log: {kind: docker, container: vllm}" if case.get("log") == "docker" else "")
+        + "}\n"
+    )
+    cluster = parse_inventory(text, "t").cluster()
+    outputs = {"head": case["head"], **case["workers"]}
+    calls: dict[str, list[str]] = {}
+
+    class Session:
+        """Answers each node's program with the case's output; records what each node ran."""
+
+        gather = ClusterSession.gather
+
+        async def call(self, host: str, program: Any, *args: Any) -> Any:
+            """The case's output for the node."""
+            calls.setdefault(host, []).append(program.name)
+            out = outputs[host]
+            out = out[program.name] if isinstance(out, dict) else out
+            return program.parse(Result(host, program.name, 0, out, "", 0.0))
+
+    reading = asyncio.run(read_engine(Session(), cluster))  # type: ignore[arg-type]
+    assert {h: sorted(c) for h, c in calls.items()} == case["programs"]
+    ranks = reading.rank_leftovers()
+    assert {n: [p.pid for p in procs] for n, procs in ranks.stray().items()} == case["stray"]
+    _, own, others = reading.leftovers()
+    assert [p.pid for p in own] == case["leftovers"]
+    assert [p.pid for p in others] == case.get("others", [])

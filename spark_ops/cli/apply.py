@@ -22,7 +22,7 @@ from spark_ops.cli.common import (
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
     from spark_ops.errors import OverBudget
     from spark_ops.recipe import Change
-    from spark_ops.workflows import Outcome
+    from spark_ops.workflows import ApplyOptions, Outcome
     from spark_ops.workflows.plan import Plan
 
 
@@ -109,6 +109,90 @@ def restart_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def prove_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The gate's load point and limits, shared by apply --prove and rollout (the limits'
+    defaults are bench/gate.py's DEFAULT_*: tests/test_rollout.py holds them equal)."""
+    options = [
+        click.option(
+            "--prove-concurrency", type=click.IntRange(1),
+            help="The gate's load point: this many requests in flight (closed loop; the default, "
+            "4, when no --prove-rate is given).",
+        ),
+        click.option(
+            "--prove-rate", type=click.FloatRange(min=0, min_open=True),
+            help="The gate's load point: Poisson arrivals at this rate (req/s, seed 0) instead.",
+        ),
+        click.option("--prove-requests", type=click.IntRange(1), default=32, show_default=True,
+                     help="Requests sent at the load point, before and after alike."),
+        click.option("--prove-output-tokens", type=click.IntRange(1), default=64,
+                     show_default=True, help="Output tokens of each request."),
+        click.option("--max-tps-drop", type=click.FloatRange(0),
+                     default=5.0, show_default=True,
+                     help="Largest aggregate tok/s drop kept, in %."),
+        click.option("--max-ttft-rise", type=click.FloatRange(0),
+                     default=20.0, show_default=True,
+                     help="Largest TTFT p95 rise kept, in %."),
+        click.option("--max-tpot-rise", type=click.FloatRange(0),
+                     default=10.0, show_default=True,
+                     help="Largest TPOT p95 rise kept, in %."),
+        click.option("--max-errors", type=click.IntRange(0), default=0,
+                     show_default=True, help="Most failed requests kept after the change."),
+        click.option("--unleased-load", is_flag=True,
+                     help="Measure even at a point that would starve the watchdog's probe when "
+                     "no lease can pause it (as bench's option)."),
+    ]  # fmt: skip
+    for opt in reversed(options):
+        fn = opt(fn)
+    return fn
+
+
+def proving_of(kw: dict[str, Any]) -> Any:
+    """The --prove options as the workflow takes them (a Proving), validated."""
+    from spark_ops.bench.gate import LoadPoint, Thresholds
+    from spark_ops.workflows.prove import Proving
+
+    if kw.get("prove_concurrency") is not None and kw.get("prove_rate") is not None:
+        raise click.UsageError("give --prove-concurrency or --prove-rate, not both")
+    rate = kw.get("prove_rate")
+    point = LoadPoint(
+        concurrency=None if rate is not None else kw.get("prove_concurrency") or 4,
+        request_rate=rate, requests=kw["prove_requests"],
+        output_tokens=kw["prove_output_tokens"],
+    )  # fmt: skip
+    limits = Thresholds(kw["max_tps_drop"], kw["max_ttft_rise"], kw["max_tpot_rise"],
+                        kw["max_errors"])  # fmt: skip
+    proving = Proving(point, limits, unleased=kw.get("unleased_load", False))
+    proving.validate()
+    return proving
+
+
+def apply_options_of(kw: dict[str, Any], operation: str = "apply") -> ApplyOptions:
+    """The options of an apply (or restart, rollback) from the parsed command line: one place
+    for apply, rollout and the commands sharing their options."""
+    from spark_ops.workflows import ApplyOptions
+
+    changes = _changes(kw) if operation == "apply" else []
+    if operation == "apply" and not changes:
+        raise click.UsageError("nothing to change: give a knob (e.g. --max-num-seqs 64) or --set")
+    return ApplyOptions(
+        changes=changes,
+        vllm_version=kw.get("vllm_version"),
+        force=kw.get("force", False),
+        drain=not kw["no_drain"],
+        drain_timeout_s=kw["drain_timeout"],
+        rollback_on_failure=kw.get("rollback_on_failure", False),
+        deadline_s=kw["deadline"],
+        reason=kw["reason"] or f"planned restart (spark-ops {operation})",
+        preflight=kw.get("preflight", "auto"),
+        preflight_timeout_s=kw.get("preflight_timeout", 60.0),
+        trust_keys=kw.get("trust_keys", False),
+        command=command_line(),
+        over_budget=kw.get("over_budget", False),
+        boot_wait_s=kw.get("boot_wait"),
+        prove=proving_of(kw) if kw.get("prove") else None,
+    )
+
+
 def _changes(kw: dict[str, Any]) -> list[Change]:
     """Validated recipe changes from the knob options."""
     from spark_ops.recipe import changes_from_options
@@ -127,11 +211,10 @@ def _changes(kw: dict[str, Any]) -> list[Change]:
 def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
     """connect → plan → show → confirm → lock → the same plan again, or nothing → execute."""
     from spark_ops.cli.progress import make_reporter
-    from spark_ops.errors import Aborted, ExitStatus, RecipeError, VerifyError
+    from spark_ops.errors import Aborted, RecipeError, VerifyError
     from spark_ops.lock import refuse_if_locked
     from spark_ops.readiness import history_key
     from spark_ops.workflows import (
-        ApplyOptions,
         Operation,
         plan_apply,
         plan_restart,
@@ -140,27 +223,9 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
     from spark_ops.workflows.execute import execute
     from spark_ops.workflows.gate import budget_refusal, ensure_same, replan_refused
 
-    changes = _changes(kw) if operation == "apply" else []
-    if operation == "apply" and not changes:
-        raise click.UsageError("nothing to change: give a knob (e.g. --max-num-seqs 64) or --set")
+    opts = apply_options_of(kw, operation)
     cluster = load_cluster(ctx)
     as_json = kw["as_json"]
-    opts = ApplyOptions(
-        changes=changes,
-        vllm_version=kw.get("vllm_version"),
-        force=kw.get("force", False),
-        drain=not kw["no_drain"],
-        drain_timeout_s=kw["drain_timeout"],
-        rollback_on_failure=kw.get("rollback_on_failure", False),
-        deadline_s=kw["deadline"],
-        reason=kw["reason"] or f"planned restart (spark-ops {operation})",
-        preflight=kw.get("preflight", "auto"),
-        preflight_timeout_s=kw.get("preflight_timeout", 60.0),
-        trust_keys=kw.get("trust_keys", False),
-        command=command_line(),
-        over_budget=kw.get("over_budget", False),
-        boot_wait_s=kw.get("boot_wait"),
-    )
 
     async def make_plan(op: Operation, shown: Plan | None) -> Plan:
         """The plan of this operation, as the cluster stands now."""
@@ -227,14 +292,24 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
             emit_json(outcome.to_dict())
         else:
             _echo_outcome(outcome)
-        if outcome.rolled_back:
-            return int(ExitStatus.BOOT_FAILED)
+        return exit_of(outcome)
+
+    return run_async(flow())
+
+
+def exit_of(outcome: Outcome) -> int:
+    """An executed plan's exit code: regressed, rolled back, checks failed, budget unknown."""
+    from spark_ops.errors import ExitStatus
+    from spark_ops.workflows.prove import regressed
+
+    if outcome.rolled_back and regressed(outcome.proof):
+        return int(ExitStatus.REGRESSED)
+    if outcome.rolled_back:
+        return int(ExitStatus.BOOT_FAILED)
         if not outcome.checks_ok:
             return int(ExitStatus.CHECK_FAILED)
         # the engine serves, but the budget is unknown: watchdog.history_file is wrong
-        return int(ExitStatus.BUDGET) if outcome.history_problem else 0
-
-    return run_async(flow())
+    return int(ExitStatus.BUDGET) if outcome.history_problem else 0
 
 
 def _dry_run(plan: Plan, refusal: OverBudget | None, as_json: bool, operation: str) -> int:
@@ -255,11 +330,19 @@ def _dry_run(plan: Plan, refusal: OverBudget | None, as_json: bool, operation: s
 def _echo_outcome(outcome: Outcome) -> None:
     """Summarise an executed plan for a person."""
     from spark_ops.watchdog.identify import stamps_text
+    from spark_ops.workflows.prove import regressed
 
     hush = quiet()  # -q: the failures and warnings only
     if not hush:
         click.echo()
-    if outcome.rolled_back:
+    if outcome.proof is not None and outcome.proof.get("verdict"):
+        echo_proof(outcome.proof)
+    if outcome.rolled_back and regressed(outcome.proof):
+        click.secho(
+            "The change regressed at the load point; the previous recipe is serving again.",
+            fg="yellow",
+        )
+    elif outcome.rolled_back:
         click.secho(
             "The new recipe failed to boot; the previous recipe is serving again.", fg="yellow"
         )
@@ -305,9 +388,22 @@ def _echo_outcome(outcome: Outcome) -> None:
         )
 
 
+def echo_proof(proof: dict[str, Any]) -> None:
+    """The gate's before and after side by side, and its verdict."""
+    from spark_ops.bench.gate import Verdict, render_verdict
+
+    click.echo(render_verdict(Verdict.from_dict(proof["verdict"])).rstrip())
+
+
 @click.command("apply")
 @knob_options
 @restart_options
+@click.option(
+    "--prove", is_flag=True,
+    help="Measure a load point before the change and again after it; keep the change only if "
+    "the gate passes, else roll it back (exit 23). The point and limits: --prove-* and --max-*.",
+)  # fmt: skip
+@prove_options
 @click.option(
     "--rollback-on-failure", is_flag=True, help="Restore the old recipe if the boot fails."
 )

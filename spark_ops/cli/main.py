@@ -39,6 +39,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Planned maintenance restart: no recipe change.",
     ),
     "rollback": ("spark_ops.cli.apply", "rollback_cmd", "Restore a recipe backup and restart."),
+    "rollout": (
+        "spark_ops.cli.rollout",
+        "rollout_cmd",
+        "Apply a change over the fleet, canary first, each cluster proved.",
+    ),
     "budget": ("spark_ops.cli.budget", "cli", "Show the restart budget; prune planned stamps."),
     "status": (
         "spark_ops.cli.status",

@@ -7,12 +7,12 @@ from typing import Any
 
 from spark_ops.doctor.report import Checker, parse_kv
 from spark_ops.engine.identity import (
+    EngineReading,
     ambiguous_hint,
     ambiguous_words,
-    leftover_ranks,
-    leftovers,
     rank_warning,
     rank_words,
+    read_engine,
     stop_hint,
 )
 from spark_ops.errors import RecipeError, SparkOpsError
@@ -235,18 +235,20 @@ class EngineChecks(Checker):
     async def check_engine_leftovers(self) -> None:
         """No process left by a dead engine (a killed boot's EngineCore, workers); other engine
         processes on the head are named as a warning; an engine run as ranks: no worker runs a
-        rank of an earlier engine (the plan refuses a restart then, naming the same)."""
+        rank of an earlier engine (the plan refuses a restart then, naming the same). One
+        reading of the engine serves both (engine.identity.read_engine), as in the plan."""
         if not self.up(self.head):
             return
-        await self._head_leftovers()
-        await self._rank_leftovers()
+        reading = await read_engine(self.session, self.cluster)
+        self._head_leftovers(reading)
+        self._rank_leftovers(reading)
 
-    async def _rank_leftovers(self) -> None:
+    def _rank_leftovers(self, reading: EngineReading) -> None:
         """One engine-leftovers check per worker of an engine run as ranks (ranks without Ray)."""
         if self.cluster.engine.executor != "mp":
             return
         try:
-            found = await leftover_ranks(self.session, self.cluster)
+            found = reading.rank_leftovers()
         except SparkOpsError as exc:
             for worker in self.cluster.workers:
                 self.report.add(
@@ -278,10 +280,10 @@ class EngineChecks(Checker):
             elif not procs:
                 self.report.add("engine-leftovers", host, "ok", "no rank of an earlier engine")
 
-    async def _head_leftovers(self) -> None:
+    def _head_leftovers(self, reading: EngineReading) -> None:
         """The head: no process left by a dead engine; other engine processes named."""
         try:
-            instance, own, others = await leftovers(self.session, self.cluster)
+            instance, own, others = reading.leftovers()
         except SparkOpsError as exc:
             self.report.add("engine-leftovers", self.head, "warn", f"not checked: {exc.message}")
             return

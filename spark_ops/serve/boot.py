@@ -20,7 +20,6 @@ from typing import Any
 
 from spark_ops.errors import BootError, SparkOpsError
 from spark_ops.inventory import Cluster
-from spark_ops.log import get_logger
 from spark_ops.readiness import (
     PHASE_ORDER,
     BootEvent,
@@ -32,8 +31,8 @@ from spark_ops.readiness import (
     wait_for_boot,
 )
 from spark_ops.readiness.phases import telling
-from spark_ops.remote import ClusterSession
 from spark_ops.remote.shell import engine_log_follow, engine_log_recent
+from spark_ops.serve.load import HeadWatch
 from spark_ops.workflows.gate import missing_workers
 from spark_ops.workflows.operation import Operation
 
@@ -83,30 +82,19 @@ class BootState:
         }
 
 
-class BootWatch:
+class BootWatch(HeadWatch):
     """Follow the head's engine log for as long as the server runs; publish boot events."""
+
+    name, what, retry_s = "serve-boot", "boot watch", RETRY_S
 
     def __init__(self, cluster: Cluster) -> None:
         """Nothing runs until start()."""
-        self.cluster = cluster
+        super().__init__(cluster)
         self.state = BootState()
         self.past: deque[dict[str, Any]] = deque(maxlen=KEEP_BOOTS)
         self.tail: deque[str] = deque(maxlen=KEEP_LINES)  # the log's last lines, boot or not
         self.subscribers: dict[asyncio.Queue[tuple[int, dict[str, Any] | None]], int] = {}
         self.dropped = 0  # pages dropped for falling behind
-        self.task: asyncio.Task[None] | None = None
-        self.log = get_logger(cluster=cluster.name, op="serve-boot")
-
-    def start(self) -> None:
-        """Begin watching in the background."""
-        self.task = asyncio.create_task(self._run(), name="serve-boot-watch")
-
-    async def stop(self) -> None:
-        """Stop watching."""
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
 
     def subscribe(self) -> asyncio.Queue[tuple[int, dict[str, Any] | None]]:
         """A queue of events (size in bytes, dict) for one page; None ends it (dropped)."""
@@ -165,21 +153,12 @@ class BootWatch:
         if event.kind in ("phase", "engine", "line", "fatal", "timeout", "workers", "tick"):
             self.publish({"event": event.to_dict(), "state": st.snapshot()})
 
-    async def _run(self) -> None:
-        """Watch, and after the head or the log went away, watch again."""
-        while True:
-            try:
-                async with ClusterSession(self.cluster) as session:
-                    await session.connect([self.cluster.head.name])
-                    await self._watch(Operation(session, "serve"))
-            except SparkOpsError as exc:
-                self.log.warning("boot watch interrupted", error=exc.message)
-            except Exception as exc:  # the page goes on without a live boot; logged, retried
-                self.log.error("boot watch failed", error=repr(exc)[:300])
-                self.state.active = False
-            await asyncio.sleep(RETRY_S)
+    def ended(self, error: Exception | None) -> None:
+        """The log went away: a boot that failed unexpectedly is no longer shown live."""
+        if error is not None and not isinstance(error, SparkOpsError):
+            self.state.active = False
 
-    async def _watch(self, op: Operation) -> None:
+    async def watch(self, op: Operation) -> None:
         """Boots one after another, for as long as the log is followed."""
         head = self.cluster.head.name
         await op.api_url()

@@ -87,53 +87,87 @@ class LoadRing:
         }
 
 
-class LoadWatch:
-    """Scrape the engine's /metrics for as long as the server runs (one SSH session to the head
-    when the engine is reached through it, kept open between scrapes)."""
+class HeadWatch:
+    """A watch over one session to the head, kept for as long as the server runs: after the head
+    (or what is watched there) went away, a gap (`retry_s`), then again. The boot watch and the
+    load scrape are such watches; each says what it watches (`watch`) and what an end means to
+    what it shows (`ended`)."""
 
-    def __init__(self, cluster: Cluster, interval_s: float = SCRAPE_S) -> None:
+    name = "serve-watch"  # its log's op; its task is named NAME-watch
+    what = "watch"  # its log's words: "WHAT interrupted", "WHAT failed"
+    retry_s = RETRY_S
+
+    def __init__(self, cluster: Cluster) -> None:
         """Nothing runs until start()."""
         self.cluster = cluster
-        self.ring = LoadRing(interval_s=interval_s)
         self.task: asyncio.Task[None] | None = None
-        self.log = get_logger(cluster=cluster.name, op="serve-load")
+        self.log = get_logger(cluster=cluster.name, op=self.name)
 
     def start(self) -> None:
-        """Begin scraping in the background."""
-        self.task = asyncio.create_task(self._run(), name="serve-load-watch")
+        """Begin watching in the background."""
+        self.task = asyncio.create_task(self._run(), name=f"{self.name}-watch")
 
     async def stop(self) -> None:
-        """Stop scraping."""
+        """Stop watching."""
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
 
+    async def watch(self, op: Operation) -> None:
+        """Watch over the head's session (connected) until it ends."""
+        raise NotImplementedError
+
+    def ended(self, error: Exception | None) -> None:
+        """The watch ended (with the error that ended it): what that means to what it shows."""
+
     async def _run(self) -> None:
-        """Scrape; after the head or the engine went away, a gap, then again."""
+        """Watch; after the head or what is watched went away, a gap, then again."""
         while True:
+            error: Exception | None = None
             try:
                 async with ClusterSession(self.cluster) as session:
                     await session.connect([self.cluster.head.name])
-                    op = Operation(session, "serve")
-                    await op.api_url()
-                    async with op.engine(timeout=5) as api:
-                        while True:
-                            snap = await api.metrics(max_bytes=MAX_METRICS_BYTES)
-                            if snap is None:
-                                self.ring.add(time.time(), None, None, None)
-                                self.ring.error = api.last_error or (
-                                    "the engine's /metrics did not answer"
-                                )
-                            else:
-                                self.ring.add(time.time(), snap.running, snap.waiting,
-                                              snap.generation_tokens)  # fmt: skip
-                            await asyncio.sleep(self.ring.interval_s)
+                    await self.watch(Operation(session, "serve"))
             except SparkOpsError as exc:
-                self.ring.error = exc.message
-                self.log.warning("load scrape interrupted", error=exc.message)
-            except Exception as exc:  # the page goes on without load figures; logged, retried
-                self.ring.error = f"scrape failed ({type(exc).__name__})"
-                self.log.error("load scrape failed", error=repr(exc)[:300])
-            self.ring.add(time.time(), None, None, None)
-            await asyncio.sleep(RETRY_S)
+                error = exc
+                self.log.warning(f"{self.what} interrupted", error=exc.message)
+            except Exception as exc:  # the page goes on without it; logged, retried
+                error = exc
+                self.log.error(f"{self.what} failed", error=repr(exc)[:300])
+            self.ended(error)
+            await asyncio.sleep(self.retry_s)
+
+
+class LoadWatch(HeadWatch):
+    """Scrape the engine's /metrics for as long as the server runs (one SSH session to the head
+    when the engine is reached through it, kept open between scrapes)."""
+
+    name, what = "serve-load", "load scrape"
+
+    def __init__(self, cluster: Cluster, interval_s: float = SCRAPE_S) -> None:
+        """Nothing runs until start()."""
+        super().__init__(cluster)
+        self.ring = LoadRing(interval_s=interval_s)
+
+    async def watch(self, op: Operation) -> None:
+        """Scrape every interval, a gap when /metrics did not answer."""
+        await op.api_url()
+        async with op.engine(timeout=5) as api:
+            while True:
+                snap = await api.metrics(max_bytes=MAX_METRICS_BYTES)
+                if snap is None:
+                    self.ring.add(time.time(), None, None, None)
+                    self.ring.error = api.last_error or "the engine's /metrics did not answer"
+                else:
+                    self.ring.add(time.time(), snap.running, snap.waiting,
+                                  snap.generation_tokens)  # fmt: skip
+                await asyncio.sleep(self.ring.interval_s)
+
+    def ended(self, error: Exception | None) -> None:
+        """The scrape stopped: its error shown, a gap in the ring."""
+        if isinstance(error, SparkOpsError):
+            self.ring.error = error.message
+        elif error is not None:
+            self.ring.error = f"scrape failed ({type(error).__name__})"
+        self.ring.add(time.time(), None, None, None)

@@ -21,7 +21,6 @@ from spark_ops.workflows.gate import missing_workers
 from spark_ops.workflows.operation import Operation
 
 FACTS_S = 15.0  # node facts are read at most this often (one SSH command per node)
-MAX_ENGINE_LINES = 20
 
 NODE_RANK = re.compile(r"--node-rank[= ](\d{1,6})(?!\d)")  # a rank, never a 5000-digit number
 MAX_ERROR_CHARS = 200  # a node's error as the panel shows it: one short line

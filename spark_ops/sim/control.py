@@ -28,7 +28,6 @@ from spark_ops.sim.cluster import (
     prepare,
 )
 
-DEFAULT_ROOT = Path(".sim")
 # where `sim up` records each cluster it started (one file per directory), so `sim status` and
 # `sim down` run from another directory can say where one runs
 REGISTRY = Path("~/.local/state/spark-ops/sims")

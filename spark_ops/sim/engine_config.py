@@ -22,6 +22,7 @@ FAULTS = (
     "wedged_while_serving",
     "rank_fail",
     "rank_lingers",
+    "slow_decode",
 )
 
 

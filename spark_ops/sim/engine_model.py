@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import dataclasses
 import itertools
 import time
 import zlib
@@ -12,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_ops.sim.engine_config import cfg_float, cfg_get, time_scale
+from spark_ops.sim.engine_config import active_fault, cfg_float, cfg_get, time_scale
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,17 @@ def prompt_seed(text: str) -> int:
     return zlib.crc32(text.encode("utf-8", "replace"))
 
 
+def slowed(model: StepModel, cfg: dict[str, Any], max_num_seqs: int) -> StepModel:
+    """The step model under the `slow_decode` fault: every decode step `factor` times longer when
+    the engine runs at the fault's max_num_seqs (a change that regresses), else unchanged."""
+    if active_fault(cfg) != "slow_decode":
+        return model
+    if max_num_seqs != int(cfg_get(cfg, "faults.slow_decode.max_num_seqs")):
+        return model
+    k = cfg_float(cfg, "faults.slow_decode.factor")
+    return dataclasses.replace(model, t0=model.t0 * k, te=model.te * k, c=model.c * k)
+
+
 class EngineCore:
     """Continuous batching: at most max_num_seqs running, FIFO waiting, one token per step each."""
 
@@ -155,7 +167,7 @@ class EngineCore:
         self, cfg: dict[str, Any], *, max_num_seqs: int, max_num_batched_tokens: int, kv_tokens: int
     ) -> None:
         """Set up the scheduler from config and the engine's effective limits."""
-        self.model = StepModel.from_config(cfg)
+        self.model = slowed(StepModel.from_config(cfg), cfg, max_num_seqs)
         self.scale = time_scale(cfg)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

@@ -18,7 +18,7 @@ from typing import Any
 from spark_ops import audit
 from spark_ops.errors import Interrupted
 from spark_ops.watchdog.identify import stamp_json, stamps_json
-from spark_ops.workflows import booting, interrupt, restart, steps
+from spark_ops.workflows import booting, interrupt, prove, restart, steps
 from spark_ops.workflows.execution import EventReporter, Execution, Row, failure_text
 from spark_ops.workflows.gate import budget_refusal
 from spark_ops.workflows.journal import RunJournal, write_facts
@@ -55,6 +55,7 @@ def _not_rolled_back(ex: Execution) -> bool:
 # Every kind of step, in the order a run takes them; a run skips those it does not hold.
 STEPS: dict[StepKind, Row] = {
     StepKind.SETTLE: Row(steps.settle, atomic=True),
+    StepKind.MEASURE: Row(prove.measure_before, prepare=booting.before_disruption, fails=True),
     StepKind.WRITE: Row(steps.write, prepare=booting.before_disruption, atomic=True, engine=True),
     StepKind.LEASE: Row(steps.lease, prepare=booting.before_disruption, atomic=True),
     StepKind.DRAIN: Row(steps.drain, prepare=booting.before_disruption, engine=True),
@@ -69,6 +70,8 @@ STEPS: dict[StepKind, Row] = {
         always=True,
         when=_restart_began(StepKind.RESTART),
     ),
+    StepKind.VERIFY: Row(steps.verify, prepare=booting.before_checks, when=_not_rolled_back),
+    StepKind.PROVE: Row(prove.measure_after, when=_not_rolled_back, fails=True),
     StepKind.ROLLBACK: Row(
         steps.restore,
         prepare=steps.prepare_rollback,
@@ -86,7 +89,6 @@ STEPS: dict[StepKind, Row] = {
         always=True,
         when=_restart_began(StepKind.RESTART_ROLLBACK),
     ),
-    StepKind.VERIFY: Row(steps.verify, prepare=booting.before_checks, when=_not_rolled_back),
     StepKind.BUDGET: Row(steps.budget, always=True, when=_restarting),
     StepKind.RELEASE: Row(steps.release, atomic=True, always=True, when=_leased),
 }
@@ -240,6 +242,8 @@ def _args(opts: ApplyOptions | None) -> dict[str, Any]:
         args["force"] = True
     if opts is not None and opts.over_budget:
         args["over_budget"] = True
+    if opts is not None and opts.prove is not None:
+        args["prove"] = opts.prove.to_dict()
     return args
 
 
@@ -280,6 +284,10 @@ def audit_entry(
     detail: dict[str, Any] = {}
     if out is not None:
         detail = {"stamp": stamp_json(out.stamp), "pruned": stamps_json(out.pruned)}
+        if out.proof is not None:
+            detail["proof"] = out.proof
+            if prove.regressed(out.proof) and out.rolled_back:
+                result = "rolled back (regressed)"
     written = out.found.written if out is not None else None
     if written is not None:
         detail["written"] = list(written)  # what changed, even when a later step failed

@@ -20,11 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from spark_ops.engine.identity import (
+    EngineReading,
     ambiguous_hint,
     ambiguous_words,
-    current_instance,
-    leftover_ranks,
-    leftovers,
     rank_warning,
     rank_words,
     stop_hint,
@@ -172,14 +170,15 @@ async def check_workers(op: Operation, plan: Plan) -> None:
     )
 
 
-async def check_ranks(op: Operation, plan: Plan) -> None:
+def check_ranks(plan: Plan, reading: EngineReading) -> None:
     """Refuse a restart whose new rank would start beside an earlier engine's rank (doctor's
     engine-leftovers on the workers): one that outlived a restart of the running engine holds
     its share of the node's memory, the launcher did not stop it, and vLLM refuses to start a
     rank with less free memory than its own gpu_memory_utilization share. With the head's engine
-    down, the ranks it left are only named (the restart's launcher may stop them)."""
+    down, the ranks it left are only named (the restart's launcher may stop them). Judged from
+    the plan's one reading of the engine (engine.identity.read_engine), as check_leftovers."""
     try:
-        left = await leftover_ranks(op.session, op.cluster)
+        left = reading.rank_leftovers()
     except SparkOpsError:
         return  # the head's engine unknown: no rank can be told from it
     stray = left.stray()
@@ -208,13 +207,13 @@ async def check_ranks(op: Operation, plan: Plan) -> None:
         )
 
 
-async def check_leftovers(op: Operation, plan: Plan) -> None:
+def check_leftovers(op: Operation, reading: EngineReading) -> None:
     """Refuse a restart while the head's dead engine left processes (doctor's failing
     engine-leftovers check): they hold memory (GPU memory on a real node) into the next boot,
     which then fails. Ranks left on the workers (an engine without Ray) are warned about apart
-    (engine.identity.leftover_ranks). A head whose processes cannot be read refuses nothing."""
+    (check_ranks). A head whose processes cannot be read refuses nothing."""
     try:
-        instance, own, _ = await leftovers(op.session, op.cluster)
+        instance, own, _ = reading.leftovers()
     except SparkOpsError as exc:
         op.log.warning("engine leftovers not checked", error=exc.message)
         return
@@ -232,18 +231,17 @@ async def check_leftovers(op: Operation, plan: Plan) -> None:
     )
 
 
-async def check_budget(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
-    """Record in a restart's plan the budget it meets and the engine it replaces."""
+async def check_budget(
+    op: Operation, opts: ApplyOptions, plan: Plan, reading: EngineReading
+) -> None:
+    """Record in a restart's plan the budget it meets and the engine it replaces (as read)."""
     gate = await read_gate(op, opts.over_budget, plan.facts.left_stamp_values or ())
     plan.facts.budget = gate
     if isinstance(gate, BudgetGate) and gate.inventory_disagrees:
         plan.warnings.append(gate.inventory_disagrees)
     if opts.over_budget and gate_refusal(gate, ignore_option=True) is not None:
         plan.warnings.append(over_budget_warning(gate))
-    try:
-        inst = await current_instance(op.session, op.cluster)
-    except SparkOpsError:
-        inst = None
+    inst = None if isinstance(reading.instance, SparkOpsError) else reading.instance
     plan.facts.engine = None if inst is None else EngineFact(inst.key, inst.alive)
 
 

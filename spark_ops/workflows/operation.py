@@ -6,7 +6,7 @@ import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from spark_ops.engine import EngineAPI
@@ -27,6 +27,9 @@ from spark_ops.watchdog.contract import BudgetView, WatchdogContract
 from spark_ops.watchdog.identify import stamp_json, stamps_json
 from spark_ops.workflows.facts import HistoryProblem, KnobValue
 from spark_ops.workflows.plan import Plan, RunFacts, StepKind, StepRun
+
+if TYPE_CHECKING:
+    from spark_ops.workflows.prove import Proving
 
 MAX_REASON_BYTES = 1000
 
@@ -49,6 +52,7 @@ class ApplyOptions:
     command: str = ""  # the command line as run, for "run it again" and the audit
     over_budget: bool = False  # restart even when the watchdog's budget has no slot left
     boot_wait_s: float | None = None  # a boot under way: wait this long (None: boot deadline)
+    prove: Proving | None = None  # --prove: measure before and after, keep only if the gate passes
 
     def __post_init__(self) -> None:
         """Refuse, before anything connects, a value that could not be sent or written whole.
@@ -120,6 +124,7 @@ class Outcome:
     history_problem: HistoryProblem | None = None  # the history did not move: budget unknown
     steps: list[StepRun] = field(default_factory=list)  # the plan's steps as run (+ a rollback's)
     found: RunFacts = field(default_factory=RunFacts)
+    proof: dict[str, Any] | None = None  # --prove: before, after and the verdict (to_dict forms)
 
     def __post_init__(self) -> None:
         """Begin with every planned step pending."""
@@ -148,6 +153,7 @@ class Outcome:
             "history_problem": (
                 self.history_problem.to_json() if self.history_problem is not None else None
             ),
+            "proof": self.proof,
         }
 
 

@@ -67,6 +67,7 @@ class StepKind(StrEnum):
     """Every step a plan or its run can hold (the value is the name the JSON and audit show)."""
 
     SETTLE = "settle"
+    MEASURE = "measure-before"  # apply --prove: the load point measured on the running engine
     WRITE = "write"
     LEASE = "lease"  # pause the watchdog for the disruption (watchdog/lease.py)
     DRAIN = "drain"
@@ -74,16 +75,13 @@ class StepKind(StrEnum):
     BOOT = "boot"
     PRUNE = "prune"
     VERIFY = "verify"
+    PROVE = "measure-after"  # apply --prove: the same point again, and the gate's verdict
     BUDGET = "budget"
     ROLLBACK = "rollback"
     RESTART_ROLLBACK = "restart-rollback"
     BOOT_ROLLBACK = "boot-rollback"
     PRUNE_ROLLBACK = "prune-rollback"
     RELEASE = "release"  # end the lease (on every path out)
-
-    def of_rollback(self) -> StepKind:
-        """The same step of the rollback's restart (restart -> restart-rollback)."""
-        return StepKind(f"{self.value}-rollback")
 
 
 @dataclass(frozen=True)

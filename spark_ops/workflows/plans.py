@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from spark_ops.engine.identity import read_engine
 from spark_ops.errors import (
     KnobError,
     RecipeError,
@@ -32,6 +33,7 @@ from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, OperationKind, Plan, StepKind
 from spark_ops.workflows.postboot import kv_pool
 from spark_ops.workflows.preflight import preflight
+from spark_ops.workflows.prove import add_prove_steps, prove_refusal
 
 
 def _drift(texts: dict[str, str], path: str) -> list[str]:
@@ -93,8 +95,20 @@ async def plan_apply(op: Operation, opts: ApplyOptions, shown: Plan | None = Non
     if warning:
         plan.warnings.append(warning)
     _restart_steps(plan, op, opts, write=True)
+    if opts.prove is not None:
+        _prove_steps(op, opts, plan)
     await _settle_and_gate(op, opts, plan)
     return plan
+
+
+def _prove_steps(op: Operation, opts: ApplyOptions, plan: Plan) -> None:
+    """apply --prove: the measurement steps join the plan; a point bench would refuse is refused."""
+    assert opts.prove is not None
+    wd = op.cluster.watchdog
+    refused = prove_refusal(plan, opts.prove, wd.probe, wd.pause_file)
+    if refused is not None:
+        raise refused
+    add_prove_steps(plan, opts.prove, op.cluster.head.name)
 
 
 async def _check_keys(op: Operation, opts: ApplyOptions, plan: Plan, head_text: str) -> None:
@@ -351,9 +365,10 @@ async def _settle_and_gate(op: Operation, opts: ApplyOptions, plan: Plan) -> Non
     await plan_settle(op, plan)
     if plan.has(StepKind.RESTART):
         await check_workers(op, plan)
-        await check_leftovers(op, plan)  # the head's dead engine's processes (doctor's check)
-        await check_ranks(op, plan)  # ranks without Ray: an earlier engine's rank still on a worker
-        await check_budget(op, opts, plan)
+        reading = await read_engine(op.session, op.cluster)  # once, for the checks below
+        check_leftovers(op, reading)  # the head's dead engine's processes (doctor's check)
+        check_ranks(plan, reading)  # ranks without Ray: an earlier engine's rank still on a worker
+        await check_budget(op, opts, plan, reading)
         loop = crash_loop_warning(await engine_policy(op.session))  # a policy is a watchdog too
         if loop and loop not in plan.warnings:
             plan.warnings.append(loop)

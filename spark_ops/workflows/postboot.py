@@ -9,7 +9,7 @@ from __future__ import annotations
 from contextlib import suppress
 
 from spark_ops import verify
-from spark_ops.engine.identity import old_ranks, unreadable_starts, worker_ranks
+from spark_ops.engine.identity import old_ranks, read_engine, unreadable_starts
 from spark_ops.errors import SparkOpsError, VerifyError
 from spark_ops.remote.programs.engine import GPU_APPS, KERNEL_LOG
 from spark_ops.remote.programs.node import MEMINFO
@@ -156,7 +156,7 @@ async def _rank_leftover_checks(op: Operation, since: float | None) -> list[veri
     if since is None:
         return []
     checks = []
-    for node, procs in (await worker_ranks(op.session, op.cluster)).items():
+    for node, procs in (await read_engine(op.session, op.cluster)).workers.items():
         if isinstance(procs, str):
             checks.append(verify.Check("rank-leftovers", node, "warn", f"not checked: {procs}"))
         elif (why := unreadable_starts(procs)) is not None:

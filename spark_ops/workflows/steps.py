@@ -28,6 +28,7 @@ from spark_ops.workflows.facts import HistoryProblem
 from spark_ops.workflows.operation import Operation, Outcome
 from spark_ops.workflows.plan import OperationKind, Step, StepKind
 from spark_ops.workflows.postboot import verify_boot
+from spark_ops.workflows.prove import Regressed
 from spark_ops.workflows.restart import identify
 
 
@@ -270,7 +271,11 @@ async def budget(ex: Execution, kind: StepKind) -> Done:
 
 
 def rollback_wanted(ex: Execution) -> bool:
-    """A failed boot is recorded; it is rolled back when the options ask and files changed."""
+    """A failed boot is recorded; it is rolled back when the options ask and files changed. A
+    regression (apply --prove's gate failed) is always rolled back."""
+    if isinstance(ex.failure, Regressed):
+        ex.out.error = ex.failure
+        return bool(ex.plan.changes)
     if not isinstance(ex.failure, BootError):
         return False
     ex.out.error = ex.failure

@@ -63,6 +63,12 @@ done
 """
 
 
+# The head's engine in one read (the engine reading of the plan, doctor, verify and status):
+# PID_PROBE's lines for the pid file $1, a line HEAD_ENGINE_MARK, then ENGINE_PROCS's lines.
+HEAD_ENGINE_MARK = "--- engine processes"
+HEAD_ENGINE_SH = PID_PROBE_SH + f'echo "{HEAD_ENGINE_MARK}"\n' + ENGINE_PROCS_SH
+
+
 DOCKER_FMT = (
     "{{json .Id}} {{json .State.StartedAt}} {{json .State.Running}} {{json .State.Pid}} "
     "{{json .State.Status}} {{json .State.Error}}"
@@ -105,6 +111,9 @@ PID_PROBE = RemoteProgram(
     deadline=10,
 )
 ENGINE_PROCS = RemoteProgram("engine processes", ENGINE_PROCS_SH, (), result, deadline=15)
+HEAD_ENGINE = RemoteProgram(
+    "engine reading", HEAD_ENGINE_SH, (path("pid file"),), result, deadline=25
+)
 # the container's identity: DOCKER_FMT's six JSON values, or None when docker does not answer
 DOCKER_IDENTITY = RemoteProgram(
     "container identity",

@@ -1,0 +1,180 @@
+"""`apply --prove`: a change kept only when the engine serves a load point as well as before.
+
+Two steps join an apply's plan when `--prove` is given: `measure-before` (after any settle, before
+the recipe is written: the running engine, the old recipe) and `measure-after` (after the boot,
+the prune and the checks: the same point on the new engine), whose verdict is bench/gate.py's
+`prove` with the operator's limits. A failed verdict raises `Regressed`; the executor's rollback
+steps then restore the previous recipe, restart it through the watchdog and prune that restart's
+stamp, and the run ends rolled back (exit REGRESSED). A measurement after the change that fails
+(the engine does not answer) fails the gate with its reason; one before the change stops the run
+before anything is written.
+
+The load is load on the cluster: each measurement runs under the watchdog lease exactly as
+`bench` runs a level (probe_load.LoadGuard: a point at or above the engine's max_num_seqs would
+queue the watchdog's probe, so it is leased, or refused when the watchdog cannot be paused), and
+a point bench would refuse is refused while planning, before anything changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from spark_ops.bench.gate import Endpoint, LoadPoint, Measurement, Thresholds, measure, prove
+from spark_ops.errors import ExitStatus, SparkOpsError
+from spark_ops.workflows.disruption import Leases
+from spark_ops.workflows.execution import Done, Execution
+from spark_ops.workflows.plan import Plan, StepKind
+from spark_ops.workflows.probe_load import LoadGuard, cap_of, plan_load, refusal_of
+
+
+class Regressed(SparkOpsError):
+    """The gate failed after the change: the change is rolled back."""
+
+    exit_status = ExitStatus.REGRESSED
+
+
+@dataclass(frozen=True)
+class Proving:
+    """What `--prove` measures at and the limits its verdict applies."""
+
+    point: LoadPoint
+    thresholds: Thresholds
+    unleased: bool = False  # --unleased-load: a point that would starve the probe runs anyway
+
+    def validate(self) -> None:
+        """Raise BenchError on a point or a limit out of range."""
+        self.point.validate()
+        self.thresholds.validate()
+
+    @property
+    def concurrency(self) -> int:
+        """Requests in flight at most (what the watchdog's probe queues behind)."""
+        p = self.point
+        return p.concurrency or p.max_concurrency or p.requests
+
+    def limits_text(self) -> str:
+        """The limits in words."""
+        t = self.thresholds
+        return (
+            f"tok/s -{t.max_tok_s_drop_pct:g}%, TTFT p95 +{t.max_ttft_p95_rise_pct:g}%, "
+            f"TPOT p95 +{t.max_tpot_p95_rise_pct:g}%, errors <= {t.max_errors}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json and the journal."""
+        return {
+            "point": self.point.to_dict(),
+            "thresholds": self.thresholds.to_dict(),
+            "unleased": self.unleased,
+        }
+
+
+def add_prove_steps(plan: Plan, proving: Proving, head: str) -> None:
+    """Insert measure-before ahead of the write and measure-after behind the checks; refuse a
+    point that bench would refuse at the cap before or after the change (ProbeWouldTrip)."""
+    wd_note = f"at {proving.point.text()}, under a watchdog lease when it would queue the probe"
+    at = next(i for i, s in enumerate(plan.steps) if s.name is StepKind.WRITE)
+    before = plan.add(StepKind.MEASURE, f"measure the running engine {wd_note}", [head])
+    plan.steps.remove(before)
+    plan.steps.insert(at, before)
+    after = plan.add(
+        StepKind.PROVE,
+        f"measure the new engine at the same point; keep the change only if the gate passes "
+        f"({proving.limits_text()}), else roll back",
+        [head],
+    )
+    plan.steps.remove(after)
+    plan.steps.insert(next(i for i, s in enumerate(plan.steps) if s.name is StepKind.VERIFY) + 1,
+                      after)  # fmt: skip
+
+
+def prove_refusal(
+    plan: Plan, proving: Proving, probe: Any, pause_file: str | None
+) -> SparkOpsError | None:
+    """The refusal bench would make of this point at the engine's cap before and after."""
+    named = []
+    for label, knobs in (("before", plan.facts.knobs_before), ("after", plan.facts.knobs_after)):
+        load = plan_load([proving.concurrency], cap_of(knobs), probe, pause_file,
+                         unleased=proving.unleased)  # fmt: skip
+        named.append((f"the engine {label} the change", load))
+    return refusal_of(named, before="anything changed")
+
+
+async def _measure(ex: Execution, knobs: dict[str, Any] | None) -> Measurement:
+    """One measurement at the point, held as bench holds a level (a lease of this run's)."""
+    proving = ex.opts.prove
+    assert proving is not None
+    op = ex.op
+    wd = op.cluster.watchdog
+    leases = Leases(op, ex.journal.run)  # its own: ending it never ends the restart's lease
+    guard = LoadGuard(
+        leases, wd.probe, cap_of(knobs), 1, unleased=proving.unleased,
+        journal=ex.journal, begun=True,
+    )  # fmt: skip
+    endpoint = Endpoint(await op.api_url(), model=op.cluster.engine.model)
+    try:
+        async with guard.level(proving.concurrency, []):
+            return await measure(endpoint, proving.point)
+    finally:
+        await leases.end_all()
+        for text in leases.notes:
+            ex.leases.note(text)
+
+
+def measurement_text(m: Measurement) -> str:
+    """One line: the figures a gate compares."""
+
+    def fig(v: float | None, unit: str) -> str:
+        """A figure or a dash."""
+        return "–" if v is None else f"{v:.1f}{unit}"
+
+    return (
+        f"{fig(m.tok_s, ' tok/s')}, TTFT p95 {fig(m.ttft_p95_ms, ' ms')}, "
+        f"TPOT p95 {fig(m.tpot_p95_ms, ' ms')}, {m.errors} error(s)"
+    )
+
+
+async def measure_before(ex: Execution, kind: StepKind) -> Done:
+    """Measure the running engine at the point (a failure stops the run: nothing is written)."""
+    m = await _measure(ex, ex.plan.facts.knobs_before)
+    ex.out.proof = {"proving": _proving(ex).to_dict(), "before": m.to_dict()}
+    return Done(measurement_text(m), journal={"measurement": m.to_dict()})
+
+
+async def measure_after(ex: Execution, kind: StepKind) -> Done:
+    """Measure the new engine at the same point and prove it; a failed gate raises Regressed."""
+    proving = _proving(ex)
+    proof = ex.out.proof or {}
+    before = Measurement.from_dict(proof["before"])
+    failed: str | None = None
+    try:
+        after = await _measure(ex, ex.plan.facts.knobs_after)
+    except SparkOpsError as exc:  # unreachable, refused: the gate fails with the reason
+        failed = exc.message
+        after = Measurement(None, None, None, None, point=proving.point)
+    verdict = prove(before, after, proving.thresholds)
+    if failed is not None:
+        verdict.problems.append(f"the measurement after the change failed: {failed}")
+    ex.out.proof = {**proof, "after": after.to_dict(), "verdict": verdict.to_dict()}
+    attach = {"measurement": after.to_dict(), "verdict": verdict.to_dict()}
+    if verdict.ok:
+        return Done(f"{measurement_text(after)}; gate passed: kept", journal=attach)
+    await ex.journal.note(kind.value, "failed", **attach)
+    why = "; ".join(line.strip() for line in verdict.lines()[1:])
+    raise Regressed(
+        f"the change regressed at {proving.point.text()}: {why}; rolling back",
+        hint="the verdict table shows before and after side by side",
+    )
+
+
+def _proving(ex: Execution) -> Proving:
+    """The run's --prove options (the step is planned only with them)."""
+    assert ex.opts.prove is not None
+    return ex.opts.prove
+
+
+def regressed(proof: dict[str, Any] | None) -> bool:
+    """True when a run's proof holds a failed verdict."""
+    verdict = (proof or {}).get("verdict")
+    return isinstance(verdict, dict) and not verdict.get("ok")
