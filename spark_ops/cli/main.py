@@ -65,7 +65,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": (
         "spark_ops.cli.serve",
         "cli",
-        "The cluster's read-only web page and /metrics, behind a token.",
+        "The cluster's (or the fleet's) read-only web page and /metrics, behind a token.",
     ),
 }
 

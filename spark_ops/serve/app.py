@@ -11,8 +11,6 @@ after KEEPALIVE_S, and no secret nor traceback of a bad request reaches a log (a
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ipaddress
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -21,10 +19,9 @@ from typing import Any
 from aiohttp import web
 from yarl import URL
 
-from spark_ops.errors import ConflictError
 from spark_ops.inventory import Cluster
 from spark_ops.log import get_logger
-from spark_ops.serve.auth import COOKIE, Sessions, TokenSource, guard_http_logs, same_token
+from spark_ops.serve.auth import COOKIE, Sessions, TokenSource, same_token
 from spark_ops.serve.html import esc, json_text, page, section
 from spark_ops.serve.metrics import render_metrics
 from spark_ops.serve.pages import (
@@ -39,6 +36,8 @@ from spark_ops.serve.source import Source, last_run
 SOURCE: web.AppKey[Source] = web.AppKey("source", Source)
 TOKEN: web.AppKey[TokenSource] = web.AppKey("token", TokenSource)
 SESSIONS: web.AppKey[Sessions] = web.AppKey("sessions", Sessions)
+BASE: web.AppKey[str] = web.AppKey("base", str)  # "" at /, "/c/NAME" for a fleet's cluster
+SOURCES: web.AppKey[list[Source]] = web.AppKey("sources", list)  # every cluster served
 SSE_KEEPALIVE_S = 15.0
 ERROR_METRIC = "spark_ops_serve_answer_failed"
 MAX_CONNECTIONS = 256  # open connections at once; more are closed on arrival
@@ -61,15 +60,11 @@ HEADERS = {
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class ServeError(ConflictError):
-    """The server cannot listen where asked (the port taken, the address not ours): exit 19."""
-
-
 @web.middleware
 async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every request carries the token: Bearer header, the session cookie, or ?token= once."""
-    token = request.app[TOKEN].current()
-    sessions = request.app[SESSIONS]
+    token = request.config_dict[TOKEN].current()
+    sessions = request.config_dict[SESSIONS]
     if token is None:  # the token file is gone or refused: nobody is let in (the log said why)
         raise _unauthorized()
     header = request.headers.get("Authorization", "")
@@ -92,7 +87,7 @@ async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
 @web.middleware
 async def deadline(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A handler answers within HANDLER_TIMEOUT_S (503 otherwise); /events streams on."""
-    if request.path in STREAMS:
+    if local_path(request) in STREAMS:
         return await handler(request)
     try:
         return await asyncio.wait_for(handler(request), HANDLER_TIMEOUT_S)
@@ -111,18 +106,18 @@ async def shown(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException:
         raise
     except Exception as exc:
-        if request.path in STREAMS:
+        where = local_path(request)
+        if where in STREAMS:
             raise
         what = f"this answer could not be made ({type(exc).__name__}); it is logged"
         get_logger(op="serve").error("answer failed", path=request.path, error=repr(exc)[:300])
-        if request.path == "/metrics":
+        if where == "/metrics":
             body = f"# {what}\n{ERROR_METRIC} 1\n"
             return web.Response(text=body, headers={"Content-Type": "text/plain; version=0.0.4"})
-        if request.path.startswith("/api/"):
+        if where.startswith("/api/"):
             return _json({"error": what})
-        return _html(
-            page("Error", request.path, section("Not shown", f'<p class="bad">{esc(what)}</p>'))
-        )
+        said = section("Not shown", f'<p class="bad">{esc(what)}</p>')
+        return _html(page("Error", where, said, base=request_base(request)))
 
 
 class Guard:
@@ -209,12 +204,27 @@ GUARD: web.AppKey[Guard] = web.AppKey("guard", Guard)
 @web.middleware
 async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The request's head is in: no head deadline while it is answered, a new one after."""
-    guard = request.app[GUARD]
+    guard = request.config_dict[GUARD]
     guard.busy(request.transport, True)
     try:
         return await handler(request)
     finally:
         guard.busy(request.transport, False)
+
+
+def request_base(request: web.Request) -> str:
+    """The base of the cluster a request is for ("" at the top, "/c/NAME" under a fleet)."""
+    apps = request.match_info.apps
+    return apps[-1].get(BASE, "") if apps else ""
+
+
+def local_path(request: web.Request) -> str:
+    """The request's path under its cluster's base: a fleet serves each cluster's pages under
+    /c/NAME, and its streams and /metrics are known by their path there."""
+    base = request_base(request)
+    if base and request.path.startswith(base + "/"):
+        return request.path[len(base) :]
+    return request.path
 
 
 def same_page(path: str, query: Mapping[str, str]) -> str:
@@ -270,7 +280,7 @@ async def _cluster_data(request: web.Request) -> tuple[list[Any], dict[str, Any]
 async def cluster_view(request: web.Request) -> web.Response:
     """The cluster page."""
     args, more = await _cluster_data(request)
-    return _html(cluster_page(*args, **more))
+    return _html(cluster_page(*args, **more, base=request.app[BASE]))
 
 
 async def cluster_events(request: web.Request) -> web.StreamResponse:
@@ -287,7 +297,7 @@ async def cluster_events(request: web.Request) -> web.StreamResponse:
             now = time.time()
             try:
                 args, more = await _cluster_data(request)
-                html = cluster_sections(*args, **more, now=now)
+                html = cluster_sections(*args, **more, now=now, base=request.app[BASE])
             except Exception as exc:  # one bad reading: said, and the next one may be good
                 get_logger(op="serve").error("live sections failed", error=repr(exc)[:300])
                 said = f"the live sections could not be drawn ({type(exc).__name__}); it is logged"
@@ -302,13 +312,13 @@ async def cluster_events(request: web.Request) -> web.StreamResponse:
 def still_allowed(request: web.Request) -> bool:
     """The request's credential (Bearer header or session cookie) still holds against the
     current token: a stream re-checks it before each send."""
-    token = request.app[TOKEN].current()
+    token = request.config_dict[TOKEN].current()
     if token is None:
         return False
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer" and same_token(given.strip(), token):
         return True
-    return request.app[SESSIONS].valid(request.cookies.get(COOKIE))
+    return request.config_dict[SESSIONS].valid(request.cookies.get(COOKIE))
 
 
 async def api_nodes(request: web.Request) -> web.Response:
@@ -324,17 +334,19 @@ async def api_load(request: web.Request) -> web.Response:
 async def history_view(request: web.Request) -> web.Response:
     """The history and audit page."""
     src = request.app[SOURCE]
-    return _html(history_page(await _status(request), await src.audit.get()))
+    return _html(
+        history_page(await _status(request), await src.audit.get(), base=request.app[BASE])
+    )
 
 
 async def boot_view(request: web.Request) -> web.Response:
     """The boot page."""
-    return _html(boot_page(request.app[SOURCE].boots()))
+    return _html(boot_page(request.app[SOURCE].boots(), base=request.app[BASE]))
 
 
 async def sweeps_view(request: web.Request) -> web.Response:
     """The sweeps page."""
-    return _html(sweeps_page(await request.app[SOURCE].sweeps()))
+    return _html(sweeps_page(await request.app[SOURCE].sweeps(), base=request.app[BASE]))
 
 
 async def api_status(request: web.Request) -> web.Response:
@@ -410,27 +422,30 @@ def _sse(item: dict[str, Any], kind: str = "boot") -> bytes:
     return f"event: {kind}\ndata: {json_text(item)}\n\n".encode()
 
 
-def make_app(
-    cluster: Cluster,
-    token: str | TokenSource,
-    *,
-    results: Path | None = None,
-    ttl: float | None = None,
-    guard: Guard | None = None,
-) -> web.Application:
-    """The application for one cluster; its boot watch runs while the app does."""
+def root_app(token: str | TokenSource, guard: Guard | None = None) -> web.Application:
+    """The application every request enters: its bounds, the one token, shown errors."""
     app = web.Application(middlewares=[guarded, auth, deadline, shown], handler_args={
         "max_line_size": 8190, "max_field_size": 8190, "keepalive_timeout": KEEPALIVE_S,
     })  # fmt: skip
     app[GUARD] = guard or Guard()
-    src = (
-        Source(cluster, results=results)
-        if ttl is None
-        else Source(cluster, results=results, ttl=ttl)
-    )
-    app[SOURCE] = src
     app[TOKEN] = token if isinstance(token, TokenSource) else TokenSource(token)
     app[SESSIONS] = Sessions()
+    app[SOURCES] = []
+    return app
+
+
+def new_source(cluster: Cluster, results: Path | None, ttl: float | None) -> Source:
+    """The readers of one cluster (the default cache age unless `ttl` is given)."""
+    if ttl is None:
+        return Source(cluster, results=results)
+    return Source(cluster, results=results, ttl=ttl)
+
+
+def add_cluster(app: web.Application, src: Source, base: str = "") -> None:
+    """One cluster's pages, JSON, streams and /metrics on `app` (its paths under `base`, as its
+    pages link them); its boot watch and load scrape run while `app` does."""
+    app[SOURCE] = src
+    app[BASE] = base
     for path, handler in (
         ("/", cluster_view), ("/history", history_view), ("/boot", boot_view),
         ("/sweeps", sweeps_view), ("/api/status", api_status), ("/api/budget", api_budget),
@@ -451,63 +466,19 @@ def make_app(
         await src.close()
 
     app.cleanup_ctx.append(lifecycle)
-    return app
 
 
-def is_loopback(host: str) -> bool:
-    """True for an address only this machine reaches."""
-    if host == "localhost":
-        return True
-    with contextlib.suppress(ValueError):
-        return ipaddress.ip_address(host).is_loopback
-    return False
-
-
-async def serve(
+def make_app(
     cluster: Cluster,
-    token: str,
+    token: str | TokenSource,
     *,
-    host: str,
-    port: int,
     results: Path | None = None,
-    on_ready: Callable[[str], None] | None = None,
-    token_path: Path | None = None,
+    ttl: float | None = None,
     guard: Guard | None = None,
-) -> None:
-    """Run the server until cancelled; on_ready gets the base URL once it listens."""
-    log = get_logger(cluster=cluster.name, op="serve")
-    guard_http_logs()
-    guard = guard or Guard()
-    tokens = TokenSource(token, token_path)
-    app = make_app(cluster, tokens, results=results, guard=guard)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    loop = asyncio.get_running_loop()
-    assert runner.server is not None  # made by setup()
-    try:
-        server = await loop.create_server(guard.wrap(runner.server), host, port, backlog=128)
-    except OSError as exc:
-        await runner.cleanup()
-        raise ServeError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-            hint="choose another --port, or stop what listens there",
-        ) from exc
-    sockets = server.sockets
-    bound = int(sockets[0].getsockname()[1]) if sockets else port
-    shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{bound}"
-    log.info("serving", url=url, loopback=is_loopback(host))
-    if on_ready is not None:
-        on_ready(url)
-    try:
-        while True:
-            await asyncio.sleep(1.0)
-            guard.sweep()
-    finally:
-        server.close()
-        for transport in list(guard.open):
-            transport.abort()
-        with contextlib.suppress(TimeoutError):  # first the CPU work: a sweep read's child
-            await asyncio.wait_for(app[SOURCE].close(), 5.0)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(runner.cleanup(), 5.0)
+) -> web.Application:
+    """The application for one cluster, at /; its boot watch runs while the app does."""
+    app = root_app(token, guard)
+    src = new_source(cluster, results, ttl)
+    app[SOURCES].append(src)
+    add_cluster(app, src)
+    return app

@@ -36,7 +36,7 @@ function show(s){
 function said(e){if(!e||!e.kind)return '—';if(e.kind==='hello')return 'connected';
  if(e.kind==='tail')return 'engine log line';return e.kind+(e.phase?' '+e.phase:'');}
 show(JSON.parse(el('init').textContent));
-const es=new EventSource('/events');
+const es=new EventSource(document.body.dataset.base+'/events');
 es.addEventListener('boot',m=>{const d=JSON.parse(m.data);const tail=d.event&&d.event.kind==='tail';
  if(d.state&&!tail)show(d.state);
  put('blast',said(d.event));
@@ -46,7 +46,7 @@ es.addEventListener('boot',m=>{const d=JSON.parse(m.data);const tail=d.event&&d.
 """.replace("MAX_TAIL", str(MAX_TAIL))
 
 
-def boot_page(boots: dict[str, Any]) -> str:
+def boot_page(boots: dict[str, Any], base: str = "") -> str:
     """The live boot (phases, time in phase, ETA, lines) and past boots' timelines."""
     live = boots["live"]
     given = boots.get("usual_s")
@@ -94,7 +94,7 @@ def boot_page(boots: dict[str, Any]) -> str:
         body += section(
             "Boots this server watched", table(["started", "outcome", "total", "error"], watched)
         )
-    return page("Boot", "/boot", body, script=BOOT_JS)
+    return page("Boot", "/boot", body, script=BOOT_JS, base=base)
 
 
 def _seconds(value: object) -> float | None:

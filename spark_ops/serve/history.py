@@ -12,7 +12,7 @@ MAX_STAMPS_SHOWN = 500  # a history page stays a page: the newest stamps, the re
 MAX_OPERATIONS_SHOWN = 50  # the newest operations of the entries read; more: `spark-ops log`
 
 
-def history_page(status: dict[str, Any], audit: dict[str, Any]) -> str:
+def history_page(status: dict[str, Any], audit: dict[str, Any], base: str = "") -> str:
     """Every stamp with its reason and who; every audited change with its diff."""
     b = status.get("budget") or {}
     every = list(b.get("stamps") or [])
@@ -42,7 +42,7 @@ def history_page(status: dict[str, Any], audit: dict[str, Any]) -> str:
     body = section("Restart stamps in the window", stamps) + section(
         "Audit log, one entry per operation (newest first)", log, ident="audit"
     )
-    return page("History", "/history", body)
+    return page("History", "/history", body, base=base)
 
 
 def _operation(e: dict[str, Any]) -> str:

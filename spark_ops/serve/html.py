@@ -91,17 +91,31 @@ setInterval(ages,1000);
 """
 
 
-def page(title: str, path: str, body: str, *, script: str = "") -> str:
-    """A whole page around its body."""
+def url(base: str, path: str) -> str:
+    """The one place a page's address is made: `path` ("/boot") under the cluster's `base`
+    ("" for the single cluster served at /, "/c/NAME" for a fleet's cluster); escaped."""
+    return esc(base.rstrip("/") + path)
+
+
+def page(
+    title: str, path: str, body: str, *, script: str = "", base: str = "", fleet: bool = False
+) -> str:
+    """A whole page around its body; under a fleet (a `base`) its nav leads back to the fleet,
+    and the fleet's own page (`fleet`) has no cluster's nav."""
     nav = "".join(
-        f'<a href="{href}"{" class=on" if href == path else ""}>{esc(label)}</a>'
+        f'<a href="{url(base, href)}"{" class=on" if href == path else ""}>{esc(label)}</a>'
         for href, label in NAV
     )
+    if fleet:
+        nav = '<a href="/" class=on>Fleet</a>'
+    elif base:
+        nav = f'<a href="/">Fleet</a><span>{esc(base.rsplit("/", 1)[-1])}</span>' + nav
     js = f"<script>{script}</script>" if script else ""
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>{esc(title)} · spark-ops</title><style>{CSS}</style></head><body>"
+        f"<title>{esc(title)} · spark-ops</title><style>{CSS}</style></head>"
+        f'<body data-base="{url(base, "")}">'
         f"<header><strong>spark-ops</strong>{nav}<span class=muted>read-only</span></header>"
         f"<main>{body}</main>{js}</body></html>"
     )

@@ -15,7 +15,7 @@ from typing import Any
 from spark_ops.serve.bootpage import boot_page
 from spark_ops.serve.charts import budget_gauge, stamp_timeline, time_series
 from spark_ops.serve.history import history_page
-from spark_ops.serve.html import AGE_JS, ago, esc, page, section, table, when
+from spark_ops.serve.html import AGE_JS, ago, esc, page, section, table, url, when
 from spark_ops.serve.metrics import facts_fresh, fresh_sample
 from spark_ops.serve.sweepspage import svg_chart, sweeps_page
 
@@ -29,7 +29,7 @@ GIB = 1024**3
 CLUSTER_JS = (
     AGE_JS
     + """
-const es=new EventSource('/events/cluster');
+const es=new EventSource(document.body.dataset.base+'/events/cluster');
 es.addEventListener('cluster',m=>{const d=JSON.parse(m.data);skew=d.now-Date.now()/1000;
  const doc=new DOMParser().parseFromString('<main>'+d.html+'</main>','text/html');
  doc.querySelectorAll('main > section[id]').forEach(s=>{const old=document.getElementById(s.id);
@@ -48,6 +48,7 @@ def cluster_sections(
     load: dict[str, Any] | None = None,
     boot: dict[str, Any] | None = None,
     now: float | None = None,
+    base: str = "",
 ) -> str:
     """The cluster page's sections, each with its id (what /events/cluster sends again)."""
     now = time.time() if now is None else now
@@ -57,7 +58,7 @@ def cluster_sections(
     reasons = "; ".join(str(r) for r in v.get("reasons") or [])
     live = ""
     if state in ("restarting", "experimenting") or (boot or {}).get("active"):
-        live = '<p><a id=bootlink href="/boot">follow the boot live on /boot</a></p>'
+        live = f'<p><a id=bootlink href="{url(base, "/boot")}">follow the boot live</a></p>'
     parts = [
         section(
             f"Cluster {status.get('cluster')}",
@@ -69,7 +70,7 @@ def cluster_sections(
     parts.append(section("Nodes", _nodes(status, hardware, now), ident="nodes"))
     budget = status.get("budget") or {}
     parts.append(section("Budget", _budget(budget, now=now), ident="budget"))
-    engine = _engine(status.get("engine") or {}, state, status.get("runs") or {})
+    engine = _engine(status.get("engine") or {}, state, status.get("runs") or {}, base)
     parts.append(section("Engine", engine, ident="engine"))
     up = bool((status.get("engine") or {}).get("up"))
     parts.append(section("Load, last hour", _load(load, now, engine_up=up), ident="load"))
@@ -89,7 +90,7 @@ def cluster_page(
     """Verdict, nodes and their panels, budget and its window, engine, load, knobs, lock and
     runs, the last doctor result; live (CLUSTER_JS)."""
     body = cluster_sections(status, last_run, doctor, **more)
-    return page("Cluster", "/", body, script=CLUSTER_JS)
+    return page("Cluster", "/", body, script=CLUSTER_JS, base=more.get("base", ""))
 
 
 def _num(value: object) -> float | None:
@@ -221,7 +222,9 @@ def _budget(b: dict[str, Any], *, now: float | None = None) -> str:
     return out
 
 
-def _engine(e: dict[str, Any], state: str = "", runs: dict[str, Any] | None = None) -> str:
+def _engine(
+    e: dict[str, Any], state: str = "", runs: dict[str, Any] | None = None, base: str = ""
+) -> str:
     """The engine box: its models, version and load; while a run restarts it, amber with the run
     and the live boot; down, with the reason status gave."""
     if not e.get("up"):
@@ -230,7 +233,7 @@ def _engine(e: dict[str, Any], state: str = "", runs: dict[str, Any] | None = No
             return (
                 f'<p class="warn" id=enginestate>restarting: {esc(run or "a run holds the lock")}'
                 "</p><p>the engine answers again when its boot ends: "
-                '<a href="/boot">follow the boot live</a></p>'
+                f'<a href="{url(base, "/boot")}">follow the boot live</a></p>'
             )
         why = e.get("error") or "the engine did not answer and status recorded no reason"
         out = f'<p class="bad" id=enginestate>not serving: {esc(why)}</p>'
@@ -259,7 +262,7 @@ def _engine(e: dict[str, Any], state: str = "", runs: dict[str, Any] | None = No
         busy = (
             '<p class="warn" id=enginestate>a run is restarting it: '
             f"{esc((runs or {}).get('experiment') or (runs or {}).get('in_progress'))} · "
-            '<a href="/boot">follow the boot live</a></p>'
+            f'<a href="{url(base, "/boot")}">follow the boot live</a></p>'
         )
     return busy + table(["", ""], rows)
 

@@ -116,7 +116,7 @@ def _num(value: object) -> float | None:
     return None
 
 
-def sweeps_page(sweeps: dict[str, Any]) -> str:
+def sweeps_page(sweeps: dict[str, Any], base: str = "") -> str:
     """Saved sweeps: a table per run and charts of tok/s and per-user tok/s vs concurrency."""
     if sweeps.get("dir") is None:
         body = section(
@@ -124,7 +124,7 @@ def sweeps_page(sweeps: dict[str, Any]) -> str:
             "<p>no results directory: start the server with <code>--results DIR</code> "
             "(the JSON files <code>spark-ops bench -o DIR/NAME.json</code> writes)</p>",
         )
-        return page("Sweeps", "/sweeps", body)
+        return page("Sweeps", "/sweeps", body, base=base)
     runs = sweeps.get("runs") or []
     parts = []
     if sweeps.get("error"):
@@ -186,7 +186,7 @@ def sweeps_page(sweeps: dict[str, Any]) -> str:
         parts.append(section(run["file"], info + table_html + warn))
     if not runs:
         parts.append(section("Sweeps", f"<p>no result in {esc(sweeps['dir'])}</p>"))
-    return page("Sweeps", "/sweeps", "".join(parts))
+    return page("Sweeps", "/sweeps", "".join(parts), base=base)
 
 
 def open_loop(r: dict[str, Any]) -> str:
