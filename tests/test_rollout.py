@@ -191,7 +191,8 @@ RULES = yaml.safe_load((CASES / "rules.yaml").read_text())
 @pytest.mark.parametrize("case", RULES, ids=[c["name"] for c in RULES])
 def test_the_rollouts_rules(case: dict, tmp_path: Path) -> None:
     """batches, exit and the shown state of a rollout as its journal holds it; the journal
-    written and read back whole (an unfinished one found by its fleet)."""
+    written and read back whole, each proof as its JSON (an unfinished one found by its fleet)."""
+    from spark_ops.workflows.prove import Proof
     from spark_ops.workflows.rollout import (
         ClusterStep,
         Rollout,
@@ -201,8 +202,15 @@ def test_the_rollouts_rules(case: dict, tmp_path: Path) -> None:
         shown_state,
     )
 
+    proofs = case.get("proofs", {})
     steps = [
-        ClusterStep(n, "canary" if i == 0 else "next", state=s, exit=case.get("exits", {}).get(n))
+        ClusterStep(
+            n,
+            "canary" if i == 0 else "next",
+            state=s,
+            exit=case.get("exits", {}).get(n),
+            proof=Proof.from_dict(proofs[n]) if n in proofs else None,
+        )
         for i, (n, s) in enumerate(case["states"].items())
     ]
     ro = Rollout("k", "fleet.yaml", "spark-ops rollout", {}, case["parallel"], steps,
@@ -213,4 +221,6 @@ def test_the_rollouts_rules(case: dict, tmp_path: Path) -> None:
     journal = RolloutJournal(tmp_path)
     journal.save(ro)
     assert journal.load("k") == ro
+    for name, proof in proofs.items():
+        assert ro.step(name).to_dict()["proof"] == proof, name
     assert (journal.unfinished("fleet.yaml") is None) == ro.finished

@@ -145,7 +145,7 @@ def _echo_cluster(step: ClusterStep) -> None:
 
 def _echo_report(ro: Rollout) -> None:
     """One section per cluster: kept, rolled back with its verdict table, skipped, not reached."""
-    from spark_ops.bench.gate import Verdict, render_verdict
+    from spark_ops.bench.gate import render_verdict
     from spark_ops.workflows.rollout import pending_names, shown_state
 
     click.echo()
@@ -155,9 +155,8 @@ def _echo_report(ro: Rollout) -> None:
         color = {"kept": "green", "rolled-back": "yellow", "failed": "red"}.get(state)
         reason = c.reason if state != "not reached" else "the rollout stopped before it"
         click.secho(f"\n{c.name} ({c.role}): {state.upper()}: {reason}", fg=color, bold=True)
-        verdict = (c.proof or {}).get("verdict")
-        if verdict:
-            click.echo(render_verdict(Verdict.from_dict(verdict)).rstrip())
+        if c.proof is not None and c.proof.verdict is not None:
+            click.echo(render_verdict(c.proof.verdict).rstrip())
     if ro.stopped:
         left = ", ".join(pending_names(ro)) or "none"
         click.secho(f"\nStopped: {ro.stopped}. Not reached: {left}.", fg="yellow")

@@ -37,7 +37,7 @@ from spark_ops.workflows.gate import budget_refusal
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
 from spark_ops.workflows.plan import StepRun
 from spark_ops.workflows.plans import plan_apply
-from spark_ops.workflows.prove import regressed
+from spark_ops.workflows.prove import Proof, regressed
 
 DONE = ("kept", "rolled-back", "skipped", "failed")  # a cluster's final states
 MAX_JOURNAL_BYTES = 4 << 20
@@ -59,18 +59,20 @@ class ClusterStep:
     reason: str = ""
     budget: str = ""  # used/allowed when planned
     doctor: str = ""  # ready | NOT READY (checks) | error
-    proof: dict[str, Any] | None = None
+    proof: Proof | None = None
     exit: int | None = None
     restarted: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for the journal and --json."""
-        return dict(self.__dict__)
+        return {**self.__dict__, "proof": self.proof.to_dict() if self.proof else None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClusterStep:
         """Rebuild from to_dict() output."""
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        proof = known.pop("proof", None)
+        return cls(**known, proof=Proof.from_dict(proof) if isinstance(proof, dict) else None)
 
 
 @dataclass
