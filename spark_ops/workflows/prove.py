@@ -147,6 +147,21 @@ def add_prove_steps(plan: Plan, proving: Proving, head: str) -> None:
                       after)  # fmt: skip
 
 
+def add_resumed_proof(plan: Plan, proving: Proving, head: str) -> None:
+    """A change found in place by a resumed rollout: measure-after joins the plan (behind the
+    checks, when the plan holds them), proven against the measurement saved before the change."""
+    after = plan.add(
+        StepKind.PROVE,
+        f"measure the engine at the point measured before the change; keep it only if the gate "
+        f"passes ({proving.limits_text()}), else roll it back",
+        [head],
+    )
+    later = [i for i, s in enumerate(plan.steps) if s.name in (StepKind.BUDGET, StepKind.RELEASE)]
+    if later:
+        plan.steps.remove(after)
+        plan.steps.insert(later[0], after)
+
+
 def prove_refusal(
     plan: Plan, proving: Proving, probe: Any, pause_file: str | None
 ) -> SparkOpsError | None:
