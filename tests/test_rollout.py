@@ -4,7 +4,9 @@ One module, three 2-node sims started once (east, west, north; west with the sim
 `slow_decode`, which slows its decode only at max_num_seqs 8). The cells follow each other on the
 same clusters, each case under tests/fixtures/rollout/: a rollout whose second cluster regresses
 (the canary kept, west rolled back with its numbers shown, north untouched, every budget as
-before), then a rollout killed once the canary's step is journalled and resumed (it converges).
+before), then a rollout killed once its second cluster's restart is in that cluster's history and
+resumed: without the measurement journalled before the change it stops there, unproven; with it,
+the change found in place is proven against it and the rollout converges.
 Behaviour only: no duration is asserted.
 """
 

@@ -401,7 +401,7 @@ def _journalling(rollout: Rollout, journal: RolloutJournal, name: str) -> ProofR
 
 def exit_of(rollout: Rollout) -> int:
     """REGRESSED when a cluster was rolled back by its gate, a failed apply's own code, 24 when
-    clusters were skipped or not reached, else 0."""
+    clusters were skipped, unproven or not reached, else 0."""
     states = [c.state for c in rollout.clusters]
     for c in rollout.clusters:
         if c.state in ("rolled-back", "failed") and c.exit:
