@@ -4,7 +4,9 @@ One module, three 2-node sims started once (east, west, north; west with the sim
 `slow_decode`, which slows its decode only at max_num_seqs 8). The cells follow each other on the
 same clusters, each case under tests/fixtures/rollout/: a rollout whose second cluster regresses
 (the canary kept, west rolled back with its numbers shown, north untouched, every budget as
-before), then a rollout killed once the canary's step is journalled and resumed (it converges).
+before), then a rollout killed once its second cluster's restart is in that cluster's history and
+resumed: without the measurement journalled before the change it stops there, unproven; with it,
+the change found in place is proven against it and the rollout converges.
 Behaviour only: no duration is asserted.
 """
 
@@ -149,37 +151,57 @@ def test_a_regression_stops_the_rollout(fleet3: Fleet3) -> None:
 
 
 def test_a_killed_rollout_resumes_and_converges(fleet3: Fleet3) -> None:
-    """SIGKILL once the canary's step is in the journal; `rollout --resume` finishes the rest,
-    the canary not redone; every history as before."""
+    """SIGKILL once the second cluster's restart is in its history (its measurement before the
+    change journalled, the one after not taken). Resumed without the saved measurement, the change
+    found in place is left unproven (never kept) and the rollout stops, saying what to run;
+    resumed with it, the change is proven against it and the rollout converges, the canary not
+    redone; every history as before."""
     case = _case("resume")
     for p in (fleet3.root / "journal").glob("rollout-*.json"):
         p.unlink()
     before = fleet3.files()
+    victim = fleet3.sims[case["kill_after"]].history
     proc = subprocess.Popen(
         [sys.executable, "-m", "spark_ops.cli.main", *case["args"]], env=fleet3.env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        while proc.poll() is None:  # read the journal, never a clock
-            j = fleet3.journal()
-            states = {c["name"]: c["state"] for c in (j or {}).get("clusters", [])}
-            if states.get(case["kill_after"]) not in (None, "pending", "running"):
+        while proc.poll() is None:  # read the cluster's history, never a clock
+            if victim.read_bytes() != before[case["kill_after"]][0]:
                 break
             time.sleep(0.2)
         assert proc.poll() is None, "the rollout ended before it could be killed"
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait()
-    killed = fleet3.files()
-    canary_pid = killed[case["kill_after"]][2]
+    canary_pid = fleet3.files()[case["canary"]][2]
     journal = fleet3.journal()
     assert journal is not None and not journal["finished"]
+    step = next(c for c in journal["clusters"] if c["name"] == case["kill_after"])
+    assert step["state"] == "running" and set(step["proof"]) == {"proving", "before"}
+    path = next((fleet3.root / "journal").glob("rollout-*.json"))
+    saved, step["proof"] = step["proof"], None
+    path.write_text(json.dumps(journal))
+    done = _cli(fleet3.env, "rollout", "--resume", "--yes", "--json")
+    assert done.returncode == case["unproven"]["exit"], done.stderr[-3000:]
+    result = json.loads(done.stdout)["rollout"]
+    got = {c["name"]: (c["state"], c["reason"]) for c in result["clusters"]}
+    assert {n: s for n, (s, _) in got.items()} == case["unproven"]["states"], got
+    reason = next(c["reason"] for c in result["clusters"] if c["name"] == case["kill_after"])
+    assert f"--cluster {case['kill_after']} rollback" in reason
+    journal = fleet3.journal()
+    assert journal is not None and not journal["finished"]
+    next(c for c in journal["clusters"] if c["name"] == case["kill_after"])["proof"] = saved
+    path.write_text(json.dumps(journal))
     done = _cli(fleet3.env, "rollout", "--resume", "--yes", "--json")
     assert done.returncode == case["exit"], done.stderr[-3000:]
     result = json.loads(done.stdout)["rollout"]
-    assert {c["name"]: c["state"] for c in result["clusters"]} == case["states"]
+    got = {c["name"]: (c["state"], c["reason"]) for c in result["clusters"]}
+    assert {n: s for n, (s, _) in got.items()} == case["states"], got
+    proof = next(c["proof"] for c in result["clusters"] if c["name"] == case["kill_after"])
+    assert proof["before"] == saved["before"] and proof["verdict"]["ok"]
     after = fleet3.files()
-    assert after[case["kill_after"]][2] == canary_pid  # the canary was not redone
+    assert after[case["canary"]][2] == canary_pid  # the canary was not redone
     for name in NAMES:
         assert after[name][0] == before[name][0], f"{name}: its restart history changed"
         assert _recipe_ok(case["recipe"][name], before[name][1], after[name][1]), name
@@ -191,7 +213,8 @@ RULES = yaml.safe_load((CASES / "rules.yaml").read_text())
 @pytest.mark.parametrize("case", RULES, ids=[c["name"] for c in RULES])
 def test_the_rollouts_rules(case: dict, tmp_path: Path) -> None:
     """batches, exit and the shown state of a rollout as its journal holds it; the journal
-    written and read back whole (an unfinished one found by its fleet)."""
+    written and read back whole, each proof as its JSON (an unfinished one found by its fleet)."""
+    from spark_ops.workflows.prove import Proof
     from spark_ops.workflows.rollout import (
         ClusterStep,
         Rollout,
@@ -201,16 +224,26 @@ def test_the_rollouts_rules(case: dict, tmp_path: Path) -> None:
         shown_state,
     )
 
+    proofs = case.get("proofs", {})
     steps = [
-        ClusterStep(n, "canary" if i == 0 else "next", state=s, exit=case.get("exits", {}).get(n))
+        ClusterStep(
+            n,
+            "canary" if i == 0 else "next",
+            state=s,
+            exit=case.get("exits", {}).get(n),
+            proof=Proof.from_dict(proofs[n]) if n in proofs else None,
+        )
         for i, (n, s) in enumerate(case["states"].items())
     ]
     ro = Rollout("k", "fleet.yaml", "spark-ops rollout", {}, case["parallel"], steps,
-                 stopped=case.get("stopped", ""), finished=bool(case.get("stopped")))  # fmt: skip
+                 stopped=case.get("stopped", ""),
+                 finished=case.get("finished", bool(case.get("stopped"))))  # fmt: skip
     assert batches(ro) == case["batches"]
     assert exit_of(ro) == case["exit"]
     assert {c.name: shown_state(c, ro) for c in ro.clusters} == case["shown"]
     journal = RolloutJournal(tmp_path)
     journal.save(ro)
     assert journal.load("k") == ro
+    for name, proof in proofs.items():
+        assert ro.step(name).to_dict()["proof"] == proof, name
     assert (journal.unfinished("fleet.yaml") is None) == ro.finished

@@ -20,6 +20,7 @@ from spark_ops.cli.common import (
 )
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
+    from spark_ops.bench.gate import Verdict
     from spark_ops.errors import OverBudget
     from spark_ops.recipe import Change
     from spark_ops.workflows import ApplyOptions, Outcome
@@ -335,8 +336,8 @@ def _echo_outcome(outcome: Outcome) -> None:
     hush = quiet()  # -q: the failures and warnings only
     if not hush:
         click.echo()
-    if outcome.proof is not None and outcome.proof.get("verdict"):
-        echo_proof(outcome.proof)
+    if outcome.proof is not None and outcome.proof.verdict is not None:
+        echo_proof(outcome.proof.verdict)
     if outcome.rolled_back and regressed(outcome.proof):
         click.secho(
             "The change regressed at the load point; the previous recipe is serving again.",
@@ -388,11 +389,11 @@ def _echo_outcome(outcome: Outcome) -> None:
         )
 
 
-def echo_proof(proof: dict[str, Any]) -> None:
+def echo_proof(verdict: Verdict) -> None:
     """The gate's before and after side by side, and its verdict."""
-    from spark_ops.bench.gate import Verdict, render_verdict
+    from spark_ops.bench.gate import render_verdict
 
-    click.echo(render_verdict(Verdict.from_dict(proof["verdict"])).rstrip())
+    click.echo(render_verdict(verdict).rstrip())
 
 
 @click.command("apply")

@@ -134,7 +134,8 @@ def _echo_plan(ro: Rollout, opts: Any, *, resumed: bool) -> None:
     click.echo(f"  order: the canary first, then the rest {how}; a regression stops the rollout")
     click.echo(f"  {'#':>2}  {'CLUSTER':<14}{'ROLE':<8}{'BUDGET':<8}{'DOCTOR':<11}PLAN")
     for i, c in enumerate(ro.clusters, 1):
-        plan = "apply --prove" if c.state in ("pending", "running") else f"{c.state}: {c.reason}"
+        todo = c.state in ("pending", "running", "unproven")
+        plan = "apply --prove" if todo else f"{c.state}: {c.reason}"
         click.echo(f"  {i:>2}  {c.name:<14}{c.role:<8}{c.budget:<8}{c.doctor:<11}{plan}")
 
 
@@ -145,19 +146,20 @@ def _echo_cluster(step: ClusterStep) -> None:
 
 def _echo_report(ro: Rollout) -> None:
     """One section per cluster: kept, rolled back with its verdict table, skipped, not reached."""
-    from spark_ops.bench.gate import Verdict, render_verdict
+    from spark_ops.bench.gate import render_verdict
     from spark_ops.workflows.rollout import pending_names, shown_state
 
     click.echo()
     click.secho("Rollout report", bold=True)
     for c in ro.clusters:
         state = shown_state(c, ro)
-        color = {"kept": "green", "rolled-back": "yellow", "failed": "red"}.get(state)
+        color = {"kept": "green", "rolled-back": "yellow", "failed": "red", "unproven": "red"}.get(
+            state
+        )
         reason = c.reason if state != "not reached" else "the rollout stopped before it"
         click.secho(f"\n{c.name} ({c.role}): {state.upper()}: {reason}", fg=color, bold=True)
-        verdict = (c.proof or {}).get("verdict")
-        if verdict:
-            click.echo(render_verdict(Verdict.from_dict(verdict)).rstrip())
+        if c.proof is not None and c.proof.verdict is not None:
+            click.echo(render_verdict(c.proof.verdict).rstrip())
     if ro.stopped:
         left = ", ".join(pending_names(ro)) or "none"
         click.secho(f"\nStopped: {ro.stopped}. Not reached: {left}.", fg="yellow")

@@ -101,22 +101,26 @@ async def execute(
     *,
     on_step: StepReporter | None = None,
     on_event: EventReporter | None = None,
+    on_proof: prove.ProofReporter | None = None,
+    proof: prove.Proof | None = None,
 ) -> Outcome:
     """Run an apply or restart plan step by step: its intent first, then steps, then its end.
 
     The intent record is written on the head before anything changes (a failure to write it
     stops the run there); SIGINT / SIGTERM end the run after the atomic unit in progress and
-    raise Interrupted, which says where the cluster stands and what converges it.
+    raise Interrupted, which says where the cluster stands and what converges it. `on_proof` is
+    told of the proof once measure-before ends (before anything is written); `proof` is one
+    measured before this run (a resumed rollout's), which measure-after proves the change against.
     """
     refused = budget_refusal(plan)  # the CLI refuses before its prompt; any other caller here
     if refused is not None:
         raise refused
-    out = Outcome(plan, ok=False)
+    out = Outcome(plan, ok=False, proof=proof)
     journal = RunJournal(op, plan.operation, opts.command)
     await journal.intent(**intent_of(plan, opts))
     out.found.run = journal.run
     run = StepRunner(out.steps, on_step)
-    ex = Execution(op, plan, opts, out, run, journal, on_event)
+    ex = Execution(op, plan, opts, out, run, journal, on_event, on_proof)
     failure: BaseException | None = None
     try:
         with interrupt.listening(lambda sig: _note_where(out, sig)):
@@ -285,7 +289,7 @@ def audit_entry(
     if out is not None:
         detail = {"stamp": stamp_json(out.stamp), "pruned": stamps_json(out.pruned)}
         if out.proof is not None:
-            detail["proof"] = out.proof
+            detail["proof"] = out.proof.to_dict()
             if prove.regressed(out.proof) and out.rolled_back:
                 result = "rolled back (regressed)"
     written = out.found.written if out is not None else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_ops.engine.watch import EngineWatch
 from spark_ops.errors import SparkOpsError
@@ -25,6 +25,9 @@ from spark_ops.workflows.disruption import Leases
 from spark_ops.workflows.journal import RunJournal
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
 from spark_ops.workflows.plan import Plan, StepKind, StepRunner
+
+if TYPE_CHECKING:
+    from spark_ops.workflows.prove import ProofReporter
 
 EventReporter = Callable[[BootEvent], None]
 
@@ -54,6 +57,7 @@ class Execution:
     run: StepRunner
     journal: RunJournal
     on_event: EventReporter | None = None
+    on_proof: ProofReporter | None = None  # told of measure-before's proof (a rollout journals it)
     paused: bool = False  # the drain stopped new work (/pause): resumed if no restart began
     attempt: Attempt | None = None  # the restart in progress
     entered: set[StepKind] = field(default_factory=set)  # the steps the loop reached

@@ -29,7 +29,7 @@ from spark_ops.workflows.facts import HistoryProblem, KnobValue
 from spark_ops.workflows.plan import Plan, RunFacts, StepKind, StepRun
 
 if TYPE_CHECKING:
-    from spark_ops.workflows.prove import Proving
+    from spark_ops.workflows.prove import Proof, Proving
 
 MAX_REASON_BYTES = 1000
 
@@ -124,7 +124,7 @@ class Outcome:
     history_problem: HistoryProblem | None = None  # the history did not move: budget unknown
     steps: list[StepRun] = field(default_factory=list)  # the plan's steps as run (+ a rollback's)
     found: RunFacts = field(default_factory=RunFacts)
-    proof: dict[str, Any] | None = None  # --prove: before, after and the verdict (to_dict forms)
+    proof: Proof | None = None  # --prove: what it measured at, before, after and the verdict
 
     def __post_init__(self) -> None:
         """Begin with every planned step pending."""
@@ -153,7 +153,7 @@ class Outcome:
             "history_problem": (
                 self.history_problem.to_json() if self.history_problem is not None else None
             ),
-            "proof": self.proof,
+            "proof": self.proof.to_dict() if self.proof is not None else None,
         }
 
 

@@ -17,10 +17,19 @@ a point bench would refuse is refused while planning, before anything changes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
-from spark_ops.bench.gate import Endpoint, LoadPoint, Measurement, Thresholds, measure, prove
+from spark_ops.bench.gate import (
+    Endpoint,
+    LoadPoint,
+    Measurement,
+    Thresholds,
+    Verdict,
+    measure,
+    prove,
+)
 from spark_ops.errors import ExitStatus, SparkOpsError
 from spark_ops.workflows.disruption import Leases
 from spark_ops.workflows.execution import Done, Execution
@@ -32,6 +41,7 @@ class Regressed(SparkOpsError):
     """The gate failed after the change: the change is rolled back."""
 
     exit_status = ExitStatus.REGRESSED
+    proof: Proof | None = None  # the proof that failed (before, after and the verdict)
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,54 @@ class Proving:
             "unleased": self.unleased,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Proving:
+        """Rebuild from to_dict() output."""
+        return cls(
+            LoadPoint.from_dict(data.get("point") or {}),
+            Thresholds.from_dict(data.get("thresholds") or {}),
+            bool(data.get("unleased", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Proof:
+    """A run's proof: what it measures at, the engine before the change and after, the verdict
+    (after and verdict once measure-after ran)."""
+
+    proving: Proving
+    before: Measurement
+    after: Measurement | None = None
+    verdict: Verdict | None = None
+
+    @property
+    def regressed(self) -> bool:
+        """True when the verdict is in and failed."""
+        return self.verdict is not None and not self.verdict.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialize for --json, the journals and the audit (after, verdict only once known)."""
+        data = {"proving": self.proving.to_dict(), "before": self.before.to_dict()}
+        if self.after is not None:
+            data["after"] = self.after.to_dict()
+        if self.verdict is not None:
+            data["verdict"] = self.verdict.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Proof:
+        """Rebuild from to_dict() output."""
+        after, verdict = data.get("after"), data.get("verdict")
+        return cls(
+            Proving.from_dict(data["proving"]),
+            Measurement.from_dict(data["before"]),
+            Measurement.from_dict(after) if isinstance(after, dict) else None,
+            Verdict.from_dict(verdict) if isinstance(verdict, dict) else None,
+        )
+
+
+ProofReporter = Callable[[Proof], None]  # told of the proof as soon as measure-before ends
+
 
 def add_prove_steps(plan: Plan, proving: Proving, head: str) -> None:
     """Insert measure-before ahead of the write and measure-after behind the checks; refuse a
@@ -87,6 +145,21 @@ def add_prove_steps(plan: Plan, proving: Proving, head: str) -> None:
     plan.steps.remove(after)
     plan.steps.insert(next(i for i, s in enumerate(plan.steps) if s.name is StepKind.VERIFY) + 1,
                       after)  # fmt: skip
+
+
+def add_resumed_proof(plan: Plan, proving: Proving, head: str) -> None:
+    """A change found in place by a resumed rollout: measure-after joins the plan (behind the
+    checks, when the plan holds them), proven against the measurement saved before the change."""
+    after = plan.add(
+        StepKind.PROVE,
+        f"measure the engine at the point measured before the change; keep it only if the gate "
+        f"passes ({proving.limits_text()}), else roll it back",
+        [head],
+    )
+    later = [i for i, s in enumerate(plan.steps) if s.name in (StepKind.BUDGET, StepKind.RELEASE)]
+    if later:
+        plan.steps.remove(after)
+        plan.steps.insert(later[0], after)
 
 
 def prove_refusal(
@@ -138,15 +211,18 @@ def measurement_text(m: Measurement) -> str:
 async def measure_before(ex: Execution, kind: StepKind) -> Done:
     """Measure the running engine at the point (a failure stops the run: nothing is written)."""
     m = await _measure(ex, ex.plan.facts.knobs_before)
-    ex.out.proof = {"proving": _proving(ex).to_dict(), "before": m.to_dict()}
+    ex.out.proof = Proof(_proving(ex), m)
+    if ex.on_proof is not None:  # the rollout journals it before anything is written
+        ex.on_proof(ex.out.proof)
     return Done(measurement_text(m), journal={"measurement": m.to_dict()})
 
 
 async def measure_after(ex: Execution, kind: StepKind) -> Done:
     """Measure the new engine at the same point and prove it; a failed gate raises Regressed."""
     proving = _proving(ex)
-    proof = ex.out.proof or {}
-    before = Measurement.from_dict(proof["before"])
+    proof = ex.out.proof
+    assert proof is not None  # measure-before ran, or a resumed rollout gave its saved one
+    before = proof.before
     failed: str | None = None
     try:
         after = await _measure(ex, ex.plan.facts.knobs_after)
@@ -156,16 +232,18 @@ async def measure_after(ex: Execution, kind: StepKind) -> Done:
     verdict = prove(before, after, proving.thresholds)
     if failed is not None:
         verdict.problems.append(f"the measurement after the change failed: {failed}")
-    ex.out.proof = {**proof, "after": after.to_dict(), "verdict": verdict.to_dict()}
+    ex.out.proof = replace(proof, after=after, verdict=verdict)
     attach = {"measurement": after.to_dict(), "verdict": verdict.to_dict()}
     if verdict.ok:
         return Done(f"{measurement_text(after)}; gate passed: kept", journal=attach)
     await ex.journal.note(kind.value, "failed", **attach)
     why = "; ".join(line.strip() for line in verdict.lines()[1:])
-    raise Regressed(
+    error = Regressed(
         f"the change regressed at {proving.point.text()}: {why}; rolling back",
         hint="the verdict table shows before and after side by side",
     )
+    error.proof = ex.out.proof
+    raise error
 
 
 def _proving(ex: Execution) -> Proving:
@@ -174,7 +252,6 @@ def _proving(ex: Execution) -> Proving:
     return ex.opts.prove
 
 
-def regressed(proof: dict[str, Any] | None) -> bool:
+def regressed(proof: Proof | None) -> bool:
     """True when a run's proof holds a failed verdict."""
-    verdict = (proof or {}).get("verdict")
-    return isinstance(verdict, dict) and not verdict.get("ok")
+    return proof is not None and proof.regressed

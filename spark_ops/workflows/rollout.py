@@ -13,7 +13,9 @@ atomically by the one local writer, spark_ops/files.py), a state per cluster wri
 after each step: a rollout interrupted between clusters (SIGINT, SIGKILL) resumes from it and
 converges; clusters done are not done again, and a cluster whose apply was interrupted is applied
 again, which is apply's own convergence (it finishes the dead run, and finds the change made or
-makes it).
+makes it). A change it finds in place is never kept unproven: it is proven against the measurement
+the journal took before it (measure-before reports it the moment it ends, before the write), or,
+with none, the cluster is left `unproven` and the rollout stops (docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,8 +38,14 @@ from spark_ops.workflows.execute import execute
 from spark_ops.workflows.gate import budget_refusal
 from spark_ops.workflows.operation import ApplyOptions, Operation, Outcome
 from spark_ops.workflows.plan import StepRun
-from spark_ops.workflows.plans import plan_apply
-from spark_ops.workflows.prove import regressed
+from spark_ops.workflows.plans import plan_apply, plan_rollback
+from spark_ops.workflows.prove import (
+    Proof,
+    ProofReporter,
+    Regressed,
+    add_resumed_proof,
+    regressed,
+)
 
 DONE = ("kept", "rolled-back", "skipped", "failed")  # a cluster's final states
 MAX_JOURNAL_BYTES = 4 << 20
@@ -55,22 +63,24 @@ class ClusterStep:
 
     name: str
     role: str  # canary | next
-    state: str = "pending"  # pending | running | kept | rolled-back | skipped | failed
+    state: str = "pending"  # pending | running | kept | rolled-back | skipped | failed | unproven
     reason: str = ""
     budget: str = ""  # used/allowed when planned
     doctor: str = ""  # ready | NOT READY (checks) | error
-    proof: dict[str, Any] | None = None
+    proof: Proof | None = None
     exit: int | None = None
     restarted: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Serialize for the journal and --json."""
-        return dict(self.__dict__)
+        return {**self.__dict__, "proof": self.proof.to_dict() if self.proof else None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClusterStep:
         """Rebuild from to_dict() output."""
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        proof = known.pop("proof", None)
+        return cls(**known, proof=Proof.from_dict(proof) if isinstance(proof, dict) else None)
 
 
 @dataclass
@@ -208,7 +218,9 @@ async def plan_rollout(
         assert reading.value is not None
         budget, step.doctor = reading.value
         step.budget, _, skip = budget.partition("\t")
-        if skip:
+        if skip and step.state in ("running", UNPROVEN):  # its apply began: it finishes it (its
+            step.reason = f"resumed although {skip}"  # own gates refuse), never skipped unproven
+        elif skip:
             step.state, step.reason = "skipped", skip
         elif step.state == "skipped":  # a resumed plan reads again: ready now
             step.state, step.reason = "pending", ""
@@ -218,25 +230,49 @@ async def plan_rollout(
 StepSay = Callable[[str, StepRun], None]
 
 
-async def apply_one(member: Member, opts: ApplyOptions, say: StepSay | None) -> ClusterStep:
+async def apply_one(
+    member: Member, opts: ApplyOptions, say: StepSay | None = None, *, resumed: bool = False,
+    saved: Proof | None = None, on_proof: ProofReporter | None = None,
+) -> ClusterStep:  # fmt: skip
     """One cluster's apply with the proof, under its lock; its final state (never raises for
-    a SparkOpsError: the failure is the state)."""
+    a SparkOpsError: the failure is the state).
+
+    `resumed`: the rollout's journal had this cluster running (its apply was interrupted). A
+    change then found in place is proven against `saved`, the measurement journalled before it
+    was made (measure-after and the verdict; a regression rolls it back with `rollback`'s plan),
+    or, with none saved, left `unproven`: never kept without a proof."""
     step = ClusterStep(member.name, "")
     try:
         async with Operation.open(member.cluster, "apply") as op:
             plan = await plan_apply(op, opts)
-            if not plan.steps:
+            in_place = resumed and not plan.changes
+            before = _saved_before(saved, opts) if in_place else None
+            if in_place and before is None:
+                step.state, step.reason = UNPROVEN, UNPROVEN_WHY
+                step.exit = int(ExitStatus.ROLLOUT_STOPPED)
+                return step
+            if not plan.steps and not in_place:
                 step.state, step.reason = (
                     "kept",
                     "the recipe holds the change and the engine runs it",
                 )
                 return step
+            if before is not None:
+                assert opts.prove is not None
+                add_resumed_proof(plan, opts.prove, op.cluster.head.name)
             refusal = budget_refusal(plan)
             if refusal is not None:
-                step.state, step.reason = "skipped", refusal.message
+                step.state, step.reason = "skipped" if before is None else UNPROVEN, refusal.message
                 return step
             report = (lambda s: say(member.name, s)) if say is not None else None
-            out: Outcome = await execute(op, plan, opts, on_step=report)
+            try:
+                out: Outcome = await execute(
+                    op, plan, opts, on_step=report, on_proof=on_proof, proof=before
+                )
+            except Regressed as exc:
+                if before is None:  # an apply's own regression is rolled back by its own steps
+                    raise
+                return await _roll_back(op, opts, step, exc, report)
     except Interrupted:  # the journal keeps the cluster running: a resume applies it again
         raise
     except SparkOpsError as exc:
@@ -251,6 +287,8 @@ async def apply_one(member: Member, opts: ApplyOptions, say: StepSay | None) -> 
         step.exit = int(ExitStatus.BOOT_FAILED)
     elif out.ok and out.checks_ok:
         step.state, step.reason, step.exit = "kept", "the gate passed", 0
+        if before is not None:
+            step.reason = "the gate passed (the change found in place, against the saved before)"
     else:
         bad = ", ".join(sorted({c.name for c in out.checks if not c.ok}))
         step.state, step.reason = "failed", f"checks failed: {bad}"
@@ -258,9 +296,51 @@ async def apply_one(member: Member, opts: ApplyOptions, say: StepSay | None) -> 
     return step
 
 
+UNPROVEN = "unproven"
+UNPROVEN_WHY = (
+    "its interrupted apply left the change in place and no measurement from before it was "
+    "journalled: not proven, not kept"
+)
+
+
+def _saved_before(saved: Proof | None, opts: ApplyOptions) -> Proof | None:
+    """The measurement journalled before the change, when taken at this rollout's point."""
+    if saved is None or saved.proving != opts.prove:
+        return None
+    return Proof(saved.proving, saved.before)
+
+
+async def _roll_back(
+    op: Operation, opts: ApplyOptions, step: ClusterStep, exc: Regressed,
+    report: Callable[[StepRun], None] | None,
+) -> ClusterStep:  # fmt: skip
+    """A change found in place regressed: restore the recipe it replaced (`rollback`'s plan)."""
+    step.proof = exc.proof
+    undo = replace(opts, prove=None, reason="planned restart (spark-ops rollout: regressed)")
+    out = await execute(op, await plan_rollback(op, undo), undo, on_step=report)
+    step.restarted = True
+    if not (out.ok and out.checks_ok):
+        step.state, step.reason = "failed", f"{exc.message}; the rollback did not finish cleanly"
+        step.exit = int(ExitStatus.REGRESSED)
+        return step
+    step.state, step.reason = "rolled-back", "the gate failed: the previous recipe serves"
+    step.exit = int(ExitStatus.REGRESSED)
+    return step
+
+
+def unproven_hint(rollout: Rollout, name: str) -> str:
+    """What to run for a cluster left unproven: roll it back, then apply it again with the proof."""
+    fleet = f"spark-ops --fleet {rollout.fleet}"
+    return (
+        f"run `{fleet} --cluster {name} rollback` (the recipe before the change), then "
+        f"`{fleet} rollout --resume` (or `{fleet} --cluster {name} apply … --prove`) to make it "
+        "again with its proof"
+    )
+
+
 def batches(rollout: Rollout) -> list[list[str]]:
     """The clusters still to apply, in steps: the canary alone, then `parallel` at a time."""
-    todo = [c.name for c in rollout.clusters if c.state in ("pending", "running")]
+    todo = [c.name for c in rollout.clusters if c.state in ("pending", "running", UNPROVEN)]
     canary = rollout.clusters[0].name
     out: list[list[str]] = [[canary]] if canary in todo else []
     rest = [n for n in todo if n != canary]
@@ -273,23 +353,33 @@ async def run_rollout(
     fleet: Fleet, rollout: Rollout, opts: ApplyOptions, journal: RolloutJournal,
     say: StepSay | None = None, on_cluster: Callable[[ClusterStep], None] | None = None,
 ) -> Rollout:  # fmt: skip
-    """Apply to each cluster in its turn, journalled before and after; stop at a regression or a
-    failure (the clusters not reached stay pending and are named so)."""
+    """Apply to each cluster in its turn, journalled before and after (and its measurement before
+    the change as soon as it is taken); stop at a regression, a failure or a change left unproven
+    (the clusters not reached stay pending and are named so)."""
+    rollout.stopped = ""
     for batch in batches(rollout):
+        resumed = {n: rollout.step(n).state in ("running", UNPROVEN) for n in batch}
+        saved = {n: rollout.step(n).proof for n in batch}
         for name in batch:
             rollout.step(name).state = "running"
         journal.save(rollout)
-        results = await asyncio.gather(*(apply_one(fleet.member(n), opts, say) for n in batch))
+        results = await asyncio.gather(*(
+            apply_one(fleet.member(n), opts, say, resumed=resumed[n], saved=saved[n],
+                      on_proof=_journalling(rollout, journal, n))
+            for n in batch
+        ))  # fmt: skip
         for done in results:
             step = rollout.step(done.name)
-            step.state, step.reason, step.proof = done.state, done.reason, done.proof
+            step.state, step.reason, step.proof = done.state, done.reason, done.proof or step.proof
             step.exit, step.restarted = done.exit, done.restarted
+            if done.state == UNPROVEN:
+                step.reason = f"{done.reason}; {unproven_hint(rollout, done.name)}"
             if on_cluster is not None:
                 on_cluster(step)
-        stop = [r for r in results if r.state in ("rolled-back", "failed")]
+        stop = [r for r in results if r.state in ("rolled-back", "failed", UNPROVEN)]
         if stop:
             rollout.stopped = "; ".join(f"{r.name} {r.state}: {r.reason}" for r in stop)
-            rollout.finished = True
+            rollout.finished = all(r.state != UNPROVEN for r in stop)  # unproven: resumable
         journal.save(rollout)
         if stop:
             return rollout
@@ -298,9 +388,20 @@ async def run_rollout(
     return rollout
 
 
+def _journalling(rollout: Rollout, journal: RolloutJournal, name: str) -> ProofReporter:
+    """Journal a cluster's proof the moment measure-before ends (before its change is written)."""
+
+    def saved(proof: Proof) -> None:
+        """Keep the measurement before the change in the rollout's journal."""
+        rollout.step(name).proof = proof
+        journal.save(rollout)
+
+    return saved
+
+
 def exit_of(rollout: Rollout) -> int:
     """REGRESSED when a cluster was rolled back by its gate, a failed apply's own code, 24 when
-    clusters were skipped or not reached, else 0."""
+    clusters were skipped, unproven or not reached, else 0."""
     states = [c.state for c in rollout.clusters]
     for c in rollout.clusters:
         if c.state in ("rolled-back", "failed") and c.exit:
