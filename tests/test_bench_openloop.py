@@ -249,7 +249,7 @@ def test_cli_open_loop_json_csv_and_serve_page(sim_url: str, tmp_path: Path) -> 
         (["--max-concurrency", "4"], "--max-concurrency is for open-loop"),
         (["--request-rate", "0"], "expected comma-separated rates"),
         (["--request-rate", "two"], "expected comma-separated rates"),
-        (["--request-rate", "2"], "needs --url"),
+        (["--request-rate", "2", "--resume", "x.json"], "--resume is for closed-loop"),
         (["--request-rate", "2", "--url", "x", "--slo-tpot-ms", "-1"], "ms >= 0"),
     ],
 )

@@ -36,6 +36,7 @@ from spark_ops.workflows.probe_load import (
     ProbeWouldTrip,
     cap_of,
     plan_load,
+    plan_open_loop,
     probe_wait,
 )
 
@@ -212,6 +213,26 @@ def test_the_load_plan_says_each_level_before_any_request(case: dict[str, Any]) 
         for words in case.get("hint", []):
             assert words in (refusal.hint or ""), refusal.hint
     assert json.loads(json.dumps(plan.to_dict()))["lines"] == lines
+
+
+@pytest.mark.parametrize("case", CASES["open_loop_plans"], ids=lambda c: c["name"])
+def test_an_open_loops_plan_counts_each_rate_as_a_level(case: dict[str, Any]) -> None:
+    """`bench --request-rate` against the cluster: each rate a level at --max-concurrency, or at
+    or above the cap without it (unbounded); said first, then planned and refused as bench's
+    closed loop plans and refuses a level."""
+    plan = plan_open_loop(
+        case["rates"], case["max_concurrency"], case["requests"], case["cap"],
+        WatchdogProbe(2.0, 3.0, 3), case["pause_file"],
+    )  # fmt: skip
+    assert [[lv.concurrency, lv.action, lv.certain] for lv in plan.levels] == case["plan"]
+    text = "\n".join(plan.lines())
+    for words in case["says"]:
+        assert words in text, text
+    assert [lv.concurrency for lv in plan.refused()] == case["refused"]
+    refusal = plan.refusal()
+    assert (refusal is not None) is bool(case["refused"])
+    if refusal is not None:
+        assert refusal.exit_status == 9 and "refused before any request was sent" in refusal.message
 
 
 def test_the_journal_records_a_bounded_plan() -> None:

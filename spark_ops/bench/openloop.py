@@ -12,10 +12,12 @@ every SLO given.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +38,8 @@ MAX_REQUESTS = 100_000  # requests one level may send
 MAX_RATE = 10_000.0  # requests per second one level may offer
 
 RateCallback = Callable[[RateLevel], Awaitable[None] | None]
+# Held around each rate's level (a lease on the watchdog), or raises to refuse it: probe_load.py
+RateGuard = Callable[[float], AbstractAsyncContextManager[None]]
 
 
 def arrival_times(requests: int, rate: float, arrivals: str, seed: int) -> list[float]:
@@ -295,8 +299,11 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-async def run_rates(config: RateConfig, *, on_level: RateCallback | None = None) -> RateResult:
-    """Run one open-loop level per rate (in the order given) and return the figures."""
+async def run_rates(
+    config: RateConfig, *, on_level: RateCallback | None = None, guard: RateGuard | None = None
+) -> RateResult:
+    """Run one open-loop level per rate (in the order given) and return the figures; `guard` is
+    held around each level (a lease on the watchdog), or refuses it."""
     config.validate()
     log = get_logger(op="bench")
     started = _now()
@@ -320,7 +327,10 @@ async def run_rates(config: RateConfig, *, on_level: RateCallback | None = None)
             )
         for rate in config.rates:
             times = arrival_times(config.requests, rate, config.arrivals, config.seed)
-            records, lags, t0 = await send_at(client, path, bodies, times, config.max_concurrency)
+            async with guard(rate) if guard is not None else contextlib.nullcontext():
+                records, lags, t0 = await send_at(
+                    client, path, bodies, times, config.max_concurrency
+                )
             level = summarize_rate_level(
                 records, t0=t0, rate=rate, arrivals=config.arrivals, seed=config.seed,
                 max_concurrency=config.max_concurrency, slo=config.slo, send_lags=lags,

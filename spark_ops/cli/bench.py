@@ -6,6 +6,7 @@ import json
 import shlex
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -152,7 +153,7 @@ def knob_value(text: str) -> Any:
     "--request-rate",
     "request_rate",
     help="Open loop: arrivals per second, comma-separated to sweep (e.g. 1,2,4); each request is "
-    "sent at its time whether or not earlier ones finished. Needs --url.",
+    "sent at its time whether or not earlier ones finished.",
 )
 @click.option(
     "--arrivals",
@@ -348,25 +349,7 @@ def cli(
         from spark_ops.cli.common import load_cluster
         from spark_ops.workflows.probe_load import sweep_cluster
 
-        def note(text: str) -> None:
-            """A lease taken, or a level run unleased: one line on stderr (JSON under --json)."""
-            if quiet():
-                return
-            shown = json.dumps({"event": "note", "text": text}) if as_json else f"note: {text}"
-            click.echo(shown, err=True)
-
-        def plan(load: Any) -> None:
-            """The load plan before any request: which levels run as is, leased or refused."""
-            if quiet():
-                return
-            if as_json:
-                click.echo(json.dumps({"event": "load-plan", **load.to_dict()}), err=True)
-                return
-            head, *rest = load.lines()
-            click.echo(f"{head}:", err=True)
-            for line in rest:
-                click.echo(f"  {line}", err=True)
-
+        note, plan = load_printers(as_json)
         return await sweep_cluster(
             load_cluster(ctx), config, unleased=unleased_load, on_note=note, on_plan=plan, **kw
         )
@@ -406,6 +389,33 @@ def cli(
         if path and not quiet():
             err.print(f"wrote {path}", highlight=False)
     return None
+
+
+def load_printers(as_json: bool) -> tuple[Callable[[str], None], Callable[[Any], None]]:
+    """How a load against the cluster is told on stderr (JSON lines under --json): a note (a
+    lease taken, a level run unleased), and the load plan before any request."""
+    from spark_ops.cli.common import quiet
+
+    def note(text: str) -> None:
+        """A lease taken, or a level run unleased: one line on stderr (JSON under --json)."""
+        if quiet():
+            return
+        shown = json.dumps({"event": "note", "text": text}) if as_json else f"note: {text}"
+        click.echo(shown, err=True)
+
+    def plan(load: Any) -> None:
+        """The load plan before any request: which levels run as is, leased or refused."""
+        if quiet():
+            return
+        if as_json:
+            click.echo(json.dumps({"event": "load-plan", **load.to_dict()}), err=True)
+            return
+        head, *rest = load.lines()
+        click.echo(f"{head}:", err=True)
+        for line in rest:
+            click.echo(f"  {line}", err=True)
+
+    return note, plan
 
 
 def _print_report(result: Any, whatif: Any) -> None:

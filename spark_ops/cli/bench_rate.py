@@ -21,7 +21,6 @@ CLOSED_ONLY = {
     "what_if_cap": "--what-if-cap",
     "resume_path": "--resume",
     "plot_path": "--plot",
-    "unleased_load": "--unleased-load",
 }
 
 # the open-loop options a closed-loop sweep has no use for: refused when given
@@ -79,20 +78,16 @@ def open_loop(ctx: click.Context) -> int | None:
     """Run the open-loop sweep `bench`'s parameters describe; ABORTED when interrupted."""
     from spark_ops.bench.openloop import RateConfig
     from spark_ops.bench.ratelevel import Slo
-    from spark_ops.cli.bench import knob_value, parse_pairs, resolve_url
+    from spark_ops.cli.bench import knob_value, load_printers, parse_pairs, resolve_url
 
     p = ctx.params
     rates = parse_rates(p["request_rate"])
     slo = Slo(slo_limit(p["slo_ttft_ms"], "--slo-ttft-ms"),
               slo_limit(p["slo_tpot_ms"], "--slo-tpot-ms"))  # fmt: skip
-    if not p["url"]:
-        raise click.UsageError(
-            "--request-rate needs --url for now (the watchdog lease plan covers concurrency "
-            "levels only)"
-        )
     knobs = {k: knob_value(v) for k, v in parse_pairs(p["knobs"], "--knob", "=").items()}
     config = RateConfig(
-        base_url=resolve_url(p["url"]), rates=rates, model=p["model"],
+        base_url=resolve_url(p["url"]) if p["url"] else "http://via-inventory",
+        rates=rates, model=p["model"],
         api=p["api"], arrivals=p["arrivals"], requests=p["requests"],
         max_concurrency=p["max_concurrency"], output_tokens=p["output_tokens"], seed=p["seed"],
         warmup=p["warmup"], timeout_s=p["timeout"],
@@ -101,7 +96,19 @@ def open_loop(ctx: click.Context) -> int | None:
         knobs=knobs or None, prompts_path=p["prompts_path"],
     )  # fmt: skip
     config.validate()
-    return run_open_loop(config, RateOutputs(p["as_json"], p["json_path"], p["csv_path"]))
+    outputs = RateOutputs(p["as_json"], p["json_path"], p["csv_path"])
+    if p["url"]:
+        return run_open_loop(config, outputs)
+    from functools import partial
+
+    from spark_ops.cli.common import load_cluster
+    from spark_ops.workflows.probe_load import rates_cluster
+
+    note, plan = load_printers(p["as_json"])
+    against = partial(
+        rates_cluster, load_cluster(ctx), unleased=p["unleased_load"], on_note=note, on_plan=plan
+    )  # the inventory's engine (tunnelled), each rate under the watchdog's load guard
+    return run_open_loop(config, outputs, against)
 
 
 @dataclass
@@ -113,9 +120,10 @@ class RateOutputs:
     csv_path: Path | None
 
 
-def run_open_loop(config: Any, outputs: RateOutputs) -> int | None:
-    """Run the open-loop sweep of `config` (a RateConfig) and render or write its result; an
-    interrupted run says which rates finished (nothing is written) and exits ABORTED."""
+def run_open_loop(config: Any, outputs: RateOutputs, against: Any = None) -> int | None:
+    """Run the open-loop sweep of `config` (a RateConfig) with `against` (run_rates at its URL
+    when None) and render or write its result; an interrupted run says which rates finished
+    (nothing is written) and exits ABORTED."""
     from rich.console import Console
 
     from spark_ops.bench import ratereport
@@ -138,7 +146,7 @@ def run_open_loop(config: Any, outputs: RateOutputs) -> int | None:
         )
 
     try:
-        result = run_async(run_rates(config, on_level=on_level))
+        result = run_async((against or run_rates)(config, on_level=on_level))
     except KeyboardInterrupt:
         done = ",".join(f"{r:g}" for r in finished) or "none"
         err.print(

@@ -21,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from spark_ops import audit
+from spark_ops.bench.openloop import RateConfig, RateResult, arrival_times, run_rates
 from spark_ops.bench.stats import LevelResult
 from spark_ops.bench.sweep import SweepConfig, SweepResult, run_sweep
 from spark_ops.errors import ExitStatus, SparkOpsError
@@ -195,11 +196,12 @@ class LoadPlan:
     pause_file: str | None
     unleased: bool
     levels: list[LevelPlan]
+    said: tuple[str, ...] = ()  # said first (an open loop: the concurrency its levels count as)
 
     def notes(self) -> list[str]:
         """The risks said once for the whole sweep (not at every level)."""
         queued = [lv for lv in self.levels if lv.action != "run"]
-        said = []
+        said = list(self.said)
         if self.probe is None and queued:
             said.append(
                 f"{NO_PROBE}: a level at or above max_num_seqs counts as starving it; {PROBE_FIX}"
@@ -368,11 +370,12 @@ class LoadGuard:
         a level that queues it counts as starving it)."""
         return probe_wait(concurrency, self.cap, levels, self.engine_request_s, self.probe)
 
-    def seconds(self, wait: ProbeWait) -> float:
-        """How long a leased level may last: its runs' rounds at the request time, a margin."""
+    def seconds(self, wait: ProbeWait, span_s: float = 0.0) -> float:
+        """How long a leased level may last: its runs' rounds at the request time, a margin, and
+        `span_s` (an open loop's arrival schedule: its sending time)."""
         t = wait.request_s if wait.request_s is not None else self.probe_timeout()
         cap = wait.cap or wait.concurrency
-        return self.repeats * math.ceil(wait.concurrency / cap) * t * 2 + MARGIN_S
+        return self.repeats * math.ceil(wait.concurrency / cap) * t * 2 + MARGIN_S + span_s
 
     def probe_timeout(self) -> float:
         """The probe's timeout (a request time stand-in when none is known)."""
@@ -384,8 +387,11 @@ class LoadGuard:
             await self.journal.note(step, status, **extra)
 
     @contextlib.asynccontextmanager
-    async def level(self, concurrency: int, levels: Sequence[LevelResult]) -> AsyncIterator[None]:
-        """Hold what this level needs while it runs (a lease, or nothing), or refuse it."""
+    async def level(
+        self, concurrency: int, levels: Sequence[LevelResult], span_s: float = 0.0
+    ) -> AsyncIterator[None]:
+        """Hold what this level needs while it runs (a lease, or nothing), or refuse it; `span_s`
+        lengthens its lease (an open loop's schedule)."""
         wait = self.check(concurrency, levels)
         if not wait.trips:
             yield
@@ -401,7 +407,7 @@ class LoadGuard:
             path = self.leases.op.cluster.watchdog.pause_file
             await self._record("lease", "taking", level=concurrency, path=path)
             why = f"load that would starve its probe: {sum_up}"
-            held = await self.leases.take(why, self.seconds(wait))
+            held = await self.leases.take(why, self.seconds(wait, span_s))
             taken = held.state in ("held", "found")
             await self._record(
                 "lease", "done" if taken else "skipped", level=concurrency,
@@ -432,26 +438,22 @@ class LoadGuard:
         yield
 
 
-async def sweep_cluster(
-    cluster: Cluster, config: SweepConfig, *, unleased: bool = False,
-    on_note: Callable[[str], None] | None = None,
-    on_plan: Callable[[LoadPlan], None] | None = None, **kw: Any,
-) -> SweepResult:  # fmt: skip
-    """`bench` against the inventory's engine: the load plan first (`on_plan`: which levels run
-    as is, leased or refused, with the arithmetic), a level refused whatever the sweep measures
-    refused before any request is sent; then each level that would starve the watchdog's probe
-    runs under a lease of a `bench-load` journal run (written only when one is taken, each lease
-    and its end a step record), or is refused (LoadGuard)."""
+@contextlib.asynccontextmanager
+async def cluster_load(
+    cluster: Cluster, knobs: dict[str, Any] | None, plan_of: Callable[[int | None], LoadPlan],
+    repeats: int, *, unleased: bool = False, on_note: Callable[[str], None] | None = None,
+    on_plan: Callable[[LoadPlan], None] | None = None,
+) -> AsyncIterator[tuple[str, dict[str, Any] | None, LoadGuard]]:  # fmt: skip
+    """Load against the inventory's engine (bench's closed and open loops): its URL (tunnelled)
+    and knobs, the load plan first (`plan_of` the engine's cap; `on_plan`), a level refused
+    whatever the sweep measures refused before any request is sent; then the guard that holds
+    each level under a lease of a `bench-load` journal run (written only when one is taken, each
+    lease and its end a step record), or refuses it."""
     async with Operation.open(cluster, "bench", lock=False, nodes=[cluster.head.name]) as op:
-        config.base_url = await op.api_url()
-        config.knobs = config.knobs or await head_knobs(op)
-        cap = cap_of(config.knobs)
-        done = {lv.max_concurrency for lv in kw.get("done") or ()}
-        wd = cluster.watchdog
-        plan = plan_load(
-            [c for c in config.levels if c not in done], cap, wd.probe, wd.pause_file,
-            unleased=unleased, measured=bool(done),
-        )  # fmt: skip
+        url = await op.api_url()
+        knobs = knobs or await head_knobs(op)
+        cap = cap_of(knobs)
+        plan = plan_of(cap)
         if on_plan is not None:
             on_plan(plan)
         refused = plan.refusal()
@@ -460,14 +462,13 @@ async def sweep_cluster(
         journal = RunJournal(op, OperationKind.BENCH_LOAD, "spark-ops bench")
         leases = Leases(op, journal.run)
         guard = LoadGuard(
-            leases, wd.probe, cap, config.repeats, unleased=unleased,
+            leases, cluster.watchdog.probe, cap, repeats, unleased=unleased,
             on_note=on_note, journal=journal, plan=plan,
         )  # fmt: skip
         outcome = "failed"
         try:
-            result = await run_sweep(config, guard=guard.level, **kw)
+            yield url, knobs, guard
             outcome = "ok"
-            return result
         finally:
             await leases.end_all()
             for text in leases.notes:
@@ -475,6 +476,94 @@ async def sweep_cluster(
                     on_note(text)
             if guard.begun:
                 await journal.end(audit.make_entry(OperationKind.BENCH_LOAD, outcome=outcome))
+
+
+async def sweep_cluster(
+    cluster: Cluster, config: SweepConfig, *, unleased: bool = False,
+    on_note: Callable[[str], None] | None = None,
+    on_plan: Callable[[LoadPlan], None] | None = None, **kw: Any,
+) -> SweepResult:  # fmt: skip
+    """`bench` against the inventory's engine: the load plan first (which levels run as is,
+    leased or refused, with the arithmetic), then each level under the guard (cluster_load)."""
+    done = {lv.max_concurrency for lv in kw.get("done") or ()}
+    wd = cluster.watchdog
+
+    def plan_of(cap: int | None) -> LoadPlan:
+        """The levels still to run against the engine's cap."""
+        return plan_load(
+            [c for c in config.levels if c not in done], cap, wd.probe, wd.pause_file,
+            unleased=unleased, measured=bool(done),
+        )  # fmt: skip
+
+    async with cluster_load(
+        cluster, config.knobs, plan_of, config.repeats, unleased=unleased, on_note=on_note,
+        on_plan=on_plan,
+    ) as (url, knobs, guard):  # fmt: skip
+        config.base_url, config.knobs = url, knobs
+        return await run_sweep(config, guard=guard.level, **kw)
+
+
+def open_loop_concurrency(max_concurrency: int | None, requests: int, cap: int | None) -> int:
+    """The concurrency an open loop's levels count as against the probe: --max-concurrency when
+    given; else its requests in flight are unbounded, counted at or above the cap (up to all of
+    a level's requests at once)."""
+    if max_concurrency is not None:
+        return max_concurrency
+    return max(requests, cap or 0)
+
+
+def plan_open_loop(
+    rates: Sequence[float], max_concurrency: int | None, requests: int, cap: int | None,
+    probe: WatchdogProbe | None, pause_file: str | None, *, unleased: bool = False,
+) -> LoadPlan:  # fmt: skip
+    """An open loop's plan: each rate a level at open_loop_concurrency, planned as a concurrency
+    level is (nothing measured: an unknown request time), and said so first."""
+    c = open_loop_concurrency(max_concurrency, requests, cap)
+    at = f"open loop at {', '.join(f'{r:g}' for r in rates)} req/s"
+    if max_concurrency is not None:
+        said = f"{at}: at most {c} request(s) in flight (--max-concurrency), each rate as C={c}"
+    else:
+        free = ""
+        if cap is not None and cap > 1:
+            free = f"; --max-concurrency {cap - 1} or less leaves the probe a slot"
+        said = (
+            f"{at} without --max-concurrency: its requests in flight are unbounded, counted as at "
+            f"or above max_num_seqs{f' {cap}' if cap else ''}, each rate as C={c} (its {requests} "
+            f"requests at once{', counted at the cap' if c > requests else ''}{free})"
+        )
+    plan = plan_load([c], cap, probe, pause_file, unleased=unleased)
+    return replace(plan, said=(said,))
+
+
+async def rates_cluster(
+    cluster: Cluster, config: RateConfig, *, unleased: bool = False,
+    on_note: Callable[[str], None] | None = None,
+    on_plan: Callable[[LoadPlan], None] | None = None, **kw: Any,
+) -> RateResult:  # fmt: skip
+    """`bench --request-rate` against the inventory's engine: the plan first (plan_open_loop),
+    then each rate under the guard as a concurrency level is (cluster_load), its lease lengthened
+    by the level's arrival schedule."""
+    wd = cluster.watchdog
+    mc, requests = config.max_concurrency, config.requests
+
+    def plan_of(cap: int | None) -> LoadPlan:
+        """The rates against the engine's cap."""
+        return plan_open_loop(
+            config.rates, mc, requests, cap, wd.probe, wd.pause_file, unleased=unleased
+        )
+
+    async with cluster_load(
+        cluster, config.knobs, plan_of, 1, unleased=unleased, on_note=on_note, on_plan=on_plan
+    ) as (url, knobs, guard):
+        config.base_url, config.knobs = url, knobs
+        c = open_loop_concurrency(mc, requests, guard.cap)
+
+        def held(rate: float) -> contextlib.AbstractAsyncContextManager[None]:
+            """The guard around one rate: its concurrency, its schedule's span."""
+            span = arrival_times(requests, rate, config.arrivals, config.seed)[-1]
+            return guard.level(c, [], span)
+
+        return await run_rates(config, guard=held, **kw)
 
 
 def cap_of(knobs: dict[str, Any] | None) -> int | None:
