@@ -34,7 +34,13 @@ from spark_ops.errors import ExitStatus, SparkOpsError
 from spark_ops.workflows.disruption import Leases
 from spark_ops.workflows.execution import Done, Execution
 from spark_ops.workflows.plan import Plan, StepKind
-from spark_ops.workflows.probe_load import LoadGuard, cap_of, plan_load, refusal_of
+from spark_ops.workflows.probe_load import (
+    LoadGuard,
+    cap_of,
+    open_loop_concurrency,
+    plan_load,
+    refusal_of,
+)
 
 
 class Regressed(SparkOpsError):
@@ -57,11 +63,13 @@ class Proving:
         self.point.validate()
         self.thresholds.validate()
 
-    @property
-    def concurrency(self) -> int:
-        """Requests in flight at most (what the watchdog's probe queues behind)."""
+    def concurrency(self, cap: int | None) -> int:
+        """Requests in flight at most (what the watchdog's probe queues behind): a concurrency
+        as given; an arrival rate counted as bench counts an open loop (open_loop_concurrency)."""
         p = self.point
-        return p.concurrency or p.max_concurrency or p.requests
+        if p.concurrency:
+            return p.concurrency
+        return open_loop_concurrency(p.max_concurrency, p.requests, cap)
 
     def limits_text(self) -> str:
         """The limits in words."""
@@ -168,7 +176,8 @@ def prove_refusal(
     """The refusal bench would make of this point at the engine's cap before and after."""
     named = []
     for label, knobs in (("before", plan.facts.knobs_before), ("after", plan.facts.knobs_after)):
-        load = plan_load([proving.concurrency], cap_of(knobs), probe, pause_file,
+        cap = cap_of(knobs)
+        load = plan_load([proving.concurrency(cap)], cap, probe, pause_file,
                          unleased=proving.unleased)  # fmt: skip
         named.append((f"the engine {label} the change", load))
     return refusal_of(named, before="anything changed")
@@ -187,7 +196,7 @@ async def _measure(ex: Execution, knobs: dict[str, Any] | None) -> Measurement:
     )  # fmt: skip
     endpoint = Endpoint(await op.api_url(), model=op.cluster.engine.model)
     try:
-        async with guard.level(proving.concurrency, []):
+        async with guard.level(proving.concurrency(cap_of(knobs)), []):
             return await measure(endpoint, proving.point)
     finally:
         await leases.end_all()
