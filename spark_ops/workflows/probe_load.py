@@ -357,6 +357,7 @@ class LoadGuard:
     journal: RunJournal | None = None  # the run whose steps record each level's lease
     begun: bool = False  # its intent written (bench writes it before its first lease only)
     plan: LoadPlan | None = None  # the plan shown before the sweep (recorded with the intent)
+    span_s: float = 0.0  # an open loop's arrival span (requests / rate): the lease covers it too
 
     def _say(self, text: str) -> None:
         """Pass a note on."""
@@ -372,7 +373,7 @@ class LoadGuard:
         """How long a leased level may last: its runs' rounds at the request time, a margin."""
         t = wait.request_s if wait.request_s is not None else self.probe_timeout()
         cap = wait.cap or wait.concurrency
-        return self.repeats * math.ceil(wait.concurrency / cap) * t * 2 + MARGIN_S
+        return self.repeats * math.ceil(wait.concurrency / cap) * t * 2 + self.span_s + MARGIN_S
 
     def probe_timeout(self) -> float:
         """The probe's timeout (a request time stand-in when none is known)."""

@@ -143,21 +143,50 @@ class RolloutJournal:
         write_file(self.path(rollout.key), text + "\n", make_parents=True)
 
     def load(self, key: str) -> Rollout | None:
-        """The rollout with this key, or None when there is no journal of it."""
+        """The rollout with this key, or None when there is no journal of it; RolloutError
+        naming the file when it is not a rollout's journal (truncated, hand-edited)."""
+        path = self.path(key)
         try:
-            raw = read_regular(self.path(key), limit=MAX_JOURNAL_BYTES)
+            raw = read_regular(path, limit=MAX_JOURNAL_BYTES)
         except FileNotFoundError:
             return None
-        return Rollout.from_dict(json.loads(raw))
+        except (OSError, ValueError) as exc:
+            raise _unreadable(path, str(exc)) from None
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise TypeError(f"a JSON {type(data).__name__}, not an object")
+            return Rollout.from_dict(data)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise _unreadable(path, f"{type(exc).__name__}: {exc}") from None
 
     def unfinished(self, fleet: str) -> Rollout | None:
-        """The latest unfinished rollout of this fleet (`--resume` without its options)."""
-        found = []
+        """The latest unfinished rollout of this fleet (`--resume` without its options). A
+        journal that cannot be read is not this fleet's as far as is known: when no readable
+        one is found, the error names the unreadable ones (one of them may be it)."""
+        found, bad = [], []
         for p in sorted(self.directory.expanduser().glob("rollout-*.json")):
-            data = self.load(p.stem.removeprefix("rollout-"))
+            try:
+                data = self.load(p.stem.removeprefix("rollout-"))
+            except RolloutError as exc:
+                bad.append(exc.message)
+                continue
             if data is not None and data.fleet == fleet and not data.finished:
                 found.append(data)
+        if not found and bad:
+            raise RolloutError(
+                f"no readable unfinished rollout of {fleet}; unreadable: " + "; ".join(bad),
+                hint="move each unreadable journal away (or fix it), then resume again",
+            )
         return max(found, key=lambda r: r.started) if found else None
+
+
+def _unreadable(path: Path, why: str) -> RolloutError:
+    """A journal file that is not a rollout's journal, named."""
+    return RolloutError(
+        f"{path}: not a rollout journal ({why[:300]})",
+        hint=f"move {path} away (or fix it): a rollout is resumed only from its whole journal",
+    )
 
 
 def order_of(fleet: Fleet, canary: str | None) -> list[Member]:
