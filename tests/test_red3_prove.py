@@ -1,0 +1,140 @@
+"""The red team of 2026-12-05, round 3 (apply --prove, rollout, its journal): the cases fixed.
+
+Each test failed before its fix (docs/reliability.md, "The red team of 2026-12-05, round 3").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spark_ops.bench.gate import LoadPoint, Thresholds
+from spark_ops.errors import BenchError
+from spark_ops.workflows.operation import ApplyOptions
+from spark_ops.workflows.prove import Proving
+
+INVENTORY = """\
+clusters:
+  c:
+    nodes:
+      node1: {host: 127.0.0.1, port: 22, role: head}
+    recipe: {path: ~/recipe.yaml, nodes: [node1]}
+    watchdog:
+      restart_command: spark-watchdog --restart-now
+      history_file: ~/restarts
+      pause_file: ~/pause
+      budget: {max_restarts: 2, window_s: 21600}
+      probe: {interval_s: 5, timeout_s: 10, failures: 3}
+    engine:
+      api: {url: "http://127.0.0.1:8000"}
+      boot_deadline_s: 300
+"""
+
+
+def _cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
+    from spark_ops.inventory import load_inventory
+
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(INVENTORY)
+    return load_inventory(inv).cluster()
+
+
+def _proving(**point: object) -> Proving:
+    return Proving(LoadPoint(**point), Thresholds())  # type: ignore[arg-type]
+
+
+def test_case1_a_prove_rate_whose_arrivals_never_end_is_refused() -> None:
+    """`--prove-rate 1e-9`: 32 arrivals spread over 32e9 s; planned, and measure-before would
+    hold the cluster lock (and its lease) for ever. Refused while validating, naming the span."""
+    with pytest.raises(BenchError, match="arrivals alone last 32,000,000,000 s"):
+        _proving(request_rate=1e-9, requests=32, output_tokens=64).validate()
+    _proving(request_rate=0.5, requests=32, output_tokens=64).validate()  # 64 s: fine
+
+
+def test_case2_the_measurements_lease_covers_every_request(tmp_path: Path) -> None:
+    """measure-before at concurrency 8 over cap 6, 4000 requests: the lease was one round's
+    (160 s) for a measurement of ~530 s on the embedded cluster; it lapsed with the load on.
+    Its guard now counts the rounds of every request (and an open loop's arrival span)."""
+    from spark_ops.workflows.probe_load import LoadGuard, ProbeWait
+
+    cluster = _cluster(tmp_path)
+    wait = ProbeWait(8, 6, None, "nothing measured before it", 10.0)
+    one_round = LoadGuard(None, cluster.watchdog.probe, 6, 1).seconds(wait)
+    every = LoadGuard(None, cluster.watchdog.probe, 6, 500).seconds(wait)  # 4000 / 8
+    assert one_round == 160 and every >= 4000 / 6 * 10
+    spanned = LoadGuard(None, cluster.watchdog.probe, 6, 1, span_s=1800).seconds(wait)
+    assert spanned == one_round + 1800
+
+
+def test_case3_the_restarts_lease_covers_measure_after_and_the_rollback(tmp_path: Path) -> None:
+    """apply --prove runs measure-after, and on a regression a rollback's boot, inside the
+    restart's lease, which counted only the drain, one boot and a margin (720 s)."""
+    from spark_ops.workflows.disruption import lease_description, restart_lease_seconds
+
+    cluster = _cluster(tmp_path)
+    plain = ApplyOptions(changes=[])
+    assert restart_lease_seconds(cluster, plain) == 720  # as before
+    proving = _proving(concurrency=4, requests=300, output_tokens=64)
+    proved = ApplyOptions(changes=[], prove=proving)
+    # two boots (the rollback's) + 300/4 rounds at twice the probe's 10 s timeout
+    assert restart_lease_seconds(cluster, proved) == 120 + 2 * 300 + 75 * 10 * 2 + 300
+    assert "the measurement after the change, a rollback's boot" in lease_description(
+        cluster, proved
+    )
+
+
+ROLLOUT = {
+    "key": "k", "fleet": "fleet.yaml", "command": "c", "args": {}, "parallel": 1,
+    "started": 1.0, "stopped": "", "finished": False,
+    "clusters": [{"name": "east", "role": "canary", "state": "running"}],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"key": "abc", "fleet": ', "[1]", json.dumps({**ROLLOUT, "started": "soon"}),
+     json.dumps({k: v for k, v in ROLLOUT.items() if k != "clusters"}), "null"],
+    ids=["truncated", "a-list", "started-as-text", "no-clusters", "null"],
+)  # fmt: skip
+def test_case4_a_journal_truncated_or_hand_edited_is_named(text: str, tmp_path: Path) -> None:
+    """`rollout --resume` (and the same command) over a journal cut short or edited: a
+    JSONDecodeError / ValueError / KeyError traceback, exit 1. Now a RolloutError naming the
+    file; an unreadable journal of another rollout does not hide this fleet's own."""
+    from spark_ops.workflows.rollout import Rollout, RolloutError, RolloutJournal
+
+    journal = RolloutJournal(tmp_path)
+    bad = tmp_path / "rollout-0000000000000000.json"
+    bad.write_text(text)
+    with pytest.raises(RolloutError, match="not a rollout journal") as got:
+        journal.load("0000000000000000")
+    assert str(bad) in got.value.message
+    with pytest.raises(RolloutError, match="unreadable: .*rollout-0000000000000000.json"):
+        journal.unfinished("fleet.yaml")
+    journal.save(Rollout.from_dict(ROLLOUT))
+    found = journal.unfinished("fleet.yaml")
+    assert found is not None and found.key == "k"
+
+
+def test_case5_a_dead_prove_run_finished_by_a_rerun_is_said_unproven() -> None:
+    """apply --prove SIGKILLed inside measure-after, then the same command again: it finished
+    the dead run and said `Done`, exit 0, the change in place and never proven. The plan now
+    warns that it is not proven and what to run."""
+    from spark_ops.workflows.converge import unproven_change
+    from spark_ops.workflows.journal import Run
+
+    intent = {"what": {"operation": "apply", "args": {"max_num_seqs": 8, "prove": {"point": {}}}}}
+    steps = [
+        {"step": "measure-before", "status": "done"},
+        {"step": "write", "status": "done", "written": ["node1:~/recipe.yaml"]},
+        {"step": "verify", "status": "done"},
+        {"step": "measure-after", "status": "running"},
+    ]
+    said = unproven_change(Run("r1", intent, steps))
+    assert "NOT proven" in said and "rollback" in said
+    assert unproven_change(Run("r1", intent, [*steps, {"step": "measure-after",
+                                                        "status": "done"}])) == ""  # fmt: skip
+    assert unproven_change(Run("r1", intent, steps[:1])) == ""  # nothing written
+    plain = {"what": {"operation": "apply", "args": {"max_num_seqs": 8}}}
+    assert unproven_change(Run("r1", plain, steps)) == ""  # not a proof run
