@@ -110,7 +110,7 @@ def test_case4_a_journal_truncated_or_hand_edited_is_named(text: str, tmp_path: 
     with pytest.raises(RolloutError, match="not a rollout journal") as got:
         journal.load("0000000000000000")
     assert str(bad) in got.value.message
-    with pytest.raises(RolloutError, match="unreadable: .*rollout-0000000000000000.json"):
+    with pytest.raises(RolloutError, match=r"unreadable: .*rollout-0000000000000000\.json"):
         journal.unfinished("fleet.yaml")
     journal.save(Rollout.from_dict(ROLLOUT))
     found = journal.unfinished("fleet.yaml")

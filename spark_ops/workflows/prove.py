@@ -37,7 +37,6 @@ from spark_ops.workflows.execution import Done, Execution
 from spark_ops.workflows.plan import Plan, StepKind
 from spark_ops.workflows.probe_load import LoadGuard, cap_of, plan_load, refusal_of
 
-
 MAX_SPAN_S = 3600.0  # an open loop's arrivals at most this long (requests / rate)
 
 
