@@ -138,3 +138,37 @@ def test_case5_a_dead_prove_run_finished_by_a_rerun_is_said_unproven() -> None:
     assert unproven_change(Run("r1", intent, steps[:1])) == ""  # nothing written
     plain = {"what": {"operation": "apply", "args": {"max_num_seqs": 8}}}
     assert unproven_change(Run("r1", plain, steps)) == ""  # not a proof run
+
+
+def test_case6_a_second_rollout_of_the_fleet_at_once_is_refused(tmp_path: Path) -> None:
+    """A second `rollout` of the same fleet while the first ran: it took the first's journal as
+    its own ("(resumed)"), failed on the canary's cluster lock and wrote the journal finished;
+    the first SIGKILLed after that, `rollout --resume` found nothing and the same command
+    started a new rollout (the canary's change in place, never proven). Now the second is
+    refused while the first holds the fleet's lock (a flock: freed however the first dies)."""
+    import subprocess
+    import sys
+
+    from spark_ops.workflows.rollout import RolloutError, RolloutJournal
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("clusters: []\n")
+    journal = RolloutJournal(tmp_path / "j")
+    holder = (
+        "import sys, time; from spark_ops.workflows.rollout import RolloutJournal as J\n"
+        f"with J(__import__('pathlib').Path({str(tmp_path / 'j')!r})).held({str(fleet)!r}):\n"
+        "    print('held', flush=True); time.sleep(30)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        refused = f"running on this machine already \\(pid {proc.pid}"
+        with pytest.raises(RolloutError, match=refused), journal.held(str(fleet)):
+            pass
+        with journal.held(str(tmp_path / "other.yaml")):  # another fleet: its own lock
+            pass
+    finally:
+        proc.kill()
+        proc.wait()
+    with journal.held(str(fleet)):  # its holder killed: free
+        pass

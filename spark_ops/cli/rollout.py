@@ -47,7 +47,7 @@ def _args(kw: dict[str, Any]) -> dict[str, Any]:
 @click.pass_context
 def rollout_cmd(ctx: click.Context, **kw: Any) -> int:
     """Apply a change over the fleet: the canary first, each cluster proved; a regression stops."""
-    from spark_ops.workflows.rollout import RolloutError, RolloutJournal
+    from spark_ops.workflows.rollout import RolloutJournal
 
     fleet = chosen_fleet(ctx)
     if fleet is None:
@@ -57,6 +57,16 @@ def rollout_cmd(ctx: click.Context, **kw: Any) -> int:
     if kw["over_budget"]:
         raise click.UsageError("rollout never forces a cluster past its restart budget")
     journal = RolloutJournal(kw["journal_dir"])
+    if kw["dry_run"]:
+        return _run(fleet, kw, journal)
+    with journal.held(fleet.path):  # one rollout of a fleet at a time on this machine
+        return _run(fleet, kw, journal)
+
+
+def _run(fleet: Any, kw: dict[str, Any], journal: Any) -> int:
+    """Find the rollout to resume (or none), then plan and run it."""
+    from spark_ops.workflows.rollout import RolloutError
+
     found = None
     if kw["resume"]:
         found = journal.unfinished(fleet.path)

@@ -21,10 +21,12 @@ with none, the cluster is left `unproven` and the rollout stops (docs/fleet.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -132,6 +134,34 @@ class RolloutJournal:
     """The rollout's journal on this machine: one JSON file per rollout, written atomically."""
 
     directory: Path
+
+    @contextlib.contextmanager
+    def held(self, fleet: str) -> Iterator[None]:
+        """Hold this fleet's rollout lock on this machine for a rollout's run (flock: freed when
+        the process dies, however): a second rollout of the same fleet at once is refused,
+        never run over the first's journal (it would mark it finished, stopped on the lock)."""
+        import fcntl
+
+        where = self.directory.expanduser()
+        where.mkdir(parents=True, exist_ok=True)
+        real = str(Path(fleet).expanduser().resolve())
+        path = where / f"fleet-{hashlib.sha256(real.encode()).hexdigest()[:16]}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held_by = os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
+                raise RolloutError(
+                    f"a rollout of {fleet} is running on this machine already ({held_by}); "
+                    "two at once would write over each other's journal",
+                    hint=f"wait for it to end (its lock: {path}), or resume it once it is gone",
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)
 
     def path(self, key: str) -> Path:
         """The journal file of the rollout with this key."""
