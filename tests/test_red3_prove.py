@@ -172,3 +172,44 @@ def test_case6_a_second_rollout_of_the_fleet_at_once_is_refused(tmp_path: Path) 
         proc.wait()
     with journal.held(str(fleet)):  # its holder killed: free
         pass
+
+
+@pytest.mark.parametrize(
+    ("edit", "refused"),
+    [
+        ({"prove_requests": "many"}, "option prove_requests = 'many'"),
+        ({"parallel": -5}, "option parallel = -5"),
+        ({"max_num_seqs": "$(touch /tmp/x)"}, None),  # the knob's own validation refuses it
+        ({"over_budget": True}, "option over_budget is set"),
+        ({"max_tps_drop": -1}, "option max_tps_drop = -1"),
+    ],
+    ids=["requests-as-text", "parallel-negative", "knob-hostile", "over-budget", "limit-negative"],
+)  # fmt: skip
+def test_case7_a_hand_edited_journals_options_are_checked_as_typed(
+    edit: dict, refused: str | None, tmp_path: Path
+) -> None:
+    """`rollout --resume` ran the journal's options as they were: `prove_requests: "many"` a
+    TypeError traceback; `over_budget: true` was never refused (the CLI checked the command
+    line's, before the journal's replaced them), so a cluster the journal held running was
+    applied past its budget. Each option is now checked by its own type and range."""
+    from spark_ops.cli.rollout import _args, _journal_args, rollout_cmd
+    from spark_ops.workflows.rollout import Rollout, RolloutError
+
+    ctx = rollout_cmd.make_context("rollout", ["--max-num-seqs", "8", "--set", "a=1"])
+    args = json.loads(json.dumps(_args(ctx.params)))  # as the journal holds them
+    path = tmp_path / "rollout-k.json"
+    ro = Rollout("k", "fleet.yaml", "c", args, 1, [])
+    got = _journal_args(ctx, ro, path)
+    assert got["max_num_seqs"] == "8" and got["sets"] == ("a=1",) and got["prove_requests"] == 32
+    ro.args = {**args, **edit}
+    if refused is None:
+        _journal_args(ctx, ro, path)  # passes here; apply_options_of refuses the value
+        from spark_ops.cli.apply import apply_options_of
+        from spark_ops.errors import KnobError
+
+        with pytest.raises(KnobError, match="is not allowed"):
+            apply_options_of({**ctx.params, **_journal_args(ctx, ro, path), "prove": True})
+        return
+    with pytest.raises(RolloutError, match=refused.replace("(", r"\(").replace("$", r"\$")) as e:
+        _journal_args(ctx, ro, path)
+    assert str(path) in e.value.message
