@@ -213,3 +213,39 @@ def test_case7_a_hand_edited_journals_options_are_checked_as_typed(
     with pytest.raises(RolloutError, match=refused.replace("(", r"\(").replace("$", r"\$")) as e:
         _journal_args(ctx, ro, path)
     assert str(path) in e.value.message
+
+
+@pytest.mark.parametrize("failure", ["regressed", "boot"])
+def test_case8_a_run_interrupted_inside_its_rollback_says_the_previous_recipe(
+    failure: str,
+) -> None:
+    """apply --prove's gate failed, the rollback restored the previous recipe and SIGTERM came
+    inside `restart-rollback`: the report said `recipe: the new content … engine: the new
+    engine serves (its boot was followed to the end)`, `next: run the same command again` (it
+    would make the regressed change again). It now says the previous recipe, the rollback's
+    restart not followed, and why it was rolled back; the same for a failed boot's rollback."""
+    from spark_ops.errors import BootError
+    from spark_ops.workflows.operation import Outcome
+    from spark_ops.workflows.plan import FileChange, Plan, Step, StepKind, StepRun
+    from spark_ops.workflows.prove import Regressed
+    from spark_ops.workflows.standing import standing
+
+    kinds = [StepKind.WRITE, StepKind.RESTART, StepKind.BOOT, StepKind.PRUNE, StepKind.VERIFY]
+    plan = Plan("apply", "c", [FileChange("node1", "~/r.yaml", "x", "", "new")],
+                [Step(k, k.value, ("node1",)) for k in kinds])  # fmt: skip
+    out = Outcome(plan, ok=False, pruned=[1.0, 2.0])
+    for s in out.steps:
+        s.status = "done"
+    out.error = Regressed("regressed") if failure == "regressed" else BootError("no boot")
+    restarted = {StepKind.ROLLBACK: "done", StepKind.RESTART_ROLLBACK: "failed"}
+    for kind, status in restarted.items():
+        out.steps.append(StepRun(Step(kind, kind.value, ("node1",)), status))
+    lines = standing(plan, out, "spark-ops apply --max-num-seqs 16 --prove")
+    said = "\n".join(lines)
+    assert "the previous content restored on node1" in lines[0], said
+    assert "a restart with the previous recipe was triggered" in lines[1], said
+    why = "gate failed" if failure == "regressed" else "failed to boot"
+    assert why in lines[-1] and "would make the change again" in lines[-1], said
+    assert "new engine serves" not in said and "new content" not in said
+    out.steps[-1].status = "pending"  # interrupted before the rollback's restart
+    assert "the engine of the change still runs" in standing(plan, out, "c")[1]
