@@ -249,3 +249,22 @@ def test_case8_a_run_interrupted_inside_its_rollback_says_the_previous_recipe(
     assert "new engine serves" not in said and "new content" not in said
     out.steps[-1].status = "pending"  # interrupted before the rollback's restart
     assert "the engine of the change still runs" in standing(plan, out, "c")[1]
+
+
+def test_case6b_the_rollout_lock_never_follows_a_symlink(tmp_path: Path) -> None:
+    """The fleet's lock file replaced by a symlink to an operator's file: refused naming it, the
+    operator's file untouched."""
+    import hashlib
+
+    from spark_ops.workflows.rollout import RolloutError, RolloutJournal
+
+    fleet = tmp_path / "fleet.yaml"
+    theirs = tmp_path / "operator.txt"
+    theirs.write_text("operator data\n")
+    (tmp_path / "j").mkdir()
+    digest = hashlib.sha256(str(fleet.resolve()).encode()).hexdigest()[:16]
+    (tmp_path / "j" / f"fleet-{digest}.lock").symlink_to(theirs)
+    with pytest.raises(RolloutError, match="rollout lock cannot be opened"):
+        with RolloutJournal(tmp_path / "j").held(str(fleet)):
+            pass
+    assert theirs.read_text() == "operator data\n"

@@ -146,7 +146,13 @@ class RolloutJournal:
         where.mkdir(parents=True, exist_ok=True)
         real = str(Path(fleet).expanduser().resolve())
         path = where / f"fleet-{hashlib.sha256(real.encode()).hexdigest()[:16]}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:  # a symlink there, a directory, no permission
+            raise RolloutError(
+                f"{path}: the fleet's rollout lock cannot be opened ({exc.strerror})",
+                hint=f"remove {path} if it is not a regular file of yours",
+            ) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
