@@ -264,7 +264,10 @@ def test_case6b_the_rollout_lock_never_follows_a_symlink(tmp_path: Path) -> None
     (tmp_path / "j").mkdir()
     digest = hashlib.sha256(str(fleet.resolve()).encode()).hexdigest()[:16]
     (tmp_path / "j" / f"fleet-{digest}.lock").symlink_to(theirs)
-    with pytest.raises(RolloutError, match="rollout lock cannot be opened"):
-        with RolloutJournal(tmp_path / "j").held(str(fleet)):
-            pass
+    journal = RolloutJournal(tmp_path / "j")
+    with (
+        pytest.raises(RolloutError, match="rollout lock cannot be opened"),
+        journal.held(str(fleet)),
+    ):
+        pass
     assert theirs.read_text() == "operator data\n"
