@@ -47,7 +47,7 @@ def _args(kw: dict[str, Any]) -> dict[str, Any]:
 @click.pass_context
 def rollout_cmd(ctx: click.Context, **kw: Any) -> int:
     """Apply a change over the fleet: the canary first, each cluster proved; a regression stops."""
-    from spark_ops.workflows.rollout import RolloutError, RolloutJournal
+    from spark_ops.workflows.rollout import RolloutJournal
 
     fleet = chosen_fleet(ctx)
     if fleet is None:
@@ -57,6 +57,16 @@ def rollout_cmd(ctx: click.Context, **kw: Any) -> int:
     if kw["over_budget"]:
         raise click.UsageError("rollout never forces a cluster past its restart budget")
     journal = RolloutJournal(kw["journal_dir"])
+    if kw["dry_run"]:
+        return _run(ctx, fleet, kw, journal)
+    with journal.held(fleet.path):  # one rollout of a fleet at a time on this machine
+        return _run(ctx, fleet, kw, journal)
+
+
+def _run(ctx: click.Context, fleet: Any, kw: dict[str, Any], journal: Any) -> int:
+    """Find the rollout to resume (or none), then plan and run it."""
+    from spark_ops.workflows.rollout import RolloutError
+
     found = None
     if kw["resume"]:
         found = journal.unfinished(fleet.path)
@@ -65,12 +75,41 @@ def rollout_cmd(ctx: click.Context, **kw: Any) -> int:
                 f"no unfinished rollout of {fleet.path} in {kw['journal_dir']}",
                 hint="start one: spark-ops rollout --max-num-seqs N",
             )
-        kw = {**found.args, **{k: kw[k] for k in _HOW}}
+        kw = {**kw, **_journal_args(ctx, found, journal.path(found.key))}
     kw["prove"] = True
     opts = apply_options_of(kw)
     if kw["canary"] is not None:
         fleet.member(kw["canary"])  # an unknown name refused before anything is read
     return run_async(_flow(fleet, kw, opts, journal, found))
+
+
+def _journal_args(ctx: click.Context, found: Rollout, path: Path) -> dict[str, Any]:
+    """A resumed rollout's options from its journal, each checked by its own option's type and
+    range as on the command line (a journal is a file on this machine: hand-edited, it is
+    refused naming the option, never run as it says); --over-budget is refused as typed."""
+    from spark_ops.workflows.rollout import RolloutError
+
+    params = {p.name: p for p in ctx.command.params}
+    out: dict[str, Any] = {}
+    for name, value in found.args.items():
+        param = params.get(name)
+        if param is None or name in _HOW or name == "prove":
+            continue  # not an option of rollout's (prove is set below, always)
+        try:
+            out[name] = param.type_cast_value(ctx, value)
+        except (click.BadParameter, TypeError, ValueError) as exc:
+            message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+            raise RolloutError(
+                f"{path}: option {name} = {value!r} is not one rollout takes: {message}",
+                hint=f"fix it in {path} or move the journal away and start the rollout again",
+            ) from None
+    if out.get("over_budget"):
+        raise RolloutError(
+            f"{path}: option over_budget is set: rollout never forces a cluster past its "
+            "restart budget",
+            hint=f"fix it in {path} or move the journal away and start the rollout again",
+        )
+    return out
 
 
 async def _flow(fleet: Any, kw: dict[str, Any], opts: Any, journal: Any, found: Any) -> int:

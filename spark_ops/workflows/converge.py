@@ -190,6 +190,9 @@ async def plan_settle(op: Operation, plan: Plan) -> list[Run]:
         if not notes:  # a run with a stamp in doubt stays unfinished until that is resolved
             settles.append(r.run)
         who = r.intent.get("who", "?")
+        unproven = unproven_change(r)
+        if unproven:
+            plan.warnings.append(unproven)
         plan.warnings.append(
             f"run {r.run} ({r.operation} by {who}) did not finish; last recorded: {r.last_step}; "
             + (
@@ -213,3 +216,21 @@ async def plan_settle(op: Operation, plan: Plan) -> list[Run]:
         0, Step(StepKind.SETTLE, f"finish run(s) {ids}: {what}", (op.cluster.head.name,))
     )
     return dead
+
+
+def unproven_change(r: Any) -> str:
+    """The warning for a dead `apply --prove` that wrote its change and never gave its verdict
+    (measure-after not done): finishing it leaves the change in place, not proven ("" else)."""
+    what = r.intent.get("what")
+    args = what.get("args") if isinstance(what, dict) else None
+    if not isinstance(args, dict) or not isinstance(args.get("prove"), dict) or not r.written:
+        return ""
+    after = r.step("measure-after") or {}
+    if after.get("status") in ("done", "failed"):
+        return ""
+    return (
+        f"run {r.run} was an apply --prove that wrote its change and was interrupted before its "
+        "gate gave a verdict (measure-after not done): finishing it leaves the change in place, "
+        "NOT proven; to prove it, `spark-ops rollback` (the recipe before it) and apply it again "
+        "with --prove"
+    )

@@ -11,8 +11,10 @@ meanwhile is reported.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
@@ -28,11 +30,30 @@ MARGIN_S = 300.0  # prune, verify and the steps between, past the boot's own dea
 
 
 def restart_lease_seconds(cluster: Cluster, opts: ApplyOptions) -> float:
-    """How long a restart's lease lasts: the drain, the boot (twice with a rollback), a margin."""
-    boots = 2 if opts.rollback_on_failure else 1
+    """How long a restart's lease lasts: the drain, the boot (twice with a rollback), a margin;
+    with --prove also the measurement after the change (run inside this lease) and the boot of
+    the rollback a failed gate makes."""
+    boots = 2 if opts.rollback_on_failure or opts.prove is not None else 1
     drain = opts.drain_timeout_s if opts.drain else 0.0
     deadline = opts.deadline_s or cluster.engine.boot_deadline_s  # --deadline, as the boot uses
-    return lease.lease_seconds(drain + boots * deadline + MARGIN_S)
+    measure = 0.0
+    if opts.prove is not None:
+        probe = cluster.watchdog.probe
+        measure = measurement_seconds(opts.prove.point, None, probe.timeout_s if probe else 60.0)
+    return lease.lease_seconds(drain + boots * deadline + measure + MARGIN_S)
+
+
+def measurement_seconds(point: Any, cap: int | None, request_s: float) -> float:
+    """A bound on how long one measurement at a load point lasts: its rounds (its requests, at
+    most min(concurrency, cap) at a time) at twice a request's time, plus an open loop's arrival
+    span (requests / rate). A request's time not known: the caller's stand-in (the probe's
+    timeout), as LoadGuard.seconds takes it."""
+    at_once = point.concurrency or point.max_concurrency or point.requests
+    if cap:
+        at_once = min(at_once, cap)
+    rounds = math.ceil(point.requests / max(1, at_once))
+    span = point.requests / point.request_rate if point.request_rate else 0.0
+    return rounds * request_s * 2 + span
 
 
 def lease_description(cluster: Cluster, opts: ApplyOptions) -> str:
@@ -44,9 +65,10 @@ def lease_description(cluster: Cluster, opts: ApplyOptions) -> str:
             probe.failures if probe else None, probe.interval_s if probe else None
         )
     seconds = restart_lease_seconds(cluster, opts)
+    prove = ", the measurement after the change, a rollback's boot" if opts.prove else ""
     return (
         f"pause the watchdog with a lease in {wd.pause_file} for at most {seconds} s (drain, "
-        "restart, boot, prune, verify): it must not restart the engine during the planned "
+        f"restart, boot, prune, verify{prove}): it must not restart the engine during the planned "
         "restart; ended after the run, else it lapses by itself (a pause already there is kept)"
     )
 

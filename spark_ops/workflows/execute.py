@@ -213,11 +213,11 @@ def interrupted(plan: Plan, out: Outcome, opts: ApplyOptions, run: StepRunner) -
         if s.status == "running":
             run.fail(s.name, why)
     where = out.found.interrupted_at or _where(out)
-    return Interrupted(
-        f"{why} {where}",
-        standing=standing(plan, out, opts.command or f"spark-ops {plan.operation}"),
-        hint="run the same command again: it compares the engine with the recipe and finishes",
-    )
+    said = standing(plan, out, opts.command or f"spark-ops {plan.operation}")
+    hint = "run the same command again: it compares the engine with the recipe and finishes"
+    if any(s.name is StepKind.ROLLBACK and s.status != "pending" for s in out.steps):
+        hint = "the change was being rolled back: see `spark-ops status` before running it again"
+    return Interrupted(f"{why} {where}", standing=said, hint=hint)
 
 
 def _where(out: Outcome) -> str:

@@ -17,6 +17,7 @@ a point bench would refuse is refused while planning, before anything changes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -30,7 +31,7 @@ from spark_ops.bench.gate import (
     measure,
     prove,
 )
-from spark_ops.errors import ExitStatus, SparkOpsError
+from spark_ops.errors import BenchError, ExitStatus, SparkOpsError
 from spark_ops.workflows.disruption import Leases
 from spark_ops.workflows.execution import Done, Execution
 from spark_ops.workflows.plan import Plan, StepKind
@@ -41,6 +42,8 @@ from spark_ops.workflows.probe_load import (
     plan_load,
     refusal_of,
 )
+
+MAX_SPAN_S = 3600.0  # an open loop's arrivals at most this long (requests / rate)
 
 
 class Regressed(SparkOpsError):
@@ -59,9 +62,17 @@ class Proving:
     unleased: bool = False  # --unleased-load: a point that would starve the probe runs anyway
 
     def validate(self) -> None:
-        """Raise BenchError on a point or a limit out of range."""
+        """Raise BenchError on a point or a limit out of range (an open loop whose arrivals
+        alone last longer than MAX_SPAN_S: the measurement is made twice, under a lease)."""
         self.point.validate()
         self.thresholds.validate()
+        p = self.point
+        if p.request_rate is not None and p.requests / p.request_rate > MAX_SPAN_S:
+            raise BenchError(
+                f"--prove-rate {p.request_rate:g} with {p.requests} requests: the arrivals alone "
+                f"last {p.requests / p.request_rate:,.0f} s; a proof's measurement may last at "
+                f"most {MAX_SPAN_S:,.0f} s of arrivals (a higher rate or fewer requests)"
+            )
 
     def concurrency(self, cap: int | None) -> int:
         """Requests in flight at most (what the watchdog's probe queues behind): a concurrency
@@ -190,13 +201,17 @@ async def _measure(ex: Execution, knobs: dict[str, Any] | None) -> Measurement:
     op = ex.op
     wd = op.cluster.watchdog
     leases = Leases(op, ex.journal.run)  # its own: ending it never ends the restart's lease
-    guard = LoadGuard(
-        leases, wd.probe, cap_of(knobs), 1, unleased=proving.unleased,
-        journal=ex.journal, begun=True,
+    point = proving.point
+    cap = cap_of(knobs)
+    at_once = proving.concurrency(cap)
+    guard = LoadGuard(  # its lease covers every request of the point, not one round of it
+        leases, wd.probe, cap, math.ceil(point.requests / at_once),
+        unleased=proving.unleased, journal=ex.journal, begun=True,
     )  # fmt: skip
+    span = point.requests / point.request_rate if point.request_rate else 0.0
     endpoint = Endpoint(await op.api_url(), model=op.cluster.engine.model)
     try:
-        async with guard.level(proving.concurrency(cap_of(knobs)), []):
+        async with guard.level(at_once, [], span):
             return await measure(endpoint, proving.point)
     finally:
         await leases.end_all()

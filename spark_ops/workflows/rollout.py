@@ -21,10 +21,12 @@ with none, the cluster is left `unproven` and the rollout stops (docs/fleet.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -133,6 +135,40 @@ class RolloutJournal:
 
     directory: Path
 
+    @contextlib.contextmanager
+    def held(self, fleet: str) -> Iterator[None]:
+        """Hold this fleet's rollout lock on this machine for a rollout's run (flock: freed when
+        the process dies, however): a second rollout of the same fleet at once is refused,
+        never run over the first's journal (it would mark it finished, stopped on the lock)."""
+        import fcntl
+
+        where = self.directory.expanduser()
+        where.mkdir(parents=True, exist_ok=True)
+        real = str(Path(fleet).expanduser().resolve())
+        path = where / f"fleet-{hashlib.sha256(real.encode()).hexdigest()[:16]}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:  # a symlink there, a directory, no permission
+            raise RolloutError(
+                f"{path}: the fleet's rollout lock cannot be opened ({exc.strerror})",
+                hint=f"remove {path} if it is not a regular file of yours",
+            ) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held_by = os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
+                raise RolloutError(
+                    f"a rollout of {fleet} is running on this machine already ({held_by}); "
+                    "two at once would write over each other's journal",
+                    hint=f"wait for it to end (its lock: {path}), or resume it once it is gone",
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)
+
     def path(self, key: str) -> Path:
         """The journal file of the rollout with this key."""
         return self.directory.expanduser() / f"rollout-{key}.json"
@@ -143,21 +179,50 @@ class RolloutJournal:
         write_file(self.path(rollout.key), text + "\n", make_parents=True)
 
     def load(self, key: str) -> Rollout | None:
-        """The rollout with this key, or None when there is no journal of it."""
+        """The rollout with this key, or None when there is no journal of it; RolloutError
+        naming the file when it is not a rollout's journal (truncated, hand-edited)."""
+        path = self.path(key)
         try:
-            raw = read_regular(self.path(key), limit=MAX_JOURNAL_BYTES)
+            raw = read_regular(path, limit=MAX_JOURNAL_BYTES)
         except FileNotFoundError:
             return None
-        return Rollout.from_dict(json.loads(raw))
+        except (OSError, ValueError) as exc:
+            raise _unreadable(path, str(exc)) from None
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise TypeError(f"a JSON {type(data).__name__}, not an object")
+            return Rollout.from_dict(data)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise _unreadable(path, f"{type(exc).__name__}: {exc}") from None
 
     def unfinished(self, fleet: str) -> Rollout | None:
-        """The latest unfinished rollout of this fleet (`--resume` without its options)."""
-        found = []
+        """The latest unfinished rollout of this fleet (`--resume` without its options). A
+        journal that cannot be read is not this fleet's as far as is known: when no readable
+        one is found, the error names the unreadable ones (one of them may be it)."""
+        found, bad = [], []
         for p in sorted(self.directory.expanduser().glob("rollout-*.json")):
-            data = self.load(p.stem.removeprefix("rollout-"))
+            try:
+                data = self.load(p.stem.removeprefix("rollout-"))
+            except RolloutError as exc:
+                bad.append(exc.message)
+                continue
             if data is not None and data.fleet == fleet and not data.finished:
                 found.append(data)
+        if not found and bad:
+            raise RolloutError(
+                f"no readable unfinished rollout of {fleet}; unreadable: " + "; ".join(bad),
+                hint="move each unreadable journal away (or fix it), then resume again",
+            )
         return max(found, key=lambda r: r.started) if found else None
+
+
+def _unreadable(path: Path, why: str) -> RolloutError:
+    """A journal file that is not a rollout's journal, named."""
+    return RolloutError(
+        f"{path}: not a rollout journal ({why[:300]})",
+        hint=f"move {path} away (or fix it): a rollout is resumed only from its whole journal",
+    )
 
 
 def order_of(fleet: Fleet, canary: str | None) -> list[Member]:

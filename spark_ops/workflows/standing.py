@@ -53,6 +53,9 @@ def standing(plan: Plan, out: Outcome, command: str) -> list[str]:
             "planned stamp: not identified; this run's restart window is recorded on the head, "
             "and `spark-ops budget prune --planned` finds its stamp"
         )
+    rolled = _rolled_back(out, hosts)
+    if rolled is not None:  # the run was rolling its change back: that is where it stands
+        recipe, engine = rolled
     verify = _status(out, StepKind.VERIFY)
     if verify == "done":
         failed = [c for c in out.checks if not c.ok]
@@ -67,4 +70,43 @@ def standing(plan: Plan, out: Outcome, command: str) -> list[str]:
         if changed
         else "next: nothing was changed; run the command again to do it"
     )
+    if rolled is not None:
+        after = (
+            f"next: the change was being rolled back ({why_rolled_back(out)}); `spark-ops status` "
+            f"shows what runs; `{command}` again would make the change again"
+        )
     return [recipe, engine, stamp, checks, after]
+
+
+def why_rolled_back(out: Outcome) -> str:
+    """Why the run rolled its change back: its gate failed, or its boot did."""
+    from spark_ops.workflows.prove import Regressed
+
+    if isinstance(out.error, Regressed):
+        return "apply --prove's gate failed after the change"
+    return "the new recipe failed to boot"
+
+
+def _rolled_back(out: Outcome, hosts: str) -> tuple[str, str] | None:
+    """The recipe and engine lines of a run interrupted while rolling back (None: it was not)."""
+    restore = _status(out, StepKind.ROLLBACK)
+    if restore in ("absent", "pending"):
+        return None
+    if restore == "done":
+        recipe = f"recipe: the previous content restored on {hosts} (the change rolled back)"
+    else:
+        recipe = (
+            "recipe: the rollback's write was interrupted: each copy is whole, the previous or "
+            "the new text (`spark-ops status` shows which)"
+        )
+    restart, boot = (_status(out, k) for k in (StepKind.RESTART_ROLLBACK, StepKind.BOOT_ROLLBACK))
+    if restart in ("absent", "pending"):
+        engine = "engine: not restarted on the previous recipe; the engine of the change still runs"
+    elif boot == "done":
+        engine = "engine: the previous recipe's engine serves (its boot was followed to the end)"
+    else:
+        engine = (
+            "engine: a restart with the previous recipe was triggered; its boot was not followed "
+            "to the end (`spark-ops status` shows what runs now)"
+        )
+    return recipe, engine
