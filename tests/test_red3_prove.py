@@ -64,7 +64,7 @@ def test_case2_the_measurements_lease_covers_every_request(tmp_path: Path) -> No
     one_round = LoadGuard(None, cluster.watchdog.probe, 6, 1).seconds(wait)
     every = LoadGuard(None, cluster.watchdog.probe, 6, 500).seconds(wait)  # 4000 / 8
     assert one_round == 160 and every >= 4000 / 6 * 10
-    spanned = LoadGuard(None, cluster.watchdog.probe, 6, 1, span_s=1800).seconds(wait)
+    spanned = LoadGuard(None, cluster.watchdog.probe, 6, 1).seconds(wait, 1800)
     assert spanned == one_round + 1800
 
 

@@ -7,6 +7,7 @@ was done, what was not, and the one command that converges.
 
 from __future__ import annotations
 
+from spark_ops.errors import ExitStatus
 from spark_ops.watchdog.identify import fmt_stamp
 from spark_ops.workflows.operation import Outcome
 from spark_ops.workflows.plan import Plan, StepKind, StepRun
@@ -80,9 +81,7 @@ def standing(plan: Plan, out: Outcome, command: str) -> list[str]:
 
 def why_rolled_back(out: Outcome) -> str:
     """Why the run rolled its change back: its gate failed, or its boot did."""
-    from spark_ops.workflows.prove import Regressed
-
-    if isinstance(out.error, Regressed):
+    if out.error is not None and out.error.exit_status is ExitStatus.REGRESSED:
         return "apply --prove's gate failed after the change"
     return "the new recipe failed to boot"
 
