@@ -307,9 +307,9 @@ def exit_of(outcome: Outcome) -> int:
         return int(ExitStatus.REGRESSED)
     if outcome.rolled_back:
         return int(ExitStatus.BOOT_FAILED)
-        if not outcome.checks_ok:
-            return int(ExitStatus.CHECK_FAILED)
-        # the engine serves, but the budget is unknown: watchdog.history_file is wrong
+    if not outcome.checks_ok:
+        return int(ExitStatus.CHECK_FAILED)
+    # the engine serves, but the budget is unknown: watchdog.history_file is wrong
     return int(ExitStatus.BUDGET) if outcome.history_problem else 0
 
 
