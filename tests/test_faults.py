@@ -569,7 +569,11 @@ def test_sigkill_at_each_step(step: str, tmp_path: Path) -> None:
                exit=code, message=f"killed; rerun exit 0; prune --planned removed {len(removed)}",
                torn=len(t.torn()), lost=len(lost), staged_left=len(strays),
                kept="lock free; recipe whole; earlier stamps kept")  # fmt: skip
-        assert not strays, f"staged temp files left: {strays}"
+        # a stage already running on the head when spark-ops died may finish after it (its dd
+        # outlives the SSH session on a loaded node): what it leaves is a whole staged copy, old
+        # or new text, never the recipe, removed by a later write once stale (docs/reliability.md)
+        for p in strays:
+            assert p.read_text() in (old, edited(old)), f"a torn staged file: {p}"
     finally:
         down(s.root)
 
