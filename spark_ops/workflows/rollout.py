@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -34,6 +33,8 @@ from typing import Any, Protocol
 from spark_ops.errors import ExitStatus, Interrupted, SparkOpsError
 from spark_ops.files import read_regular, write_file
 from spark_ops.fleet import Fleet, Member, across
+from spark_ops.headlib.errors import HeadFailure, LockTimeout
+from spark_ops.headlib.flock import lock_holders, locked
 from spark_ops.inventory import Cluster
 from spark_ops.workflows.budget import budget_view
 from spark_ops.workflows.execute import execute
@@ -140,34 +141,33 @@ class RolloutJournal:
         """Hold this fleet's rollout lock on this machine for a rollout's run (flock: freed when
         the process dies, however): a second rollout of the same fleet at once is refused,
         never run over the first's journal (it would mark it finished, stopped on the lock)."""
-        import fcntl
-
         where = self.directory.expanduser()
         where.mkdir(parents=True, exist_ok=True)
         real = str(Path(fleet).expanduser().resolve())
-        path = where / f"fleet-{hashlib.sha256(real.encode()).hexdigest()[:16]}.lock"
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:  # a symlink there, a directory, no permission
+        path = str(where / f"fleet-{hashlib.sha256(real.encode()).hexdigest()[:16]}.lock")
+        if Path(path).is_symlink():  # never a lock taken through a link someone left there
             raise RolloutError(
-                f"{path}: the fleet's rollout lock cannot be opened ({exc.strerror})",
+                f"{path}: the fleet's rollout lock cannot be opened (a symlink)",
+                hint=f"remove {path} if it is not a regular file of yours",
+            )
+        stack = contextlib.ExitStack()
+        try:
+            stack.enter_context(locked(path, timeout=0))
+        except LockTimeout:
+            holders = [h for h in lock_holders(path) if h.get("holds")] or lock_holders(path)
+            held_by = ", ".join(f"pid {h['pid']}" for h in holders) or "?"
+            raise RolloutError(
+                f"a rollout of {fleet} is running on this machine already ({held_by}); "
+                "two at once would write over each other's journal",
+                hint=f"wait for it to end (its lock: {path}), or resume it once it is gone",
+            ) from None
+        except HeadFailure as exc:  # a directory there, no permission
+            raise RolloutError(
+                f"{path}: the fleet's rollout lock cannot be opened ({exc.message})",
                 hint=f"remove {path} if it is not a regular file of yours",
             ) from None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                held_by = os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
-                raise RolloutError(
-                    f"a rollout of {fleet} is running on this machine already ({held_by}); "
-                    "two at once would write over each other's journal",
-                    hint=f"wait for it to end (its lock: {path}), or resume it once it is gone",
-                ) from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+        with stack:
             yield
-        finally:
-            os.close(fd)
 
     def path(self, key: str) -> Path:
         """The journal file of the rollout with this key."""
