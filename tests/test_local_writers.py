@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -157,3 +160,23 @@ def test_no_other_local_writer() -> None:
         if call in p.read_text()
     ]
     assert found == []
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_writer_ended_by_its_session_leaves_no_staged_file(tmp_path: Path, sig: str) -> None:
+    """The head program's session dropped mid-write (a SIGTERM or SIGHUP between the staged file
+    and the rename, CI stop 39): the target is as it was and no staged file stays beside it."""
+    target = tmp_path / "restarts"
+    target.write_text("1700000000\n")
+    script = (
+        "import os, signal, sys\n"
+        "from spark_ops.headlib.atomic import atomic_write\n"
+        "from spark_ops.headlib.proc import exit_on_hangup\n"
+        "exit_on_hangup()\n"
+        f"os.fsync = lambda fd: os.kill(os.getpid(), signal.{sig})\n"
+        "atomic_write(sys.argv[1], b'new\\n')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(target)], check=False)
+    assert done.returncode == 128 + getattr(signal, sig)
+    assert target.read_text() == "1700000000\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["restarts"]

@@ -148,6 +148,7 @@ lines = st.one_of(
 @FUZZ
 @given(st.lists(lines, max_size=12))
 @example(['{"when":0,"account":"0","uid":0,"run":"","phase":"intent"}'])  # an unfinished run (CI)
+@example(['{"when":0,"account":"0","uid":0,"steps":true}'])  # steps not a list (CI, stop 39)
 def test_audit_and_journal_lines(body: list[str]) -> None:
     """Audit and journal lines: parsed, grouped into runs, the unfinished ones found and the log
     printed, without an exception; a line the head did not attribute never makes a run."""

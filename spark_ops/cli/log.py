@@ -80,7 +80,7 @@ def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
         click.echo(f"{head}  {_clean(what.get('operation', '?'))} {arg_text}".rstrip())
         nodes = ", ".join(_clean(n) for n in _list(e.get("nodes"))) or "-"
         click.secho(f"    nodes: {nodes}  outcome: {_clean(outcome) or '-'}", fg=color)
-        steps = [s for s in e.get("steps") or [] if isinstance(s, dict)]
+        steps = [s for s in _list(e.get("steps")) if isinstance(s, dict)]
         if steps:
             said = ", ".join(f"{_clean(s.get('step'))} {_clean(s.get('status'))}" for s in steps)
             click.echo(f"    steps: {said}")

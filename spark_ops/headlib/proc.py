@@ -6,6 +6,8 @@ Standard library only (spark_ops/headlib/__init__.py says why).
 from __future__ import annotations
 
 import os
+import signal
+from types import FrameType
 
 
 def process_exists(pid: int) -> bool:
@@ -28,3 +30,20 @@ def command_of(pid: int) -> str:
         return ""
     text = " ".join(raw.replace(b"\0", b" ").decode("utf-8", "replace").split())
     return "".join(c if c.isprintable() else "?" for c in text)[:160]
+
+
+def exit_on_hangup() -> None:
+    """Make SIGTERM and SIGHUP raise SystemExit, so a writer whose session went away still runs
+    its clean-up (atomic_write removes its staged file) before it ends.
+
+    A dropped SSH session ends the command it ran with one of them (the embedded server sends
+    SIGTERM to its process group, sshd SIGHUP with a terminal); Python's default for both ends the
+    process at once, leaving the staged file of a write cut short beside the history.
+    """
+
+    def _raise(signum: int, _frame: FrameType | None) -> None:
+        """End the program the way an exception does."""
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise)

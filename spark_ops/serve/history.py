@@ -72,7 +72,8 @@ def _operation(e: dict[str, Any]) -> str:
         f"on {esc(', '.join(str(n) for n in nodes) or '—')}: "
         f'<span class="{cls}">{esc(outcome or "—")}</span></p>'
     )
-    steps = [s for s in e.get("steps") or [] if isinstance(s, dict)]
+    raw_steps = e.get("steps")
+    steps = [s for s in raw_steps if isinstance(s, dict)] if isinstance(raw_steps, list) else []
     if steps:
         said = ", ".join(f"{s.get('step')} {s.get('status')}" for s in steps)
         block += f"<p class=muted>steps: {esc(said)}</p>"

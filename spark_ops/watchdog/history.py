@@ -37,6 +37,7 @@ from spark_ops.headlib.atomic import atomic_write, clean_stale_tmp, open_owned
 from spark_ops.headlib.backup import DEFAULT_KEEP_BACKUPS, write_backup
 from spark_ops.headlib.errors import HeadFailure, LockTimeout
 from spark_ops.headlib.flock import DEFAULT_LOCK_TIMEOUT, lock_timeout_error, locked
+from spark_ops.headlib.proc import exit_on_hangup
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -885,4 +886,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_hangup()  # a session cut mid-write removes its staged file (never left beside)
     sys.exit(main())

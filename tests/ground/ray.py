@@ -39,7 +39,7 @@ from pathlib import Path
 
 from . import GroundError, GroundUnavailable
 from .sshd import pid_alive
-from .vllm import VENV
+from .vllm import VENV, remove_orphan_cpushm, shm_in_use
 
 SHIM_DIR = Path(__file__).resolve().parent / "ray_shim"
 IFNAME = "sray0"
@@ -151,19 +151,7 @@ def sweep_stale_namespaces() -> list[str]:
 
 def _mapped_psm(pids: Sequence[int]) -> set[str]:
     """The /dev/shm/psm_* segments the given processes map or hold open."""
-    found: set[str] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/maps").read_text(errors="replace").splitlines():
-                if "/dev/shm/psm_" in line:
-                    found.add(line.rsplit("/", 1)[1].split()[0])
-        with contextlib.suppress(OSError):
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                with contextlib.suppress(OSError):
-                    target = os.readlink(fd)
-                    if target.startswith("/dev/shm/psm_"):
-                        found.add(target.rsplit("/", 1)[1].split()[0])
-    return found
+    return {name for name in shm_in_use(pids) if name.startswith("psm_")}
 
 
 class RayCluster:
@@ -172,6 +160,7 @@ class RayCluster:
     def __init__(self, workdir: Path, *, owner_env: dict[str, str] | None = None) -> None:
         """Create the namespaces and the veth; no Ray yet (start())."""
         sweep_stale_namespaces()
+        remove_orphan_cpushm()
         self.tag = secrets.token_hex(3)
         base = f"{NS_PREFIX}-{os.getpid()}-{self.tag}"
         self.head_ns, self.worker_ns = f"{base}-h", f"{base}-w"
@@ -396,6 +385,7 @@ class RayCluster:
         for ns in (self.worker_ns, self.head_ns):
             _delete_ns(ns)
         self.remove_leaked_psm()
+        remove_orphan_cpushm()
         shutil.rmtree(self.temp_root, ignore_errors=True)
 
     def __enter__(self) -> RayCluster:

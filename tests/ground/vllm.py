@@ -129,6 +129,53 @@ def vllm_unavailable_reason() -> str | None:
     return None
 
 
+def shm_in_use(pids: Sequence[int]) -> set[str]:
+    """The names of the /dev/shm files the given processes map or hold open."""
+    found: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text(errors="replace").splitlines():
+                if "/dev/shm/" in line:
+                    found.add(line.rsplit("/", 1)[1].split()[0])
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("/dev/shm/"):
+                        found.add(target.rsplit("/", 1)[1].split()[0])
+    return found
+
+
+def remove_orphan_cpushm() -> list[str]:
+    """Delete the `/dev/shm/*-cpushm_*` files no live process maps or holds; return their names.
+
+    vLLM's CPU build names the shared memory of a TP>1 group after its rendezvous port
+    (`<port>-tp:0-[0-1]-cpushm_<rank>`, vllm/v1/worker/cpu_worker.py) and a SIGKILLed engine
+    leaves them: a later engine that draws the same free port fails "create shm in SHMManager
+    failed. errno: 17" (CI, stop 39). The grounds that boot TP>1 engines call this first. A file
+    younger than a minute is left alone: an engine of another test may be creating it now.
+    """
+    now = time.time()
+    try:
+        names = [
+            p.name
+            for p in Path("/dev/shm").iterdir()
+            if "-cpushm_" in p.name and now - p.lstat().st_mtime > 60
+        ]
+    except OSError:
+        return []
+    if not names:
+        return []
+    live = shm_in_use([int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()])
+    removed = []
+    for name in names:
+        if name not in live:
+            with contextlib.suppress(OSError):
+                (Path("/dev/shm") / name).unlink()
+                removed.append(name)
+    return removed
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Sum samples by metric name {'vllm:num_requests_running': 6.0}: spark-ops' one parser."""
     return metric_sums(text)
