@@ -24,7 +24,7 @@ from conftest import start_sim
 from spark_ops.bench import stats
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.bench.whatif import predicted_sweep
-from spark_ops.cli.experiment import render_report
+from spark_ops.cli.experiment_report import render_report
 from spark_ops.errors import ExitStatus, RecipeError
 from spark_ops.workflows.experiment import (
     ExperimentError,
@@ -384,7 +384,7 @@ def test_plan_eta_from_this_clusters_boot_history(
     """The experiment's plan takes its boot ETA from this cluster's boot history (the key apply
     records under, readiness.history_key; 83b2a9d), never from another cluster's or from a
     failed boot; with no boot of this cluster known it names no figure."""
-    from spark_ops.cli.experiment import _Progress, echo_plan
+    from spark_ops.cli.experiment_report import Progress, echo_plan
     from spark_ops.readiness import BootHistory
 
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -401,7 +401,7 @@ def test_plan_eta_from_this_clusters_boot_history(
     out = capsys.readouterr().out
     assert "each a full boot, ~42 s by the boots watched from here" in out, out
     assert "x ~42 s" in out and "500" not in out and "900" not in out, out
-    assert _Progress("sim", 3, False, key).history == key  # the boot view's ETA, the same key
+    assert Progress("sim", 3, False, key).history == key  # the boot view's ETA, the same key
     echo_plan(plan, 0, "ops@10.0.0.9:22:~/other.yaml")
     out = capsys.readouterr().out
     assert "by the boots watched from here" not in out, out
