@@ -17,7 +17,7 @@ from ground.cluster import bare_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_ops import fanout, log
+from spark_ops import fanout, lineedit, log
 from spark_ops.errors import (
     ConnectError,
     ExitStatus,
@@ -52,7 +52,7 @@ def put_recipe(ground: Any, text: str = RECIPE) -> None:
 
 async def test_line_edit_exactly_one_line() -> None:
     """A one-line edit rewrites the matching line only, keeping its line ending."""
-    e = fanout.LineEdit("r.yaml", r"^max_num_seqs: .*", "max_num_seqs: 64")
+    e = lineedit.LineEdit("r.yaml", r"^max_num_seqs: .*", "max_num_seqs: 64")
     new, old, line = await e.apply("h", "a: 1\r\nmax_num_seqs: 6\r\nb: 2")
     assert new == "a: 1\r\nmax_num_seqs: 64\r\nb: 2"
     assert (old, line) == ("max_num_seqs: 6", "max_num_seqs: 64")
@@ -62,18 +62,18 @@ async def test_line_edit_exactly_one_line() -> None:
 async def test_line_edit_refuses_zero_or_many(text: str) -> None:
     """No match or several matches: refused, naming the file and the pattern."""
     with pytest.raises(fanout.FanoutError, match=r"r\.yaml"):
-        await fanout.LineEdit("r.yaml", "^max_num_seqs", "x").apply("h", text)
+        await lineedit.LineEdit("r.yaml", "^max_num_seqs", "x").apply("h", text)
 
 
 async def test_line_edit_bad_regex_and_split() -> None:
     """An invalid regex and a replacement that adds a newline are refused."""
     with pytest.raises(InputError, match=r"not a valid regex"):
-        fanout.LineEdit("r", "(", "x").compiled()
+        lineedit.LineEdit("r", "(", "x").compiled()
     for template, why in ((r"\9", "invalid group reference 9"), (r"\g<x>", "unknown group name")):
         with pytest.raises(InputError, match=f"not a valid template .*{why}"):
-            fanout.LineEdit("r", "^(a)", template).compiled()
+            lineedit.LineEdit("r", "^(a)", template).compiled()
     with pytest.raises(fanout.FanoutError, match="split"):
-        await fanout.LineEdit("r", "^a", "a\nb").apply("h", "a\n")
+        await lineedit.LineEdit("r", "^a", "a\nb").apply("h", "a\n")
 
 
 async def test_line_edit_backtracking_regex_has_a_deadline() -> None:
@@ -82,19 +82,19 @@ async def test_line_edit_backtracking_regex_has_a_deadline() -> None:
     the same file with a sane pattern still edits (the child process keeps re's semantics)."""
     text = "x: " + "a" * 60 + "!\nmax_num_seqs: 6\n"
     with pytest.raises(fanout.FanoutError, match=r"r\.yaml: pattern '\(a\+\)\+\$' did not finish"):
-        await fanout.LineEdit("r.yaml", r"(a+)+$", "x").apply("h", text, deadline_s=1)
-    new, _, _ = await fanout.LineEdit("r.yaml", r"^(max_num_seqs:).*", r"\1 64").apply("h", text)
+        await lineedit.LineEdit("r.yaml", r"(a+)+$", "x").apply("h", text, deadline_s=1)
+    new, _, _ = await lineedit.LineEdit("r.yaml", r"^(max_num_seqs:).*", r"\1 64").apply("h", text)
     assert new.endswith("max_num_seqs: 64\n")
 
 
 @pytest.mark.parametrize(
-    "brk", list(fanout.LINE_BREAKS), ids=[hex(ord(c)) for c in fanout.LINE_BREAKS]
+    "brk", list(lineedit.LINE_BREAKS), ids=[hex(ord(c)) for c in lineedit.LINE_BREAKS]
 )
 async def test_line_edit_refuses_every_line_break(brk: str) -> None:
     """A replacement holding any character a reader takes for a line end (U+2028 and \\x85 as
     much as \\n) would write a second line through a one-line edit: refused (red team E3)."""
     with pytest.raises(fanout.FanoutError, match="split"):
-        await fanout.LineEdit("r", "^(a:).*", f"\\1 6{brk}a: 64").apply("h", "a: 1\n")
+        await lineedit.LineEdit("r", "^(a:).*", f"\\1 6{brk}a: 64").apply("h", "a: 1\n")
 
 
 async def test_line_edit_child_imports_nothing_from_the_cwd(
@@ -105,7 +105,7 @@ async def test_line_edit_child_imports_nothing_from_the_cwd(
     marker = tmp_path / "ran"
     (tmp_path / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     monkeypatch.chdir(tmp_path)
-    new, _, _ = await fanout.LineEdit("r", "^(a:).*", r"\1 2").apply("h", "a: 1\n")
+    new, _, _ = await lineedit.LineEdit("r", "^(a:).*", r"\1 2").apply("h", "a: 1\n")
     assert new == "a: 2\n" and not marker.exists()
 
 
@@ -115,7 +115,7 @@ def test_line_edit_child_ends_alone_when_spark_ops_is_gone() -> None:
     payload = {"pattern": "(a+)+$", "replacement": "x", "texts": ["a" * 60 + "!"], "deadline_s": 1}
     proc = subprocess.run(
         [sys.executable, "-m", "spark_ops.linesub"], input=json.dumps(payload),
-        capture_output=True, text=True, timeout=60, cwd=fanout.PACKAGE_HOME,
+        capture_output=True, text=True, timeout=60, cwd=lineedit.PACKAGE_HOME,
     )  # fmt: skip
     assert proc.returncode == -signal.SIGALRM
 
@@ -333,8 +333,8 @@ async def test_edit_all_or_nothing(openssh_cluster: Any) -> None:
     """The edit lands everywhere with backups; when one node cannot take it, no node is written."""
     cluster = inventory_for(openssh_cluster)
     put_recipe(openssh_cluster)
-    edit = fanout.LineEdit("~/recipe.yaml", r"^max_num_seqs: .*", "max_num_seqs: 64")
-    rep = await fanout.edit_line(cluster, edit)
+    edit = lineedit.LineEdit("~/recipe.yaml", r"^max_num_seqs: .*", "max_num_seqs: 64")
+    rep = await lineedit.edit_line(cluster, edit)
     assert rep.ok, rep.to_dict()
     for n in openssh_cluster:
         assert (n.home / "recipe.yaml").read_text() == RECIPE.replace(": 6", ": 64")
@@ -342,13 +342,13 @@ async def test_edit_all_or_nothing(openssh_cluster: Any) -> None:
         assert h.extra["written"] and h.extra["backup"].startswith(str(n.home))
         assert Path(h.extra["backup"]).read_text() == RECIPE
     assert "no restart, so no watchdog lease" in rep.note  # it restarts nothing
-    again = await fanout.edit_line(cluster, edit)
+    again = await lineedit.edit_line(cluster, edit)
     assert again.ok and {h.kind for h in again.hosts} == {fanout.UNCHANGED} and not again.note
 
     broken = openssh_cluster["node3"].home / "recipe.yaml"
     broken.write_text("model: glm\n")
-    edit2 = fanout.LineEdit("~/recipe.yaml", r"^max_num_seqs: .*", "max_num_seqs: 32")
-    rep2 = await fanout.edit_line(cluster, edit2)
+    edit2 = lineedit.LineEdit("~/recipe.yaml", r"^max_num_seqs: .*", "max_num_seqs: 32")
+    rep2 = await lineedit.edit_line(cluster, edit2)
     assert not rep2.ok and rep2.exit_status() == ExitStatus.REMOTE
     assert "no line" in (rep2.result("node3").error or "")
     assert "another node" in (rep2.result("node1").error or "")
@@ -362,7 +362,7 @@ async def test_edit_all_or_nothing(openssh_cluster: Any) -> None:
     before = {n.name: sorted(p.name for p in n.home.iterdir()) for n in openssh_cluster}
     subprocess.run(["chattr", "+i", str(broken)], check=True)
     try:
-        rep3 = await fanout.edit_line(cluster, edit2)
+        rep3 = await lineedit.edit_line(cluster, edit2)
     finally:
         subprocess.run(["chattr", "-i", str(broken)], check=True)
     assert not rep3.ok and "immutable or append-only" in (rep3.result("node3").error or "")
@@ -385,16 +385,16 @@ async def test_edit_substitutes_once_per_distinct_text(
     odd = openssh_cluster["node3"].home / "recipe.yaml"
     odd.write_text(other)
     calls: list[list[str]] = []
-    real = fanout.LineEdit.substitute
+    real = lineedit.LineEdit.substitute
 
-    async def spy(self: fanout.LineEdit, texts: Any, **kw: Any) -> Any:
+    async def spy(self: lineedit.LineEdit, texts: Any, **kw: Any) -> Any:
         """The real substitution, its texts noted."""
         calls.append(list(texts))
         return await real(self, texts, **kw)
 
-    monkeypatch.setattr(fanout.LineEdit, "substitute", spy)
-    edit = fanout.LineEdit("~/recipe.yaml", r"^max_num_seqs: .*", "max_num_seqs: 48")
-    rep = await fanout.edit_line(cluster, edit)
+    monkeypatch.setattr(lineedit.LineEdit, "substitute", spy)
+    edit = lineedit.LineEdit("~/recipe.yaml", r"^max_num_seqs: .*", "max_num_seqs: 48")
+    rep = await lineedit.edit_line(cluster, edit)
     assert rep.ok, rep.to_dict()
     assert calls == [[RECIPE, other]], "one child, each distinct text once"
     assert odd.read_text() == other.replace(": 6", ": 48")
@@ -403,8 +403,8 @@ async def test_edit_substitutes_once_per_distinct_text(
 
     calls.clear()
     put_recipe(openssh_cluster, "x: " + "a" * 60 + "!\nmax_num_seqs: 6\n")
-    runaway = fanout.LineEdit("~/recipe.yaml", r"(a+)+$", "x")
-    rep2 = await fanout.edit_line(cluster, runaway)
+    runaway = lineedit.LineEdit("~/recipe.yaml", r"(a+)+$", "x")
+    rep2 = await lineedit.edit_line(cluster, runaway)
     assert len(calls) == 1 and len(calls[0]) == 1
     assert {h.kind for h in rep2.hosts} == {fanout.ERROR}
     for h in rep2.hosts:
@@ -422,20 +422,20 @@ async def test_edit_refused_by_the_lock_leaves_no_child(
     cluster = inventory_for(openssh_cluster)
     put_recipe(openssh_cluster)
     children: list[asyncio.subprocess.Process] = []
-    real = fanout.LineEdit.spawn
+    real = lineedit.LineEdit.spawn
 
-    async def spy(self: fanout.LineEdit) -> asyncio.subprocess.Process:
+    async def spy(self: lineedit.LineEdit) -> asyncio.subprocess.Process:
         """The real spawn, its process kept."""
         children.append(await real(self))
         return children[-1]
 
-    monkeypatch.setattr(fanout.LineEdit, "spawn", spy)
-    edit = fanout.LineEdit("~/recipe.yaml", r"^max_num_seqs: .*", "max_num_seqs: 64")
+    monkeypatch.setattr(lineedit.LineEdit, "spawn", spy)
+    edit = lineedit.LineEdit("~/recipe.yaml", r"^max_num_seqs: .*", "max_num_seqs: 64")
     async with ClusterSession(cluster) as other:
         await other.connect([cluster.head.name])
         async with cluster_lock(other, "apply --max-num-seqs 32"):
             with pytest.raises(LockError, match="apply --max-num-seqs 32"):
-                await fanout.edit_line(cluster, edit)
+                await lineedit.edit_line(cluster, edit)
     assert len(children) == 1 and children[0].returncode is not None, "the child was ended"
     for n in openssh_cluster:
         assert (n.home / "recipe.yaml").read_text() == RECIPE, n.name
@@ -587,7 +587,7 @@ def test_an_edit_says_why_it_takes_no_lease(path: str, kinds: list[str], has: li
     nothing said when no file changed."""
     cluster = parse_inventory(FLAKY_INVENTORY, "t.yaml").cluster()
     results = [fanout.HostResult(f"node{i}", k, 0) for i, k in enumerate(kinds, 1)]
-    note = fanout.edit_note(cluster, path, results)
+    note = lineedit.edit_note(cluster, path, results)
     assert bool(note) is bool(has)
     for needle in has:
         assert needle in note, note

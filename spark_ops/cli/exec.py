@@ -127,7 +127,7 @@ def cli(
       spark-ops exec --shell -- 'dmesg | grep -i xid | tail -3'
       spark-ops exec --edit ~/recipe.yaml --sub '^( *max_num_seqs:).*' '\\1 64'
     """
-    from spark_ops import fanout
+    from spark_ops import fanout, lineedit
 
     if timeout is not None and timeout <= 0:
         raise click.BadParameter(f"must be > 0, got {timeout}", param_hint="--timeout")
@@ -142,8 +142,8 @@ def cli(
     cluster = load_cluster(ctx)
     if edit_path is not None:
         assert sub is not None
-        edit = fanout.LineEdit(edit_path, sub[0], sub[1])
-        report = run_async(fanout.edit_line(cluster, edit, nodes=_nodes(nodes)))
+        edit = lineedit.LineEdit(edit_path, sub[0], sub[1])
+        report = run_async(lineedit.edit_line(cluster, edit, nodes=_nodes(nodes)))
     else:
         report = run_async(
             fanout.run_command(
