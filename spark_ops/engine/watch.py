@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from spark_ops.engine.api import EngineAPI
-from spark_ops.engine.identity import (
+from spark_ops.engine.instance import (
     EngineInstance,
     current_instance,
     identity_source,
