@@ -19,7 +19,7 @@ from typing import Any
 
 from spark_ops.errors import InventoryError, excerpt
 from spark_ops.watchdog.history import MAX_RESTARTS, MAX_WINDOW_S, default_journal, default_lock
-from spark_ops.yamlsafe import load_yaml, read_capped
+from spark_ops.yamlsafe import load_yaml, read_text_capped
 
 ENV_VAR = "SPARK_OPS_INVENTORY"
 ROLES = ("head", "worker")
@@ -683,15 +683,5 @@ def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
             )
         chosen = default
     p = Path(chosen).expanduser()
-    try:
-        raw = read_capped(p, error=InventoryError)
-    except OSError as exc:
-        raise InventoryError(f"{p}: cannot read inventory: {exc.strerror or exc}") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InventoryError(
-            f"{p}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
-            hint="re-save the inventory as UTF-8",
-        ) from None
+    text = read_text_capped(p, error=InventoryError, what="inventory")
     return parse_inventory(text, str(p))
