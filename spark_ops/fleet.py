@@ -27,7 +27,7 @@ from spark_ops.errors import (
     excerpt,
 )
 from spark_ops.inventory import Cluster, load_inventory
-from spark_ops.yamlsafe import load_yaml, read_capped
+from spark_ops.yamlsafe import load_yaml, read_text_capped
 
 ENV_VAR = "SPARK_OPS_FLEET"
 NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
@@ -227,17 +227,7 @@ def parse_fleet(text: str, source: str) -> Fleet:
 def load_fleet(path: str | os.PathLike[str]) -> Fleet:
     """Read and validate the fleet file at `path` (FleetError naming the file on any problem)."""
     p = Path(path).expanduser()
-    try:
-        raw = read_capped(p, error=FleetError)
-    except OSError as exc:
-        raise FleetError(f"{p}: cannot read the fleet file: {exc.strerror or exc}") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise FleetError(
-            f"{p}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
-        ) from None
-    return parse_fleet(text, str(p))
+    return parse_fleet(read_text_capped(p, error=FleetError, what="the fleet file"), str(p))
 
 
 def worst_exit(codes: list[int]) -> int:

@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 from spark_ops.engine.api import CompletionProbe
-from spark_ops.engine.identity import read_engine, stop_hint
+from spark_ops.engine.identity import read_engine
+from spark_ops.engine.instance import stop_hint
 from spark_ops.errors import AuthError, HostKeyError, SparkOpsError
 from spark_ops.inventory import Cluster
 from spark_ops.lock import describe_holder, lock_state

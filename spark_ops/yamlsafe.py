@@ -56,6 +56,22 @@ def read_capped(
     return raw
 
 
+def read_text_capped(path: os.PathLike[str] | str, *, error: type[SparkOpsError], what: str) -> str:
+    """An operator's file (`what`: "inventory", "the fleet file") as UTF-8 text, read capped
+    (read_capped); `error` naming the file when it cannot be read, is too large or is not UTF-8."""
+    try:
+        raw = read_capped(path, error=error)
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+            hint=f"re-save {what} as UTF-8",
+        ) from None
+
+
 def load_yaml(
     text: str,
     *,

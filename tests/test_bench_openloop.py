@@ -24,18 +24,12 @@ from click.testing import CliRunner
 
 from spark_ops.bench.client import RequestRecord, StreamClient
 from spark_ops.bench.gate import Endpoint, LoadPoint, measure, prove
-from spark_ops.bench.openloop import (
-    Bodies,
-    RateConfig,
-    RateResult,
-    arrival_times,
-    run_rates,
-    send_at,
-)
+from spark_ops.bench.load import Bodies, discover_model, send_at
+from spark_ops.bench.openloop import RateConfig, RateResult, arrival_times, run_rates
 from spark_ops.bench.ratelevel import RateLevel, Slo, summarize_rate_level
 from spark_ops.bench.ratereport import render_rate_text
 from spark_ops.bench.report import load_result, load_saved
-from spark_ops.bench.sweep import SweepResult, discover_model
+from spark_ops.bench.sweep import SweepResult
 from spark_ops.bench.workload import ENDPOINTS
 from spark_ops.cli.bench import cli
 from spark_ops.errors import BenchError

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import yaml
 
-from spark_ops.engine.identity import (
+from spark_ops.engine.instance import (
     EngineInstance,
     _parse_docker,
-    _parse_pid_probe,
     _parse_systemd,
     is_new,
+    parse_pid_probe,
     started_after,
 )
 from spark_ops.inventory import parse_inventory
@@ -23,7 +23,7 @@ from spark_ops.readiness import history_key
 CASES = yaml.safe_load(
     (Path(__file__).parent / "fixtures" / "engine" / "identity.yaml").read_text(encoding="utf-8")
 )
-PARSERS = {"pid_file": lambda t: _parse_pid_probe(t, None), "docker": _parse_docker,
+PARSERS = {"pid_file": lambda t: parse_pid_probe(t, None), "docker": _parse_docker,
            "systemd": _parse_systemd}  # fmt: skip
 
 

@@ -28,7 +28,7 @@ SH = re.compile(
 # Shell text outside remote/ that is not a program spark-ops runs on a node, each with its reason.
 ALLOWED: dict[str, str] = {
     "spark_ops/sim/": "the embedded cluster writes its own shims and checks on the test ground",
-    "spark_ops/inventory.py": (
+    "spark_ops/inventory/model.py": (
         "DEFAULT_WORKER_CHECK is an inventory default the operator may replace (data, not a "
         "program; the inventory may not import remote/)"
     ),

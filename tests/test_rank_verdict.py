@@ -10,15 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from spark_ops.engine.identity import (
-    Clock,
-    Proc,
-    ambiguous_hint,
-    ambiguous_words,
-    on_head_clock,
-    rank_verdict,
-    stray_ranks,
-)
+from spark_ops.engine.identity import Clock, on_head_clock
+from spark_ops.engine.instance import Proc
+from spark_ops.engine.ranks import ambiguous_hint, ambiguous_words, rank_verdict, stray_ranks
 from spark_ops.errors import SparkOpsError
 
 HERE = Path(__file__).parent / "fixtures" / "ranks"
@@ -92,7 +86,7 @@ def test_a_node_whose_date_prints_no_nanoseconds(stamp: str, tmp_path: Path) -> 
     import subprocess
     import sys
 
-    from spark_ops.engine.identity import _parse_pid_probe, _probe_now
+    from spark_ops.engine.instance import parse_pid_probe, probe_now
     from spark_ops.remote.programs.engine import ENGINE_PROCS_SH
 
     shim = tmp_path / "bin"
@@ -107,8 +101,8 @@ def test_a_node_whose_date_prints_no_nanoseconds(stamp: str, tmp_path: Path) -> 
         out = subprocess.run(
             ["sh", "-c", ENGINE_PROCS_SH], env=env, capture_output=True, text=True, check=True
         ).stdout
-        assert _probe_now(out) is None
-        seen = _parse_pid_probe("F 0\n" + out, None)
+        assert probe_now(out) is None
+        seen = parse_pid_probe("F 0\n" + out, None)
         assert seen is not None
         (mine,) = [p for p in seen.members if p.pid == rank.pid]
         stat = Path(f"/proc/{rank.pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -196,7 +196,8 @@ def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
     cannot tell which (an earlier engine's restarted close before, or one started by hand close
     after): neither is named stray, both are ambiguous (rank_verdict; more cases in
     tests/fixtures/ranks/verdict.yaml); a rank started by hand long after is stray."""
-    from spark_ops.engine.identity import RANK_SLACK_S, Proc, rank_verdict, stray_ranks
+    from spark_ops.engine.instance import Proc
+    from spark_ops.engine.ranks import RANK_SLACK_S, rank_verdict, stray_ranks
 
     engine_start = 10_000.0
     old = Proc(11, 1, 11, "S", engine_start - RANK_SLACK_S - 60, "python")
@@ -222,7 +223,7 @@ def test_stray_ranks_are_the_ones_older_than_the_running_engine() -> None:
 
 def test_rank_leftover_check_names_the_process_and_the_stop() -> None:
     """verify's rank-leftovers check fails naming the old rank and the command that stops it."""
-    from spark_ops.engine.identity import Proc
+    from spark_ops.engine.instance import Proc
     from spark_ops.verify import check_rank_leftovers
 
     ok = check_rank_leftovers([], 1_000.0, host="node3")
@@ -584,7 +585,7 @@ def test_a_rank_started_by_hand_beside_the_engines_is_never_guessed(rank_sim: Si
     stray, with a hint that would stop the engine's own); past the window, or with another
     `--max-num-seqs` (its command line contradicts the engine's), only the copy is named. The
     real rank is never named alone; once the copy is stopped the plan goes through."""
-    from spark_ops.engine.identity import RANK_LAG_S
+    from spark_ops.engine.ranks import RANK_LAG_S
 
     s = rank_sim
     env = dict(os.environ, SPARK_OPS_INVENTORY=str(s.inventory))

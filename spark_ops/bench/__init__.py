@@ -8,5 +8,6 @@ Public API (import the submodules; nothing heavy is imported here):
 - plot.plot_sweep(result, path); client.StreamClient; workload.load_prompts / build_payload
 - openloop.run_rates(RateConfig) -> RateResult (open loop: seeded arrivals at a rate, goodput);
   ratelevel.Slo; ratereport: rate_table, render_rate_text, write_rate_json, write_rate_csv
+- load: the one request loop (open_client, Bodies, send_at: open loop, send_closed: C in flight)
 - gate: measure(endpoint, LoadPoint) -> Measurement; prove(before, after, Thresholds) -> Verdict
 """

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_ops.bench.client import ensure_fd_limit
-from spark_ops.bench.openloop import Bodies, arrival_times, open_client, send_at, send_closed
+from spark_ops.bench.load import Bodies, open_client, send_at, send_closed
+from spark_ops.bench.openloop import arrival_times
 from spark_ops.bench.ratelevel import RateLevel, Slo, summarize_rate_level
 from spark_ops.bench.workload import APIS, ENDPOINTS
 from spark_ops.errors import BenchError

@@ -15,19 +15,24 @@ import asyncio
 import contextlib
 import math
 import random
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from spark_ops.bench.client import RequestRecord, StreamClient, ensure_fd_limit
+from spark_ops.bench.client import ensure_fd_limit
+from spark_ops.bench.load import (
+    Bodies,
+    ServerSettings,
+    open_client,
+    send_at,
+    send_closed,
+)
 from spark_ops.bench.ratelevel import RateLevel, Slo, summarize_rate_level
-from spark_ops.bench.sweep import discover_model
-from spark_ops.bench.workload import APIS, ENDPOINTS, build_payload, load_prompts
-from spark_ops.errors import BenchError, BenchUnreachable
+from spark_ops.bench.workload import ENDPOINTS
+from spark_ops.errors import BenchError
 from spark_ops.log import get_logger
 
 ARRIVALS = ("poisson", "constant")
@@ -61,7 +66,7 @@ def arrival_times(requests: int, rate: float, arrivals: str, seed: int) -> list[
 
 
 @dataclass
-class RateConfig:
+class RateConfig(ServerSettings):
     """An open-loop sweep: one level per rate, each `requests` arrivals from the same seed."""
 
     base_url: str
@@ -83,10 +88,7 @@ class RateConfig:
 
     def validate(self) -> None:
         """Raise BenchError naming the first setting out of range."""
-        if not self.base_url.startswith(("http://", "https://")):
-            raise BenchError(f"base_url {self.base_url!r} must start with http:// or https://")
-        if self.api not in APIS:
-            raise BenchError(f"api {self.api!r} is not supported; allowed: {', '.join(APIS)}")
+        self.validate_server()
         if self.arrivals not in ARRIVALS:
             raise BenchError(
                 f"arrivals {self.arrivals!r} is not supported; allowed: {', '.join(ARRIVALS)}"
@@ -109,25 +111,6 @@ class RateConfig:
         if self.timeout_s <= 0:
             raise BenchError(f"timeout_s {self.timeout_s} must be > 0")
         self.slo.validate()
-
-    def all_headers(self) -> dict[str, str]:
-        """Request headers, with the bearer token when an api_key is set."""
-        headers = dict(self.headers)
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        return headers
-
-    def to_dict(self) -> dict[str, Any]:
-        """Serialize without secrets (api_key and Authorization are masked)."""
-        data = asdict(self)
-        data["rates"] = list(self.rates)
-        data["prompts_path"] = str(self.prompts_path) if self.prompts_path else None
-        if data["api_key"]:
-            data["api_key"] = "***"
-        data["headers"] = {
-            k: ("***" if k.lower() == "authorization" else v) for k, v in self.headers.items()
-        }
-        return data
 
 
 @dataclass
@@ -199,101 +182,6 @@ class RateResult:
             ) from exc
 
 
-class Bodies:
-    """Request bodies in rotation, so that consecutive requests never share a prompt."""
-
-    def __init__(self, bodies: list[dict[str, Any]]) -> None:
-        """Hand out the given bodies in turn."""
-        self.bodies = bodies
-        self.i = 0
-
-    @classmethod
-    def build(
-        cls, model: str, *, api: str, output_tokens: int, prompts_path: Path | None
-    ) -> Bodies:
-        """One body per prompt of the prompt file."""
-        prompts = load_prompts(prompts_path)
-        return cls(
-            [build_payload(p, model=model, api=api, output_tokens=output_tokens) for p in prompts]
-        )
-
-    def next(self) -> dict[str, Any]:
-        """The next request body."""
-        body = self.bodies[self.i % len(self.bodies)]
-        self.i += 1
-        return body
-
-
-async def send_at(
-    client: StreamClient, path: str, bodies: Bodies, times: Sequence[float],
-    max_concurrency: int | None = None,
-) -> tuple[list[RequestRecord], list[float], float]:  # fmt: skip
-    """Send request i at times[i] s after now (open loop; at most max_concurrency in flight when
-    given); return the records, each send's lag behind its schedule (s) and the start time."""
-    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    lags = [0.0] * len(times)
-
-    async def one(i: int, body: dict[str, Any], due: float) -> RequestRecord:
-        """Send one request (after the cap lets it), noting how late it left."""
-        if sem is None:
-            lags[i] = max(0.0, time.monotonic() - due)
-            return await client.stream(path, body, i)
-        async with sem:
-            lags[i] = max(0.0, time.monotonic() - due)
-            return await client.stream(path, body, i)
-
-    t0 = time.monotonic()
-    tasks: list[asyncio.Task[RequestRecord]] = []
-    for i, at in enumerate(times):
-        due = t0 + at
-        delay = due - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(i, bodies.next(), due)))
-    return list(await asyncio.gather(*tasks)), lags, t0
-
-
-async def send_closed(
-    client: StreamClient, path: str, bodies: Bodies, requests: int, concurrency: int
-) -> tuple[list[RequestRecord], float]:
-    """Send `requests` requests keeping `concurrency` in flight (closed loop); records and start."""
-    counter = iter(range(requests))
-
-    async def worker() -> list[RequestRecord]:
-        """Send the next request as soon as this one's previous finished, until none are left."""
-        out: list[RequestRecord] = []
-        for i in counter:
-            out.append(await client.stream(path, bodies.next(), i))
-        return out
-
-    t0 = time.monotonic()
-    per_worker = await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
-    return sorted((r for recs in per_worker for r in recs), key=lambda r: r.index), t0
-
-
-async def open_client(
-    base_url: str, *, headers: dict[str, str], timeout_s: float, model: str | None
-) -> tuple[StreamClient, str]:
-    """An open StreamClient and the model to ask for (the first /v1/models lists when None);
-    BenchUnreachable when the server does not answer. The caller closes the client."""
-    client = StreamClient(base_url, headers=headers, timeout_s=timeout_s)
-    await client.__aenter__()
-    try:
-        found = model or await discover_model(client)
-        if model:
-            await client.get_text("/v1/models")
-        return client, found
-    except BenchError:
-        await client.__aexit__()
-        raise
-    except Exception as exc:  # OSError, aiohttp.ClientError, timeouts: not reachable
-        await client.__aexit__()
-        raise BenchUnreachable(
-            f"cannot reach {base_url}: {type(exc).__name__}: {exc}",
-            hint="is the server up and the URL right (scheme, host, port)?",
-        ) from exc
-
-
 def _now() -> str:
     """UTC time as ISO 8601."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -322,9 +210,7 @@ async def run_rates(
         )  # fmt: skip
         if config.warmup:
             log.info("bench_warmup", requests=config.warmup)
-            await asyncio.gather(
-                *(client.stream(path, bodies.next(), i) for i in range(config.warmup))
-            )
+            await send_closed(client, path, bodies, config.warmup, config.warmup)
         for rate in config.rates:
             times = arrival_times(config.requests, rate, config.arrivals, config.seed)
             async with guard(rate) if guard is not None else contextlib.nullcontext():

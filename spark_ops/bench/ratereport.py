@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 import io
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,19 +16,20 @@ from spark_ops.bench.gate import (
 )
 from spark_ops.bench.openloop import RateResult
 from spark_ops.bench.ratelevel import RateLevel
-from spark_ops.bench.report import fit_table, knobs_text
-from spark_ops.files import write_file
+from spark_ops.bench.report import (
+    knobs_text,
+    levels_table,
+    num_text,
+    plain_text,
+    write_json,
+    write_levels_csv,
+)
 
 if TYPE_CHECKING:
     from rich.table import Table
 
 # the columns left out first when a terminal is too narrow for all of them
 RATE_DROP = ["send lag\nms", "TPOT p50\nms", "TTFT p50\nms", "achieved\nreq/s"]
-
-
-def _num(value: float | None, fmt: str = "{:.0f}") -> str:
-    """Format a number, or a dash for None."""
-    return "–" if value is None else fmt.format(value)
 
 
 def slo_text(level: RateLevel | None) -> str:
@@ -59,41 +58,19 @@ def _caption(result: RateResult) -> str:
 
 def rate_table(result: RateResult) -> Table:
     """Per offered rate: achieved rate, tok/s, TTFT and TPOT p50/p95, goodput and errors."""
-    from rich.table import Table
-
+    columns = ("offered\nreq/s", "achieved\nreq/s", "aggregate\ntok/s", "TTFT p50\nms",
+               "TTFT p95\nms", "TPOT p50\nms", "TPOT p95\nms", "goodput\nreq/s",
+               "goodput\ntok/s", "send lag\nms", "errors")  # fmt: skip
+    rows = (
+        (f"{lv.request_rate:g}", num_text(lv.request_throughput, "{:.2f}"),
+         num_text(lv.output_throughput), num_text(lv.median_ttft_ms), num_text(lv.p95_ttft_ms),
+         num_text(lv.median_tpot_ms, "{:.1f}"), num_text(lv.p95_tpot_ms, "{:.1f}"),
+         num_text(lv.request_goodput, "{:.2f}"), num_text(lv.output_goodput),
+         num_text(lv.max_send_lag_ms), str(lv.failed))
+        for lv in result.levels
+    )  # fmt: skip
     title = f"{result.model} — open loop, {result.output_tokens} output tokens"
-    if result.knobs:
-        title += f" ({knobs_text(result.knobs)})"
-    table = Table(title=title, title_justify="left", caption=_caption(result))
-    for name in (
-        "offered\nreq/s",
-        "achieved\nreq/s",
-        "aggregate\ntok/s",
-        "TTFT p50\nms",
-        "TTFT p95\nms",
-        "TPOT p50\nms",
-        "TPOT p95\nms",
-        "goodput\nreq/s",
-        "goodput\ntok/s",
-        "send lag\nms",
-        "errors",
-    ):
-        table.add_column(name, justify="right", no_wrap=True)
-    for lv in result.levels:
-        table.add_row(
-            f"{lv.request_rate:g}",
-            _num(lv.request_throughput, "{:.2f}"),
-            _num(lv.output_throughput),
-            _num(lv.median_ttft_ms),
-            _num(lv.p95_ttft_ms),
-            _num(lv.median_tpot_ms, "{:.1f}"),
-            _num(lv.p95_tpot_ms, "{:.1f}"),
-            _num(lv.request_goodput, "{:.2f}"),
-            _num(lv.output_goodput),
-            _num(lv.max_send_lag_ms),
-            str(lv.failed),
-        )
-    return table
+    return levels_table(title, result.knobs, _caption(result), columns, rows)
 
 
 def rate_lines(result: RateResult) -> list[str]:
@@ -115,32 +92,17 @@ def rate_lines(result: RateResult) -> list[str]:
 
 def render_rate_text(result: RateResult, *, width: int = 140) -> str:
     """The table and the reading as plain text (what the terminal shows, without colour)."""
-    from rich.console import Console
-
-    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
-    console.print(fit_table(rate_table(result), width, RATE_DROP))
-    for line in rate_lines(result):
-        console.print(line, highlight=False, markup=False)
-    return console.export_text()
+    return plain_text(rate_table(result), width, RATE_DROP, rate_lines(result))
 
 
 def write_rate_json(result: RateResult, path: Path) -> None:
     """Write the result as JSON to path (atomically; OutputError naming it on failure)."""
-    write_file(path, json.dumps(result.to_dict(), indent=2, ensure_ascii=False) + "\n")
+    write_json(result, path)
 
 
 def write_rate_csv(result: RateResult, path: Path) -> None:
     """Write one CSV row per level with every scalar figure."""
-    buf = io.StringIO()
-    rows = [lv.scalars() for lv in result.levels]
-    columns = list(rows[0]) if rows else ["request_rate"]
-    writer = csv.DictWriter(buf, fieldnames=["model", "mode", *columns, "errors"])
-    writer.writeheader()
-    for lv, row in zip(result.levels, rows, strict=True):
-        cells: dict[str, Any] = {k: "" if v is None else v for k, v in row.items()}
-        errors = "; ".join(f"{n}x {msg}" for msg, n in lv.errors.items())
-        writer.writerow({"model": result.model, "mode": "open-loop", **cells, "errors": errors})
-    write_file(path, buf.getvalue())
+    write_levels_csv(path, result.model, "open-loop", result.levels, "request_rate")
 
 
 def compare_rates(

@@ -5,12 +5,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spark_ops.bench.openloop import SCHEMA as RATE_SCHEMA
 from spark_ops.bench.openloop import RateResult
+from spark_ops.bench.ratelevel import RateLevel
 from spark_ops.bench.stats import LevelResult
 from spark_ops.bench.sweep import SweepResult
 from spark_ops.errors import BenchError
@@ -23,8 +25,8 @@ if TYPE_CHECKING:
     from spark_ops.bench.whatif import WhatIf
 
 
-def _num(value: float | None, fmt: str = "{:.0f}") -> str:
-    """Format a number or a dash for None."""
+def num_text(value: float | None, fmt: str = "{:.0f}") -> str:
+    """Format a number or a dash for None (a table's cell)."""
     return "–" if value is None else fmt.format(value)
 
 
@@ -64,9 +66,62 @@ def fit_table(table: Table, width: int, drop: list[str]) -> Table:
     return table
 
 
+def levels_table(
+    title: str, knobs: dict[str, Any] | None, caption: str, columns: Sequence[str],
+    rows: Iterable[Sequence[str]],
+) -> Table:  # fmt: skip
+    """A result's table: its title (with the knobs it ran under), caption, right-aligned columns
+    and one row per level (a sweep's, an open-loop sweep's)."""
+    from rich.table import Table
+
+    if knobs:
+        title += f" ({knobs_text(knobs)})"
+    table = Table(title=title, title_justify="left", caption=caption)
+    for name in columns:
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def plain_text(table: Table, width: int, drop: list[str], lines: list[str]) -> str:
+    """A table (fitted to `width`, fit_table) and sentences as plain text: what the terminal
+    shows, without colour; the sentences printed as written (no markup read in them)."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(fit_table(table, width, drop))
+    for line in lines:
+        console.print(line, highlight=False, markup=False)
+    return console.export_text()
+
+
+def write_levels_csv(
+    path: Path, model: str, mode: str, levels: Sequence[LevelResult | RateLevel],
+    first: str,
+) -> None:  # fmt: skip
+    """Write one CSV row per level with every scalar figure (`first`: the only column when there
+    are no levels), atomically."""
+    rows = [lv.scalars() for lv in levels]
+    buf = io.StringIO()
+    columns = list(rows[0]) if rows else [first]
+    writer = csv.DictWriter(buf, fieldnames=["model", "mode", *columns, "errors"])
+    writer.writeheader()
+    for lv, row in zip(levels, rows, strict=True):
+        writer.writerow(
+            {
+                "model": model,
+                "mode": mode,
+                **{k: "" if v is None else v for k, v in row.items()},
+                "errors": "; ".join(f"{n}x {msg}" for msg, n in lv.errors.items()),
+            }
+        )
+    write_file(path, buf.getvalue())
+
+
 def _spread(lv: LevelResult) -> str:
     """Aggregate tok/s with its spread over repeats (± half the min–max range)."""
-    base = _num(lv.output_throughput)
+    base = num_text(lv.output_throughput)
     if lv.repeats > 1:
         half = (lv.output_throughput_max - lv.output_throughput_min) / 2
         return f"{base} ±{half:.0f}"
@@ -128,81 +183,37 @@ def _caption(result: SweepResult) -> str:
 
 def sweep_table(result: SweepResult) -> Table:
     """The note's table, plus steady/engine tok/s, tail, TTFT p50/p99 and errors."""
-    from rich.table import Table
-
-    knobs = knobs_text(result.knobs) if result.knobs else ""
+    columns = ("concurrent\nrequests", "wall\nclock", "aggregate\ntok/s", "per user\ntok/s",
+               "steady\ntok/s", "engine\ntok/s", "tail", "TTFT p50\nms", "TTFT p99\nms",
+               "errors")  # fmt: skip
+    rows = (
+        (str(lv.max_concurrency), f"{lv.duration:.1f} s", _spread(lv),
+         num_text(lv.per_user_tok_s, "{:.1f}"), num_text(lv.steady_output_throughput),
+         num_text(lv.engine_output_throughput), num_text(lv.tail_pct, "{:.0f}%"),
+         num_text(lv.median_ttft_ms), num_text(lv.p99_ttft_ms), str(lv.failed))
+        for lv in result.levels
+    )  # fmt: skip
     title = f"{result.model} — {result.mode}, {result.output_tokens} output tokens"
-    if knobs:
-        title += f" ({knobs})"
-    table = Table(title=title, title_justify="left", caption=_caption(result))
-    for name in (
-        "concurrent\nrequests",
-        "wall\nclock",
-        "aggregate\ntok/s",
-        "per user\ntok/s",
-        "steady\ntok/s",
-        "engine\ntok/s",
-        "tail",
-        "TTFT p50\nms",
-        "TTFT p99\nms",
-        "errors",
-    ):
-        table.add_column(name, justify="right", no_wrap=True)
-    for lv in result.levels:
-        table.add_row(
-            str(lv.max_concurrency),
-            f"{lv.duration:.1f} s",
-            _spread(lv),
-            _num(lv.per_user_tok_s, "{:.1f}"),
-            _num(lv.steady_output_throughput),
-            _num(lv.engine_output_throughput),
-            _num(lv.tail_pct, "{:.0f}%"),
-            _num(lv.median_ttft_ms),
-            _num(lv.p99_ttft_ms),
-            str(lv.failed),
-        )
-    return table
+    return levels_table(title, result.knobs, _caption(result), columns, rows)
 
 
 def render_text(result: SweepResult, *, width: int = 140) -> str:
     """The table and the reading as plain text (what the terminal shows, without colour)."""
-    from rich.console import Console
-
-    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
-    console.print(fit_table(sweep_table(result), width, SWEEP_DROP))
-    for line in reading_lines(result):
-        console.print(line, highlight=False)
-    return console.export_text()
+    return plain_text(sweep_table(result), width, SWEEP_DROP, reading_lines(result))
 
 
-def write_json(result: SweepResult, path: Path, *, extra: dict[str, Any] | None = None) -> None:
-    """Write the result as JSON (to_dict, plus extra top-level keys such as what_if) to path."""
+def write_json(
+    result: SweepResult | RateResult, path: Path, *, extra: dict[str, Any] | None = None
+) -> None:
+    """Write the result as JSON (to_dict, plus extra top-level keys such as what_if) to path
+    (atomically; OutputError naming it on failure)."""
     data = {**result.to_dict(), **(extra or {})}
-    _write(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    write_file(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def write_csv(result: SweepResult, path: Path) -> None:
     """Write one CSV row per level with every scalar figure."""
-    rows = [lv.scalars() for lv in result.levels]
-    buf = io.StringIO()
-    columns = list(rows[0]) if rows else ["max_concurrency"]
-    writer = csv.DictWriter(buf, fieldnames=["model", "mode", *columns, "errors"])
-    writer.writeheader()
-    for lv, row in zip(result.levels, rows, strict=False):
-        writer.writerow(
-            {
-                "model": result.model,
-                "mode": result.mode,
-                **{k: "" if v is None else v for k, v in row.items()},
-                "errors": "; ".join(f"{n}x {msg}" for msg, n in lv.errors.items()),
-            }
-        )
-    _write(path, buf.getvalue())
-
-
-def _write(path: Path, text: str) -> None:
-    """Write text to path atomically, as OutputError naming the path on failure."""
-    write_file(path, text)
+    write_levels_csv(path, result.model, result.mode, result.levels, "max_concurrency")
 
 
 def _read_json(path: Path) -> Any:
@@ -333,7 +344,7 @@ def compare_table(cmp: Comparison) -> Table:
             if ratio is not None and abs(ratio - 1) >= 0.05:
                 mark = " better" if (ratio > 1) == higher_is_better else " worse"
             cells.append(
-                f"{_num(row.before[key])} → {_num(row.after[key])}"
+                f"{num_text(row.before[key])} → {num_text(row.after[key])}"
                 + (f"\n×{ratio:.2f}{mark}" if ratio is not None else "")
             )
         table.add_row(*cells)

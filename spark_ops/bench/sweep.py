@@ -8,15 +8,22 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from spark_ops.bench import stats
 from spark_ops.bench.client import RequestRecord, StreamClient, ensure_fd_limit
+from spark_ops.bench.load import (
+    Bodies,
+    ServerSettings,
+    open_client,
+    send_at,
+    send_closed,
+)
 from spark_ops.bench.metrics import MetricsScraper, MetricsWatch
-from spark_ops.bench.workload import APIS, ENDPOINTS, Prompt, build_payload, load_prompts
+from spark_ops.bench.workload import ENDPOINTS, build_payload, load_prompts
 from spark_ops.errors import BenchError, BenchUnreachable
 from spark_ops.log import get_logger
 
@@ -47,7 +54,7 @@ RunCallback = Callable[[RunEvent], None]
 
 
 @dataclass
-class SweepConfig:
+class SweepConfig(ServerSettings):
     """What to sweep and how; `knobs` (e.g. {"max_num_seqs": 64}) is only reported back."""
 
     base_url: str
@@ -77,10 +84,7 @@ class SweepConfig:
 
     def validate(self) -> None:
         """Raise BenchError naming the first setting out of range."""
-        if not self.base_url.startswith(("http://", "https://")):
-            raise BenchError(f"base_url {self.base_url!r} must start with http:// or https://")
-        if self.api not in APIS:
-            raise BenchError(f"api {self.api!r} is not supported; allowed: {', '.join(APIS)}")
+        self.validate_server()
         if self.mode not in MODES:
             raise BenchError(f"mode {self.mode!r} is not supported; allowed: {', '.join(MODES)}")
         if not self.levels or any(int(c) < 1 for c in self.levels):
@@ -105,25 +109,6 @@ class SweepConfig:
             raise BenchError(f"timeout_s {self.timeout_s} must be > 0")
         if self.recheck is not None and self.recheck not in self.levels:
             raise BenchError(f"recheck {self.recheck} is not one of the levels {list(self.levels)}")
-
-    def all_headers(self) -> dict[str, str]:
-        """Request headers, with the bearer token when an api_key is set."""
-        headers = dict(self.headers)
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        return headers
-
-    def to_dict(self) -> dict[str, Any]:
-        """Serialize without secrets (api_key and Authorization are masked)."""
-        data = asdict(self)
-        data["levels"] = list(self.levels)
-        data["prompts_path"] = str(self.prompts_path) if self.prompts_path else None
-        if data["api_key"]:
-            data["api_key"] = "***"
-        data["headers"] = {
-            k: ("***" if k.lower() == "authorization" else v) for k, v in self.headers.items()
-        }
-        return data
 
 
 @dataclass
@@ -213,82 +198,33 @@ class SweepResult:
             raise BenchError(f"{source}: bench result is missing or has a bad key: {exc}") from exc
 
 
-async def discover_model(client: StreamClient) -> str:
-    """The first model id the server lists at /v1/models."""
-    import json
-
-    status, text = await client.get_text("/v1/models")
-    if status != 200:
-        raise BenchUnreachable(f"{client.base_url}/v1/models answered HTTP {status}: {text[:200]}")
-    try:
-        ids = [m["id"] for m in json.loads(text)["data"]]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BenchUnreachable(
-            f"{client.base_url}/v1/models: unexpected body: {text[:200]}"
-        ) from exc
-    if not ids:
-        raise BenchUnreachable(f"{client.base_url}/v1/models lists no model; pass --model")
-    return str(ids[0])
-
-
-class _Prompts:
-    """Hands out prompts in rotation so that consecutive requests never share one."""
-
-    def __init__(self, prompts: list[Prompt], cfg: SweepConfig, model: str) -> None:
-        """Pre-build one body per prompt."""
-        self.bodies = [
-            build_payload(p, model=model, api=cfg.api, output_tokens=cfg.output_tokens)
-            for p in prompts
-        ]
-        self.i = 0
-
-    def next(self) -> dict[str, Any]:
-        """The next request body."""
-        body = self.bodies[self.i % len(self.bodies)]
-        self.i += 1
-        return body
+def _poisson_times(rate: float, duration_s: float, seed: int) -> list[float]:
+    """Seconds after the run's start of its arrivals: exponential gaps of mean 1/rate drawn from
+    Random(seed), up to duration_s (the first arrival always)."""
+    rng = random.Random(seed)
+    times: list[float] = []
+    at = 0.0
+    while True:
+        at += rng.expovariate(rate)
+        if at >= duration_s and times:
+            return times
+        times.append(at)
 
 
 async def _drive(
-    client: StreamClient, cfg: SweepConfig, c: int, prompts: _Prompts, t0: float, seed: int
+    client: StreamClient, cfg: SweepConfig, c: int, bodies: Bodies, t0: float, seed: int
 ) -> list[RequestRecord]:
-    """Send one run's requests at concurrency c in the configured mode."""
+    """Send one run's requests at concurrency c in the configured mode: c at once (burst), c in
+    flight until the duration is over (sustained), or Poisson arrivals at most c in flight."""
     path = ENDPOINTS[cfg.api]
     if cfg.mode == "burst":
-        return list(
-            await asyncio.gather(*(client.stream(path, prompts.next(), i) for i in range(c)))
-        )
-    deadline = t0 + cfg.duration_s
-    counter = iter(range(1 << 62))
+        return (await send_closed(client, path, bodies, c, c))[0]
     if cfg.mode == "sustained":
-
-        async def worker() -> list[RequestRecord]:
-            """Keep one request in flight until the deadline."""
-            out: list[RequestRecord] = []
-            while time.monotonic() < deadline:
-                out.append(await client.stream(path, prompts.next(), next(counter)))
-            return out
-
-        per_worker = await asyncio.gather(*(worker() for _ in range(c)))
-        return [r for recs in per_worker for r in recs]
-    rng = random.Random(seed)
-    sem = asyncio.Semaphore(c)
+        return (await send_closed(client, path, bodies, 1 << 62, c, t0 + cfg.duration_s))[0]
     assert cfg.rate is not None
-
-    async def limited(body: dict[str, Any], i: int) -> RequestRecord:
-        """Send one arrival once fewer than c requests are in flight."""
-        async with sem:
-            return await client.stream(path, body, i)
-
-    tasks: list[asyncio.Task[RequestRecord]] = []
-    at = t0
-    while True:
-        at += rng.expovariate(cfg.rate)
-        if at >= deadline and tasks:
-            break
-        await asyncio.sleep(max(0.0, at - time.monotonic()))
-        tasks.append(asyncio.create_task(limited(prompts.next(), next(counter))))
-    return list(await asyncio.gather(*tasks))
+    return (await send_at(client, path, bodies, _poisson_times(cfg.rate, cfg.duration_s, seed), c))[
+        0
+    ]
 
 
 async def _run_once(
@@ -296,7 +232,7 @@ async def _run_once(
     scraper: MetricsScraper | None,
     cfg: SweepConfig,
     c: int,
-    prompts: _Prompts,
+    prompts: Bodies,
     seed: int,
 ) -> stats.RunStats:
     """One run at concurrency c: scrape, drive, sample, scrape, summarize."""
@@ -332,7 +268,7 @@ async def _run_once(
 
 async def _recheck(
     client: StreamClient, scraper: MetricsScraper | None, config: SweepConfig,
-    rotation: _Prompts, levels: list[stats.LevelResult],
+    rotation: Bodies, levels: list[stats.LevelResult],
 ) -> stats.SpeedCheck | None:  # fmt: skip
     """Run config.recheck's level once more, after the last: the engine's speed then and now."""
     if config.recheck is None:
@@ -413,35 +349,22 @@ async def run_sweep(
     levels: list[stats.LevelResult] = []
     max_cpu_fraction = 0.0
     total_cpu = 0.0
-    async with StreamClient(
-        config.base_url, headers=config.all_headers(), timeout_s=config.timeout_s
-    ) as client:
-        try:
-            model = config.model or await discover_model(client)
-            if config.model:
-                await client.get_text("/v1/models")
-        except (OSError, asyncio.TimeoutError) as exc:
-            raise BenchUnreachable(
-                f"cannot reach {config.base_url}: {exc}",
-                hint="is the server up and the URL right (scheme, host, port)?",
-            ) from exc
-        except BenchError:
-            raise
-        except Exception as exc:  # aiohttp.ClientError and friends, without importing aiohttp here
-            raise BenchUnreachable(
-                f"cannot reach {config.base_url}: {type(exc).__name__}: {exc}",
-                hint="is the server up and the URL right (scheme, host, port)?",
-            ) from exc
-        rotation = _Prompts(prompts, config, model)
+    client, model = await open_client(
+        config.base_url, headers=config.all_headers(), timeout_s=config.timeout_s,
+        model=config.model,
+    )  # fmt: skip
+    try:
+        rotation = Bodies(
+            [build_payload(p, model=model, api=config.api, output_tokens=config.output_tokens)
+             for p in prompts]
+        )  # fmt: skip
         scraper = (
             MetricsScraper(client, interval_s=config.sample_interval_s) if config.metrics else None
         )
         if config.warmup:
             log.info("bench_warmup", requests=config.warmup)
             path = ENDPOINTS[config.api]
-            warm = await asyncio.gather(
-                *(client.stream(path, rotation.next(), i) for i in range(config.warmup))
-            )
+            warm, _ = await send_closed(client, path, rotation, config.warmup, config.warmup)
             failed = [r for r in warm if not r.ok]
             if len(failed) == len(warm):
                 raise BenchUnreachable(
@@ -499,6 +422,8 @@ async def run_sweep(
         async with held(config.recheck) if config.recheck is not None else held_nothing():
             speed_check = await _recheck(client, scraper, config, rotation, levels)
         metrics_available = scraper is not None and scraper.available
+    finally:
+        await client.__aexit__()
     knob = (config.knobs or {}).get("max_num_seqs")
     reading = stats.read_levels(
         levels,

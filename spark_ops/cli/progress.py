@@ -15,7 +15,7 @@ from typing import IO, Any
 
 from spark_ops.readiness.eta import BootHistory, eta_seconds
 from spark_ops.readiness.phases import PHASE_ORDER, Phase
-from spark_ops.readiness.wait import BootEvent
+from spark_ops.readiness.report import BootEvent
 
 HEARTBEAT_S = 30.0
 

@@ -6,15 +6,9 @@ import time
 from typing import Any
 
 from spark_ops.doctor.report import Checker, parse_kv
-from spark_ops.engine.identity import (
-    EngineReading,
-    ambiguous_hint,
-    ambiguous_words,
-    rank_warning,
-    rank_words,
-    read_engine,
-    stop_hint,
-)
+from spark_ops.engine.identity import EngineReading, read_engine
+from spark_ops.engine.instance import stop_hint
+from spark_ops.engine.ranks import ambiguous_hint, ambiguous_words, rank_warning, rank_words
 from spark_ops.errors import RecipeError, SparkOpsError
 from spark_ops.recipe import load_recipe_text, render_recipe, unified_diff
 from spark_ops.remote.programs.doctor import CONTAINER_STATUS, LOG_FILE_READABLE, UNIT_EXISTS

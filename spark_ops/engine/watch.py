@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from spark_ops.engine.api import EngineAPI
-from spark_ops.engine.identity import (
+from spark_ops.engine.instance import (
     EngineInstance,
     current_instance,
     identity_source,
@@ -22,7 +22,7 @@ from spark_ops.engine.identity import (
 )
 from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
-from spark_ops.readiness.wait import InstanceView
+from spark_ops.readiness.report import InstanceView
 from spark_ops.remote import ClusterSession
 from spark_ops.remote.programs.engine import LOG_SIZE
 from spark_ops.remote.shell import engine_log_follow

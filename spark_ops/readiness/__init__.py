@@ -28,14 +28,14 @@ if TYPE_CHECKING:  # the names are imported on first use (a command imports what
         split_prefix,
         summarize_boot_log,
     )
-    from spark_ops.readiness.wait import (
+    from spark_ops.readiness.report import (
         BootEvent,
         BootReport,
         InstanceView,
         exit_line,
         expected_phases,
-        wait_for_boot,
     )
+    from spark_ops.readiness.wait import wait_for_boot
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
@@ -61,14 +61,14 @@ __getattr__, __dir__ = lazy_exports(
             "split_prefix",
             "summarize_boot_log",
         ),
-        "spark_ops.readiness.wait": (
+        "spark_ops.readiness.report": (
             "BootEvent",
             "BootReport",
             "InstanceView",
             "exit_line",
             "expected_phases",
-            "wait_for_boot",
         ),
+        "spark_ops.readiness.wait": ("wait_for_boot",),
     },
 )
 

@@ -19,7 +19,7 @@ from spark_ops.readiness.phases import PHASE_ORDER, Phase
 
 
 class Reported(Protocol):
-    """What a boot report gives the history: its dict (readiness.wait.BootReport has one)."""
+    """What a boot report gives the history: its dict (readiness.report.BootReport has one)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-able data."""

@@ -9,7 +9,7 @@ as stopped on purpose), and its history often lives in /tmp, which a reboot empt
 spark-ops' side of it: recognise such a loop from what runs on the head (`find_loop_watchdogs`:
 the process, its script and its environment), and say in words what it will not do
 (`volatile_history`, `no_recovery`, `unlocked_appends`). The inventory describes it with
-`watchdog.kind: loop` (inventory.py); a planned restart then runs the launcher's stop and start
+`watchdog.kind: loop` (inventory.model); a planned restart then runs the launcher's stop and start
 itself, which writes no stamp.
 """
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from spark_ops.engine.identity import current_instance
+from spark_ops.engine.instance import current_instance
 from spark_ops.errors import BootUnderWayError, SparkOpsError
 from spark_ops.readiness import BootHistory, history_key
 from spark_ops.workflows.execution import Execution

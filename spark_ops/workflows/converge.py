@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from spark_ops.engine.identity import current_instance
+from spark_ops.engine.instance import current_instance
 from spark_ops.errors import SparkOpsError
 from spark_ops.remote import ClusterSession, engine_log_last_args
 from spark_ops.verify import check_effective_args, parse_non_default_args

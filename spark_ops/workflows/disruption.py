@@ -14,7 +14,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster
@@ -25,6 +25,9 @@ from spark_ops.workflows import interrupt
 from spark_ops.workflows.journal import Run
 from spark_ops.workflows.operation import ApplyOptions, Operation
 from spark_ops.workflows.plan import OperationKind
+
+if TYPE_CHECKING:  # a type only: the bench is imported where a load runs
+    from spark_ops.bench.gate import LoadPoint
 
 MARGIN_S = 300.0  # prune, verify and the steps between, past the boot's own deadline
 
@@ -43,12 +46,22 @@ def restart_lease_seconds(cluster: Cluster, opts: ApplyOptions) -> float:
     return lease.lease_seconds(drain + boots * deadline + measure + MARGIN_S)
 
 
-def measurement_seconds(point: Any, cap: int | None, request_s: float) -> float:
+def open_loop_concurrency(max_concurrency: int | None, requests: int, cap: int | None) -> int:
+    """The concurrency an open loop's levels count as against the probe: --max-concurrency when
+    given; else its requests in flight are unbounded, counted at or above the cap (up to all of
+    a level's requests at once)."""
+    if max_concurrency is not None:
+        return max_concurrency
+    return max(requests, cap or 0)
+
+
+def measurement_seconds(point: LoadPoint, cap: int | None, request_s: float) -> float:
     """A bound on how long one measurement at a load point lasts: its rounds (its requests, at
-    most min(concurrency, cap) at a time) at twice a request's time, plus an open loop's arrival
-    span (requests / rate). A request's time not known: the caller's stand-in (the probe's
-    timeout), as LoadGuard.seconds takes it."""
-    at_once = point.concurrency or point.max_concurrency or point.requests
+    most min(concurrency, cap) at a time; an open loop's concurrency as open_loop_concurrency
+    counts it) at twice a request's time, plus an open loop's arrival span (requests / rate). A
+    request's time not known: the caller's stand-in (the probe's timeout), as LoadGuard.seconds
+    takes it."""
+    at_once = point.concurrency or open_loop_concurrency(point.max_concurrency, point.requests, cap)
     if cap:
         at_once = min(at_once, cap)
     rounds = math.ceil(point.requests / max(1, at_once))

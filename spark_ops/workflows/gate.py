@@ -19,14 +19,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from spark_ops.engine.identity import (
-    EngineReading,
-    ambiguous_hint,
-    ambiguous_words,
-    rank_warning,
-    rank_words,
-    stop_hint,
-)
+from spark_ops.engine.identity import EngineReading
+from spark_ops.engine.instance import stop_hint
+from spark_ops.engine.ranks import ambiguous_hint, ambiguous_words, rank_warning, rank_words
 from spark_ops.errors import ExitStatus, OverBudget, PlanChanged, SparkOpsError
 from spark_ops.watchdog.history import budget_of
 from spark_ops.workflows.facts import BudgetGate, EngineFact, Gate, UnreadableBudget

@@ -9,7 +9,8 @@ from __future__ import annotations
 from contextlib import suppress
 
 from spark_ops import verify
-from spark_ops.engine.identity import old_ranks, read_engine, unreadable_starts
+from spark_ops.engine.identity import read_engine
+from spark_ops.engine.ranks import old_ranks, unreadable_starts
 from spark_ops.errors import SparkOpsError, VerifyError
 from spark_ops.remote.programs.engine import GPU_APPS, KERNEL_LOG
 from spark_ops.remote.programs.node import MEMINFO

@@ -30,7 +30,7 @@ from spark_ops.bench.stats import LevelResult
 from spark_ops.bench.sweep import SweepConfig, SweepResult, run_sweep
 from spark_ops.errors import ExitStatus, SparkOpsError
 from spark_ops.inventory import Cluster, WatchdogProbe
-from spark_ops.workflows.disruption import Leases
+from spark_ops.workflows.disruption import Leases, open_loop_concurrency
 from spark_ops.workflows.journal import RunJournal
 from spark_ops.workflows.operation import Operation, head_knobs
 from spark_ops.workflows.plan import OperationKind
@@ -501,15 +501,6 @@ async def sweep_cluster(
     ) as (url, knobs, guard):  # fmt: skip
         config.base_url, config.knobs = url, knobs
         return await run_sweep(config, guard=guard.level, **kw)
-
-
-def open_loop_concurrency(max_concurrency: int | None, requests: int, cap: int | None) -> int:
-    """The concurrency an open loop's levels count as against the probe: --max-concurrency when
-    given; else its requests in flight are unbounded, counted at or above the cap (up to all of
-    a level's requests at once)."""
-    if max_concurrency is not None:
-        return max_concurrency
-    return max(requests, cap or 0)
 
 
 def plan_open_loop(

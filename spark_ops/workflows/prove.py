@@ -32,13 +32,12 @@ from spark_ops.bench.gate import (
     prove,
 )
 from spark_ops.errors import BenchError, ExitStatus, SparkOpsError
-from spark_ops.workflows.disruption import Leases
+from spark_ops.workflows.disruption import Leases, open_loop_concurrency
 from spark_ops.workflows.execution import Done, Execution
 from spark_ops.workflows.plan import Plan, StepKind
 from spark_ops.workflows.probe_load import (
     LoadGuard,
     cap_of,
-    open_loop_concurrency,
     plan_load,
     refusal_of,
 )

@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
-from spark_ops.engine.identity import START_SLACK_S
+from spark_ops.engine.instance import START_SLACK_S
 from spark_ops.engine.watch import EngineWatch
 from spark_ops.errors import AmbiguousStamp, BootError, SparkOpsError
 from spark_ops.readiness import BootReport, BootTracker, history_key, record_failed, wait_for_boot
