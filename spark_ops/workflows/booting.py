@@ -18,7 +18,9 @@ from typing import Any
 from spark_ops.engine.instance import current_instance
 from spark_ops.errors import BootUnderWayError, SparkOpsError
 from spark_ops.readiness import BootHistory, history_key
+from spark_ops.workflows.converge import engine_answers
 from spark_ops.workflows.execution import Execution
+from spark_ops.workflows.journal import STAMP_GRACE_S
 from spark_ops.workflows.operation import ApplyOptions, Operation
 from spark_ops.workflows.plan import StepKind
 from spark_ops.workflows.restart import prepare_restart
@@ -53,19 +55,9 @@ class BootUnderWay:
         }  # fmt: skip
 
 
-async def _answers(op: Operation) -> bool:
-    """True when the engine's API answers /health."""
-    try:
-        await op.api_url()
-        async with op.engine(timeout=5) as api:
-            return bool(await api.health())
-    except SparkOpsError:
-        return False
-
-
 async def boot_under_way(op: Operation) -> BootUnderWay | None:
     """The boot under way on the head, or None (the engine answers, or no instance of it runs)."""
-    if await _answers(op):
+    if await engine_answers(op):
         return None
     try:
         instance = await current_instance(op.session, op.cluster)
@@ -160,7 +152,19 @@ async def before_checks(ex: Execution, kind: StepKind) -> None:
     """Checks a run owes without a restart of its own (a stopped run's) wait for the boot under
     way to serve; a run that restarted followed its own boot already."""
     if not ex.plan.has(StepKind.RESTART):
+        if ex.plan.facts.checks_owed:
+            await _engine_started(ex.op)
         await wait_out_boot(ex.op, ex.opts, checks=True)
+
+
+async def _engine_started(op: Operation) -> None:
+    """Give a dead run's restart time to start the engine (STAMP_GRACE_S at most): the watchdog may
+    be between stopping the old engine and starting the new one when its checks begin."""
+    end = time.monotonic() + STAMP_GRACE_S
+    while time.monotonic() < end:
+        if await engine_answers(op) or await boot_under_way(op) is not None:
+            return
+        await asyncio.sleep(POLL_S)
 
 
 async def before_restart(ex: Execution, kind: StepKind) -> None:

@@ -37,12 +37,7 @@ async def effective_args(session: ClusterSession) -> dict[str, Any] | None:
 async def engine_differs(op: Operation, expected: dict[str, Any]) -> str | None:
     """Why the running engine does not run the recipe's values; None when it does, or unknown."""
     want = {k: v for k, v in expected.items() if v is not None}
-    try:
-        await op.api_url()
-        async with op.engine(timeout=5) as api:
-            up = await api.health()
-    except SparkOpsError:
-        up = False
+    up = await engine_answers(op)
     args = await effective_args(op.session)
     if args is None:
         return None if up else "the engine does not answer and its log names no start-up args"
@@ -65,16 +60,39 @@ async def _booting(op: Operation) -> bool:
     return instance is not None and instance.alive
 
 
-async def booting_note(op: Operation, expected: dict[str, Any]) -> str | None:
-    """A plan warning when the engine is still booting the recipe's values (nothing to restart)."""
+async def boot_of_dead_run(op: Operation) -> Run | None:
+    """The dead run whose restart may be booting now, or None: its checks are owed (checks_owed),
+    the engine does not answer, and either its instance runs or the run's last restart is recent
+    enough (STAMP_GRACE_S after its command) that the watchdog may be between stopping the engine
+    and starting the new one. The log may still name the engine that restart replaces, so its
+    values call for no second restart: it would waste the watchdog's, and a worker's rank not
+    started yet refuses it. What waits for that boot is the owed checks' step (before_checks)."""
+    owed = await checks_owed(op)
+    if owed is None or await engine_answers(op):
+        return None
+    if await _booting(op):
+        return owed
+    windows = owed.restart_windows()
+    try:
+        now = await op.watchdog.clock()
+    except SparkOpsError:
+        return None
+    return owed if windows and now < windows[-1].grace_end else None
+
+
+async def engine_answers(op: Operation) -> bool:
+    """Whether the engine's health endpoint answers now (a few seconds at most)."""
     try:
         await op.api_url()
         async with op.engine(timeout=5) as api:
-            if await api.health():
-                return None
+            return bool(await api.health())
     except SparkOpsError:
-        pass
-    if not await _booting(op):
+        return False
+
+
+async def booting_note(op: Operation, expected: dict[str, Any]) -> str | None:
+    """A plan warning when the engine is still booting the recipe's values (nothing to restart)."""
+    if await engine_answers(op) or not await _booting(op):
         return None
     return (
         "the engine does not answer yet but its instance runs and was started with the recipe's "

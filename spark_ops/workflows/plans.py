@@ -25,10 +25,17 @@ from spark_ops.recipe.changes import refuse_unknown_options, requested_flags
 from spark_ops.recipe.source import load_recipe_text
 from spark_ops.remote import sha256
 from spark_ops.watchdog.policy import crash_loop_warning, engine_policy
-from spark_ops.workflows.converge import booting_note, checks_owed, engine_differs, plan_settle
+from spark_ops.workflows.converge import (
+    boot_of_dead_run,
+    booting_note,
+    checks_owed,
+    engine_differs,
+    plan_settle,
+)
 from spark_ops.workflows.disruption import lease_description
 from spark_ops.workflows.facts import KeysChecked, KeysTrusted
 from spark_ops.workflows.gate import check_budget, check_leftovers, check_ranks, check_workers
+from spark_ops.workflows.journal import Run
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import FileChange, OperationKind, Plan, StepKind
 from spark_ops.workflows.postboot import kv_pool
@@ -163,7 +170,15 @@ async def _restart_if_needed(op: Operation, opts: ApplyOptions, plan: Plan) -> N
         note = await booting_note(op, expected)
         if note:
             plan.warnings.append(note)
-        await _checks_if_owed(op, plan)
+        await _checks_if_owed(op, plan, await checks_owed(op))
+        return
+    dead = await boot_of_dead_run(op)
+    if dead is not None:  # its restart is booting: followed and checked, never restarted again
+        plan.warnings.append(
+            f"{why}, but run {dead.run} restarted the engine and stopped while it boots (its log "
+            "names the engine it replaces until the new one starts): no restart is planned"
+        )
+        await _checks_if_owed(op, plan, dead)
         return
     plan.facts.restart_needed = why
     plan.warnings.append(
@@ -172,10 +187,9 @@ async def _restart_if_needed(op: Operation, opts: ApplyOptions, plan: Plan) -> N
     _restart_steps(plan, op, opts, write=False)
 
 
-async def _checks_if_owed(op: Operation, plan: Plan) -> None:
-    """No restart is needed, but the run that restarted the engine stopped before its checks (an
-    interrupted or killed run): plan them, and the budget report, so that the re-run finishes."""
-    owed = await checks_owed(op)
+async def _checks_if_owed(op: Operation, plan: Plan, owed: Run | None) -> None:
+    """No restart is needed, but `owed`, the run that restarted the engine, stopped before its
+    checks (interrupted or killed): plan them, and the budget report, so that the re-run ends."""
     if owed is None:
         return
     plan.facts.checks_owed = owed.run
