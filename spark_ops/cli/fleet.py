@@ -231,6 +231,7 @@ def doctor_fleet(fleet: Fleet, as_json: bool) -> int:
 
 def log_fleet(fleet: Fleet, limit: int, as_json: bool) -> int:
     """`log` on every cluster (the last `limit` operations of each), merged by time."""
+    from spark_ops.workflows.journal import finite_number
     from spark_ops.workflows.oplog import read_log_operations
 
     async def read(cluster: Cluster) -> list[dict[str, Any]]:
@@ -248,7 +249,7 @@ def log_fleet(fleet: Fleet, limit: int, as_json: bool) -> int:
     for r in readings:
         for e in r.value or []:
             stamp = e.get("started", e.get("when"))
-            at = float(stamp) if isinstance(stamp, int | float) else 0.0
+            at = finite_number(stamp) or 0.0
             lines.append((at, r.member.name, entry_line(e)))
     lines.sort(key=lambda x: x[0])
     click.secho(f"Fleet {fleet.path}: the last {limit} operations of each cluster", bold=True)
