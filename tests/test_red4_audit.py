@@ -22,6 +22,7 @@ from spark_ops.cli.common import when
 from spark_ops.cli.doctor import echo_report
 from spark_ops.cli.log import echo_entries, entry_line
 from spark_ops.doctor.report import DoctorReport
+from spark_ops.serve.fleetapp import overview_row
 from spark_ops.serve.history import history_page
 from spark_ops.workflows.journal import finite_number, runs_of, unfinished_runs
 from spark_ops.workflows.oplog import operations_of
@@ -135,8 +136,8 @@ def _no_control(text: str) -> None:
 @pytest.mark.parametrize("name", list(VALUES))
 def test_every_reader_takes_any_field_of_any_type(name: str) -> None:
     """log, log --json, log --diff, the fleet's log table, status and doctor (unfinished runs),
-    serve's history page: each reads every variant without raising, in strict JSON, one line
-    per line."""
+    serve's history page and fleet overview: each reads every variant without raising, in
+    strict JSON, one line per line."""
     entries = audit.parse_lines(_lines(VALUES[name]))
     assert not any("malformed" in e for e in entries)
     json.dumps(entries, allow_nan=False)  # log --json --raw, the fleet's log --json
@@ -156,6 +157,7 @@ def test_every_reader_takes_any_field_of_any_type(name: str) -> None:
                    f"finish it: {r.command}")  # fmt: skip  # doctor's own words
     _no_control(_terminal(echo_report, report))
     history_page({}, {"entries": entries})
+    overview_row("c", {"status": {}, "audit": {"entries": entries}}, 1796499999.0)  # fleet serve
 
 
 @pytest.mark.parametrize("stamp", [1e308, -1e30, 10**400, float("nan"), float("inf"), True, "x"])

@@ -49,7 +49,7 @@ def test_a_proofs_measurement_is_bounded(requests: int, tokens: int, refused: st
 
 
 def _outcome(*, rolled_back: bool = False, verdict_ok: bool | None = None, checks_ok: bool = True,
-             history_problem: bool = False) -> SimpleNamespace:  # fmt: skip
+             history_problem: bool = False, unproven: bool = False) -> SimpleNamespace:  # fmt: skip
     """What exit_of reads of an executed apply."""
     proof = None
     if verdict_ok is not None:
@@ -60,6 +60,7 @@ def _outcome(*, rolled_back: bool = False, verdict_ok: bool | None = None, check
         proof=proof,
         checks_ok=checks_ok,
         history_problem=object() if history_problem else None,
+        plan=SimpleNamespace(facts=SimpleNamespace(unproven=["R"] if unproven else None)),
     )
 
 
@@ -75,6 +76,11 @@ EXITS = [
     ({"checks_ok": False, "history_problem": True}, ExitStatus.CHECK_FAILED),
     ({"history_problem": True}, ExitStatus.BUDGET),
     ({"history_problem": True, "verdict_ok": True}, ExitStatus.BUDGET),
+    # round 3's case 5: a re-run that finished a dead apply --prove (SIGKILLed in measure-after)
+    # said Done and exited 0, the change in place and never proven
+    ({"unproven": True}, ExitStatus.CHECK_FAILED),
+    ({"unproven": True, "history_problem": True}, ExitStatus.CHECK_FAILED),
+    ({"unproven": True, "verdict_ok": True}, ExitStatus.OK),  # this run proved its own change
 ]
 
 
