@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from spark_ops.cli.common import emit_json, run_async, when
+from spark_ops.cli.doctor import shown
 from spark_ops.errors import ExitStatus
 
 if TYPE_CHECKING:
@@ -219,9 +220,11 @@ def doctor_fleet(fleet: Fleet, as_json: bool) -> int:
             if c.status != "ok":
                 color = "red" if c.status == "fail" else "yellow"
                 mark = "✗" if c.status == "fail" else "!"
-                click.secho(f"{r.member.name}: {mark} {c.name} {c.host}: {c.detail}", fg=color)
+                click.secho(
+                    f"{r.member.name}: {mark} {c.name} {c.host}: {shown(c.detail)}", fg=color
+                )
                 if c.fix:
-                    click.echo(f"{r.member.name}:     fix: {c.fix}")
+                    click.echo(f"{r.member.name}:     fix: {shown(c.fix)}")
     _errors(readings)
     return _worst(codes)
 
