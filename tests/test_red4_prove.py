@@ -106,3 +106,25 @@ def test_a_journal_directory_that_cannot_be_made_is_named(tmp_path: Path, blocke
     ):
         pass
     assert (tmp_path / "a-file").read_text() == "an operator's file\n"
+
+
+def test_a_link_put_at_the_rollout_lock_after_its_check_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fleet's lock was checked for a symlink, then opened following one (O_CREAT): a link
+    put between the two, dangling, had its target created. Now opened with O_NOFOLLOW."""
+    import hashlib
+
+    fleet = tmp_path / "fleet.yaml"
+    (tmp_path / "j").mkdir()
+    digest = hashlib.sha256(str(fleet.resolve()).encode()).hexdigest()[:16]
+    target = tmp_path / "made-through-the-link"
+    (tmp_path / "j" / f"fleet-{digest}.lock").symlink_to(target)
+    monkeypatch.setattr(Path, "is_symlink", lambda self: False)  # the link came after the check
+    journal = RolloutJournal(tmp_path / "j")
+    with (
+        pytest.raises(RolloutError, match="rollout lock cannot be opened"),
+        journal.held(str(fleet)),
+    ):
+        pass
+    assert not target.exists()

@@ -158,7 +158,7 @@ class RolloutJournal:
             )
         stack = contextlib.ExitStack()
         try:
-            stack.enter_context(locked(path, timeout=0))
+            stack.enter_context(locked(path, timeout=0, follow=False))  # no link, even one just put
         except LockTimeout:
             holders = [h for h in lock_holders(path) if h.get("holds")] or lock_holders(path)
             held_by = ", ".join(f"pid {h['pid']}" for h in holders) or "?"
