@@ -58,7 +58,7 @@ MUTANTS = [
            'r.end.get("outcome") == "ok"', 'r.end is not None', JOURNAL),
     Mutant("journal", "the stamp a dead run identified is ignored",
            "spark_ops/workflows/journal.py",
-           'stamp=_number(merged.get("stamp")),', "stamp=None,", JOURNAL),
+           'stamp=finite_number(merged.get("stamp")),', "stamp=None,", JOURNAL),
     Mutant("gate", "more restarts used compared against used + 1",
            "spark_ops/workflows/gate.py",
            "int(b.used) > int(a.used)", "int(b.used) > int(a.used) + 1", GATE),

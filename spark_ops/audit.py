@@ -115,12 +115,18 @@ def parse_lines(body: str) -> list[dict[str, Any]]:
             out.append({"malformed": raw[:200]})
             continue
         try:
-            value = json.loads(raw, object_pairs_hook=_Object)
+            value = json.loads(raw, object_pairs_hook=_Object, parse_constant=_no_constant)
         except (ValueError, RecursionError):
             out.append({"malformed": raw})
             continue
         out.append(attributed(value) if isinstance(value, _Object) else {"malformed": raw})
     return out
+
+
+def _no_constant(_name: str) -> None:
+    """NaN and ±Infinity (JSON has none; a hand-edited line may) read as null: every reader and
+    every --json output gets numbers or null, never a value strict JSON cannot hold."""
+    return None
 
 
 class _Object(dict[str, Any]):

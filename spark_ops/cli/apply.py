@@ -299,7 +299,8 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
 
 
 def exit_of(outcome: Outcome) -> int:
-    """An executed plan's exit code: regressed, rolled back, checks failed, budget unknown."""
+    """An executed plan's exit code: regressed, rolled back, checks failed (or a dead
+    apply --prove's change finished unproven), budget unknown."""
     from spark_ops.errors import ExitStatus
     from spark_ops.workflows.prove import regressed
 
@@ -308,6 +309,8 @@ def exit_of(outcome: Outcome) -> int:
     if outcome.rolled_back:
         return int(ExitStatus.BOOT_FAILED)
     if not outcome.checks_ok:
+        return int(ExitStatus.CHECK_FAILED)
+    if outcome.proof is None and outcome.plan.facts.unproven:  # a dead proof's change finished
         return int(ExitStatus.CHECK_FAILED)
     # the engine serves, but the budget is unknown: watchdog.history_file is wrong
     return int(ExitStatus.BUDGET) if outcome.history_problem else 0
@@ -356,6 +359,13 @@ def _echo_outcome(outcome: Outcome) -> None:
                 f"Done: the checks run {outcome.plan.facts.checks_owed} skipped ran; "
                 "the engine serves.",
                 fg="green",
+                bold=True,
+            )
+        elif boot is None and outcome.plan.facts.unproven and outcome.proof is None:
+            click.secho(
+                "The unfinished run(s) are finished; the change of "
+                f"{', '.join(outcome.plan.facts.unproven)} stays in place, NOT proven (exit 11).",
+                fg="yellow",
                 bold=True,
             )
         elif boot is None:

@@ -156,11 +156,14 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-def when(stamp: float | None) -> str:
-    """A Unix time as local ISO text (for people)."""
-    if stamp is None:
+def when(stamp: object) -> str:
+    """A Unix time as local ISO text (for people); a dash for none, or one no clock can show."""
+    if isinstance(stamp, bool) or not isinstance(stamp, int | float):
         return "-"
-    return dt.datetime.fromtimestamp(stamp).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    try:  # NaN, infinity, 1e300 or 10**400 in a hand-written audit line: no time to show
+        return dt.datetime.fromtimestamp(stamp).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    except (OverflowError, OSError, ValueError):
+        return "-"
 
 
 def echo_diff(diff: str) -> None:

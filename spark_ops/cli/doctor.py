@@ -15,14 +15,20 @@ if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up 
 _MARK = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red")}
 
 
+def shown(text: str) -> str:
+    """A check's text on one line of the terminal: what an audit line or a node answered may hold
+    a newline, a carriage return or an escape sequence, shown as `?` (as status shows them)."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def echo_report(report: DoctorReport) -> None:
     """Print the checks for a person: mark, name, host, detail; the fix under each failure."""
     click.secho(f"Doctor: cluster {report.cluster} ({report.inventory})", bold=True)
     for c in report.checks:
         mark, color = _MARK[c.status]
-        click.secho(f"{mark} {c.name:<18} {c.host:<8} {c.detail}", fg=color)
+        click.secho(f"{mark} {c.name:<18} {c.host:<8} {shown(c.detail)}", fg=color)
         if c.fix and c.status != "ok":
-            click.echo(f"    fix: {c.fix}")
+            click.echo(f"    fix: {shown(c.fix)}")
     counts = report.to_dict()["counts"]
     summary = f"{counts['ok']} ok, {counts['warn']} warning(s), {counts['fail']} failed"
     if report.ok:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from spark_ops.cli.common import emit_json, run_async, when
+from spark_ops.cli.doctor import shown
 from spark_ops.errors import ExitStatus
 
 if TYPE_CHECKING:
@@ -219,9 +220,11 @@ def doctor_fleet(fleet: Fleet, as_json: bool) -> int:
             if c.status != "ok":
                 color = "red" if c.status == "fail" else "yellow"
                 mark = "✗" if c.status == "fail" else "!"
-                click.secho(f"{r.member.name}: {mark} {c.name} {c.host}: {c.detail}", fg=color)
+                click.secho(
+                    f"{r.member.name}: {mark} {c.name} {c.host}: {shown(c.detail)}", fg=color
+                )
                 if c.fix:
-                    click.echo(f"{r.member.name}:     fix: {c.fix}")
+                    click.echo(f"{r.member.name}:     fix: {shown(c.fix)}")
     _errors(readings)
     return _worst(codes)
 
@@ -231,6 +234,7 @@ def doctor_fleet(fleet: Fleet, as_json: bool) -> int:
 
 def log_fleet(fleet: Fleet, limit: int, as_json: bool) -> int:
     """`log` on every cluster (the last `limit` operations of each), merged by time."""
+    from spark_ops.workflows.journal import finite_number
     from spark_ops.workflows.oplog import read_log_operations
 
     async def read(cluster: Cluster) -> list[dict[str, Any]]:
@@ -248,7 +252,7 @@ def log_fleet(fleet: Fleet, limit: int, as_json: bool) -> int:
     for r in readings:
         for e in r.value or []:
             stamp = e.get("started", e.get("when"))
-            at = float(stamp) if isinstance(stamp, int | float) else 0.0
+            at = finite_number(stamp) or 0.0
             lines.append((at, r.member.name, entry_line(e)))
     lines.sort(key=lambda x: x[0])
     click.secho(f"Fleet {fleet.path}: the last {limit} operations of each cluster", bold=True)

@@ -74,8 +74,7 @@ def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
         color = "green" if outcome in ("ok", "done") else ("red" if outcome else None)
         stamp = e.get("started", e.get("when"))
         head = (
-            f"{when(float(stamp)) if isinstance(stamp, int | float) else '-'}  "
-            f"{_clean(e.get('who', '?'))} (account {_clean(e.get('account', '?'))})"
+            f"{when(stamp)}  {_clean(e.get('who', '?'))} (account {_clean(e.get('account', '?'))})"
         )
         click.echo(f"{head}  {_clean(what.get('operation', '?'))} {arg_text}".rstrip())
         nodes = ", ".join(_clean(n) for n in _list(e.get("nodes"))) or "-"
@@ -85,8 +84,8 @@ def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
             said = ", ".join(f"{_clean(s.get('step'))} {_clean(s.get('status'))}" for s in steps)
             click.echo(f"    steps: {said}")
         if diffs and e.get("diff"):
-            for line in str(e["diff"]).splitlines():
-                click.echo(f"    {line}")
+            for line in str(e["diff"]).splitlines():  # a tab kept, every other control escaped
+                click.echo("    " + "\t".join(_clean(part) for part in line.split("\t")))
 
 
 @click.command()

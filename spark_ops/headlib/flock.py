@@ -57,13 +57,15 @@ def _flock_wait(fd: int, timeout: float) -> bool:
         return False
 
 
-def _open_lock(lock_path: str) -> int:
-    """Open a lock file as every taker does: created when missing, read-only if need be."""
+def _open_lock(lock_path: str, follow: bool = True) -> int:
+    """Open a lock file as every taker does: created when missing, read-only if need be; a
+    symlink there refused (ELOOP) when not to be followed."""
+    no_link = 0 if follow else os.O_NOFOLLOW
     try:
         try:
-            return open_owned(lock_path, os.O_RDWR | os.O_CREAT)
+            return open_owned(lock_path, os.O_RDWR | os.O_CREAT | no_link)
         except PermissionError:
-            return os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)  # flock works on read-only fds
+            return os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC | no_link)  # flock: read-only ok
     except OSError as exc:
         raise HeadFailure(
             f"cannot open lock file {lock_path}: {exc.strerror}", lock=lock_path
@@ -87,9 +89,12 @@ def lock_free(lock_path: str) -> bool:
 
 
 @contextlib.contextmanager
-def locked(lock_path: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
-    """Hold an exclusive flock on lock_path; raise LockTimeout naming it after timeout seconds."""
-    fd = _open_lock(lock_path)
+def locked(
+    lock_path: str, timeout: float = DEFAULT_LOCK_TIMEOUT, *, follow: bool = True
+) -> Iterator[None]:
+    """Hold an exclusive flock on lock_path; raise LockTimeout naming it after timeout seconds
+    (follow=False: a symlink at lock_path is refused as the file is opened, never followed)."""
+    fd = _open_lock(lock_path, follow)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -881,7 +881,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HistoryFailure as exc:
         sys.stderr.write(f"history.py: {exc.message}\n")
         code, result = exc.exit_code, exc.to_dict()
-    print(json.dumps(result))
+    try:
+        print(json.dumps(result), flush=True)
+    except BrokenPipeError:  # the session went away after the work was done: its code stands
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
     return code
 
 

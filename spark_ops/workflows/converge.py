@@ -211,6 +211,7 @@ async def plan_settle(op: Operation, plan: Plan) -> list[Run]:
         unproven = unproven_change(r)
         if unproven:
             plan.warnings.append(unproven)
+            plan.facts.unproven = [*(plan.facts.unproven or []), r.run]
         plan.warnings.append(
             f"run {r.run} ({r.operation} by {who}) did not finish; last recorded: {r.last_step}; "
             + (

@@ -12,6 +12,7 @@ never pruned has its head-clock window recorded, which is how its stamp is found
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import time
@@ -127,10 +128,10 @@ class Run:
             if not name.startswith("restart") or "window_from" not in rec:
                 continue
             merged = self.step(name) or rec
-            lo = _number(rec.get("window_from"))
+            lo = finite_number(rec.get("window_from"))
             if lo is None:
                 continue
-            hi = _number(merged.get("window_to"))
+            hi = finite_number(merged.get("window_to"))
             prune = self.step("prune" + name[len("restart") :])
             known = rec.get("known")
             out.append(
@@ -141,7 +142,7 @@ class Run:
                     [str(r) for r in known] if isinstance(known, list) else [],
                     prune is not None and prune.get("status") in ("done", "skipped"),
                     closed=hi is not None,
-                    stamp=_number(merged.get("stamp")),
+                    stamp=finite_number(merged.get("stamp")),
                 )
             )
         return out
@@ -157,7 +158,7 @@ class Run:
             run=self.run,
             operation=self.operation,
             who=who if isinstance(who := self.intent.get("who"), str) else None,
-            when=_number(self.intent.get("when")),
+            when=finite_number(self.intent.get("when")),
             last_step=self.last_step,
             written=self.written,
             restart_windows=[w.summary() for w in self.restart_windows()],
@@ -201,11 +202,15 @@ def runs_of(entries: Sequence[dict[str, Any]]) -> list[Run]:
     return list(runs.values())
 
 
-def _number(value: Any) -> float | None:
-    """A finite number from a record, or None."""
+def finite_number(value: Any) -> float | None:
+    """A finite number from a record, or None (an integer past a float's range too)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if value == value and abs(value) != float("inf") else None
+    try:
+        number = float(value)
+    except OverflowError:  # a hand-written 10**400
+        return None
+    return number if math.isfinite(number) else None
 
 
 async def read_runs(session: ClusterSession, limit: int = AUDIT_TAIL) -> list[Run]:

@@ -179,6 +179,7 @@ class PlanFacts:
     )
     left_stamp_values: list[float] | None = None  # their stamps: the gate counts without
     unfinished: list[RunSummary] | None = None  # the dead runs' summaries
+    unproven: list[str] | None = None  # dead apply --prove runs whose change stays, never proven
     checks_owed: str | None = field(  # the run whose restart this run verifies (no restart here)
         default=None, metadata=_compared("the stopped run whose checks this run runs")
     )

@@ -43,6 +43,8 @@ from spark_ops.workflows.probe_load import (
 )
 
 MAX_SPAN_S = 3600.0  # an open loop's arrivals at most this long (requests / rate)
+MAX_REQUESTS = 10_000  # a proof's requests at most (each measured twice, the cluster locked)
+MAX_TOKENS = 4_194_304  # requests x output tokens at most: what one measurement decodes
 
 
 class Regressed(SparkOpsError):
@@ -66,6 +68,17 @@ class Proving:
         self.point.validate()
         self.thresholds.validate()
         p = self.point
+        if p.requests > MAX_REQUESTS:
+            raise BenchError(
+                f"--prove-requests {p.requests}: a proof sends at most {MAX_REQUESTS:,} requests "
+                "(measured before and after the change, the cluster lock held throughout)"
+            )
+        if p.requests * p.output_tokens > MAX_TOKENS:
+            raise BenchError(
+                f"--prove-requests {p.requests} x --prove-output-tokens {p.output_tokens}: "
+                f"{p.requests * p.output_tokens:,} tokens to decode; a proof's measurement decodes "
+                f"at most {MAX_TOKENS:,} (the cluster lock is held until both measurements end)"
+            )
         if p.request_rate is not None and p.requests / p.request_rate > MAX_SPAN_S:
             raise BenchError(
                 f"--prove-rate {p.request_rate:g} with {p.requests} requests: the arrivals alone "

@@ -142,7 +142,13 @@ class RolloutJournal:
         the process dies, however): a second rollout of the same fleet at once is refused,
         never run over the first's journal (it would mark it finished, stopped on the lock)."""
         where = self.directory.expanduser()
-        where.mkdir(parents=True, exist_ok=True)
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file on its path, read-only or immutable, no permission
+            raise RolloutError(
+                f"{where}: the rollout's journal directory cannot be made ({exc.strerror})",
+                hint="give --journal-dir (or SPARK_OPS_ROLLOUT_DIR) a directory you may write",
+            ) from None
         real = str(Path(fleet).expanduser().resolve())
         path = str(where / f"fleet-{hashlib.sha256(real.encode()).hexdigest()[:16]}.lock")
         if Path(path).is_symlink():  # never a lock taken through a link someone left there
@@ -152,7 +158,7 @@ class RolloutJournal:
             )
         stack = contextlib.ExitStack()
         try:
-            stack.enter_context(locked(path, timeout=0))
+            stack.enter_context(locked(path, timeout=0, follow=False))  # no link, even one just put
         except LockTimeout:
             holders = [h for h in lock_holders(path) if h.get("holds")] or lock_holders(path)
             held_by = ", ".join(f"pid {h['pid']}" for h in holders) or "?"
