@@ -233,8 +233,8 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
         if operation == "apply":
             return await plan_apply(op, opts, shown)
         if operation == "rollback":
-            return await plan_rollback(op, opts, kw.get("to"))
-        return await plan_restart(op, opts)
+            return await plan_rollback(op, opts, kw.get("to"), shown)
+        return await plan_restart(op, opts, shown)
 
     async def flow() -> int:
         """Plan without the lock, show, confirm; then lock, plan again, run only the plan shown."""
