@@ -1,6 +1,7 @@
 """A plan renders each recipe text once (issue 31): the edit's check, the knobs, the key check,
 preflight and the KV warning all take the command from the plan's one rendering; the plan made
-again under the lock renders nothing again.
+again under the lock renders nothing again; `apply --yes` makes its plan once, under the lock,
+and runs that plan.
 
 Every `render_recipe` a spark_ops module holds is replaced by a counting one while the plan is
 made against a 2-node embedded cluster (real SSH); the cases are tests/fixtures/render_once/.
@@ -17,8 +18,15 @@ from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+import spark_ops.cli.apply
+import spark_ops.cli.main
 import spark_ops.recipe.render
+import spark_ops.workflows
+import spark_ops.workflows.execute
+import spark_ops.workflows.plans
+from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster, load_inventory
 from spark_ops.recipe import Change
 from spark_ops.workflows import ApplyOptions, Operation, plan_apply
@@ -111,3 +119,45 @@ async def test_a_plan_and_its_replan_render_each_text_once(
     assert final.facts.knobs_after and final.facts.knobs_after["max_num_seqs"] == 64
     assert final.facts.preflight is not None, "preflight judged the rendered command"
     assert_each_text_rendered_once(rendered, recipe, final)
+
+
+class Stop(SparkOpsError):
+    """Raised by the stand-in executor: the test ends the run where it would begin."""
+
+
+def test_apply_yes_plans_once_under_the_lock_and_runs_that_plan(
+    mini: MiniCluster,
+    recipe: str,
+    rendered: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """`apply --yes`: nothing waits between the plan and the run, so the plan is made once,
+    under the lock, and the executor is given exactly that plan."""
+    made: list[tuple[Plan, bool]] = []
+    ran: list[tuple[Plan, bool]] = []
+
+    async def planning(op: Operation, opts: ApplyOptions, shown: Plan | None = None) -> Plan:
+        """Plan, and record the plan and whether the lock was held."""
+        plan = await plan_apply(op, opts, shown)
+        made.append((plan, op.locked))
+        return plan
+
+    async def executing(op: Operation, plan: Plan, *args: Any, **kw: Any) -> Any:
+        """Record the plan given to run, then stop before anything runs."""
+        ran.append((plan, op.locked))
+        raise Stop("stopped by the test before the first step")
+
+    monkeypatch.setattr(spark_ops.workflows, "plan_apply", planning)
+    monkeypatch.setattr(spark_ops.workflows.execute, "execute", executing)
+    inventory = tmp_path / "inventory.yaml"
+    data = yaml.safe_load(mini.inventory.read_text("utf-8"))
+    for cluster in data["clusters"].values():
+        cluster["state_dir"] = "~/.local/state/render-yes"
+    inventory.write_text(yaml.safe_dump(data), "utf-8")
+    args = ["--inventory", str(inventory), "apply", "--max-num-seqs", "64", "--yes", "--no-drain"]
+    result = CliRunner().invoke(spark_ops.cli.main.cli, args, catch_exceptions=True)
+    assert ran, result.output
+    assert len(made) == 1, f"the plan was made {len(made)} times"
+    assert made[0] == (ran[0][0], True) and ran[0][1], "the plan made under the lock is run"
+    assert_each_text_rendered_once(rendered, recipe, ran[0][0])
