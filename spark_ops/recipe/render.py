@@ -321,10 +321,6 @@ class Renderings:
         """The four knobs of the text (knob_values), from its one rendering."""
         return rendered_knobs(self.render(text, source=source))
 
-    def __len__(self) -> int:
-        """How many distinct texts were rendered."""
-        return len(self._done)
-
 
 def rendered_knobs(rendered: Rendered) -> dict[str, object]:
     """The four knobs of a recipe rendered once already (errors name its source)."""
