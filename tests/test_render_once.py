@@ -28,6 +28,7 @@ import spark_ops.workflows.execute
 import spark_ops.workflows.plans
 from spark_ops.errors import SparkOpsError
 from spark_ops.inventory import Cluster, load_inventory
+from spark_ops.log import configure
 from spark_ops.recipe import Change
 from spark_ops.workflows import ApplyOptions, Operation, plan_apply
 from spark_ops.workflows.gate import ensure_same
@@ -156,8 +157,12 @@ def test_apply_yes_plans_once_under_the_lock_and_runs_that_plan(
         cluster["state_dir"] = "~/.local/state/render-yes"
     inventory.write_text(yaml.safe_dump(data), "utf-8")
     args = ["--inventory", str(inventory), "apply", "--max-num-seqs", "64", "--yes", "--no-drain"]
-    result = CliRunner().invoke(spark_ops.cli.main.cli, args, catch_exceptions=True)
+    try:
+        result = CliRunner().invoke(spark_ops.cli.main.cli, args, catch_exceptions=True)
+    finally:
+        configure()  # the CLI set the log level for its run: the default again for what follows
     assert ran, result.output
     assert len(made) == 1, f"the plan was made {len(made)} times"
-    assert made[0] == (ran[0][0], True) and ran[0][1], "the plan made under the lock is run"
+    assert made[0][1] and ran[0][1], "planned and run with the lock held"
+    assert made[0][0] is ran[0][0], "the executor is given exactly the plan made and shown"
     assert_each_text_rendered_once(rendered, recipe, ran[0][0])
