@@ -57,7 +57,8 @@ def audit_records(sim: Sim) -> list[dict[str, Any]]:
 @pytest.mark.slow
 def test_spent_budget_refuses_every_restart_path(sim: Sim, cli_env: dict[str, str]) -> None:
     """2/2 used: plan, apply, restart, rollback and experiment refuse (exit 16) with the next slot,
-    write nothing, take no lock; `restart --over-budget` goes ahead and says so everywhere."""
+    write nothing, leave no lock held (a --yes run plans under the lock and lets it go as it
+    refuses); `restart --over-budget` goes ahead and says so everywhere."""
     now = int(time.time())
     sim.history.write_text("".join(f"{now - age}\n" for age in SPENT["ages"]))
     backup = sim.recipe.with_name(sim.recipe.name + ".bak.20261201T000000.000000Z")
@@ -85,7 +86,7 @@ def test_spent_budget_refuses_every_restart_path(sim: Sim, cli_env: dict[str, st
             assert err["budget"]["used"] == 2 and err["budget"]["allowed"] == 2, said
         assert tree_digest(sim.root) == before, f"{case['name']} wrote something"
         assert sim.history.read_text() == history, case["name"]
-        assert not (owner.exists() and owner.read_text()), f"{case['name']} took the lock"
+        assert not (owner.exists() and owner.read_text()), f"{case['name']} left the lock held"
     assert audit_records(sim) == audit, "a refused run records no intent"
     backup.unlink()
 

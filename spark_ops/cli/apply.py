@@ -233,38 +233,50 @@ def _flow(ctx: click.Context, operation: str, kw: dict[str, Any]) -> int:
         if operation == "apply":
             return await plan_apply(op, opts, shown)
         if operation == "rollback":
-            return await plan_rollback(op, opts, kw.get("to"))
-        return await plan_restart(op, opts)
+            return await plan_rollback(op, opts, kw.get("to"), shown)
+        return await plan_restart(op, opts, shown)
+
+    def show(plan: Plan) -> int | None:
+        """Show the plan; the exit code when the run ends here (nothing to do, a dry run); a
+        plan over the budget refused."""
+        asked = bool(plan.steps) and not kw["yes"] and not kw["dry_run"]
+        if not as_json and quiet() and not (asked or kw["dry_run"]):  # -q: shown when asked
+            for w in plan.warnings:
+                click.secho(f"warning: {w}", fg="yellow", err=True)
+        elif not as_json:
+            echo_plan(plan)
+        if not plan.steps:
+            if as_json:
+                emit_json({"ok": True, "plan": plan.to_dict(), "changed": False})
+            elif not quiet():
+                click.echo(
+                    "The recipe already has this content on every node and the engine runs "
+                    "it: nothing to do."
+                )
+            return 0
+        refusal = budget_refusal(plan)
+        if kw["dry_run"]:
+            return _dry_run(plan, refusal, as_json, operation)
+        if refusal is not None:
+            raise refusal
+        return None
 
     async def flow() -> int:
-        """Plan without the lock, show, confirm; then lock, plan again, run only the plan shown."""
+        """Plan without the lock, show, confirm; then lock, plan again, run only the plan shown
+        (with --yes nothing waits: the plan is made once, under the lock, and run as shown)."""
         async with Operation.open(cluster, operation, lock=False) as op:
             if not kw["dry_run"]:
                 await refuse_if_locked(op.session)  # before the plan and the question, not after
+            if kw["yes"] and not kw["dry_run"]:  # nothing waits: the lock first, one plan
+                async with op.hold_lock():
+                    plan = await make_plan(op, None)
+                    done = show(plan)
+                    return done if done is not None else await run(op, plan)
             plan = await make_plan(op, None)
-            refusal = budget_refusal(plan)
-            asked = bool(plan.steps) and not kw["yes"] and not kw["dry_run"]
-            if as_json:
-                pass
-            elif quiet() and not (asked or kw["dry_run"]):  # -q: the plan when asked about
-                for w in plan.warnings:
-                    click.secho(f"warning: {w}", fg="yellow", err=True)
-            else:
-                echo_plan(plan)
-            if not plan.steps:
-                if as_json:
-                    emit_json({"ok": True, "plan": plan.to_dict(), "changed": False})
-                elif not quiet():
-                    click.echo(
-                        "The recipe already has this content on every node and the engine runs "
-                        "it: nothing to do."
-                    )
-                return 0
-            if kw["dry_run"]:
-                return _dry_run(plan, refusal, as_json, operation)
-            if refusal is not None:
-                raise refusal
-            if not kw["yes"] and not await confirm("\nProceed?"):
+            done = show(plan)
+            if done is not None:
+                return done
+            if not await confirm("\nProceed?"):
                 raise Aborted("not confirmed; nothing was changed")
             async with op.hold_lock():
                 try:

@@ -17,7 +17,13 @@ if TYPE_CHECKING:  # the names are imported on first use (a command imports what
         parse_max_num_seqs,
         version_from_container,
     )
-    from spark_ops.recipe.render import Rendered, knob_values, render_recipe, rendered_knobs
+    from spark_ops.recipe.render import (
+        Rendered,
+        Renderings,
+        knob_values,
+        render_recipe,
+        rendered_knobs,
+    )
     from spark_ops.recipe.source import load_recipe_text
 
 __getattr__, __dir__ = lazy_exports(
@@ -33,7 +39,13 @@ __getattr__, __dir__ = lazy_exports(
             "parse_max_num_seqs",
             "version_from_container",
         ),
-        "spark_ops.recipe.render": ("Rendered", "knob_values", "render_recipe", "rendered_knobs"),
+        "spark_ops.recipe.render": (
+            "Rendered",
+            "Renderings",
+            "knob_values",
+            "render_recipe",
+            "rendered_knobs",
+        ),
         "spark_ops.recipe.source": ("load_recipe_text",),
     },
 )
@@ -43,6 +55,7 @@ __all__ = [
     "Change",
     "RecipeEdit",
     "Rendered",
+    "Renderings",
     "changed_line_pairs",
     "changes_from_options",
     "edit_recipe",

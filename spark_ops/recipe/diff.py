@@ -9,7 +9,7 @@ from spark_ops.errors import RecipeError, SparkOpsError
 from spark_ops.recipe.changes import Change
 from spark_ops.recipe.flags import resolve_flag
 from spark_ops.recipe.knobs import KNOBS, LEGACY_MOE_SETTINGS, has_moe_flag
-from spark_ops.recipe.render import Rendered, render_recipe
+from spark_ops.recipe.render import Rendered, Renderings
 from spark_ops.recipe.source import load_recipe_text
 
 
@@ -55,19 +55,28 @@ def lines_outside(old: str, new: str, words: list[str]) -> list[tuple[str, str]]
     ]
 
 
-def verify_edit(old: str, new: str, changes: Sequence[Change], source: str, version: str) -> None:
-    """Check the new text keeps every other key and renders with each requested value."""
+def verify_edit(
+    old: str,
+    new: str,
+    changes: Sequence[Change],
+    source: str,
+    version: str,
+    renders: Renderings | None = None,
+) -> None:
+    """Check the new text keeps every other key and renders with each requested value (each
+    text rendered through `renders`, the plan's, when given: once for the whole plan)."""
     before = load_recipe_text(old, source=source)
     after = load_recipe_text(new, source=source)
     for key in set(before) | set(after):
         if key not in ("defaults", "env", "command") and before.get(key) != after.get(key):
             raise RecipeError(f"{source}: internal: edit changed key {key!r}; nothing written")
+    renders = Renderings() if renders is None else renders
     try:
-        old_rendered = render_recipe(old, source=source)
+        old_rendered = renders.render(old, source=source)
         old_rendered.args()
     except SparkOpsError:
         return
-    rendered = render_recipe(new, source=source)
+    rendered = renders.render(new, source=source)
     check_rendered(old_rendered, rendered, changes, version, "the rendered command")
 
 

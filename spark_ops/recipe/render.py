@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from spark_ops.errors import KnobError, RecipeError, UnsupportedRecipe
+from spark_ops.errors import KnobError, RecipeError, SparkOpsError, UnsupportedRecipe
 from spark_ops.recipe.dialect import Dialect, detect_dialect
 from spark_ops.recipe.flags import joined_value, resolve_flag, takes_inline_value
 from spark_ops.recipe.knobs import (
@@ -293,6 +293,33 @@ def knob_values(
 ) -> dict[str, object]:
     """Current values of the four knobs as vLLM would see them (None: not set, vLLM default)."""
     return rendered_knobs(render_recipe(text, source=source, includes=includes))
+
+
+class Renderings:
+    """Each distinct recipe text rendered once: the rendering, or the error it raised, kept by
+    text. A plan holds one (Plan.rendered); the edit's check, the knobs, preflight and the KV
+    warning all take their commands from it, so no text of a plan is rendered twice."""
+
+    def __init__(self) -> None:
+        """Nothing rendered yet."""
+        self._done: dict[str, Rendered | SparkOpsError] = {}
+
+    def render(self, text: str, *, source: str) -> Rendered:
+        """The text rendered (the first time it is asked for; `source` names it then)."""
+        found = self._done.get(text)
+        if found is None:
+            try:
+                found = render_recipe(text, source=source)
+            except SparkOpsError as exc:
+                found = exc
+            self._done[text] = found
+        if isinstance(found, SparkOpsError):
+            raise found
+        return found
+
+    def knobs(self, text: str, *, source: str) -> dict[str, object]:
+        """The four knobs of the text (knob_values), from its one rendering."""
+        return rendered_knobs(self.render(text, source=source))
 
 
 def rendered_knobs(rendered: Rendered) -> dict[str, object]:

@@ -30,7 +30,7 @@ from spark_ops.recipe.knobs import (
     KNOBS,
     validate_moe_backend,
 )
-from spark_ops.recipe.render import Rendered, render_sparkrun
+from spark_ops.recipe.render import Rendered, Renderings, render_recipe
 from spark_ops.recipe.source import RecipeText
 from spark_ops.recipe.sparkrun_maps import (
     KNOB_DEFAULTS_KEYS,
@@ -65,8 +65,10 @@ def edit_sparkrun(
     source: str,
     vllm_version: str | None = None,
     includes: IncludeReader | None = None,
+    renders: Renderings | None = None,
 ) -> FileEdit:
-    """Apply changes to a sparkrun recipe (and its bases); the edit lands in one file."""
+    """Apply changes to a sparkrun recipe (and its bases); the edit lands in one file
+    (`renders`: the plan's renderings, used for a recipe without bases)."""
     chain = load_chain(text, source=source, reader=includes)
     family = runtime_family(chain.merged)
     for change in changes:
@@ -91,7 +93,7 @@ def edit_sparkrun(
     editor = _SparkrunEditor(layer.text, layer.source, version, chain, keys)
     image = str(chain.merged.get("container") or "")
     editor.apply_all(changes, image, bool(vllm_version), version_warnings)
-    _verify(chain, layer, editor.text, changes, source, version)
+    _verify(chain, layer, editor.text, changes, source, version, renders)
     edit = RecipeEdit(editor.text, layer.text, editor.warnings, version)
     return FileEdit(layer.source, edit, targets[target_source])
 
@@ -278,11 +280,23 @@ def _scalar(value: str, old_raw: str | None) -> str:
 
 
 def _verify(
-    chain: Chain, layer: Layer, new_text: str, changes: Sequence[Change], source: str, version: str
+    chain: Chain,
+    layer: Layer,
+    new_text: str,
+    changes: Sequence[Change],
+    source: str,
+    version: str,
+    renders: Renderings | None,
 ) -> None:
-    """Render the merged chain before and after: every change took effect, nothing else moved."""
-    before = _render(chain, layer, layer.text, source)
-    after = _render(chain, layer, new_text, source)
+    """Render the merged chain before and after: every change took effect, nothing else moved.
+
+    A recipe without bases is its own text: rendered through `renders` (once per plan)."""
+    if renders is not None and len(chain.layers) == 1:
+        before = renders.render(layer.text, source=layer.source)
+        after = renders.render(new_text, source=layer.source)
+    else:
+        before = _render(chain, layer, layer.text, source)
+        after = _render(chain, layer, new_text, source)
     check_rendered(before, after, changes, version, "the command sparkrun renders")
 
 
@@ -297,4 +311,4 @@ def _render(chain: Chain, layer: Layer, text: str, source: str) -> Rendered:
         return texts[base.source], base.source
 
     top = chain.top
-    return render_sparkrun(texts[top.source], source=top.source, includes=reader)
+    return render_recipe(texts[top.source], source=top.source, includes=reader)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from spark_ops.recipe.render import Renderings
 from spark_ops.workflows.facts import (
     EngineFact,
     Gate,
@@ -266,6 +267,8 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     facts: PlanFacts = field(default_factory=PlanFacts)
+    # each recipe text the plan read or made, rendered once (never serialized, never compared)
+    rendered: Renderings = field(default_factory=Renderings, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         """Take the operation as given in text ("restart"); one no plan holds is refused."""

@@ -13,14 +13,7 @@ from spark_ops.errors import (
     VerifyError,
 )
 from spark_ops.headlib.backup import BACKUP_TIME_FORMAT, ROLLED_BACK, backup_tag_of
-from spark_ops.recipe import (
-    Rendered,
-    edit_recipe,
-    knob_values,
-    render_recipe,
-    rendered_knobs,
-    unified_diff,
-)
+from spark_ops.recipe import Rendered, edit_recipe, rendered_knobs, unified_diff
 from spark_ops.recipe.changes import refuse_unknown_options, requested_flags
 from spark_ops.recipe.source import load_recipe_text
 from spark_ops.remote import sha256
@@ -54,14 +47,25 @@ def _drift(texts: dict[str, str], path: str) -> list[str]:
     ]
 
 
+def _plan(kind: OperationKind, op: Operation, shown: Plan | None) -> Plan:
+    """A new plan; planned again under the lock (`shown`), it keeps the renderings of the plan
+    shown: a recipe text read again unchanged is not rendered again."""
+    plan = Plan(kind, op.cluster.name)
+    if shown is not None:
+        plan.rendered = shown.rendered
+    return plan
+
+
 async def plan_apply(op: Operation, opts: ApplyOptions, shown: Plan | None = None) -> Plan:
     """Read the recipe everywhere, check drift, edit it, and lay out the steps of apply.
 
     `shown`: the plan the operator saw; its preflight answer is kept when the command line it
-    checked is the same (planning again under the lock then costs no second vLLM start-up).
+    checked is the same (planning again under the lock then costs no second vLLM start-up), and
+    so are its renderings. Each distinct recipe text is rendered once (Plan.rendered): the
+    edit's check, the knobs, the key check, preflight and the KV warning share that rendering.
     """
     cluster = op.cluster
-    plan = Plan(OperationKind.APPLY, cluster.name)
+    plan = _plan(OperationKind.APPLY, op, shown)
     texts = await op.read_recipes()
     drift = _drift(texts, cluster.recipe.path)
     if drift and not opts.force:
@@ -77,7 +81,9 @@ async def plan_apply(op: Operation, opts: ApplyOptions, shown: Plan | None = Non
     plan.facts.vllm_version = version
     for host, text in texts.items():
         source = f"{host}:{cluster.recipe.path}"
-        edit = edit_recipe(text, list(opts.changes), source=source, vllm_version=version)
+        edit = edit_recipe(
+            text, list(opts.changes), source=source, vllm_version=version, renders=plan.rendered
+        )
         for w in edit.warnings:
             if w not in plan.warnings:
                 plan.warnings.append(w)
@@ -88,10 +94,10 @@ async def plan_apply(op: Operation, opts: ApplyOptions, shown: Plan | None = Non
                     unified_diff(text, edit.text, source), edit.text, text,
                 )
             )  # fmt: skip
-    head_render = render_recipe(head_text, source="recipe")  # each text rendered once here
-    plan.facts.knobs_before = jsonable(rendered_knobs(head_render))
+    head_source = f"{cluster.head.name}:{cluster.recipe.path}"
+    plan.facts.knobs_before = jsonable(plan.rendered.knobs(head_text, source=head_source))
     new_text = next((c.new_text for c in plan.changes), head_text)
-    new_render = head_render if new_text == head_text else render_recipe(new_text, source="recipe")
+    new_render = plan.rendered.render(new_text, source=head_source)
     plan.facts.knobs_after = jsonable(rendered_knobs(new_render))
     if not plan.changes:
         await _restart_if_needed(op, opts, plan)
@@ -132,7 +138,7 @@ async def _check_keys(op: Operation, opts: ApplyOptions, plan: Plan, head_text: 
     given = ", ".join(g for g, _ in requested)
     hint = "nothing was written; if you are sure of the names, --trust-keys writes them unchecked"
     try:
-        rendered = render_recipe(head_text, source=source)
+        rendered = plan.rendered.render(head_text, source=source)
         found = await preflight(
             op.session, head, rendered.argv, dict(rendered.env),
             how=opts.preflight if opts.preflight != "off" else "auto",
@@ -260,12 +266,12 @@ async def _kv_capacity(op: Operation, rendered: Rendered) -> str | None:
     )
 
 
-async def plan_restart(op: Operation, opts: ApplyOptions) -> Plan:
+async def plan_restart(op: Operation, opts: ApplyOptions, shown: Plan | None = None) -> Plan:
     """Lay out a planned maintenance restart: no recipe change, same wait and prune."""
-    plan = Plan(OperationKind.RESTART, op.cluster.name)
+    plan = _plan(OperationKind.RESTART, op, shown)
     texts = await op.read_recipes()
     head_text = texts.get(op.cluster.head.name, next(iter(texts.values())))
-    knobs = jsonable(knob_values(head_text, source="recipe"))
+    knobs = jsonable(plan.rendered.knobs(head_text, source="recipe"))
     plan.facts.knobs_before, plan.facts.knobs_after = knobs, dict(knobs)
     _restart_steps(plan, op, opts, write=False)
     await _settle_and_gate(op, opts, plan)
@@ -332,9 +338,11 @@ def rollback_source(names: list[str], to: str | None) -> str | None:
     return chosen[-1] if chosen else None
 
 
-async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None) -> Plan:
+async def plan_rollback(
+    op: Operation, opts: ApplyOptions, to: str | None = None, shown: Plan | None = None
+) -> Plan:
     """Plan restoring the newest backup an apply made (or the one whose name holds `to`)."""
-    plan = Plan(OperationKind.ROLLBACK, op.cluster.name)
+    plan = _plan(OperationKind.ROLLBACK, op, shown)
     texts = await op.read_recipes()
     found = await list_backups(op)
     backups: dict[str, str] = {}
@@ -361,9 +369,9 @@ async def plan_rollback(op: Operation, opts: ApplyOptions, to: str | None = None
             )
     plan.facts.backups = backups or None
     head_text = texts.get(op.cluster.head.name, next(iter(texts.values())))
-    plan.facts.knobs_before = jsonable(knob_values(head_text, source="recipe"))
+    plan.facts.knobs_before = jsonable(plan.rendered.knobs(head_text, source="recipe"))
     new_text = next((c.new_text for c in plan.changes), head_text)
-    plan.facts.knobs_after = jsonable(knob_values(new_text, source="recipe"))
+    plan.facts.knobs_after = jsonable(plan.rendered.knobs(new_text, source="recipe"))
     if plan.changes:
         _restart_steps(plan, op, opts, write=True)
     else:

@@ -18,7 +18,7 @@ from spark_ops import audit
 from spark_ops.bench.sweep import SweepConfig, SweepResult, run_sweep
 from spark_ops.errors import Interrupted, OverBudget, SparkOpsError, VerifyError
 from spark_ops.log import get_logger
-from spark_ops.recipe import Change, knob_values, render_recipe
+from spark_ops.recipe import Change, render_recipe, rendered_knobs
 from spark_ops.watchdog.identify import stamp_json, stamps_json, stamps_text
 from spark_ops.workflows.converge import effective_args
 from spark_ops.workflows.disruption import Leases
@@ -73,8 +73,9 @@ async def current_knobs(op: Operation) -> dict[str, Any]:
     """The recipe's knob values on the head; kv_cache_memory as written (e.g. '60G')."""
     texts = await op.read_recipes()
     text = texts.get(op.cluster.head.name, next(iter(texts.values())))
-    knobs = jsonable(knob_values(text, source=op.cluster.recipe.path))
-    kv = render_recipe(text, source=op.cluster.recipe.path).args().get("--kv-cache-memory-bytes")
+    rendered = render_recipe(text, source=op.cluster.recipe.path)  # once, for both readings
+    knobs = jsonable(rendered_knobs(rendered))
+    kv = rendered.args().get("--kv-cache-memory-bytes")
     return {**knobs, "kv_cache_memory": kv if isinstance(kv, str) else None}
 
 
