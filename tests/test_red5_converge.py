@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from spark_ops.cli.apply import _echo_outcome
 from spark_ops.errors import WatchdogError
-from spark_ops.workflows import booting, converge
+from spark_ops.workflows import booting, converge, postboot
 from spark_ops.workflows.plan import FileChange, OperationKind, Plan, StepKind
 
 GRACE_END = 10_000.0  # the dead run's restart command + STAMP_GRACE_S, head clock
@@ -207,3 +208,57 @@ async def test_the_rollback_the_warning_advises_is_not_exit_11(
     await converge.plan_settle(op, plan)  # type: ignore[arg-type]
     assert plan.facts.unproven == unproven
     assert plan.has(StepKind.SETTLE)
+
+
+class _Api:
+    """An engine API that answers no completion."""
+
+    async def __aenter__(self) -> _Api:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def complete(self, timeout: float) -> bool:
+        """No completion."""
+        return False
+
+
+@pytest.mark.parametrize(
+    ("followed", "said"),
+    [
+        pytest.param(False, "no completion within 10 s: the engine does not serve", id="dead-run"),
+        pytest.param(True, "the engine answered once, then no completion", id="own-boot"),
+    ],
+)
+async def test_still_serving_says_what_this_run_saw(followed: bool, said: str) -> None:
+    """Case 9 (found on the embedded cluster): the checks a dead run owed, its torn restart
+    having left the engine down, said `the engine answered once, then no completion` of an
+    engine this run never saw answer."""
+    op = SimpleNamespace(
+        cluster=SimpleNamespace(engine=SimpleNamespace(probe_timeout_s=10.0)),
+        engine=lambda timeout: _Api(),
+    )
+    check = await postboot._still_serving(op, "node1", followed=followed)  # type: ignore[arg-type]
+    assert not check.ok and said in check.detail
+
+
+@pytest.mark.parametrize(
+    ("boot", "headline"),
+    [
+        pytest.param(None, "Checks failed (this run followed no boot of its own)", id="dead-run"),
+        pytest.param(SimpleNamespace(), "The new engine serves, but checks failed", id="own"),
+    ],
+)
+def test_failed_checks_headline_claims_no_engine_it_did_not_see(
+    capsys: pytest.CaptureFixture[str], boot: Any, headline: str
+) -> None:
+    """Case 9's headline: `The new engine serves, but checks failed` printed over the checks of a
+    dead run whose engine is down (no boot followed by this run)."""
+    check = SimpleNamespace(ok=False, name="still-serving", host="node1", detail="down")
+    outcome = SimpleNamespace(
+        proof=None, rolled_back=False, ok=True, checks_ok=False, boot=boot, warnings=[],
+        checks=[check], history_problem=None, budget=None,
+    )  # fmt: skip
+    _echo_outcome(outcome)  # type: ignore[arg-type]
+    assert headline in capsys.readouterr().out
