@@ -390,6 +390,8 @@ def _echo_outcome(outcome: Outcome) -> None:
             click.secho(
                 f"Done: engine serving (boot {total:.1f} s {how}{apart}).", fg="green", bold=True
             )
+    elif outcome.ok and outcome.boot is None:  # a dead run's checks: no boot followed here
+        click.secho("Checks failed (this run followed no boot of its own):", fg="red", bold=True)
     elif outcome.ok:
         click.secho("The new engine serves, but checks failed:", fg="red", bold=True)
     for warning in getattr(outcome, "warnings", []):

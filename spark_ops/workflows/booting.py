@@ -18,7 +18,7 @@ from typing import Any
 from spark_ops.engine.instance import current_instance
 from spark_ops.errors import BootUnderWayError, SparkOpsError
 from spark_ops.readiness import BootHistory, history_key
-from spark_ops.workflows.converge import engine_answers
+from spark_ops.workflows.converge import checks_owed, engine_answers
 from spark_ops.workflows.execution import Execution
 from spark_ops.workflows.journal import STAMP_GRACE_S
 from spark_ops.workflows.operation import ApplyOptions, Operation
@@ -153,18 +153,42 @@ async def before_checks(ex: Execution, kind: StepKind) -> None:
     way to serve; a run that restarted followed its own boot already."""
     if not ex.plan.has(StepKind.RESTART):
         if ex.plan.facts.checks_owed:
-            await _engine_started(ex.op)
+            await _engine_started(ex.op, ex.plan.facts.checks_owed)
         await wait_out_boot(ex.op, ex.opts, checks=True)
 
 
-async def _engine_started(op: Operation) -> None:
-    """Give a dead run's restart time to start the engine (STAMP_GRACE_S at most): the watchdog may
-    be between stopping the old engine and starting the new one when its checks begin."""
+async def _engine_started(op: Operation, run: str) -> None:
+    """Give the dead run's restart until its grace ends (STAMP_GRACE_S after its command, on the
+    head's clock) to start the engine: the watchdog may be between stopping the old engine and
+    starting the new one. Past that grace nothing is waited for: the checks then find the engine
+    down, and the log says that the next run plans the restart."""
+    if await engine_answers(op) or await boot_under_way(op) is not None:
+        return
+    owed = await checks_owed(op)
+    windows = owed.restart_windows() if owed is not None and owed.run == run else []
+    if not windows:
+        return
+    grace_end = windows[-1].grace_end
+    op.log.warning(
+        f"the engine does not answer and no boot is under way: waiting for the restart of run "
+        f"{run} to start it (at most until {STAMP_GRACE_S:.0f} s after its restart command)"
+    )
     end = time.monotonic() + STAMP_GRACE_S
     while time.monotonic() < end:
+        try:
+            left = grace_end - await op.watchdog.clock()
+        except SparkOpsError:
+            break
+        if left <= 0:
+            break
+        await asyncio.sleep(min(POLL_S, left))
         if await engine_answers(op) or await boot_under_way(op) is not None:
             return
-        await asyncio.sleep(POLL_S)
+    op.log.warning(
+        f"the restart of run {run} did not start the engine within {STAMP_GRACE_S:.0f} s of its "
+        "restart command: the checks find it down; run the same command again, which then plans "
+        "the restart"
+    )
 
 
 async def before_restart(ex: Execution, kind: StepKind) -> None:

@@ -20,7 +20,7 @@ from spark_ops.watchdog.contract import PLANNED_BY
 from spark_ops.watchdog.identify import HistEntry, new_entries, prune_command, record_kind
 from spark_ops.workflows.journal import STAMP_GRACE_S, Run, read_runs, unfinished_runs
 from spark_ops.workflows.operation import Operation
-from spark_ops.workflows.plan import Plan, Step, StepKind
+from spark_ops.workflows.plan import OperationKind, Plan, Step, StepKind
 
 
 async def effective_args(session: ClusterSession) -> dict[str, Any] | None:
@@ -209,7 +209,12 @@ async def plan_settle(op: Operation, plan: Plan) -> list[Run]:
             settles.append(r.run)
         who = r.intent.get("who", "?")
         unproven = unproven_change(r)
-        if unproven:
+        if unproven and plan.operation is OperationKind.ROLLBACK and plan.changes:
+            plan.warnings.append(  # the remedy unproven_change names: the change goes
+                f"run {r.run} was an apply --prove interrupted before its gate's verdict: this "
+                "rollback replaces its unproven change"
+            )
+        elif unproven:
             plan.warnings.append(unproven)
             plan.facts.unproven = [*(plan.facts.unproven or []), r.run]
         plan.warnings.append(

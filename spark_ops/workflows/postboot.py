@@ -60,17 +60,24 @@ async def verify_boot(op: Operation, plan: Plan, out: Outcome) -> list[verify.Ch
     if c.engine.executor == "mp" and out.boot is not None:  # per rank, where visible
         checks.extend(verify.check_rank_args(out.boot.ranks, expected))
         checks.extend(await _rank_leftover_checks(op, since))
-    checks.append(await _still_serving(op, head))
+    checks.append(await _still_serving(op, head, followed=out.boot is not None))
     return checks
 
 
-async def _still_serving(op: Operation, head: str) -> verify.Check:
-    """A second real completion after the checks: a wedged multi-node engine fails it."""
+async def _still_serving(op: Operation, head: str, *, followed: bool) -> verify.Check:
+    """A second real completion after the checks: a wedged multi-node engine fails it.
+    `followed`: this run saw the engine answer (its boot); a dead run's checks never did."""
     timeout = op.cluster.engine.probe_timeout_s
     async with op.engine(timeout=timeout) as api:
         ok = await api.complete(timeout)
     if ok:
         return verify.Check("still-serving", head, "ok", "a second completion answered")
+    if not followed:  # a dead run's restart: this run never saw the engine answer
+        return verify.Check(
+            "still-serving", head, "fail",
+            f"no completion within {timeout:.0f} s: the engine does not serve",
+            "run the same command again: an engine down is restarted (spark-ops status)",
+        )  # fmt: skip
     return verify.Check(
         "still-serving", head, "fail",
         f"the engine answered once, then no completion within {timeout:.0f} s",
