@@ -49,8 +49,7 @@ class Head:
 
 def _dead_run(restarted: bool = True) -> SimpleNamespace:
     """A dead run R1 whose restart command opened a window (none: killed before its record)."""
-    windows = [SimpleNamespace(grace_end=GRACE_END)] if restarted else []
-    return SimpleNamespace(run="R1", restart_windows=lambda: windows)
+    return SimpleNamespace(run="R1", last_grace_end=GRACE_END if restarted else None)
 
 
 def _op(head: Head) -> SimpleNamespace:

@@ -165,10 +165,9 @@ async def _engine_started(op: Operation, run: str) -> None:
     if await engine_answers(op) or await boot_under_way(op) is not None:
         return
     owed = await checks_owed(op)
-    windows = owed.restart_windows() if owed is not None and owed.run == run else []
-    if not windows:
+    grace_end = owed.last_grace_end if owed is not None and owed.run == run else None
+    if grace_end is None:
         return
-    grace_end = windows[-1].grace_end
     op.log.warning(
         f"the engine does not answer and no boot is under way: waiting for the restart of run "
         f"{run} to start it (at most until {STAMP_GRACE_S:.0f} s after its restart command)"

@@ -72,12 +72,14 @@ async def boot_of_dead_run(op: Operation) -> Run | None:
         return None
     if await _booting(op):
         return owed
-    windows = owed.restart_windows()
+    grace_end = owed.last_grace_end
+    if grace_end is None:
+        return None
     try:
         now = await op.watchdog.clock()
     except SparkOpsError:
         return None
-    return owed if windows and now < windows[-1].grace_end else None
+    return owed if now < grace_end else None
 
 
 async def engine_answers(op: Operation) -> bool:

@@ -148,6 +148,13 @@ class Run:
         return out
 
     @property
+    def last_grace_end(self) -> float | None:
+        """When the grace of its last restart command ends on the head's clock (None: no restart):
+        until then the watchdog may be between stopping the engine and starting the new one."""
+        windows = self.restart_windows()
+        return windows[-1].grace_end if windows else None
+
+    @property
     def pruned(self) -> bool:
         """Every planned stamp it made was pruned (or it recorded there was none)."""
         return all(w.pruned for w in self.restart_windows())
