@@ -17,6 +17,7 @@ from ground.vllm import (
     VllmServer,
     metrics_after,
     parse_metrics,
+    queue_time_count,
     sweep_stale_servers,
     waited_longer,
 )
@@ -119,6 +120,11 @@ def _burst(server: VllmServer, concurrency: int) -> dict[str, Any]:
     tokens = sum(t for t, _ in done)
     shortest = min(s for _, s in done)
     bound, waited = waited_longer(before, after, shortest / 2)
+    counted = queue_time_count(before, after)
+    assert counted == concurrency, (
+        f"the queue-time histogram counted {counted} of the {concurrency} requests sent "
+        f"({waited} over {bound} s): its count lagged past metrics_after's deadline"
+    )
     return {
         "tokens": tokens,
         "seconds": elapsed,

@@ -209,17 +209,26 @@ def waited_longer(before: str, after: str, seconds: float) -> tuple[float, int]:
     return bound, round(total - within)
 
 
+def queue_time_count(before: str, after: str) -> int:
+    """How many requests the queue-time histogram counted between two /metrics pages."""
+    return round(
+        queue_time_buckets(after).get(math.inf, 0.0) - queue_time_buckets(before).get(math.inf, 0.0)
+    )
+
+
 def metrics_page(base_url: str, timeout: float = 10.0) -> str:
     """The engine's /metrics page."""
     with urllib.request.urlopen(base_url + "/metrics", timeout=timeout) as r:
         return str(r.read().decode())
 
 
-def metrics_after(base_url: str, before: str, finished: int, timeout: float = 20.0) -> str:
+def metrics_after(base_url: str, before: str, finished: int, timeout: float = 90.0) -> str:
     """The /metrics page once `finished` more requests are in the queue-time histogram.
 
     A request is observed there when its output is processed, which may be just after its
-    client had the last token: the page is read again until it counts them (or the deadline).
+    client had the last token: the page is read again until it counts them (or the deadline; a
+    busy machine's API server may record them late, so the deadline is generous and a caller
+    compares `queue_time_count` with what it sent).
     """
     want = queue_time_buckets(before).get(math.inf, 0.0) + finished
     deadline = time.monotonic() + timeout
