@@ -66,7 +66,7 @@ async def _none(*args: Any, **kwargs: Any) -> None:
 def drive(monkeypatch: pytest.MonkeyPatch) -> Any:
     """before_checks of a re-run owing R1's checks, on a head the test describes."""
 
-    async def run(head: Head, restarted: bool = True) -> Head:
+    async def run(head: Head, restarted: bool = True, boot_wait_s: float | None = None) -> Head:
         """Run before_checks; the head after."""
 
         async def owed(op: Any) -> SimpleNamespace:
@@ -79,7 +79,7 @@ def drive(monkeypatch: pytest.MonkeyPatch) -> Any:
         monkeypatch.setattr(booting, "asyncio", SimpleNamespace(sleep=head.sleep))
         monkeypatch.setattr(booting, "time", SimpleNamespace(monotonic=head.monotonic))
         plan = SimpleNamespace(has=lambda kind: False, facts=SimpleNamespace(checks_owed="R1"))
-        ex = SimpleNamespace(plan=plan, op=_op(head), opts=None)
+        ex = SimpleNamespace(plan=plan, op=_op(head), opts=SimpleNamespace(boot_wait_s=boot_wait_s))
         await booting.before_checks(ex, StepKind.VERIFY)  # type: ignore[arg-type]
         return head
 
@@ -110,6 +110,17 @@ async def test_an_engine_started_during_the_wait_ends_it(drive: Any) -> None:
     head = await drive(Head(GRACE_END - 60.0, starts_at=GRACE_END - 50.0))
     assert head.at < GRACE_END - 40.0
     assert not any("plans the restart" in s for s in head.said), head.said
+
+
+@pytest.mark.parametrize("boot_wait", [0.0, 10.0])
+async def test_boot_wait_bounds_the_wait_for_a_dead_runs_restart(
+    drive: Any, boot_wait: float
+) -> None:
+    """Round 6: `--boot-wait 0` ("no wait for a boot") waited up to the dead run's grace anyway
+    (120 s); the wait now ends with `--boot-wait` when it is shorter, and the log says so."""
+    head = await drive(Head(GRACE_END - 60.0), boot_wait_s=boot_wait)
+    assert head.at <= GRACE_END - 60.0 + boot_wait + booting.POLL_S, "waited past --boot-wait"
+    assert any(f"--boot-wait {boot_wait:g} s" in s and "plans the restart" in s for s in head.said)
 
 
 ANSWERS = [

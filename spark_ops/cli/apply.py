@@ -101,7 +101,8 @@ def restart_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             type=float,
             help="When the engine is booting already (the watchdog's own restart, a colleague's): "
             "wait this many seconds for that boot to end before restarting, 0 to refuse at once "
-            "(default: the inventory's boot deadline). A boot is never killed.",
+            "(default: the inventory's boot deadline; it also bounds the wait of a stopped "
+            "run's checks for its restart to start the engine). A boot is never killed.",
         ),
         over_budget_option,
     ]

@@ -153,26 +153,30 @@ async def before_checks(ex: Execution, kind: StepKind) -> None:
     way to serve; a run that restarted followed its own boot already."""
     if not ex.plan.has(StepKind.RESTART):
         if ex.plan.facts.checks_owed:
-            await _engine_started(ex.op, ex.plan.facts.checks_owed)
+            await _engine_started(ex.op, ex.plan.facts.checks_owed, ex.opts.boot_wait_s)
         await wait_out_boot(ex.op, ex.opts, checks=True)
 
 
-async def _engine_started(op: Operation, run: str) -> None:
+async def _engine_started(op: Operation, run: str, boot_wait_s: float | None) -> None:
     """Give the dead run's restart until its grace ends (STAMP_GRACE_S after its command, on the
     head's clock) to start the engine: the watchdog may be between stopping the old engine and
-    starting the new one. Past that grace nothing is waited for: the checks then find the engine
-    down, and the log says that the next run plans the restart."""
+    starting the new one. Past that grace, or `--boot-wait` (`boot_wait_s`, when shorter; 0: no
+    wait), nothing is waited for: the checks then find the engine down, and the log says that
+    the next run plans the restart."""
     if await engine_answers(op) or await boot_under_way(op) is not None:
         return
     owed = await checks_owed(op)
     grace_end = owed.last_grace_end if owed is not None and owed.run == run else None
     if grace_end is None:
         return
+    limit = STAMP_GRACE_S if boot_wait_s is None else min(STAMP_GRACE_S, boot_wait_s)
+    by_option = f", and --boot-wait {boot_wait_s:g} s" if limit < STAMP_GRACE_S else ""
     op.log.warning(
         f"the engine does not answer and no boot is under way: waiting for the restart of run "
-        f"{run} to start it (at most until {STAMP_GRACE_S:.0f} s after its restart command)"
+        f"{run} to start it (at most until {STAMP_GRACE_S:.0f} s after its restart command"
+        f"{by_option})"
     )
-    end = time.monotonic() + STAMP_GRACE_S
+    end = time.monotonic() + limit
     while time.monotonic() < end:
         try:
             left = grace_end - await op.watchdog.clock()
@@ -183,10 +187,10 @@ async def _engine_started(op: Operation, run: str) -> None:
         await asyncio.sleep(min(POLL_S, left))
         if await engine_answers(op) or await boot_under_way(op) is not None:
             return
+    within = f"{STAMP_GRACE_S:.0f} s of its restart command{by_option}"
     op.log.warning(
-        f"the restart of run {run} did not start the engine within {STAMP_GRACE_S:.0f} s of its "
-        "restart command: the checks find it down; run the same command again, which then plans "
-        "the restart"
+        f"the restart of run {run} did not start the engine within {within}: the checks find it "
+        "down; run the same command again, which then plans the restart"
     )
 
 
