@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark_ops.workflows.oplog import operations_of
+import pytest
+
+from spark_ops.workflows.oplog import args_text, operations_of
 
 
 def _run(rid: str, t: float, *, end: bool = True) -> list[dict[str, Any]]:
@@ -50,3 +52,25 @@ def test_one_entry_per_operation_with_its_steps() -> None:
     assert "phase" not in done and "unfinished" not in done
     assert bad == {"malformed": "not json"}
     assert open_["unfinished"] is True and open_["last_step"] == "restart done"
+
+
+ARGS_TEXT = [
+    # what, as the log and the history page show its arguments
+    ({"args": {"max_num_seqs": 64, "force": False, "sets": []}}, "max_num_seqs=64"),
+    ({"args": {"boot_wait": 0, "drain": True}}, "boot_wait=0 drain=True"),
+    (
+        {"args": {"prove": {"point": {"concurrency": 16}, "requests": 32}}},
+        'prove={"point":{"concurrency":16},"requests":32}',
+    ),
+    ({"args": {"sets": ["a=1", "b=2"], "reason": ""}}, 'sets=["a=1","b=2"]'),
+    ({"args": "not a mapping"}, ""),
+    ("not a mapping", ""),
+]
+
+
+@pytest.mark.parametrize(("what", "text"), ARGS_TEXT)
+def test_arguments_read_as_they_were_given(what: object, text: str) -> None:
+    """One rendering of an operation's arguments for `log`, the fleet's log table and serve's
+    history page: a nested value (--prove's) as the JSON the audit holds (it printed Python's
+    dict repr); a 0 is an argument given (`log` dropped `--boot-wait 0` as if False)."""
+    assert args_text(what) == text

@@ -22,16 +22,13 @@ def _list(value: object) -> list[object]:
 
 def entry_line(e: dict[str, Any]) -> list[str]:
     """One operation as the fleet's log table shows it: outcome, what (with its arguments), who."""
+    from spark_ops.workflows.oplog import args_text
+
     if "malformed" in e:
         return ["-", f"(unreadable line) {_clean(e['malformed'])[:80]}", "?"]
     raw_what = e.get("what")
     what: dict[str, Any] = raw_what if isinstance(raw_what, dict) else {}
-    raw_args = what.get("args")
-    args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
-    arg_text = " ".join(
-        f"{_clean(k)}={_clean(v)}" for k, v in args.items() if v not in (None, False, [], "")
-    )
-    operation = f"{_clean(what.get('operation', '?'))} {arg_text}".strip()[:80]
+    operation = f"{_clean(what.get('operation', '?'))} {_clean(args_text(what))}".strip()[:80]
     outcome = str(e.get("outcome", "")) or "-"
     if e.get("unattributed"):
         outcome = "unattributed"
@@ -44,6 +41,8 @@ def entry_line(e: dict[str, Any]) -> list[str]:
 
 def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
     """Print operations (workflows.oplog) for a person, one block per operation."""
+    from spark_ops.workflows.oplog import args_text
+
     if not entries:
         click.echo("The audit log is empty: no operation has been recorded on this cluster yet.")
         return
@@ -61,11 +60,6 @@ def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
                 fg="yellow",
             )
             continue
-        raw_args = what.get("args")
-        args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
-        arg_text = " ".join(
-            f"{_clean(k)}={_clean(v)}" for k, v in args.items() if v not in (None, False, [], "")
-        )
         outcome = str(e.get("outcome", ""))
         if e.get("unfinished"):
             outcome = f"did not end (killed, or still running); last recorded: {e['last_step']}"
@@ -76,7 +70,8 @@ def echo_entries(entries: list[dict[str, Any]], *, diffs: bool) -> None:
         head = (
             f"{when(stamp)}  {_clean(e.get('who', '?'))} (account {_clean(e.get('account', '?'))})"
         )
-        click.echo(f"{head}  {_clean(what.get('operation', '?'))} {arg_text}".rstrip())
+        operation = f"{_clean(what.get('operation', '?'))} {_clean(args_text(what))}"
+        click.echo(f"{head}  {operation}".rstrip())
         nodes = ", ".join(_clean(n) for n in _list(e.get("nodes"))) or "-"
         click.secho(f"    nodes: {nodes}  outcome: {_clean(outcome) or '-'}", fg=color)
         steps = [s for s in _list(e.get("steps")) if isinstance(s, dict)]

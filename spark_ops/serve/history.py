@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from spark_ops.serve.html import diff_html, esc, page, section, table, when
-from spark_ops.workflows.oplog import operations_of
+from spark_ops.workflows.oplog import args_text, operations_of
 
 MAX_STAMPS_SHOWN = 500  # a history page stays a page: the newest stamps, the rest via the CLI
 MAX_OPERATIONS_SHOWN = 50  # the newest operations of the entries read; more: `spark-ops log`
@@ -51,8 +51,7 @@ def _operation(e: dict[str, Any]) -> str:
     if "malformed" in e:
         return f'<p class="warn">unreadable line: {esc(str(e["malformed"])[:200])}</p>'
     what: dict[str, Any] = e["what"] if isinstance(e.get("what"), dict) else {}
-    args: dict[str, Any] = what["args"] if isinstance(what.get("args"), dict) else {}
-    arg_text = " ".join(f"{k}={v}" for k, v in args.items() if _says(v))
+    arg_text = args_text(what)
     outcome = str(e.get("outcome") or "")
     if e.get("unfinished"):
         outcome = f"did not end (killed, or still running); last recorded: {e.get('last_step')}"
@@ -80,8 +79,3 @@ def _operation(e: dict[str, Any]) -> str:
     if e.get("diff"):
         block += diff_html(str(e["diff"]))
     return block + "</div>"
-
-
-def _says(value: object) -> bool:
-    """An argument that was given: not None, False, nor an empty list, text or mapping."""
-    return value is not None and value is not False and value not in ([], "", {})

@@ -8,6 +8,7 @@ the whole file was read.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,3 +92,24 @@ async def read_log_operations(cluster: Cluster, limit: int) -> list[dict[str, An
     async with ClusterSession(cluster) as session:
         await session.connect([cluster.head.name])
         return await read_operations(session, limit)
+
+
+def _says(value: object) -> bool:
+    """An argument that was given: not None, False, nor an empty list, text or mapping."""
+    return value is not None and value is not False and value not in ([], "", {})
+
+
+def args_text(what: object) -> str:
+    """An operation's arguments that say something as `key=value` words, raw (each renderer
+    escapes it for its reader); a nested value (--prove's) as compact JSON, as the audit holds it,
+    never Python's repr. `what` is an audit line's `what` (anything: the file is hand-editable)."""
+    raw = what.get("args") if isinstance(what, dict) else None
+    args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    words = []
+    for key, value in args.items():
+        if not _says(value):
+            continue
+        if isinstance(value, dict | list):
+            value = json.dumps(value, separators=(",", ":"), default=str)
+        words.append(f"{key}={value}")
+    return " ".join(words)
