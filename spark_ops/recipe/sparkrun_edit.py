@@ -178,10 +178,12 @@ def _placeholder_key(layer: Layer, change: Change) -> str | None:
     for opt in found:
         keys.add(placeholder_of(opt))
     key = next(iter(keys)) if len(keys) == 1 else None
-    if key is not None and view.placeholder_uses(key) != len(found):
+    uses = view.placeholder_uses(key) if key is not None else 0
+    if key is not None and uses != len(found):
         raise UnsupportedRecipe(
-            f"{layer.source}: {{{key}}} feeds other words of the command too, and its value is "
-            "set in another file of the include chain; spark-ops will not change both",
+            f"{layer.source}: {{{key}}} feeds other words of the command too ({uses} uses, "
+            f"{len(found)} of them the value of {_flag_of(change)}): changing its value changes "
+            "those words as well; spark-ops will not change both",
             hint="set the flag literally in the command by hand",
         )
     return key
