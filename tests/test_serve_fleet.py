@@ -147,6 +147,20 @@ def test_overview_lists_every_cluster_and_the_unreachable_one(served: FleetServe
     assert "unreachable" in rows["gone"] and ">serving<" not in rows["gone"], rows["gone"]
 
 
+def test_the_fleets_table_comes_again_over_its_stream(served: FleetServer) -> None:
+    """/events/fleet sends the fleet's table (its section, as the page draws it) with a row per
+    cluster: the page at / is live, as each cluster's is."""
+    status, headers, event = served.get("/events/fleet")
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    data = json.loads(event.removeprefix("data:").strip())
+    assert data["html"].startswith('<section id="fleet">')
+    rows = _rows(data["html"])
+    assert list(rows) == ["east", "west", "gone"], data["html"]
+    assert "unreachable" in rows["gone"] and ">serving<" in rows["east"], rows
+    _, _, page_body = served.get("/")
+    assert "/events/fleet" in page_body  # the page's script follows the stream
+
+
 THEIRS = [  # (path under /c/NAME, what shows the cluster's own name, with NAME in it)
     ("/api/status", '"cluster": "NAME"'),
     ("/", "Cluster NAME"),
@@ -186,7 +200,7 @@ PROTECTED = [
     "/", "/metrics", "/c/east/", "/c/west/", "/c/east/boot", "/c/west/history",
     "/c/east/sweeps", "/c/west/api/status", "/c/east/api/log", "/c/west/metrics",
     "/c/east/events", "/c/west/events", "/c/east/events/cluster", "/c/west/events/cluster",
-    "/c/gone/", "/c/gone/events/cluster", "/c/east", "/c/nowhere/", "/events",
+    "/c/gone/", "/c/gone/events/cluster", "/c/east", "/c/nowhere/", "/events", "/events/fleet",
 ]  # fmt: skip
 
 
@@ -340,13 +354,18 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def test_browser_logs_in_once_and_each_clusters_page_is_live(
     served: FleetServer, browser: Any
 ) -> None:
-    """As a person: the login URL opens the fleet's page; a cluster's page, reached by its link,
-    gets its own live sections over its own stream (the page's script under its prefix)."""
+    """As a person: the login URL opens the fleet's page, whose table comes again over its
+    stream; a cluster's page, reached by its link, gets its own live sections over its own
+    stream (the page's script under its prefix)."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     top = f"http://{served.host}:{served.port}"
     browser.get(f"{top}/?token={served.token}")
     assert browser.current_url == top + "/"
+    WebDriverWait(browser, DEADLINE_S).until(  # the fleet's table comes again, live
+        lambda d: int(d.execute_script("return document.body.dataset.updates||0")) >= 1
+    )
+    assert "gone" in browser.find_element("id", "fleet").text
     for name, other in (("west", "east"), ("east", "west")):
         browser.find_element("link text", name).click()
         assert browser.current_url == f"{top}/c/{name}/"

@@ -44,7 +44,7 @@ MAX_CONNECTIONS = 256  # open connections at once; more are closed on arrival
 HEADER_TIMEOUT_S = 10.0  # a request's head arrives within this of the connection or last answer
 HANDLER_TIMEOUT_S = 30.0  # a page or API answer is ready within this (503 otherwise)
 KEEPALIVE_S = 15.0  # an idle keep-alive connection is closed after this
-STREAMS = ("/events", "/events/cluster")  # answers that last: no handler deadline
+STREAMS = ("/events", "/events/cluster", "/events/fleet")  # answers that last: no deadline
 LIVE_S = 5.0  # the live cluster page gets its sections again this often (the cache's age)
 HEADERS = {
     "Cache-Control": "no-store",
@@ -302,7 +302,7 @@ async def cluster_events(request: web.Request) -> web.StreamResponse:
                 get_logger(op="serve").error("live sections failed", error=repr(exc)[:300])
                 said = f"the live sections could not be drawn ({type(exc).__name__}); it is logged"
                 html = section("Not shown", f'<p class="bad">{esc(said)}</p>', ident="summary")
-            await response.write(_sse({"now": now, "html": html}, "cluster"))
+            await response.write(sse({"now": now, "html": html}, "cluster"))
             await asyncio.sleep(LIVE_S)
     except (ConnectionResetError, asyncio.CancelledError):
         pass
@@ -398,7 +398,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     queue = src.boot.subscribe()
     try:
         hello = {"event": {"kind": "hello"}, "state": src.boot.state.snapshot()}
-        await response.write(_sse(hello))
+        await response.write(sse(hello))
         while still_allowed(request):
             try:
                 item = await asyncio.wait_for(src.boot.take(queue), SSE_KEEPALIVE_S)
@@ -409,7 +409,7 @@ async def events(request: web.Request) -> web.StreamResponse:
             if item is None:  # too far behind: dropped; the browser reconnects
                 break
             if still_allowed(request):
-                await response.write(_sse(item))
+                await response.write(sse(item))
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
@@ -417,7 +417,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def _sse(item: dict[str, Any], kind: str = "boot") -> bytes:
+def sse(item: dict[str, Any], kind: str = "boot") -> bytes:
     """One server-sent event (JSON on one data line: no newline of a log line can split it)."""
     return f"event: {kind}\ndata: {json_text(item)}\n\n".encode()
 

@@ -16,12 +16,26 @@ from typing import Any
 from aiohttp import web
 
 from spark_ops.fleet import Fleet, Member
-from spark_ops.serve.app import SOURCES, Guard, add_cluster, new_source, root_app
+from spark_ops.log import get_logger
+from spark_ops.serve.app import (
+    HEADERS,
+    LIVE_S,
+    SOURCES,
+    Guard,
+    add_cluster,
+    new_source,
+    root_app,
+    sse,
+    still_allowed,
+)
 from spark_ops.serve.auth import TokenSource
 from spark_ops.serve.html import ago, esc, page, section, table, url, when
 from spark_ops.serve.metrics import PREFIX, render_metrics
+from spark_ops.serve.pages import live_js
 from spark_ops.serve.source import Source, last_run
 
+FLEET_STREAM = "/events/fleet"
+FLEET_JS = live_js(FLEET_STREAM, "fleet")
 READ_S = 20.0  # a cluster's reading for the overview or /metrics: at most this (the page's is 30)
 MEMBERS: web.AppKey[list[tuple[Member, Source]]] = web.AppKey("members", list)
 PASSING = {"serving": "ok", "degraded": "warn", "restarting": "warn", "experimenting": "warn"}
@@ -54,6 +68,7 @@ def make_fleet_app(
         members.append((m, src))
     app[MEMBERS] = members
     app.router.add_get("/", overview)
+    app.router.add_get(FLEET_STREAM, fleet_events)
     app.router.add_get("/metrics", fleet_metrics)
     return app
 
@@ -87,22 +102,53 @@ async def _readings(request: web.Request, *, hardware: bool = False) -> list[dic
     return list(await asyncio.gather(*(reading(m, src, hardware=hardware) for m, src in members)))
 
 
-async def overview(request: web.Request) -> web.Response:
-    """GET /: the fleet's page, a row per cluster."""
+async def overview_rows(request: web.Request, now: float) -> list[list[str]]:
+    """Every cluster's row of the fleet's table, in the fleet's order."""
     members = request.app[MEMBERS]
-    now = time.time()
-    rows = [
-        overview_row(m.name, r, now)
-        for (m, _), r in zip(members, await _readings(request), strict=True)
-    ]
+    readings = await _readings(request)
+    return [overview_row(m.name, r, now) for (m, _), r in zip(members, readings, strict=True)]
+
+
+async def overview(request: web.Request) -> web.Response:
+    """GET /: the fleet's page, a row per cluster; live (FLEET_STREAM sends its table again)."""
+    rows = await overview_rows(request, time.time())
     return web.Response(text=overview_page(rows), content_type="text/html", charset="utf-8")
 
 
-def overview_page(rows: list[list[str]]) -> str:
-    """The fleet's table (cells already HTML) in its page."""
+def fleet_section(rows: list[list[str]]) -> str:
+    """The fleet's table (cells already HTML) in its section (what FLEET_STREAM sends again)."""
     heads = ["cluster", "reachable", "engine", "budget", "last run", "read"]
-    body = section(f"Fleet: {len(rows)} clusters", table(heads, rows), ident="fleet")
-    return page("Fleet", "/", body, fleet=True)
+    return section(f"Fleet: {len(rows)} clusters", table(heads, rows), ident="fleet")
+
+
+def overview_page(rows: list[list[str]]) -> str:
+    """The fleet's table in its page, with the script that keeps it live."""
+    return page("Fleet", "/", fleet_section(rows), script=FLEET_JS, fleet=True)
+
+
+async def fleet_events(request: web.Request) -> web.StreamResponse:
+    """GET /events/fleet: the fleet's table again every LIVE_S seconds (`event: fleet`, JSON
+    {now, html}), each cluster read as the page reads it (cached, within its deadline). A table
+    that cannot be drawn sends an error section and the stream goes on; it ends when the
+    request's credential no longer holds."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "X-Accel-Buffering": "no", **HEADERS}
+    )
+    await response.prepare(request)
+    try:
+        while still_allowed(request):
+            now = time.time()
+            try:
+                html = fleet_section(await overview_rows(request, now))
+            except Exception as exc:  # one bad reading: said, and the next one may be good
+                get_logger(op="serve").error("live fleet table failed", error=repr(exc)[:300])
+                said = f"the fleet's table could not be drawn ({type(exc).__name__}); it is logged"
+                html = section("Not shown", f'<p class="bad">{esc(said)}</p>', ident="fleet")
+            await response.write(sse({"now": now, "html": html}, "fleet"))
+            await asyncio.sleep(LIVE_S)
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    return response
 
 
 def overview_row(name: str, r: dict[str, Any], now: float) -> list[str]:

@@ -19,24 +19,31 @@ from spark_ops.serve.html import AGE_JS, ago, esc, page, section, table, url, wh
 from spark_ops.serve.metrics import facts_fresh, fresh_sample
 from spark_ops.serve.sweepspage import svg_chart, sweeps_page
 
-__all__ = ["boot_page", "cluster_page", "cluster_sections", "history_page", "svg_chart",
-           "sweeps_page"]  # fmt: skip
+__all__ = ["boot_page", "cluster_page", "cluster_sections", "history_page", "live_js",
+           "svg_chart", "sweeps_page"]  # fmt: skip
 
 # states an operator waits through (amber), not a fault (red)
 PASSING = {"serving": "ok", "degraded": "warn", "restarting": "warn", "experimenting": "warn"}
 GIB = 1024**3
 
-CLUSTER_JS = (
-    AGE_JS
-    + """
-const es=new EventSource(document.body.dataset.base+'/events/cluster');
-es.addEventListener('cluster',m=>{const d=JSON.parse(m.data);skew=d.now-Date.now()/1000;
+
+def live_js(stream: str, event: str) -> str:
+    """A live page's script: each `event` of `stream` (under the page's base) brings the page's
+    sections again as HTML, each replacing the section of its id; the ages count on."""
+    return (
+        AGE_JS
+        + f"""
+const es=new EventSource(document.body.dataset.base+'{stream}');
+es.addEventListener('{event}',m=>{{const d=JSON.parse(m.data);skew=d.now-Date.now()/1000;
  const doc=new DOMParser().parseFromString('<main>'+d.html+'</main>','text/html');
- doc.querySelectorAll('main > section[id]').forEach(s=>{const old=document.getElementById(s.id);
-  if(old)old.replaceWith(document.adoptNode(s));});
- document.body.dataset.updates=String(Number(document.body.dataset.updates||0)+1);ages();});
+ doc.querySelectorAll('main > section[id]').forEach(s=>{{const old=document.getElementById(s.id);
+  if(old)old.replaceWith(document.adoptNode(s));}});
+ document.body.dataset.updates=String(Number(document.body.dataset.updates||0)+1);ages();}});
 """
-)
+    )
+
+
+CLUSTER_JS = live_js("/events/cluster", "cluster")
 
 
 def cluster_sections(
