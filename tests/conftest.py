@@ -36,6 +36,13 @@ def cluster_files(history: Path, state_dir: str = "/var/tmp/spark-ops") -> dict[
 
 HEAVY_MARKS = ("realvllm", "realray", "docker")  # tests that boot real engines or Ray (CPU-bound)
 HEAVY_FIXTURES = ("real_vllm", "real_vllm_factory", "real_ray", "node_daemons")
+# The embedded clusters share this machine's process table: a loop watchdog one module starts is
+# seen by `init` and `doctor` on every other cluster's head (another engine's, so not adopted, but
+# said), and the docs' outputs are compared byte for byte. These modules run one after another.
+ONE_PROCESS_TABLE = (
+    "tests/test_loop_watchdog.py", "tests/test_docs_outputs.py", "tests/test_init.py",
+    "tests/test_init_sparkrun.py",
+)  # fmt: skip
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
@@ -43,12 +50,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist (`-n 2 --dist loadgroup`, as README and .ci/run say): one group per
     module, so a module's shared fixtures start once; every test that boots real vLLM, Ray or
     Docker in one group ("heavy"), so two CPU-bound boots never share the two cores while the
-    embedded-cluster tests, which mostly wait, run beside them on the other worker."""
+    embedded-cluster tests, which mostly wait, run beside them on the other worker; the modules
+    of ONE_PROCESS_TABLE in one group."""
     for item in items:
         heavy = any(item.get_closest_marker(m) is not None for m in HEAVY_MARKS) or any(
             f in HEAVY_FIXTURES for f in getattr(item, "fixturenames", ())
         )
-        group = "heavy" if heavy else item.nodeid.split("::", 1)[0]
+        module = item.nodeid.split("::", 1)[0]
+        group = "heavy" if heavy else ("processes" if module in ONE_PROCESS_TABLE else module)
         item.add_marker(pytest.mark.xdist_group(group))
 
 

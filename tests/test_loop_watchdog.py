@@ -394,15 +394,21 @@ def _text(path: Path) -> str:
 
 def test_pick_loop_takes_this_clusters_loop() -> None:
     """Among several loops on one head: the one whose stamps are the inventory's, else the one
-    whose probe names the engine's port, whatever order the process list gives."""
-    from spark_ops.watchdog.loop import LoopFacts, pick_loop
+    whose probe names the engine's port, whatever order the process list gives; a loop whose
+    probe names another port is another engine's, never this cluster's (it was taken when it
+    was the only loop, or when none matched: a colleague's, or another test's, loop adopted)."""
+    from spark_ops.watchdog.loop import LoopFacts, pick_loop, split_loops
 
     other = LoopFacts("/o/w.sh", pid=10, history_file="/o/stamps", probe_url="http://h:9/v1")
     ours = LoopFacts("/x/w.sh", pid=20, history_file="/x/stamps", probe_url="http://h:8000")
+    unsaid = LoopFacts("/u/w.sh", pid=30, history_file="/u/stamps", probe_url="http://h/v1")
     assert pick_loop([other, ours], port="8000") is ours
-    assert pick_loop([other, ours], port="80") is other  # no match: the first, and a warning
-    assert pick_loop([other, ours], history="/x/stamps", port="9") is ours
+    assert pick_loop([other, ours], port="80") is None  # each probes another engine
+    assert pick_loop([other], port="8000") is None
+    assert pick_loop([other, unsaid], port="8000") is unsaid  # no port written: may be ours
+    assert pick_loop([other, ours], history="/x/stamps", port="9") is ours  # the inventory's
     assert pick_loop([], port="8000") is None and pick_loop([other]) is other
+    assert split_loops([other, ours, unsaid], "8000") == ([ours, unsaid], [other])
 
 
 def test_init_recognises_the_loop_from_what_runs(loop: Loop, tmp_path: Path) -> None:
@@ -421,8 +427,10 @@ def test_init_recognises_the_loop_from_what_runs(loop: Loop, tmp_path: Path) -> 
         stranger.wait(timeout=10)
     assert res.returncode == 0, res.stdout + res.stderr
     findings = json.loads(res.stdout)["findings"]
-    several = [f for f in findings if "loop watchdogs run on the head" in f["detail"]]
-    assert several and f"(pid {stranger.pid})" in several[0]["detail"], findings
+    # the stranger probes another port: named as another engine's, not as a second loop of ours
+    assert not [f for f in findings if "loop watchdogs run on the head" in f["detail"]], findings
+    other = [f for f in findings if "another engine's watchdog" in f["detail"]]
+    assert other and f"(pid {stranger.pid}) probes port 9" in other[0]["detail"], findings
     found = {f["key"]: f for f in findings}
     wd = yaml.safe_load(out.read_text())["clusters"]["spark"]["watchdog"]
     assert wd["kind"] == "loop" and wd["reports_stamp"] is False

@@ -45,8 +45,10 @@ from spark_ops.watchdog.config import WatchdogConfigError, parse_config
 from spark_ops.watchdog.loop import (
     LoopFacts,
     find_loop_watchdogs,
+    other_engines,
     pick_loop,
     several_loops,
+    split_loops,
     volatile_history,
 )
 from spark_ops.yamlsafe import load_yaml
@@ -143,7 +145,8 @@ class Discovery:
         loops = await find_loop_watchdogs(self.session, self.head)
         if loops:  # the recipe first: its port tells this cluster's loop from another's
             await self.find_recipe()
-            await self._loop_watchdog(loops)
+            if not await self._loop_watchdog(loops):  # each probes another engine
+                await self.find_watchdog(config)
         else:
             await self.find_watchdog(config)
             await self.find_recipe()
@@ -382,15 +385,19 @@ class Discovery:
             if cfg.get(key):
                 self.values[f"config:{key}"] = cfg[key]
 
-    async def _loop_watchdog(self, loops: list[LoopFacts]) -> None:
+    async def _loop_watchdog(self, loops: list[LoopFacts]) -> bool:
         """A watchdog that only loops, recognised from what runs on the head (its process, its
-        script, its environment): every value it names."""
+        script, its environment): every value it names. False when every loop there probes
+        another engine's port (none is this cluster's: said, and nothing of theirs taken)."""
         port = _api_url(self.values.get("recipe.args") or {}).rsplit(":", 1)[-1]
+        mine, others = split_loops(loops, port)
+        if others:
+            self.warn("watchdog.kind", other_engines(others, port))
         facts = pick_loop(loops, port=port)
         if facts is None:
-            return
-        if len(loops) > 1:
-            self.warn("watchdog.kind", several_loops(loops, facts), "loop")
+            return False
+        if len(mine) > 1:
+            self.warn("watchdog.kind", several_loops(mine, facts), "loop")
         where = f"{facts.script} (pid {facts.pid}, running on {self.head})"
         self.found("watchdog.kind", "loop", f"{where} only loops: it has no forced restart")
         if facts.restart_command:
@@ -431,6 +438,7 @@ class Discovery:
         if facts.max_restarts is not None and facts.window_s:
             self.found("watchdog.budget.max_restarts", facts.max_restarts, f"from {facts.script}")
             self.found("watchdog.budget.window_s", int(facts.window_s), f"from {facts.script}")
+        return True
 
     async def _bash_watchdog(self) -> None:
         """A bash watchdog of the community kind: find the script and its stamps history."""

@@ -10,8 +10,11 @@ from spark_ops.watchdog.loop import (
     LoopFacts,
     find_loop_watchdogs,
     no_recovery,
+    other_engines,
     pick_loop,
+    probed_port,
     several_loops,
+    split_loops,
     unlocked_appends,
     volatile_history,
 )
@@ -37,12 +40,14 @@ class LoopChecks(Checker):
             loops = await find_loop_watchdogs(self.session, self.head)
             port = self.cluster.engine.api_url.rstrip("/").rsplit(":", 1)[-1]
             facts = pick_loop(loops, port=port, history=wd.history_file)
-            if facts is not None and len(loops) > 1:
+            mine, others = split_loops(loops, port)
+            if facts is not None and len([f for f in mine if f is not facts]) >= 1:
+                several = [facts, *(f for f in mine if f is not facts)]
                 self.report.add(
-                    "watchdog-loops", self.head, "warn", several_loops(loops, facts),
+                    "watchdog-loops", self.head, "warn", several_loops(several, facts),
                     "stop the loops that do not watch this engine (one watchdog per engine)",
                 )  # fmt: skip
-            self._loop_running(facts)
+            self._loop_running(facts, port, others)
         reboot = await volatile_history(self.session, self.head, wd.history_file)
         if reboot:
             self.report.add(
@@ -64,18 +69,26 @@ class LoopChecks(Checker):
                 "(docs/adopting-a-watchdog.md, step 1)",
             )  # fmt: skip
 
-    def _loop_running(self, facts: LoopFacts | None) -> None:
-        """Whether a loop watchdog runs on the head, and whether it is the one described."""
+    def _loop_running(self, facts: LoopFacts | None, port: str, others: list[LoopFacts]) -> None:
+        """Whether a loop watchdog runs on the head, and whether it is the one described (the
+        loops there that probe another port than this engine's `port`: `others`)."""
         wd = self.cluster.watchdog
         if facts is None:
+            runs = (
+                "no loop on the head probes this engine (" + other_engines(others, port) + ")"
+                if others
+                else "no process on the head runs a loop watchdog's script (a loop that appends "
+                "`date +%s` to its stamps)"
+            )
             self.report.add(
                 "watchdog-loop", self.head, "warn",
-                "watchdog.kind is loop, but no process on the head runs a loop watchdog's script "
-                "(a loop that appends `date +%s` to its stamps): nothing restarts a failed engine",
+                f"watchdog.kind is loop, but {runs}: nothing restarts a failed engine",
                 "start the watchdog, or run doctor as the user it runs as",
             )  # fmt: skip
             return
         differ = []
+        if probed_port(facts) not in (None, port):
+            differ.append(f"its probe names port {probed_port(facts)}, not the engine's {port}")
         if facts.history_file and facts.history_file != wd.history_file:
             differ.append(f"its stamps go to {facts.history_file}, not {wd.history_file}")
         if facts.max_restarts is not None and (facts.max_restarts, facts.window_s) != (

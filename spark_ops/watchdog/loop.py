@@ -16,6 +16,7 @@ itself, which writes no stamp.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,20 +244,50 @@ async def find_loop_watchdogs(session: ClusterSession, head: str) -> list[LoopFa
     return found
 
 
+def probed_port(facts: LoopFacts) -> str | None:
+    """The port the loop's probe URL names (None: no URL read, or none written in it)."""
+    if not facts.probe_url:
+        return None
+    try:
+        port = urllib.parse.urlsplit(facts.probe_url).port
+    except ValueError:
+        return None
+    return str(port) if port is not None else None
+
+
+def split_loops(
+    loops: list[LoopFacts], port: str | None
+) -> tuple[list[LoopFacts], list[LoopFacts]]:
+    """(the loops that may watch the engine on `port`, those whose probe names another port:
+    another engine's watchdogs, on a head that serves more than one)."""
+    other = [f for f in loops if port and probed_port(f) not in (None, port)]
+    return [f for f in loops if f not in other], other
+
+
 def pick_loop(
     loops: list[LoopFacts], *, port: str | None = None, history: str | None = None
 ) -> LoopFacts | None:
-    """This cluster's loop among those running: the only one; else the one whose stamps are
-    `history`, else the one whose probe URL names `port`; else the first (None: none runs)."""
-    if len(loops) <= 1:
-        return loops[0] if loops else None
-    for wanted in (
-        [f for f in loops if history and f.history_file == history],
-        [f for f in loops if port and f.probe_url and re.search(rf":{port}(?:/|$)", f.probe_url)],
-    ):
-        if len(wanted) == 1:
-            return wanted[0]
-    return loops[0]
+    """This cluster's loop among those running: the one whose stamps are `history` (the
+    inventory names them); else, of those whose probe does not name another port than `port`
+    (another engine's watchdog is never this cluster's), the only one, else the one whose probe
+    names `port`, else the first (None: none runs, or every one probes another engine)."""
+    named = [f for f in loops if history and f.history_file == history]
+    if len(named) == 1:
+        return named[0]
+    mine, _ = split_loops(loops, port)
+    if len(mine) <= 1:
+        return mine[0] if mine else None
+    probing = [f for f in mine if port and probed_port(f) == port]
+    return probing[0] if len(probing) == 1 else mine[0]
+
+
+def other_engines(loops: list[LoopFacts], port: str | None) -> str:
+    """Words for the loops on the head that probe another port than this engine's `port`."""
+    named = ", ".join(f"{f.script} (pid {f.pid}) probes port {probed_port(f)}" for f in loops)
+    return (
+        f"also on the head: {named}, not this engine's port {port}: another engine's watchdog, "
+        "not read as this cluster's"
+    )
 
 
 def several_loops(loops: list[LoopFacts], chosen: LoopFacts) -> str:
