@@ -25,13 +25,14 @@ if TYPE_CHECKING:  # the names are imported on first use (a command imports what
         sh_program,
     )
     from spark_ops.remote.quoting import quote_args, quote_path, quote_word
-    from spark_ops.remote.session import ClusterSession, FileWrite, WriteOutcome
+    from spark_ops.remote.session import ClusterSession
     from spark_ops.remote.shell import (
         engine_log_follow,
         engine_log_last_args,
         engine_log_recent,
         sha256,
     )
+    from spark_ops.remote.writes import FileWrite, WriteOutcome
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
@@ -49,13 +50,14 @@ __getattr__, __dir__ = lazy_exports(
             "sh_program",
         ),
         "spark_ops.remote.quoting": ("quote_args", "quote_path", "quote_word"),
-        "spark_ops.remote.session": ("ClusterSession", "FileWrite", "WriteOutcome"),
+        "spark_ops.remote.session": ("ClusterSession",),
         "spark_ops.remote.shell": (
             "engine_log_follow",
             "engine_log_last_args",
             "engine_log_recent",
             "sha256",
         ),
+        "spark_ops.remote.writes": ("FileWrite", "WriteOutcome"),
     },
 )
 
