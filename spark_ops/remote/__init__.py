@@ -12,13 +12,7 @@ from typing import TYPE_CHECKING
 from spark_ops import lazy_exports
 
 if TYPE_CHECKING:  # the names are imported on first use (a command imports what it runs)
-    from spark_ops.remote.connector import (
-        Connector,
-        HeldProcess,
-        Result,
-        SSHConnector,
-        transient,
-    )
+    from spark_ops.remote.connector import SSHConnector, transient
     from spark_ops.remote.program import (
         RemoteProgram,
         check_text,
@@ -32,18 +26,13 @@ if TYPE_CHECKING:  # the names are imported on first use (a command imports what
         engine_log_recent,
         sha256,
     )
+    from spark_ops.remote.transport import Connector, HeldProcess, Result
     from spark_ops.remote.writes import FileWrite, WriteOutcome
 
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "spark_ops.remote.connector": (
-            "Connector",
-            "HeldProcess",
-            "Result",
-            "SSHConnector",
-            "transient",
-        ),
+        "spark_ops.remote.connector": ("SSHConnector", "transient"),
         "spark_ops.remote.program": (
             "RemoteProgram",
             "check_text",
@@ -57,6 +46,7 @@ __getattr__, __dir__ = lazy_exports(
             "engine_log_recent",
             "sha256",
         ),
+        "spark_ops.remote.transport": ("Connector", "HeldProcess", "Result"),
         "spark_ops.remote.writes": ("FileWrite", "WriteOutcome"),
     },
 )

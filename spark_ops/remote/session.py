@@ -14,8 +14,6 @@ from spark_ops.log import get_logger
 from spark_ops.remote import writes as atomic
 from spark_ops.remote.connector import (
     CONNECT_RETRIES,
-    Connector,
-    Result,
     SSHConnector,
     open_jump,
     retrying,
@@ -32,6 +30,7 @@ from spark_ops.remote.shell import (
     TOO_BIG_EXIT,
     replace_undecodable,
 )
+from spark_ops.remote.transport import Connector, Result
 from spark_ops.remote.writes import FileWrite, WriteOutcome, run_or_error
 
 T = TypeVar("T")

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spark_ops.errors import FileChanged, RemoteError, SparkOpsError, WriteError, WriteNotUndone
-from spark_ops.remote.connector import Result
 from spark_ops.remote.program import check_text
 from spark_ops.remote.shell import (
     COMMIT,
@@ -28,6 +27,7 @@ from spark_ops.remote.shell import (
     UNREPLACEABLE_EXIT,
     sha256,
 )
+from spark_ops.remote.transport import Result
 
 if TYPE_CHECKING:  # the session calls in here; its type is for the checker only
     from spark_ops.remote.session import ClusterSession
