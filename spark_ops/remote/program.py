@@ -16,8 +16,8 @@ from enum import Enum
 from typing import Generic, TypeVar
 
 from spark_ops.errors import InputError, excerpt
-from spark_ops.remote.connector import Result
 from spark_ops.remote.quoting import quote_path, quote_word
+from spark_ops.remote.transport import Result
 
 T = TypeVar("T")
 

@@ -11,9 +11,6 @@ come from the head's clock.
 from __future__ import annotations
 
 import json
-import math
-import re
-from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -28,18 +25,9 @@ from spark_ops.errors import (
     WatchdogError,
 )
 from spark_ops.headlib import head_program
-from spark_ops.remote import ClusterSession
-from spark_ops.remote.programs.node import HOME
 from spark_ops.remote.programs.watchdog import HISTORY_PY
-from spark_ops.remote.quoting import quote_word
 from spark_ops.remote.shell import REMOVE
-from spark_ops.watchdog.config import (
-    WatchdogConfig,
-    WatchdogConfigError,
-    config_of_commands,
-    parse_config,
-    runs_reference_watchdog,
-)
+from spark_ops.watchdog.command import fill_restart_command, reported_stamps
 from spark_ops.watchdog.identify import (
     HistEntry,
     Identification,
@@ -48,8 +36,14 @@ from spark_ops.watchdog.identify import (
     stamp_json,
 )
 from spark_ops.watchdog.identify import identify as identify_entry
-from spark_ops.watchdog.lease import Lease, pause_of, pause_shown
-from spark_ops.yamlsafe import load_yaml
+from spark_ops.watchdog.lease import Lease, pause_of
+from spark_ops.watchdog.ownconfig import OwnConfigChecks
+from spark_ops.watchdog.records import (
+    BudgetView,
+    Trigger,
+    WatchdogStatus,
+    status_object,
+)
 
 PLANNED_BY = "spark-ops"
 
@@ -71,216 +65,14 @@ def operator() -> str:
     return f"{PLANNED_BY}:{local_account()}"
 
 
-@dataclass(frozen=True)
-class BudgetLimits:
-    """The restart budget the watchdog enforces: its own config's when spark-ops can read it
-    (the `--config FILE` of its commands, or the reference watchdog's default), else the
-    inventory's `watchdog.budget`; `disagreement` says when the inventory says otherwise."""
-
-    max_restarts: int
-    window_s: float
-    source: str
-    disagreement: str = ""
-
-
-def _per(max_restarts: int, window_s: float) -> str:
-    """A budget in words: "2 per 6 h"."""
-    return f"{max_restarts} per {window_s / 3600:g} h"
-
-
-@dataclass(frozen=True)
-class OwnConfig:
-    """The watchdog's own config as read on the head: parsed, or why not."""
-
-    path: str | None  # the file (None: the commands name none and are not the reference's)
-    where: str  # head:path, for messages
-    config: WatchdogConfig | None
-    why: str = ""  # why config is None
-
-
-@dataclass
-class BudgetView:
-    """The restart budget as the head sees it, with journal reasons and pause / gave-up."""
-
-    used: int
-    allowed: int
-    window_s: float
-    now: float
-    next_free_at: float
-    stamps: list[dict[str, Any]] = field(default_factory=list)
-    paused: bool = False  # a pause in force (a lapsed lease pauses nothing)
-    lease: dict[str, Any] | None = None  # the lease the pause file holds, live or lapsed
-    gave_up: bool = False
-    gave_up_reason: str = ""
-    malformed: list[dict[str, Any]] = field(default_factory=list)
-    history_file: str = ""
-    flagged: list[dict[str, Any]] = field(default_factory=list)  # counted here, maybe not there
-    limits_source: str = ""  # whose max / window were counted (the watchdog's config, else ours)
-    disagreement: str = ""  # the inventory's watchdog.budget differs from the watchdog's own
-
-    def to_dict(self) -> dict[str, Any]:
-        """Serialize for --json."""
-        data = {
-            "used": self.used,
-            "allowed": self.allowed,
-            "remaining": max(0, self.allowed - self.used),
-            "window_s": self.window_s,
-            "now": self.now,
-            "next_free_at": self.next_free_at,
-            "stamps": self.stamps,
-            "paused": self.paused,
-            "lease": self.lease,
-            "gave_up": self.gave_up,
-            "gave_up_reason": self.gave_up_reason,
-            "malformed": self.malformed,
-            "history_file": self.history_file,
-            "flagged": self.flagged,
-            "limits_source": self.limits_source,
-            "inventory_disagrees": self.disagreement or None,
-        }
-        shown = pause_shown(data)  # the words every view shows (status, budget, serve)
-        data["pause"] = {"state": shown[0], "text": shown[1]} if shown else None
-        return data
-
-
-@dataclass
-class Trigger:
-    """What a forced restart did: the head's clock around it, its output and its exit."""
-
-    before: float
-    after: float
-    stamp: float | None  # the stamp it printed; None unless the inventory says reports_stamp
-    output: str
-    exit_code: int | None = 0
-    printed: float | None = None  # a stamp it printed, trusted or not: a restart was recorded
-    printed_all: tuple[float, ...] = ()  # every stamp it printed (a command restarting twice)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Serialize for reports."""
-        return {
-            "before": self.before,
-            "after": self.after,
-            "stamp": stamp_json(self.stamp),
-            "exit_code": self.exit_code,
-            "printed": self.printed,
-            "printed_all": [stamp_json(s) for s in self.printed_all],
-        }
-
-
-PLACEHOLDERS = ("reason", "by")
-_PLACEHOLDER_RE = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
-
-
-def _quoted_spans(template: str) -> list[tuple[int, int]]:
-    """The (start, end) spans of the template that a POSIX shell reads inside quotes."""
-    spans: list[tuple[int, int]] = []
-    i, n = 0, len(template)
-    while i < n:
-        ch = template[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch in ("'", '"'):
-            j = i + 1
-            while j < n and template[j] != ch:
-                j += 2 if (ch == '"' and template[j] == "\\") else 1
-            spans.append((i, j))
-            i = j + 1
-            continue
-        i += 1
-    return spans
-
-
-def check_restart_template(template: str, key: str = "watchdog.restart_command") -> None:
-    """Refuse a restart command whose {reason} / {by} sits inside quotes (its value would not be
-    one quoted word there)."""
-    spans = _quoted_spans(template)
-    for m in _PLACEHOLDER_RE.finditer(template):
-        if any(a < m.start() < b for a, b in spans):
-            raise WatchdogError(
-                f"{key}: {m.group(0)} is inside quotes in {template!r}; spark-ops puts each value "
-                "in as one shell-quoted word, so write the placeholder unquoted "
-                f"(e.g. --reason {{reason}})"
-            )
-
-
-def check_value(name: str, value: str) -> str:
-    """A value for a placeholder: text that encodes as UTF-8 and holds no NUL."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise WatchdogError(
-            f"--{name} {value.encode('utf-8', 'surrogateescape')!r}: not valid UTF-8; "
-            "allowed: any UTF-8 text without NUL"
-        ) from None
-    if "\0" in value:
-        raise WatchdogError(f"--{name}: holds a NUL byte; allowed: any UTF-8 text without NUL")
-    return value
-
-
-def fill_restart_command(template: str, values: dict[str, str]) -> str:
-    """Substitute every placeholder in ONE pass, each value one shell-quoted word.
-
-    A value that itself holds `{by}` or `$(...)` stays inert text: replacements are never scanned
-    again. Other braces (`${HOME}`, `{a,b}`) are left to the shell as written.
-    """
-    check_restart_template(template)
-    for name, value in values.items():
-        check_value(name, value)
-    return _PLACEHOLDER_RE.sub(lambda m: quote_word(values[m.group(1)]), template)
-
-
 STATUS_TIMEOUT_S = (
     10.0  # the watchdog's own status is a glance: a hung one is reported, not awaited
 )
 _STATUS_SHOWN = 300  # characters of its output kept for the report
 
 
-@dataclass
-class WatchdogStatus:
-    """What the watchdog's own status command said (watchdog.status_command), as far as it did.
-
-    `answered` is False when it failed, timed out or printed nothing; `state` is the `state` of a
-    JSON object on its last line (the reference watchdog's `--status --json`), else None; `text`
-    is a short excerpt of what it printed (or why there is nothing).
-    """
-
-    command: str
-    answered: bool
-    state: str | None = None
-    text: str = ""
-    exit_code: int | None = None
-    fields: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Serialize for --json."""
-        return {
-            "command": self.command, "answered": self.answered, "state": self.state,
-            "text": self.text, "exit_code": self.exit_code, "fields": self.fields,
-        }  # fmt: skip
-
-
-def _status_object(output: str) -> dict[str, Any]:
-    """The JSON object on the last non-empty line of a status output, or {}."""
-    lines = [x for x in output.strip().splitlines() if x.strip()]
-    if not lines or not lines[-1].lstrip().startswith("{"):
-        return {}
-    try:
-        obj = json.loads(lines[-1])
-    except ValueError:
-        return {}
-    return obj if isinstance(obj, dict) else {}
-
-
-class WatchdogContract:
+class WatchdogContract(OwnConfigChecks):
     """Operations on the head's watchdog files and commands, per the inventory."""
-
-    def __init__(self, session: ClusterSession) -> None:
-        """Bind to a connected session."""
-        self.session = session
-        self.cluster = session.cluster
-        self.wd = session.cluster.watchdog
-        self.head = session.cluster.head.name
 
     def _common(self) -> list[str]:
         """History file arguments shared by every history.py call."""
@@ -359,65 +151,6 @@ class WatchdogContract:
             return True, first
         return True, str(record.get("reason", first)) if isinstance(record, dict) else first
 
-    async def own_config(self, home: str = "") -> OwnConfig:
-        """The watchdog's own config, read on the head and parsed (config_of_commands says which
-        file); never raises. `home`: the SSH user's home, to place a `~/` config's paths."""
-        path = config_of_commands(self.wd.restart_command, self.wd.status_command)
-        if path is None:
-            return OwnConfig(
-                None, "", None,
-                "the watchdog's commands name no config (--config FILE) and do not run the "
-                "reference spark-watchdog",
-            )  # fmt: skip
-        where = f"{self.head}:{path}"
-        if not path.startswith(("/", "~/")):
-            return OwnConfig(
-                path, where, None,
-                f"its config {path!r} is a relative path: which file depends on the directory "
-                "the command runs in (name it with an absolute path or ~/)",
-            )  # fmt: skip
-        try:
-            text = await self.session.read_file(self.head, path, sudo=True)
-        except SparkOpsError as exc:
-            return OwnConfig(path, where, None, f"its config {where} cannot be read: {exc.message}")
-        if text is None:
-            return OwnConfig(path, where, None, f"no watchdog config at {where}")
-        source = home + path[1:] if path.startswith("~") and home else path
-        try:
-            data = load_yaml(text, source=where, error=WatchdogConfigError)
-            return OwnConfig(path, where, parse_config(data, source=source))
-        except SparkOpsError as exc:
-            return OwnConfig(path, where, None, f"its config {where} cannot be read: {exc.message}")
-
-    async def limits(self) -> BudgetLimits:
-        """The budget the watchdog itself enforces (see BudgetLimits); never raises."""
-        ours = BudgetLimits(
-            self.wd.max_restarts, float(self.wd.window_s), "the inventory's watchdog.budget"
-        )
-        found = await self.own_config()
-        reference = runs_reference_watchdog(self.wd.restart_command) or runs_reference_watchdog(
-            self.wd.status_command or ""
-        )
-        if found.config is None and not reference:
-            return ours  # another watchdog (its --config is its own format): the inventory's
-        if found.config is None:  # the reference watchdog, whose config could not be read
-            return BudgetLimits(
-                ours.max_restarts, ours.window_s, ours.source,
-                f"{found.why}: counted against the inventory's watchdog.budget "
-                f"({_per(ours.max_restarts, ours.window_s)}), which the watchdog may not enforce",
-            )  # fmt: skip
-        own, where = found.config.budget, found.where
-        theirs = BudgetLimits(own.max, float(own.window), f"the watchdog's config {where}")
-        if (own.max, float(own.window)) == (ours.max_restarts, ours.window_s):
-            return theirs
-        return BudgetLimits(
-            own.max, float(own.window), theirs.source,
-            f"the inventory's watchdog.budget ({_per(ours.max_restarts, ours.window_s)}) "
-            f"disagrees with the watchdog's config {where} ({_per(own.max, own.window)}), which "
-            "the watchdog enforces: counted against the watchdog's; set watchdog.budget: "
-            f"{{max_restarts: {own.max}, window_s: {own.window:g}}} in the inventory",
-        )  # fmt: skip
-
     async def budget(self) -> BudgetView:
         """Used / allowed in the window (the watchdog's own limits), with reasons and flags."""
         limits = await self.limits()
@@ -457,74 +190,6 @@ class WatchdogContract:
             flagged=list(data.get("flagged", [])),
             limits_source=limits.source,
             disagreement=limits.disagreement,
-        )
-
-    async def check_history_is_the_watchdogs(self, data: dict[str, Any]) -> None:
-        """Refuse a budget read from a file the watchdog does not count (issue 30 #6): another
-        file than the one the watchdog's own config names, or a history that does not exist
-        with no config to tell. HistoryError names watchdog.history_file. (A history that did
-        not move when the watchdog restarted is caught by the restart itself: execute's
-        history_unmoved; a journal record alone is no proof, an operator may edit by hand.)
-
-        budget(), and so every view (`budget`, `status`, `doctor`, the gate, `serve`,
-        `/metrics`), goes through it: none shows "0/2 used" counted from the wrong file.
-        """
-        wd, key = self.wd, "watchdog.history_file"
-        home_res = await self.session.call(self.head, HOME)
-        home = home_res.strip() if home_res else ""
-        own = await self.own_config(home)
-
-        def full(path: str) -> str:
-            """A head path with its leading ~/ as the SSH user's home."""
-            return home + path[1:] if path.startswith("~/") and home else path
-
-        said = own.config.paths.history if own.config is not None else None
-        shown = said
-        if said and home and said.startswith(home + "/"):
-            shown = "~" + said[len(home) :]
-        fix = (
-            f"set {key}: {shown} in the inventory (and lock_file / journal_file beside it)"
-            if said
-            else f"set {key} to the history file your watchdog writes (its config names it)"
-        )
-        if said is not None and said != full(wd.history_file):
-            raise HistoryError(
-                f"{key} is wrong: {wd.history_file} on {self.head} is not the history the "
-                f"watchdog counts; its config {own.where} says {shown}: the budget read here is "
-                "not the watchdog's",
-                hint=fix,
-            )
-        if not data.get("exists", True) and said is None and not wd.loops_only:
-            # (a loop watchdog's stamps file, named by its own script, appears at its first
-            # restart and is gone after a reboot when under /tmp: missing is 0 used)
-            raise HistoryError(
-                f"{key}: {wd.history_file} does not exist on {self.head}, so the budget the "
-                f"watchdog counts is unknown ({own.why})",
-                hint=f"{fix}; a watchdog that never restarted yet: create it empty "
-                f"(touch {wd.history_file})",
-            )
-
-    async def pause_file_disagrees(self) -> str:
-        """Why the inventory's watchdog.pause_file is not the pause file the watchdog reads (its
-        own config names another: a lease there pauses nothing), or "" when it is, or when no
-        config tells (red team F4)."""
-        wd = self.wd
-        if not wd.pause_file:
-            return ""
-        home_res = await self.session.call(self.head, HOME)
-        home = home_res.strip() if home_res else ""
-        own = await self.own_config(home)
-        said = own.config.paths.pause if own.config is not None else ""
-        mine = (
-            home + wd.pause_file[1:] if wd.pause_file.startswith("~/") and home else wd.pause_file
-        )
-        if not said or said == mine:
-            return ""
-        shown = "~" + said[len(home) :] if home and said.startswith(home + "/") else said
-        return (
-            f"watchdog.pause_file is wrong: {wd.pause_file} on {self.head} is not the pause file "
-            f"the watchdog reads; its config {own.where} says {shown}: a lease there pauses "
-            f"nothing (set watchdog.pause_file: {shown} in the inventory)"
         )
 
     async def journal_restarts(self) -> list[dict[str, Any]]:
@@ -719,7 +384,7 @@ class WatchdogContract:
             return WatchdogStatus(command, False, text=why, exit_code=res.exit_code)
         if not out:
             return WatchdogStatus(command, False, text="printed nothing", exit_code=0)
-        obj = _status_object(out)
+        obj = status_object(out)
         state = obj.get("state")
         return WatchdogStatus(
             command, True, str(state) if isinstance(state, str | int | float) else None,
@@ -745,24 +410,3 @@ class WatchdogContract:
 
 
 _fmt = fmt_stamp
-
-
-def reported_stamps(output: str) -> list[float]:
-    """Every {"stamp": …} (or `stamp: N`) line of a restart command's output, in order: the
-    reference watchdog prints one per restart, so a command that restarted twice prints two."""
-    out: list[float] = []
-    for line in output.strip().splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                obj = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            value = obj.get("stamp") if isinstance(obj, dict) else None
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                out.extend([float(value)] if math.isfinite(value) else [])
-            continue
-        m = re.match(r"^stamp[=:]\s*([0-9]+(?:\.[0-9]+)?)$", line)
-        if m:
-            out.append(float(m.group(1)))
-    return out
