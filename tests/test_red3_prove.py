@@ -205,7 +205,7 @@ def test_case7_a_hand_edited_journals_options_are_checked_as_typed(
     ro.args = {**args, **edit}
     if refused is None:
         _journal_args(ctx, ro, path)  # passes here; apply_options_of refuses the value
-        from spark_ops.cli.apply import apply_options_of
+        from spark_ops.cli.apply_options import apply_options_of
         from spark_ops.errors import KnobError
 
         with pytest.raises(KnobError, match="is not allowed"):
