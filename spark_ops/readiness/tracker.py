@@ -202,11 +202,10 @@ class BootTracker:
             "model_memory_gib",
             "graph_capture_s",
             "kv_cache_memory_gib",
+            "init_engine_s",
         ):
             if key in data:
                 self.metrics[key] = data[key]
-        if "init_engine_s" in data:
-            self.metrics["init_engine_s"] = data["init_engine_s"]
 
         if _STOP_RE.search(info.message):
             self.segment_stopped = True
