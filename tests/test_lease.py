@@ -31,8 +31,8 @@ from spark_ops.watchdog.lease import (
     pause_shown,
 )
 from spark_ops.workflows.experiment import read_experiment
+from spark_ops.workflows.loadguard import LoadGuard
 from spark_ops.workflows.probe_load import (
-    LoadGuard,
     ProbeWouldTrip,
     cap_of,
     plan_load,

@@ -29,16 +29,18 @@ from spark_ops.remote import ClusterSession, Result
 from spark_ops.sim.node import SimNode
 from spark_ops.workflows.plan import PlanFacts
 from spark_ops.workflows.preflight import (
-    MARK,
     PreflightAnswer,
+    local_serve_options,
+    preflight,
+    save_cache,
+)
+from spark_ops.workflows.preflight_ask import (
+    MARK,
     PreflightError,
     build_program,
     docker_command,
     interpreters,
-    local_serve_options,
     parse_answer,
-    preflight,
-    save_cache,
     serve_args,
     split_command,
 )

@@ -57,7 +57,8 @@ def test_case2_the_measurements_lease_covers_every_request(tmp_path: Path) -> No
     """measure-before at concurrency 8 over cap 6, 4000 requests: the lease was one round's
     (160 s) for a measurement of ~530 s on the embedded cluster; it lapsed with the load on.
     Its guard now counts the rounds of every request (and an open loop's arrival span)."""
-    from spark_ops.workflows.probe_load import LoadGuard, ProbeWait
+    from spark_ops.workflows.loadguard import LoadGuard
+    from spark_ops.workflows.probe_load import ProbeWait
 
     cluster = _cluster(tmp_path)
     wait = ProbeWait(8, 6, None, "nothing measured before it", 10.0)
@@ -204,7 +205,7 @@ def test_case7_a_hand_edited_journals_options_are_checked_as_typed(
     ro.args = {**args, **edit}
     if refused is None:
         _journal_args(ctx, ro, path)  # passes here; apply_options_of refuses the value
-        from spark_ops.cli.apply import apply_options_of
+        from spark_ops.cli.apply_options import apply_options_of
         from spark_ops.errors import KnobError
 
         with pytest.raises(KnobError, match="is not allowed"):

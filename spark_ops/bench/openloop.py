@@ -43,7 +43,7 @@ MAX_REQUESTS = 100_000  # requests one level may send
 MAX_RATE = 10_000.0  # requests per second one level may offer
 
 RateCallback = Callable[[RateLevel], Awaitable[None] | None]
-# Held around each rate's level (a lease on the watchdog), or raises to refuse it: probe_load.py
+# Held around each rate's level (a lease on the watchdog), or raises to refuse it: loadguard.py
 RateGuard = Callable[[float], AbstractAsyncContextManager[None]]
 
 

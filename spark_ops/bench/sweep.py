@@ -32,7 +32,7 @@ DEFAULT_LEVELS = (1, 6, 16, 32, 64)
 SCHEMA = "spark-ops.bench/1"
 
 LevelCallback = Callable[[stats.LevelResult], Awaitable[None] | None]
-# Held around each level (a lease on the watchdog), or raises to refuse it: workflows/probe_load.py
+# Held around each level (a lease on the watchdog), or raises to refuse it: workflows/loadguard.py
 LevelGuard = Callable[[int, Sequence[stats.LevelResult]], AbstractAsyncContextManager[None]]
 
 

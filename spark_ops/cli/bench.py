@@ -347,7 +347,7 @@ def cli(
         if url:
             return await run_sweep(config, **kw)
         from spark_ops.cli.common import load_cluster
-        from spark_ops.workflows.probe_load import sweep_cluster
+        from spark_ops.workflows.loadguard import sweep_cluster
 
         note, plan = load_printers(as_json)
         return await sweep_cluster(

@@ -102,7 +102,7 @@ def open_loop(ctx: click.Context) -> int | None:
     from functools import partial
 
     from spark_ops.cli.common import load_cluster
-    from spark_ops.workflows.probe_load import rates_cluster
+    from spark_ops.workflows.loadguard import rates_cluster
 
     note, plan = load_printers(p["as_json"])
     against = partial(

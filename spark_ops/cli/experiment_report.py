@@ -11,8 +11,9 @@ import click
 from spark_ops.cli.common import SAID, quiet, step_reporter
 
 if TYPE_CHECKING:  # the CLI imports its workflow when a command runs (start-up time)
+    from spark_ops.workflows.experiment.plan import ExperimentPlan
     from spark_ops.workflows.experiment.run import ExperimentOutcome
-    from spark_ops.workflows.experiment.state import ExperimentPlan, ExperimentState
+    from spark_ops.workflows.experiment.state import ExperimentState
     from spark_ops.workflows.plan import StepRun
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from spark_ops.cli.apply import (
+from spark_ops.cli.apply_options import (
     apply_options_of,
     knob_options,
     prove_options,

@@ -18,15 +18,12 @@ if TYPE_CHECKING:  # the names are imported on first use (a command imports what
     )
     from spark_ops.readiness.phases import (
         PHASE_ORDER,
-        BootTracker,
-        Fatal,
         FatalKind,
         LineInfo,
         Phase,
         classify_line,
         parse_args_literal,
         split_prefix,
-        summarize_boot_log,
     )
     from spark_ops.readiness.report import (
         BootEvent,
@@ -35,6 +32,7 @@ if TYPE_CHECKING:  # the names are imported on first use (a command imports what
         exit_line,
         expected_phases,
     )
+    from spark_ops.readiness.tracker import BootTracker, Fatal, summarize_boot_log
     from spark_ops.readiness.wait import wait_for_boot
 
 __getattr__, __dir__ = lazy_exports(
@@ -51,15 +49,12 @@ __getattr__, __dir__ = lazy_exports(
         ),
         "spark_ops.readiness.phases": (
             "PHASE_ORDER",
-            "BootTracker",
-            "Fatal",
             "FatalKind",
             "LineInfo",
             "Phase",
             "classify_line",
             "parse_args_literal",
             "split_prefix",
-            "summarize_boot_log",
         ),
         "spark_ops.readiness.report": (
             "BootEvent",
@@ -68,6 +63,7 @@ __getattr__, __dir__ = lazy_exports(
             "exit_line",
             "expected_phases",
         ),
+        "spark_ops.readiness.tracker": ("BootTracker", "Fatal", "summarize_boot_log"),
         "spark_ops.readiness.wait": ("wait_for_boot",),
     },
 )

@@ -11,17 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from spark_ops.errors import BootError
-from spark_ops.readiness.phases import (
-    FATAL_HINTS,
-    PHASE_ORDER,
-    BootTracker,
-    Fatal,
-    FatalKind,
-    Phase,
-    split_prefix,
-)
+from spark_ops.readiness.phases import FATAL_HINTS, PHASE_ORDER, FatalKind, Phase, split_prefix
 from spark_ops.readiness.ranks import RankLog, rank_summary, ranks_joined
 from spark_ops.readiness.report import BootEvent, BootReport, InstanceView, expected_phases
+from spark_ops.readiness.tracker import BootTracker, Fatal
 
 
 def _short(message: str, limit: int = 300) -> str:

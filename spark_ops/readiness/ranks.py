@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark_ops.errors import BootError
-from spark_ops.readiness.phases import FATAL_HINTS, BootTracker, Phase, split_prefix
+from spark_ops.readiness.phases import FATAL_HINTS, Phase, split_prefix
+from spark_ops.readiness.tracker import BootTracker
 
 RANKS_JOINED_RE = re.compile(r"(?P<joined>\d+)/(?P<total>\d+) ranks joined")
 

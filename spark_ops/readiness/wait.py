@@ -21,9 +21,9 @@ from spark_ops.readiness.boot import (
     stall_error,
     survivors_text,
 )
-from spark_ops.readiness.phases import BootTracker
 from spark_ops.readiness.ranks import RankLog, not_started, rank_error, read_rank
 from spark_ops.readiness.report import BootEvent, BootReport, InstanceWatch
+from spark_ops.readiness.tracker import BootTracker
 
 
 def _log() -> Any:

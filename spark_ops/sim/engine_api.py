@@ -393,42 +393,21 @@ def render_metrics(st: ServerState) -> str:
         out.append(f"# TYPE {metric_name} {kind}")
         out.extend(f"{metric_name}{{{lab}}} {float(val)!r}" for lab, val in samples)
 
-    metric(
-        "vllm:num_requests_running",
-        "gauge",
-        "Number of requests in model execution batches.",
-        [(base, len(core.running))],
-    )
-    metric(
-        "vllm:num_requests_waiting",
-        "gauge",
-        "Number of requests waiting to be processed.",
-        [(base, len(core.waiting))],
-    )
-    metric(
-        "vllm:kv_cache_usage_perc",
-        "gauge",
-        "KV-cache usage. 1 means 100 percent usage.",
-        [(base, core.kv_usage())],
-    )
-    metric(
-        "vllm:num_preemptions_total",
-        "counter",
-        "Cumulative number of preemption from the engine.",
-        [(base, core.stats.preemptions)],
-    )
-    metric(
-        "vllm:prompt_tokens_total",
-        "counter",
-        "Number of prefill tokens processed.",
-        [(base, core.stats.prompt_tokens)],
-    )
-    metric(
-        "vllm:generation_tokens_total",
-        "counter",
-        "Number of generation tokens processed.",
-        [(base, core.stats.generation_tokens)],
-    )
+    for metric_name, kind, help_text, value in (
+        ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+         len(core.running)),
+        ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+         len(core.waiting)),
+        ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+         core.kv_usage()),
+        ("vllm:num_preemptions_total", "counter",
+         "Cumulative number of preemption from the engine.", core.stats.preemptions),
+        ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+         core.stats.prompt_tokens),
+        ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+         core.stats.generation_tokens),
+    ):  # fmt: skip
+        metric(metric_name, kind, help_text, [(base, value)])
     metric(
         "vllm:request_success_total", "counter", "Count of successfully processed requests.",
         [

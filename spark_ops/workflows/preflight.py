@@ -14,7 +14,7 @@ simulated engine, the same program runs the simulated engine's own parser instea
 
 The same way of asking answers the serve parser's option strings (`options=True`: apply resolves
 the `--set`/`--flag` keys against them), kept per vLLM version in a local cache. The programs sent
-to the head are spark_ops/remote/programs/preflight.py's.
+to the head are spark_ops/remote/programs/preflight.py's; one way of asking, preflight_ask.py's.
 
 When no vLLM can be asked (none on PATH, no interpreter that imports it, the container is down,
 the check timed out), the answer says so with `ok=None` and the caller goes on.
@@ -24,51 +24,31 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
-import posixpath
-import re
-import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark_ops.errors import CommandTimeout, ExitStatus, SparkOpsError, excerpt
+from spark_ops.errors import CommandTimeout, SparkOpsError
 from spark_ops.files import write_file
 from spark_ops.log import get_logger
-from spark_ops.remote import ClusterSession, Result, quote_args
-from spark_ops.remote.programs.preflight import (
-    MARK,
-    NO_PYTHON_EXIT,
-    PICK,
-    PRELUDE,
-    PROBE,
-    SIM,
-    SIM_MODULE,
-    VLLM,
+from spark_ops.remote import ClusterSession, quote_args
+from spark_ops.workflows.preflight_ask import (
+    PreflightError,
+    Unreachable,
+    ask_one,
+    docker_container,
+    engine_env,
+    split_command,
 )
 from spark_ops.yamlsafe import read_capped
 
 HOWS = ("auto", "vllm", "sim", "docker", "off")
 # The serve parsers' option strings by "<kind> <version>" (the head's answer, kept per version).
 OPTIONS_CACHE = Path("~/.cache/spark-ops/vllm-serve-options.json")
-PROBE_TIMEOUT = 15.0
 CACHE_MAX_BYTES = 8 << 20  # the options of a version are some 15 kB: hundreds of versions
-# Never fetch anything, never report usage, while checking a command line.
-QUIET_ENV = dict.fromkeys(
-    ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"), "1"
-)
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_PY_PATH = re.compile(r"(/[\w./+-]*/bin/python[0-9.]*)(?![\w.])")
 _OPTION_FIELDS = ("options", "abbrev", "cached")  # the options question's, never in to_json
-
-
-class PreflightError(SparkOpsError):
-    """preflight() got an argument it cannot use (names it and what is allowed)."""
-
-    exit_status = ExitStatus.INVENTORY  # its how and timeout come from the inventory
 
 
 @dataclass
@@ -113,217 +93,6 @@ class PreflightAnswer:
     def from_json(cls, data: dict[str, Any]) -> PreflightAnswer:
         """An answer from its JSON form (an unknown name is refused)."""
         return cls(**data)
-
-
-class _Unreachable(Exception):
-    """This way of asking found no vLLM to ask (the reason is the message)."""
-
-
-def split_command(argv: list[str]) -> tuple[dict[str, str], str, list[str]] | None:
-    """(leading VAR=value assignments, the vllm to run, the args after `serve`), or None."""
-    words = [str(a) for a in argv]
-    assigned: dict[str, str] = {}
-    while words and (words[0] == "exec" or _ENV_ASSIGN.match(words[0])):
-        if words[0] != "exec":  # `exec FOO=1 vllm serve …` runs vllm with FOO=1
-            key, _, value = words[0].partition("=")
-            assigned[key] = value
-        words = words[1:]
-    if len(words) < 2 or posixpath.basename(words[0]) != "vllm" or words[1] != "serve":
-        return None
-    return assigned, words[0], words[2:]
-
-
-def serve_args(argv: list[str]) -> list[str] | None:
-    """The arguments after `vllm serve` (model first), or None when argv is not such a line."""
-    split = split_command(argv)
-    return None if split is None else split[2]
-
-
-def build_program(kind: str, args: list[str], known: list[str] | None = None) -> str:
-    """The Python program (sent on stdin) that asks a real (vllm) or the sim parser whether it
-    takes args; with `known` (the versions whose options are held here), for its option strings
-    instead, answered at once for a known version."""
-    if kind not in ("vllm", "sim"):
-        raise PreflightError(f"preflight program kind {kind!r}: allowed are 'vllm' and 'sim'")
-    held = "None" if known is None else f"set(json.loads({json.dumps(known)!r}))"
-    body = VLLM if kind == "vllm" else SIM
-    return f"{PRELUDE}\nARGS = json.loads({json.dumps(args)!r})\nKNOWN = {held}\n{body}"
-
-
-def engine_env(env: dict[str, str]) -> dict[str, str]:
-    """The recipe's environment (valid names only) over the quiet defaults."""
-    out = dict(QUIET_ENV)
-    for key, value in env.items():
-        if _ENV_NAME.match(str(key)):
-            out[str(key)] = str(value)
-        else:
-            get_logger().warning("preflight: skipping env name that is not a variable", key=key)
-    return out
-
-
-def _shebang_python(text: str) -> str | None:
-    """The interpreter of a `#!…python…` first line (after `env` and its options), else None."""
-    first = text.splitlines()[0] if text else ""
-    if not first.startswith("#!"):
-        return None
-    words = first[2:].split()
-    if words and posixpath.basename(words[0]) == "env":
-        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
-    if words and posixpath.basename(words[0]).startswith("python"):
-        return words[0]
-    return None
-
-
-def interpreters(path: str, real: str, text: str, kind: str) -> list[str]:
-    """Interpreters to try, best first: shebang, sim shim's exec, named paths, beside it, PATH."""
-    found: list[str] = []
-    shebang = _shebang_python(text)
-    if shebang:
-        found.append(shebang)
-    if kind == "sim":
-        for line in text.splitlines():
-            if SIM_MODULE in line:
-                try:
-                    words = shlex.split(line)
-                except ValueError:
-                    continue
-                for i, word in enumerate(words[:-1]):
-                    if word == "-m" and words[i + 1] == SIM_MODULE and i > 0:
-                        found.append(words[i - 1])
-    found.extend(_PY_PATH.findall(text))
-    for base in dict.fromkeys([posixpath.dirname(real), posixpath.dirname(path)]):
-        if base:
-            for rel in ("python3", "python", "../bin/python3", "../bin/python"):
-                found.append(posixpath.normpath(posixpath.join(base, rel)))
-    found.extend(["python3", "python"])
-    return list(dict.fromkeys(found))
-
-
-def docker_container(session: ClusterSession) -> str | None:
-    """The engine's container name when the inventory reads the engine log with docker."""
-    eng = session.cluster.engine
-    return eng.log_target if eng.log_kind == "docker" and eng.log_target else None
-
-
-def docker_command(container: str, env: dict[str, str], command: list[str]) -> str:
-    """`docker exec -i -e K=V … CONTAINER COMMAND…` with every argument quoted."""
-    pairs = [word for key, value in env.items() for word in ("-e", f"{key}={value}")]
-    return quote_args(["docker", "exec", "-i", *pairs, container, *command])
-
-
-def parse_answer(res: Result) -> dict[str, Any]:
-    """The program's JSON result line; _Unreachable when it gave none."""
-    for line in reversed(res.stdout.splitlines()):
-        if line.startswith(MARK):
-            try:
-                data = json.loads(line[len(MARK) :])
-            except ValueError as exc:
-                raise _Unreachable(f"unreadable answer from the check program: {exc}") from exc
-            if isinstance(data, dict):
-                return _typed(data)
-    tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
-    if res.exit_code == NO_PYTHON_EXIT:
-        raise _Unreachable(tail or "no Python with vLLM found")
-    raise _Unreachable(f"the check program exited {res.exit_code} without an answer: {tail}")
-
-
-# What the head's programs write in their answer, by key (None allowed for each): what else an
-# answer holds is not read. A value of another type is no answer (a tampered or foreign program).
-_ANSWER_TYPES: dict[str, tuple[type, ...]] = {
-    "ok": (bool,), "version": (str,), "stage": (str,), "error": (str,), "python": (str,),
-    "parser_module": (str,), "import_seconds": (int, float), "program_seconds": (int, float),
-    "warnings": (list,), "options": (list,), "abbrev": (bool,), "cached": (bool,),
-}  # fmt: skip
-
-
-def _typed(data: dict[str, Any]) -> dict[str, Any]:
-    """The answer when each key it holds is of the type the programs write (numbers finite, lists
-    of text); _Unreachable naming the first key that is not."""
-    for key, types in _ANSWER_TYPES.items():
-        value = data.get(key)
-        if value is None:
-            continue
-        fits = isinstance(value, types) and not (bool not in types and isinstance(value, bool))
-        if fits and isinstance(value, float):
-            fits = math.isfinite(value)
-        if fits and isinstance(value, list):
-            fits = all(isinstance(v, str) for v in value)
-        if not fits:
-            raise _Unreachable(
-                f"unreadable answer from the check program: {key} is {excerpt(repr(value))}, "
-                f"not {' or '.join(t.__name__ for t in types)}"
-                + (" of text" if list in types else "")
-            )
-    return data
-
-
-def warning_lines(res: Result, limit: int = 10) -> list[str]:
-    """vLLM's own warning lines printed while parsing (e.g. deprecated flags)."""
-    lines = (res.stdout + "\n" + res.stderr).splitlines()
-    hits = [ln.strip() for ln in lines if "WARNING" in ln and not ln.startswith(MARK)]
-    return hits[:limit]
-
-
-async def _ask_one(
-    session: ClusterSession,
-    host: str,
-    method: str,
-    vllm: str,
-    args: list[str],
-    env: dict[str, str],
-    timeout: float,
-    known: dict[str, list[str]] | None,
-) -> tuple[dict[str, Any], str]:
-    """One way of asking (in the container, or on the host): find the `vllm` the engine runs, then
-    send the program to the first interpreter beside it that imports vLLM (or the sim engine);
-    the program's answer and the parser kind (vllm or sim). known: ask for the options."""
-    container = docker_container(session) if method == "docker" else None
-    if method == "docker" and not container:
-        raise _Unreachable(
-            "the inventory's engine.log is not kind docker, so there is no container name"
-        )
-
-    async def run(argv: list[str], limit: float, stdin: str | None = None) -> Result:
-        """Run argv in the engine's environment (its container through sudo, or `env K=V`)."""
-        pairs = [f"{k}={v}" for k, v in env.items()]
-        command = (
-            docker_command(container, env, argv)
-            if container
-            else quote_args(["env", *pairs, *argv])
-        )
-        return await session.run(
-            host, command, input=stdin, timeout=limit, check=False, sudo=container is not None
-        )
-
-    t0 = time.monotonic()
-    res = await run(PROBE.argv(vllm), min(timeout, PROBE_TIMEOUT))
-    where = f" in container {container}" if container else ""
-    why = " | ".join(res.stderr.strip().splitlines()[-2:]) or f"exit {res.exit_code}"
-    if res.exit_code == NO_PYTHON_EXIT:
-        raise _Unreachable(f"{why}{where}")
-    if res.exit_code != 0:
-        raise _Unreachable(f"cannot look for {vllm}{where}: {why}")
-    lines = res.stdout.split("\n", 2)
-    if len(lines) < 2:
-        raise _Unreachable(f"probing {vllm}{where} printed nothing usable")
-    path, real, text = lines[0], lines[1], lines[2] if len(lines) > 2 else ""
-    kind = "sim" if SIM_MODULE in text else "vllm"
-    if method == "sim" and kind != "sim":
-        raise _Unreachable(f"{path} is not the embedded cluster's sim engine shim")
-    if method == "vllm" and kind == "sim":
-        raise _Unreachable(f"{path} is the sim engine's shim, not a real vLLM")
-    left = timeout - (time.monotonic() - t0)
-    if left <= 0:
-        raise _Unreachable(f"no time left after probing {path}")
-    module = "vllm" if kind == "vllm" else "spark_ops.sim.engine_args"
-    held = None if known is None else known.get(kind, [])
-    program = build_program(kind, args if held is None else [], held)
-    res = await run(PICK.argv(module, *interpreters(path, real, text, kind)), left, program)
-    data = parse_answer(res)
-    data["warnings"] = [str(n) for n in data.get("notes") or []] + warning_lines(res)
-    if data.get("ok") is None:
-        raise _Unreachable(str(data.get("error") or "the check program could not run"))
-    return data, kind
 
 
 async def preflight(
@@ -377,10 +146,10 @@ async def preflight(
             tried.append(f"{method}: no time left of {timeout:.0f} s")
             break
         try:
-            data, kind = await _ask_one(
+            data, kind = await ask_one(
                 session, host, method, vllm_cmd, args, renv, remaining, known if options else None
             )
-        except _Unreachable as exc:
+        except Unreachable as exc:
             why = str(exc)
         except CommandTimeout:
             why = f"no answer within {remaining:.0f} s (raise the timeout?)"

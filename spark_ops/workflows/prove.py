@@ -34,13 +34,9 @@ from spark_ops.bench.gate import (
 from spark_ops.errors import BenchError, ExitStatus, SparkOpsError
 from spark_ops.workflows.disruption import Leases, open_loop_concurrency
 from spark_ops.workflows.execution import Done, Execution
+from spark_ops.workflows.loadguard import LoadGuard
 from spark_ops.workflows.plan import Plan, StepKind
-from spark_ops.workflows.probe_load import (
-    LoadGuard,
-    cap_of,
-    plan_load,
-    refusal_of,
-)
+from spark_ops.workflows.probe_load import cap_of, plan_load, refusal_of
 
 MAX_SPAN_S = 3600.0  # an open loop's arrivals at most this long (requests / rate)
 MAX_REQUESTS = 10_000  # a proof's requests at most (each measured twice, the cluster locked)

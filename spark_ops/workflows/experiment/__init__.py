@@ -1,11 +1,13 @@
 """`spark-ops experiment`: apply each configuration, sweep it, compare them, restore the start.
 
-run.py drives the experiment over one Operation, state.py holds its plan and resumable state file,
-reading.py turns the sweep results into a comparison and a recommendation (pure functions).
+run.py drives the experiment over one Operation, state.py holds its spec and resumable state file,
+plan.py its plan, reading.py turns the sweep results into a comparison and a recommendation
+(pure functions).
 """
 
 from __future__ import annotations
 
+from spark_ops.workflows.experiment.plan import plan_experiment
 from spark_ops.workflows.experiment.reading import ExperimentReading, read_experiment
 from spark_ops.workflows.experiment.run import (
     ApplySettings,
@@ -22,7 +24,6 @@ from spark_ops.workflows.experiment.state import (
     default_state_path,
     discard_state,
     label,
-    plan_experiment,
     recorded_state,
     start_state,
 )

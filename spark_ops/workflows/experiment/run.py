@@ -35,10 +35,11 @@ from spark_ops.workflows.experiment.state import (
 from spark_ops.workflows.facts import BudgetGate
 from spark_ops.workflows.gate import next_slot, spent_sentence
 from spark_ops.workflows.journal import RunJournal
+from spark_ops.workflows.loadguard import LoadGuard
 from spark_ops.workflows.operation import ApplyOptions, Operation, jsonable
 from spark_ops.workflows.plan import OperationKind
 from spark_ops.workflows.plans import plan_apply
-from spark_ops.workflows.probe_load import LoadGuard, cap_of, plan_load
+from spark_ops.workflows.probe_load import cap_of, plan_load
 
 
 @dataclass
