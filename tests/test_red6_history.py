@@ -104,3 +104,26 @@ def test_a_signalled_append_leaves_history_and_journal_agreeing(
     assert stamps in (list(STAMPS), [*STAMPS, new])
     written = [r["stamp"] for r in records if r.get("action") == "restart"]
     assert written == ([] if stamps == list(STAMPS) else [new]), (stamps, records)
+
+
+FAILURES = (
+    ("usage", ["prune", "--stamp", "1", "--keep-backups", "0"], 2),
+    ("strict", ["prune", "--stamp", "1", "--strict"], 5),
+)
+
+
+@pytest.mark.parametrize(("case", "args", "code"), FAILURES, ids=[f[0] for f in FAILURES])
+def test_a_failure_whose_session_is_gone_keeps_its_code(
+    history: Path, case: str, args: list[str], code: int
+) -> None:
+    """The SSH channel gone (stdout and stderr both closed) when the program fails: its stderr
+    line met EPIPE and it ended with exit 1 ("a bug") instead of the failure's own code."""
+    hist = str(history / "history")
+    cmd = [sys.executable, "-m", "spark_ops.watchdog.history", args[0], "--history", hist,
+           *args[1:]]  # fmt: skip
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()
+    p.stderr.close()
+    assert (case, p.wait(timeout=60)) == (case, code)
+    assert _state(history)[0] == list(STAMPS)
