@@ -885,7 +885,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code, result = run(sys.argv[1:] if argv is None else argv)
     except HistoryFailure as exc:
-        sys.stderr.write(f"history.py: {exc.message}\n")
+        try:
+            sys.stderr.write(f"history.py: {exc.message}\n")
+            sys.stderr.flush()
+        except BrokenPipeError:  # the session went away: the failure's code stands
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
         code, result = exc.exit_code, exc.to_dict()
     try:
         print(json.dumps(result), flush=True)
