@@ -37,6 +37,7 @@ from spark_ops.fanout import (
     from_error,
     select_nodes,
 )
+from spark_ops.linesub import LINE_ENDS
 from spark_ops.remote import ClusterSession, FileWrite, sha256
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 EDIT_DEADLINE_S = 5.0  # a one-line regex match on a recipe takes microseconds
 # Every character str.splitlines() (and so YAML, or a reader of the recipe) takes for a line end.
-LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+LINE_BREAKS = LINE_ENDS
 # The directory that holds the spark_ops package: the line-edit child's cwd, so that
 # `python -m spark_ops.linesub` imports nothing from the directory spark-ops was started in.
 PACKAGE_HOME = str(Path(__file__).resolve().parents[1])

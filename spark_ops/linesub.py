@@ -19,20 +19,32 @@ import signal
 import sys
 from typing import Any
 
+# Every character str.splitlines ends a line at (lineedit's LINE_BREAKS too)
+LINE_ENDS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
 
 def sub_line(pattern: str, replacement: str, text: str) -> dict[str, Any]:
     """The lines matching pattern (0-based), and when exactly one does, the text rewritten."""
     rx = re.compile(pattern)
     lines = text.splitlines(keepends=True)
-    hits = [i for i, line in enumerate(lines) if rx.search(line.rstrip("\r\n"))]
+    hits = [i for i, line in enumerate(lines) if rx.search(_body(line))]
     out: dict[str, Any] = {"hits": hits}
     if len(hits) == 1:
         i = hits[0]
-        body = lines[i].rstrip("\r\n")
+        body = _body(lines[i])
         new_body = rx.sub(replacement, body, count=1)
         lines[i] = new_body + lines[i][len(body) :]
         out.update(text="".join(lines), old=body, new=new_body)
     return out
+
+
+def _body(line: str) -> str:
+    """A line of str.splitlines(keepends=True) without its end (`\r\n` or any one character
+    splitlines ends a line at: YAML takes \x85, U+2028 and U+2029 for line ends too), so that
+    `.*` never eats the end and joins the line to the next."""
+    if line.endswith("\r\n"):
+        return line[:-2]
+    return line[:-1] if line and line[-1] in LINE_ENDS else line
 
 
 def main() -> None:

@@ -16,9 +16,12 @@ repeated mapping or list (`defaults:` twice) is still refused, as is every repea
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import select
 import stat
+import time
 from typing import Any
 
 from spark_ops.errors import SparkOpsError, excerpt
@@ -30,23 +33,36 @@ MAX_DEPTH = 128  # nested collections: real files nest a handful; libyaml's comp
 # fewer than this; past it a few aliases of aliases (`[*a, *a]` 32 deep) build a value whose walk
 # (validation, an error's excerpt, json.dumps) never ends
 MAX_EXPANDED_NODES = 1 << 18
+PIPE_WAIT_S = 10.0  # a pipe (`--inventory <(sops -d …)`) is written at once, or never
 
 
 def read_capped(
     path: os.PathLike[str] | str, *, error: type[SparkOpsError], max_bytes: int = MAX_YAML_BYTES
 ) -> bytes:
     """A file an operator names, read whole but never past `max_bytes` (/dev/zero, a FIFO that
-    never ends): `error` naming it beyond, before any is parsed; OSError as reading raises it."""
-    with open(path, "rb") as f:
-        st = os.fstat(f.fileno())
+    never ends): `error` naming it beyond, before any is parsed; OSError as reading raises it.
+
+    Opened without blocking: open() of a FIFO no program writes to waits for a writer for ever
+    (and a terminal's read for a line); what is not a regular file is read under PIPE_WAIT_S."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
         size = st.st_size
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         if stat.S_ISREG(st.st_mode) and size > max_bytes:
             raise error(
                 f"{path}: {size:,} bytes, more than the {max_bytes:,} spark-ops reads; refused "
                 "before parsing",
                 hint="check that the path names the right file",
             )
-        raw = f.read(max_bytes + 1)
+        if stat.S_ISREG(st.st_mode):
+            with open(fd, "rb", closefd=False) as f:
+                raw = f.read(max_bytes + 1)
+        else:
+            raw = _read_stream(fd, path, error, max_bytes + 1)
+    finally:
+        os.close(fd)
     if len(raw) > max_bytes:
         raise error(
             f"{path}: more than the {max_bytes:,} bytes spark-ops reads (not a regular file, "
@@ -54,6 +70,39 @@ def read_capped(
             hint="check that the path names the right file",
         )
     return raw
+
+
+def _read_stream(
+    fd: int, path: os.PathLike[str] | str, error: type[SparkOpsError], limit: int
+) -> bytes:
+    """Up to `limit` bytes of a FIFO, pipe or device opened non-blocking, to its end; `error`
+    naming it when nothing writes to it, or it does not end within PIPE_WAIT_S."""
+    chunks: list[bytes] = []
+    got = 0
+    deadline = time.monotonic() + PIPE_WAIT_S
+    while got < limit:
+        try:
+            chunk = os.read(fd, min(1 << 16, limit - got))
+        except BlockingIOError:  # nothing yet: wait for it, never past the deadline
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise error(
+                    f"{path}: not a regular file, and it did not end within {PIPE_WAIT_S:g} s; "
+                    "refused before parsing",
+                    hint="name the file itself, not a pipe, a terminal or a device",
+                ) from None
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    if not got and stat.S_ISFIFO(os.fstat(fd).st_mode):
+        raise error(
+            f"{path}: a named pipe (FIFO) with nothing written to it (no program writes to it); "
+            "refused before parsing",
+            hint="name the file itself, not a pipe",
+        )
+    return b"".join(chunks)
 
 
 def read_text_capped(path: os.PathLike[str] | str, *, error: type[SparkOpsError], what: str) -> str:

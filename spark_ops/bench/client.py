@@ -22,6 +22,10 @@ _DONE = b"[DONE]"
 _TOKEN_KEYS = (b'"content":', b'"text":', b'"reasoning_content":', b'"reasoning":')
 _QUOTE = ord('"')
 _SPACE = ord(" ")
+# An SSE line of vLLM's is a chunk of a few hundred bytes (a usage or error line a few kB): a
+# longer one is not an OpenAI-compatible stream (another program on the engine's port)
+MAX_SSE_LINE = 1 << 20
+MAX_TEXT_BYTES = 4 << 20  # a body read whole (/v1/models, /metrics, an error answer)
 
 
 @dataclass(slots=True)
@@ -76,18 +80,26 @@ def _has_token(line: bytes) -> bool:
 class SSEParser:
     """Incremental parser of an SSE body into a RequestRecord."""
 
-    __slots__ = ("_buf", "record")
+    __slots__ = ("_buf", "overflow", "record")
 
     def __init__(self, record: RequestRecord) -> None:
         """Start with an empty buffer for the given record."""
         self._buf = b""
+        self.overflow = False
         self.record = record
 
     def feed(self, data: bytes, now: float) -> None:
-        """Consume bytes that arrived at `now`; complete lines are parsed, the rest is kept."""
+        """Consume bytes that arrived at `now`; complete lines are parsed, the rest is kept (a
+        rest past MAX_SSE_LINE fails the record: `overflow`, the caller reads no further)."""
         buf = self._buf + data if self._buf else data
         lines = buf.split(b"\n")
         self._buf = lines.pop()
+        if len(self._buf) > MAX_SSE_LINE:
+            self._buf, self.overflow = b"", True
+            self.record.error = (
+                f"a line of more than {MAX_SSE_LINE:,} bytes without an end: not an SSE stream "
+                "of an OpenAI-compatible server; the rest left unread"
+            )
         rec = self.record
         times = rec.chunk_times
         for line in lines:
@@ -206,7 +218,7 @@ class StreamClient:
         async with self.session.get(
             self.base_url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)
         ) as resp:
-            return resp.status, await resp.text()
+            return resp.status, await _text(resp)
 
     async def stream(self, path: str, body: dict[str, Any], index: int) -> RequestRecord:
         """POST a streaming request, timing every chunk; errors end up in the record."""
@@ -227,7 +239,7 @@ class StreamClient:
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
             ) as resp:
                 if resp.status != 200:
-                    text = (await resp.text())[:300].strip()
+                    text = (await _text(resp))[:300].strip()
                     rec.error = f"HTTP {resp.status}: {text}"
                 else:
                     content = resp.content
@@ -237,7 +249,10 @@ class StreamClient:
                         if not chunk:
                             break
                         feed(chunk, clock())
-                    parser.finish()
+                        if parser.overflow:
+                            break
+                    if not parser.overflow:
+                        parser.finish()
                     if rec.error is None and not rec.done:
                         rec.error = "stream ended before [DONE]"
         except asyncio.TimeoutError:
@@ -246,3 +261,21 @@ class StreamClient:
             rec.error = f"{type(exc).__name__}: {exc}"
         rec.end = clock()
         return rec
+
+
+async def _text(resp: aiohttp.ClientResponse) -> str:
+    """A response's body as text, read no further than MAX_TEXT_BYTES (the rest left unread: an
+    answer longer than that is cut, and fails whatever parses it)."""
+    chunks: list[bytes] = []
+    got = 0
+    while got <= MAX_TEXT_BYTES:
+        chunk = await resp.content.readany()
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    data = b"".join(chunks)[: MAX_TEXT_BYTES + 1]
+    try:
+        return data.decode(resp.charset or "utf-8", "replace")
+    except LookupError:  # a charset Python does not know
+        return data.decode("utf-8", "replace")

@@ -5,9 +5,14 @@ Standard library only (spark_ops/headlib/__init__.py says why).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from collections.abc import Iterator
 from types import FrameType
+
+# What a cut session (or an operator's Ctrl-C) ends a head program with: held by signals_held
+HELD_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 def process_exists(pid: int) -> bool:
@@ -47,3 +52,15 @@ def exit_on_hangup() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGTERM, SIGHUP and SIGINT while the block runs (a file's rename and the journal line
+    that says it), each delivered once it ends: a cut session ends the program before both or
+    after both, never between (the history pruned and its journal silent)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -37,7 +37,7 @@ from spark_ops.headlib.atomic import atomic_write, clean_stale_tmp, open_owned
 from spark_ops.headlib.backup import DEFAULT_KEEP_BACKUPS, write_backup
 from spark_ops.headlib.errors import HeadFailure, LockTimeout
 from spark_ops.headlib.flock import DEFAULT_LOCK_TIMEOUT, lock_timeout_error, locked
-from spark_ops.headlib.proc import exit_on_hangup
+from spark_ops.headlib.proc import exit_on_hangup, signals_held
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -519,12 +519,17 @@ def append(
         else:
             line = str(stamp).encode()
         lines = [*hist.lines, line]
-        atomic_write(path, _join(lines))
-        if write_journal:
-            _append_journal(
-                journal,
-                [_journal_line(stamp=stamp, action=action, reason=reason, forced=forced, by=by)],
-            )
+        with signals_held():  # the stamp and its journal line both, or neither
+            atomic_write(path, _join(lines))
+            if write_journal:
+                _append_journal(
+                    journal,
+                    [
+                        _journal_line(
+                            stamp=stamp, action=action, reason=reason, forced=forced, by=by
+                        )
+                    ],
+                )
     return {
         "ok": True,
         "path": path,
@@ -703,17 +708,18 @@ def prune(
         if removed and not dry_run:
             kept_lines = [raw for i, raw in enumerate(hist.lines, start=1) if i not in drop_lines]
             backup = write_backup(path, data, keep_backups)
-            atomic_write(path, _join(kept_lines))
-            if write_journal:
-                _append_journal(
-                    journal,
-                    [
-                        _journal_line(
-                            stamp=e.stamp, action="prune", reason=reason, forced=False, by=by
-                        )
-                        for e in removed
-                    ],
-                )
+            with signals_held():  # the stamps gone and their prune lines both, or neither
+                atomic_write(path, _join(kept_lines))
+                if write_journal:
+                    _append_journal(
+                        journal,
+                        [
+                            _journal_line(
+                                stamp=e.stamp, action="prune", reason=reason, forced=False, by=by
+                            )
+                            for e in removed
+                        ],
+                    )
     return {
         "ok": True,
         "path": path,
@@ -879,7 +885,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code, result = run(sys.argv[1:] if argv is None else argv)
     except HistoryFailure as exc:
-        sys.stderr.write(f"history.py: {exc.message}\n")
+        try:
+            sys.stderr.write(f"history.py: {exc.message}\n")
+            sys.stderr.flush()
+        except BrokenPipeError:  # the session went away: the failure's code stands
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
         code, result = exc.exit_code, exc.to_dict()
     try:
         print(json.dumps(result), flush=True)
