@@ -116,7 +116,7 @@ async def test_an_engine_started_during_the_wait_ends_it(drive: Any) -> None:
 async def test_boot_wait_bounds_the_wait_for_a_dead_runs_restart(
     drive: Any, boot_wait: float
 ) -> None:
-    """Round 6: `--boot-wait 0` ("no wait for a boot") waited up to the dead run's grace anyway
+    """Stop 41: `--boot-wait 0` ("no wait for a boot") waited up to the dead run's grace anyway
     (120 s); the wait now ends with `--boot-wait` when it is shorter, and the log says so."""
     head = await drive(Head(GRACE_END - 60.0), boot_wait_s=boot_wait)
     assert head.at <= GRACE_END - 60.0 + boot_wait + booting.POLL_S, "waited past --boot-wait"
