@@ -302,6 +302,8 @@ async def cluster_events(request: web.Request) -> web.StreamResponse:
                 get_logger(op="serve").error("live sections failed", error=repr(exc)[:300])
                 said = f"the live sections could not be drawn ({type(exc).__name__}); it is logged"
                 html = section("Not shown", f'<p class="bad">{esc(said)}</p>', ident="summary")
+            if not still_allowed(request):  # the credential ended while the sections were read
+                break
             await response.write(sse({"now": now, "html": html}, "cluster"))
             await asyncio.sleep(LIVE_S)
     except (ConnectionResetError, asyncio.CancelledError):

@@ -144,6 +144,8 @@ async def fleet_events(request: web.Request) -> web.StreamResponse:
                 get_logger(op="serve").error("live fleet table failed", error=repr(exc)[:300])
                 said = f"the fleet's table could not be drawn ({type(exc).__name__}); it is logged"
                 html = section("Not shown", f'<p class="bad">{esc(said)}</p>', ident="fleet")
+            if not still_allowed(request):  # the credential ended while the table was read
+                break
             await response.write(sse({"now": now, "html": html}, "fleet"))
             await asyncio.sleep(LIVE_S)
     except (ConnectionResetError, asyncio.CancelledError):
