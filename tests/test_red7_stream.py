@@ -113,6 +113,22 @@ def fast(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("fast")
+async def test_a_hung_cluster_leaves_the_other_rows_and_the_tasks_bounded(tmp_path: Path) -> None:
+    """west hangs: every table still has east's row and says west did not answer; the readings
+    left waiting on west do not grow with the tables sent."""
+    async with _served(tmp_path, {"east": _serving, "west": _hung}) as (client, _):
+        r = await client.get("/events/fleet")
+        first = await _events(r, 3)
+        tasks = len(asyncio.all_tasks())
+        later = await _events(r, 15)
+        grown = len(asyncio.all_tasks()) - tasks
+        r.close()
+    for html in first + later:
+        assert "serving" in html and "no answer within 0.2 s" in html, html
+    assert grown <= 4, f"{grown} more tasks after 15 tables"
+
+
+@pytest.mark.usefixtures("fast")
 async def test_a_token_rotated_while_the_table_is_read_gets_no_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
