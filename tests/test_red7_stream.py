@@ -110,6 +110,7 @@ def fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(app_module, "LIVE_S", 0.02)
     monkeypatch.setattr(fleetapp, "READ_S", 0.2)
     monkeypatch.setattr(auth, "TOKEN_RECHECK_S", 0.0)
+    monkeypatch.setattr(app_module, "SEND_S", 1.0, raising=False)
 
 
 @pytest.mark.usefixtures("fast")
@@ -201,3 +202,36 @@ async def test_hostile_status_values_stay_text_in_the_streamed_section(tmp_path:
     assert "<img" not in html and "<section id=x>" not in html, html
     assert html.startswith('<section id="fleet"') and html.count("<section") == 1, html
     assert '<section id="fleet"' in page and "/events/fleet" in page
+
+
+@pytest.mark.usefixtures("fast")
+async def test_a_client_that_never_reads_is_let_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that opens /events/fleet and never reads: once the socket's buffers are full, a
+    part it does not take within SEND_S ends its stream (main: the handler waited for ever,
+    holding its connection and the Guard's slot, even after its token was rotated)."""
+    big = '<section id="fleet">' + "x" * (1 << 20) + "</section>"
+    monkeypatch.setattr(fleetapp, "fleet_section", lambda rows: big)
+    ended = asyncio.Event()
+    real = fleetapp.fleet_events
+
+    async def watched(request: Any) -> Any:
+        try:
+            return await real(request)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(fleetapp, "fleet_events", watched)
+    async with _served(tmp_path, {"east": _serving, "west": _serving}) as (client, _):
+        host, port = client.server.host, client.server.port
+        _reader, writer = await asyncio.open_connection(host, port)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        head = f"GET /events/fleet HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+        writer.write(head.encode())
+        await writer.drain()
+        try:  # tables of 1 MiB every 20 ms: every buffer is full at once
+            await asyncio.wait_for(ended.wait(), 30.0)
+        finally:
+            writer.close()

@@ -26,6 +26,7 @@ from spark_ops.serve.app import (
     add_cluster,
     new_source,
     root_app,
+    send,
     sse,
     still_allowed,
 )
@@ -164,7 +165,7 @@ async def fleet_events(request: web.Request) -> web.StreamResponse:
                 html = section("Not shown", f'<p class="bad">{esc(said)}</p>', ident="fleet")
             if not still_allowed(request):  # the credential ended while the table was read
                 break
-            await response.write(sse({"now": now, "html": html}, "fleet"))
+            await send(request, response, sse({"now": now, "html": html}, "fleet"))
             await asyncio.sleep(LIVE_S)
     except (ConnectionResetError, asyncio.CancelledError):
         pass
