@@ -18,6 +18,7 @@ from spark_ops.watchdog.loop import (
     pick_loop,
     several_loops,
     split_loops,
+    url_port,
     volatile_history,
 )
 from spark_ops.yamlsafe import load_yaml
@@ -127,7 +128,8 @@ class WatchdogProbe(HeadProbe):
         """A watchdog that only loops, recognised from what runs on the head (its process, its
         script, its environment): every value it names. False when every loop there probes
         another engine's port (none is this cluster's: said, and nothing of theirs taken)."""
-        port = api_url(self.values.get("recipe.args") or {}).rsplit(":", 1)[-1]
+        args = self.values.get("recipe.args")  # not read: the engine's port is not known
+        port = url_port(api_url(args)) if args is not None else None
         mine, others = split_loops(loops, port)
         if others:
             self.warn("watchdog.kind", other_engines(others, port))

@@ -16,6 +16,7 @@ from spark_ops.watchdog.loop import (
     several_loops,
     split_loops,
     unlocked_appends,
+    url_port,
     volatile_history,
 )
 from spark_ops.watchdog.policy import RestartPolicy, engine_policy
@@ -38,7 +39,7 @@ class LoopChecks(Checker):
         wd = self.cluster.watchdog
         if wd.loops_only:
             loops = await find_loop_watchdogs(self.session, self.head)
-            port = self.cluster.engine.api_url.rstrip("/").rsplit(":", 1)[-1]
+            port = url_port(self.cluster.engine.api_url)
             facts = pick_loop(loops, port=port, history=wd.history_file)
             mine, others = split_loops(loops, port)
             if facts is not None and len([f for f in mine if f is not facts]) >= 1:
@@ -69,7 +70,9 @@ class LoopChecks(Checker):
                 "(docs/adopting-a-watchdog.md, step 1)",
             )  # fmt: skip
 
-    def _loop_running(self, facts: LoopFacts | None, port: str, others: list[LoopFacts]) -> None:
+    def _loop_running(
+        self, facts: LoopFacts | None, port: str | None, others: list[LoopFacts]
+    ) -> None:
         """Whether a loop watchdog runs on the head, and whether it is the one described (the
         loops there that probe another port than this engine's `port`: `others`)."""
         wd = self.cluster.watchdog
@@ -87,7 +90,7 @@ class LoopChecks(Checker):
             )  # fmt: skip
             return
         differ = []
-        if probed_port(facts) not in (None, port):
+        if port is not None and probed_port(facts) not in (None, port):
             differ.append(f"its probe names port {probed_port(facts)}, not the engine's {port}")
         if facts.history_file and facts.history_file != wd.history_file:
             differ.append(f"its stamps go to {facts.history_file}, not {wd.history_file}")

@@ -45,6 +45,7 @@ HEADER_TIMEOUT_S = 10.0  # a request's head arrives within this of the connectio
 HANDLER_TIMEOUT_S = 30.0  # a page or API answer is ready within this (503 otherwise)
 KEEPALIVE_S = 15.0  # an idle keep-alive connection is closed after this
 STREAMS = ("/events", "/events/cluster", "/events/fleet")  # answers that last: no deadline
+SEND_S = 30.0  # a stream's client takes each part within this (never reading: let go)
 LIVE_S = 5.0  # the live cluster page gets its sections again this often (the cache's age)
 HEADERS = {
     "Cache-Control": "no-store",
@@ -302,7 +303,9 @@ async def cluster_events(request: web.Request) -> web.StreamResponse:
                 get_logger(op="serve").error("live sections failed", error=repr(exc)[:300])
                 said = f"the live sections could not be drawn ({type(exc).__name__}); it is logged"
                 html = section("Not shown", f'<p class="bad">{esc(said)}</p>', ident="summary")
-            await response.write(sse({"now": now, "html": html}, "cluster"))
+            if not still_allowed(request):  # the credential ended while the sections were read
+                break
+            await send(request, response, sse({"now": now, "html": html}, "cluster"))
             await asyncio.sleep(LIVE_S)
     except (ConnectionResetError, asyncio.CancelledError):
         pass
@@ -398,23 +401,34 @@ async def events(request: web.Request) -> web.StreamResponse:
     queue = src.boot.subscribe()
     try:
         hello = {"event": {"kind": "hello"}, "state": src.boot.state.snapshot()}
-        await response.write(sse(hello))
+        await send(request, response, sse(hello))
         while still_allowed(request):
             try:
                 item = await asyncio.wait_for(src.boot.take(queue), SSE_KEEPALIVE_S)
             except TimeoutError:
                 if still_allowed(request):
-                    await response.write(b": keepalive\n\n")
+                    await send(request, response, b": keepalive\n\n")
                 continue
             if item is None:  # too far behind: dropped; the browser reconnects
                 break
             if still_allowed(request):
-                await response.write(sse(item))
+                await send(request, response, sse(item))
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
         src.boot.unsubscribe(queue)
     return response
+
+
+async def send(request: web.Request, response: web.StreamResponse, data: bytes) -> None:
+    """Part of a stream, within SEND_S: a client that does not take it in time (it never reads;
+    every buffer is full) is let go, its connection closed (ConnectionResetError)."""
+    try:
+        await asyncio.wait_for(response.write(data), SEND_S)
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+        raise ConnectionResetError("the client does not read its stream") from None
 
 
 def sse(item: dict[str, Any], kind: str = "boot") -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +26,7 @@ from spark_ops.serve.app import (
     add_cluster,
     new_source,
     root_app,
+    send,
     sse,
     still_allowed,
 )
@@ -38,6 +40,11 @@ FLEET_STREAM = "/events/fleet"
 FLEET_JS = live_js(FLEET_STREAM, "fleet")
 READ_S = 20.0  # a cluster's reading for the overview or /metrics: at most this (the page's is 30)
 MEMBERS: web.AppKey[list[tuple[Member, Source]]] = web.AppKey("members", list)
+# each cluster's reading still under way (per `hardware`): a page or a stream past its deadline
+# leaves it running and the next one waits on it, never a second one piled behind it
+PENDING: weakref.WeakKeyDictionary[Source, dict[bool, asyncio.Future[list[Any]]]] = (
+    weakref.WeakKeyDictionary()
+)
 PASSING = {"serving": "ok", "degraded": "warn", "restarting": "warn", "experimenting": "warn"}
 ANSWERED = PREFIX + "fleet_cluster_answered"
 
@@ -86,14 +93,26 @@ def deadline_s(m: Member) -> float:
 async def reading(m: Member, src: Source, *, hardware: bool = False) -> dict[str, Any]:
     """One cluster's status and audit (and node facts), within its deadline; `error` instead
     when it did not answer in time. The read goes on (shielded) and is kept for the next page."""
-    reads: list[Any] = [src.status.get(), src.audit.get()]
-    if hardware:
-        reads.append(src.hardware.get())
+    pending = PENDING.setdefault(src, {})
+    read = pending.get(hardware)
+    if read is None or read.done():  # else the one left running by a reader past its deadline
+        reads: list[Any] = [src.status.get(), src.audit.get()]
+        if hardware:
+            reads.append(src.hardware.get())
+        read = pending[hardware] = asyncio.gather(*reads)
+        read.add_done_callback(_retrieved)
     try:
-        got = await asyncio.wait_for(asyncio.shield(asyncio.gather(*reads)), deadline_s(m))
+        got = await asyncio.wait_for(asyncio.shield(read), deadline_s(m))
     except TimeoutError:
         return {"error": f"no answer within {deadline_s(m):g} s"}
     return {"status": got[0], "audit": got[1], "hardware": got[2] if hardware else None}
+
+
+def _retrieved(read: asyncio.Future[list[Any]]) -> None:
+    """A reading that ended after every reader's deadline: its error taken (logged by the
+    cached reader already), never an 'exception was never retrieved' at shutdown."""
+    if not read.cancelled():
+        read.exception()
 
 
 async def _readings(request: web.Request, *, hardware: bool = False) -> list[dict[str, Any]]:
@@ -144,7 +163,9 @@ async def fleet_events(request: web.Request) -> web.StreamResponse:
                 get_logger(op="serve").error("live fleet table failed", error=repr(exc)[:300])
                 said = f"the fleet's table could not be drawn ({type(exc).__name__}); it is logged"
                 html = section("Not shown", f'<p class="bad">{esc(said)}</p>', ident="fleet")
-            await response.write(sse({"now": now, "html": html}, "fleet"))
+            if not still_allowed(request):  # the credential ended while the table was read
+                break
+            await send(request, response, sse({"now": now, "html": html}, "fleet"))
             await asyncio.sleep(LIVE_S)
     except (ConnectionResetError, asyncio.CancelledError):
         pass

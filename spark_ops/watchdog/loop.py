@@ -255,6 +255,19 @@ def probed_port(facts: LoopFacts) -> str | None:
     return str(port) if port is not None else None
 
 
+def url_port(url: str) -> str | None:
+    """The port an engine's API URL reaches: the one written, else its scheme's (80, 443);
+    None when unparsable (then no loop is told apart by its port)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if port is None:
+        port = {"http": 80, "https": 443}.get(parts.scheme)
+    return str(port) if port is not None and parts.hostname else None
+
+
 def split_loops(
     loops: list[LoopFacts], port: str | None
 ) -> tuple[list[LoopFacts], list[LoopFacts]]:

@@ -20,7 +20,7 @@ from spark_ops.errors import BootUnderWayError, SparkOpsError
 from spark_ops.readiness import BootHistory, history_key
 from spark_ops.workflows.converge import checks_owed, engine_answers
 from spark_ops.workflows.execution import Execution
-from spark_ops.workflows.journal import STAMP_GRACE_S
+from spark_ops.workflows.journal import STAMP_GRACE_S, grace_left
 from spark_ops.workflows.operation import ApplyOptions, Operation
 from spark_ops.workflows.plan import StepKind
 from spark_ops.workflows.restart import prepare_restart
@@ -179,7 +179,7 @@ async def _engine_started(op: Operation, run: str, boot_wait_s: float | None) ->
     end = time.monotonic() + limit
     while time.monotonic() < end:
         try:
-            left = grace_end - await op.watchdog.clock()
+            left = grace_left(grace_end, await op.watchdog.clock())
         except SparkOpsError:
             break
         if left <= 0:

@@ -18,7 +18,13 @@ from spark_ops.remote import ClusterSession, engine_log_last_args
 from spark_ops.verify import check_effective_args, parse_non_default_args
 from spark_ops.watchdog.contract import PLANNED_BY
 from spark_ops.watchdog.identify import HistEntry, new_entries, prune_command, record_kind
-from spark_ops.workflows.journal import STAMP_GRACE_S, Run, read_runs, unfinished_runs
+from spark_ops.workflows.journal import (
+    STAMP_GRACE_S,
+    Run,
+    grace_left,
+    read_runs,
+    unfinished_runs,
+)
 from spark_ops.workflows.operation import Operation
 from spark_ops.workflows.plan import OperationKind, Plan, Step, StepKind
 
@@ -79,7 +85,7 @@ async def boot_of_dead_run(op: Operation) -> Run | None:
         now = await op.watchdog.clock()
     except SparkOpsError:
         return None
-    return owed if now < grace_end else None
+    return owed if grace_left(grace_end, now) > 0 else None
 
 
 async def engine_answers(op: Operation) -> bool:

@@ -209,6 +209,14 @@ def runs_of(entries: Sequence[dict[str, Any]]) -> list[Run]:
     return list(runs.values())
 
 
+def grace_left(grace_end: float, now: float) -> float:
+    """Seconds left of a restart's grace ending at `grace_end` at the head's clock `now`; 0 once
+    it ended, and for a grace longer than STAMP_GRACE_S (its command later than now: a forged
+    journal line, or the head's clock stepped back), which would hold off restarts for ever."""
+    left = grace_end - now
+    return left if 0 < left <= STAMP_GRACE_S else 0.0
+
+
 def finite_number(value: Any) -> float | None:
     """A finite number from a record, or None (an integer past a float's range too)."""
     if isinstance(value, bool) or not isinstance(value, int | float):

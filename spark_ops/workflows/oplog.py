@@ -110,6 +110,9 @@ def args_text(what: object) -> str:
         if not _says(value):
             continue
         if isinstance(value, dict | list):
-            value = json.dumps(value, separators=(",", ":"), default=str)
+            try:
+                value = json.dumps(value, separators=(",", ":"), default=str)
+            except RecursionError:  # a hand-written line nested as deep as the reader parses
+                value = "(nested too deep to show)"
         words.append(f"{key}={value}")
     return " ".join(words)
