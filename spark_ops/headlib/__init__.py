@@ -1,11 +1,13 @@
-"""The head-side foundation: the atomic writer, the backup naming rule and the flock.
+"""The head-side foundation: the atomic writer, the backup naming rule, the flock, and the restart
+history's format and journal.
 
 Standard library only, and importing nothing of spark-ops but itself: history.py runs on the head
 without spark-ops installed, sent to its python3 as one program (`python3 - ARGS`) that
 `head_program` builds from these modules' sources and history.py's. The local writer
 (spark_ops/files.py), the remote writer (remote/shell.py renders the backup rule into sh), the
 reference watchdog (refwatchdog/daemon.py) and history.py all import these modules: one
-implementation each.
+implementation each. `history_format` (parse, read, budget) and `history_journal` are what
+history.py's program reads with; spark-ops and the reference watchdog read with them too.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from importlib import resources
 
 # The modules, in the order each one's imports need (what head_program sends before its program).
-MODULES = ("errors", "proc", "atomic", "backup", "flock")
+MODULES = ("errors", "proc", "atomic", "backup", "flock", "history_format", "history_journal")
 
 
 def head_program(source: str, filename: str) -> str:
