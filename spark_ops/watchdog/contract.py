@@ -14,6 +14,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -60,6 +61,7 @@ _EXIT_MEANING = {
 }
 
 
+@cache  # the package's files do not change while it runs: built once, not on every call
 def history_source() -> str:
     """The program sent to the head's python3: history.py with the headlib modules it imports."""
     text = resources.files("spark_ops.watchdog").joinpath("history.py").read_text(encoding="utf-8")
