@@ -177,7 +177,7 @@ class CrashMachine(RuleBasedStateMachine):
             str(int(r["stamp"]))
             for r in recs
             if r.get("action", "restart") in ("restart", "append")
-            and not wd_history._is_planned(r, PLANNED_BY)
+            and not wd_history.is_planned(r, PLANNED_BY)
         )
         expected = Counter(self.start["history"]) + automatic
         actual = Counter(snap["history"])

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spark_ops.headlib import history_format
 from spark_ops.headlib.backup import is_backup_name, list_backups
 from spark_ops.watchdog import history
 from spark_ops.watchdog.contract import history_source
@@ -197,12 +198,12 @@ def test_batch_json_matches_line_by_line(lines: list[bytes]) -> None:
     """The one-call JSON fast path gives the same entries and malformed lines as line by line."""
     data = b"\n".join(lines) + b"\n"
     fast = history.parse_history(data, fmt="jsonl")
-    original = history._batch_json
+    original = history_format._batch_json  # parse_history's home (history.py re-exports it)
     try:
-        history._batch_json = lambda lines: None
+        history_format._batch_json = lambda lines: None
         slow = history.parse_history(data, fmt="jsonl")
     finally:
-        history._batch_json = original
+        history_format._batch_json = original
     assert fast.to_dict() == slow.to_dict()
 
 

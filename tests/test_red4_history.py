@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_ops.headlib import head_program
 from spark_ops.headlib.flock import lock_free
-from spark_ops.watchdog import history
+from spark_ops.watchdog.contract import history_source
 
 STAMPS = [1796400000 + 60 * i for i in range(6)]
 OLD = "".join(f"{s}\n" for s in STAMPS)
@@ -32,7 +31,7 @@ NEW = "".join(f"{s}\n" for s in STAMPS if s != STAMPS[2])
 @pytest.fixture(scope="module")
 def program() -> bytes:
     """history.py as the head gets it."""
-    return head_program(Path(history.__file__).read_text(), "history.py").encode()
+    return history_source().encode()
 
 
 def _start(program: bytes, hist: Path, stdout: int | None = subprocess.PIPE) -> subprocess.Popen:  # type: ignore[type-arg]

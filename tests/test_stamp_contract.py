@@ -199,7 +199,7 @@ def test_one_rule_for_a_record_of_a_restart(case: dict[str, Any]) -> None:
     assert record_kind(record, "spark-ops") == case["kind"]
     assert HistEntry(9001.0, "9001", record).kind("spark-ops") == case["kind"]
     # the head's history.py (stdlib only, its own copy of the rule) agrees
-    assert history._is_planned(record or {}, "spark-ops") is (case["kind"] == "planned")
+    assert history.is_planned(record or {}, "spark-ops") is (case["kind"] == "planned")
     # as the journal's record of a plain stamp: the same kind decides identify
     if case["kind"] is not None and record.get("action", "restart") == "restart":
         got = identify(

@@ -1,19 +1,23 @@
-"""The head-side foundation: the atomic writer, the backup naming rule and the flock.
+"""The head-side foundation: the atomic writer, the backup naming rule, the flock, and the restart
+history's format and journal.
 
 Standard library only, and importing nothing of spark-ops but itself: history.py runs on the head
 without spark-ops installed, sent to its python3 as one program (`python3 - ARGS`) that
 `head_program` builds from these modules' sources and history.py's. The local writer
 (spark_ops/files.py), the remote writer (remote/shell.py renders the backup rule into sh), the
 reference watchdog (refwatchdog/daemon.py) and history.py all import these modules: one
-implementation each.
+implementation each. `history_format` (parse, read, budget) and `history_journal` are what
+history.py's program reads with; spark-ops and the reference watchdog read with them too.
 """
 
 from __future__ import annotations
 
+import base64
+import zlib
 from importlib import resources
 
 # The modules, in the order each one's imports need (what head_program sends before its program).
-MODULES = ("errors", "proc", "atomic", "backup", "flock")
+MODULES = ("errors", "proc", "atomic", "backup", "flock", "history_format", "history_journal")
 
 
 def head_program(source: str, filename: str) -> str:
@@ -21,10 +25,11 @@ def head_program(source: str, filename: str) -> str:
 
     Each module is compiled under its own name into sys.modules (a stub `spark_ops` package holds
     them), so `from spark_ops.headlib.atomic import atomic_write` in source works on a node where
-    spark-ops is not installed; every source travels as a Python string literal.
+    spark-ops is not installed; every source travels as a Python string literal. The whole travels
+    zlib-compressed (base85 in a bytes literal, a third of its size: it crosses SSH on every
+    history call) and is unpacked and run by the program's two first lines.
     """
     lines = [
-        f"# {filename} with spark_ops.headlib ({', '.join(MODULES)}), for python3 -\n",
         "import sys as _sys, types as _types\n",
         "def _install(_name, _source):\n",
         "    _m = _types.ModuleType(_name)\n",
@@ -45,4 +50,10 @@ def head_program(source: str, filename: str) -> str:
         lines.append(f"_install({__name__ + '.' + module!r}, {text!r})\n")
     lines.append("del _sys, _types, _install\n")
     lines.append(f"exec(compile({source!r}, {filename!r}, 'exec', dont_inherit=True))\n")
-    return "".join(lines)
+    packed = base64.b85encode(zlib.compress("".join(lines).encode("utf-8"), 9)).decode("ascii")
+    return (
+        f"# {filename} with spark_ops.headlib ({', '.join(MODULES)}), for python3 -\n"
+        "import base64 as _b85, zlib as _zlib\n"
+        f"exec(compile(_zlib.decompress(_b85.b85decode(b{packed!r})), '<head_program>', 'exec',"
+        " dont_inherit=True))\n"
+    )

@@ -3,8 +3,9 @@
 `locked` takes an exclusive flock (waking as soon as the holder lets go, bounded by a timeout; a
 lock file this account may not write is locked through a read-only descriptor); `lock_free` is the
 one probe (the Python twin of remote.programs.lock.LOCK_FREE_SH); a timeout names the processes
-that have the lock file open (`lock_holders`). Standard library only (spark_ops/headlib/__init__.py
-says why).
+that have the lock file open (`lock_holders`); `history_locks` / `history_locked` are the locks a
+change to a restart history takes (its default `<name>.lock` beside every name of its symlink
+chain). Standard library only (spark_ops/headlib/__init__.py says why).
 """
 
 from __future__ import annotations
@@ -197,3 +198,59 @@ def _flock_takers(st: os.stat_result) -> set[int]:
         if same and int(fields[4]) > 0:
             out.add(int(fields[4]))
     return out
+
+
+def default_lock(history: str) -> str:
+    """Return the default lock path for a history file."""
+    return history + ".lock"
+
+
+def link_chain(path: str, limit: int = 40) -> list[str]:
+    """The names a path reaches its file by: path, then each symlink's target in turn."""
+    names = [path]
+    current = path
+    for _ in range(limit):
+        try:
+            target = os.readlink(current)
+        except OSError:
+            break  # not a link, or missing: the end of the chain
+        current = os.path.join(os.path.dirname(current), target)
+        names.append(current)
+    return names
+
+
+def history_locks(path: str, lock: str | None = None) -> list[str]:
+    """The lock files a change to the history at path takes, in the order it takes them.
+
+    A watchdog locks `<history>.lock` by the name it was given for the history. Reached through a
+    symlink, one history has several names, and a writer locking beside the link and one locking
+    beside the target would exclude nobody (issue 20 #7: appends lost during a prune). So the
+    default lock is taken beside every name of the chain (the path, each link on the way, the
+    file it ends at), each file once (by real path), in the order of their real paths: one global
+    order, so two writers naming the chain differently never deadlock. A lock named explicitly
+    (the inventory's `lock_file`, the watchdog's own) is exactly that one file.
+    """
+    if lock and lock != default_lock(path):
+        return [lock]
+    by_real: dict[str, str] = {}
+    for name in link_chain(path):
+        candidate = default_lock(name)
+        by_real.setdefault(os.path.realpath(candidate), candidate)
+    return [by_real[real] for real in sorted(by_real)]
+
+
+@contextlib.contextmanager
+def history_locked(
+    path: str, lock: str | None = None, timeout: float = DEFAULT_LOCK_TIMEOUT
+) -> Iterator[list[str]]:
+    """Hold every lock of history_locks(path, lock), within one timeout in all; yield them."""
+    locks = history_locks(path, lock)
+    give_up = time.monotonic() + timeout
+    with contextlib.ExitStack() as stack:
+        for one in locks:
+            left = max(0.0, give_up - time.monotonic()) if timeout > 0 else 0.0
+            try:
+                stack.enter_context(locked(one, left))
+            except LockTimeout as exc:  # the whole wait is shown, not what was left of it
+                raise lock_timeout_error(one, timeout, exc.details.get("holders")) from None
+        yield locks

@@ -11,6 +11,7 @@ come from the head's clock.
 from __future__ import annotations
 
 import json
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -54,6 +55,7 @@ _EXIT_MEANING = {
 }
 
 
+@cache  # the package's files do not change while it runs: built once, not on every call
 def history_source() -> str:
     """The program sent to the head's python3: history.py with the headlib modules it imports."""
     text = resources.files("spark_ops.watchdog").joinpath("history.py").read_text(encoding="utf-8")

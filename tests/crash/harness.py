@@ -510,7 +510,7 @@ class CrashCluster:
         """Stamps the journal marks planned (forced by spark-ops, or marked), as history lines."""
         recs = wd_history.read_journal(str(self.journal))[0]
         # the planned rule is the watchdog history's own (the one prune --planned applies)
-        return Counter(str(int(r["stamp"])) for r in recs if wd_history._is_planned(r, PLANNED_BY))
+        return Counter(str(int(r["stamp"])) for r in recs if wd_history.is_planned(r, PLANNED_BY))
 
     def locks_held(self) -> list[str]:
         """Lock files still held after LOCK_WAIT_S (polled: the watchdog takes some briefly),
@@ -748,7 +748,7 @@ def changes(c: CrashCluster, a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     if a["recipes"] != b["recipes"]:
         what.append("recipe written")
     recs = c.journal_since(a["journal_n"])[: b["journal_n"] - a["journal_n"]]
-    if any(wd_history._is_planned(r, PLANNED_BY) for r in recs):
+    if any(wd_history.is_planned(r, PLANNED_BY) for r in recs):
         what.append("restart triggered")
     if any(
         r.get("action") == "prune" and str(r.get("by", "")).startswith(PLANNED_BY) for r in recs
@@ -821,7 +821,7 @@ def run_case(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:
         str(int(r["stamp"]))
         for r in new
         if r.get("action", "restart") in ("restart", "append")
-        and not wd_history._is_planned(r, PLANNED_BY)
+        and not wd_history.is_planned(r, PLANNED_BY)
         and isinstance(r.get("stamp"), (int, float))
     )
     kept = Counter(li for li in before["history"] if li.strip() not in planned)
