@@ -12,8 +12,6 @@ history.py's program reads with; spark-ops and the reference watchdog read with 
 
 from __future__ import annotations
 
-import base64
-import zlib
 from importlib import resources
 
 # The modules, in the order each one's imports need (what head_program sends before its program).
@@ -25,11 +23,10 @@ def head_program(source: str, filename: str) -> str:
 
     Each module is compiled under its own name into sys.modules (a stub `spark_ops` package holds
     them), so `from spark_ops.headlib.atomic import atomic_write` in source works on a node where
-    spark-ops is not installed; every source travels as a Python string literal. The whole travels
-    zlib-compressed (base85 in a bytes literal, a third of its size: it crosses SSH on every
-    history call) and is unpacked and run by the program's two first lines.
+    spark-ops is not installed; every source travels as a Python string literal.
     """
     lines = [
+        f"# {filename} with spark_ops.headlib ({', '.join(MODULES)}), for python3 -\n",
         "import sys as _sys, types as _types\n",
         "def _install(_name, _source):\n",
         "    _m = _types.ModuleType(_name)\n",
@@ -50,10 +47,4 @@ def head_program(source: str, filename: str) -> str:
         lines.append(f"_install({__name__ + '.' + module!r}, {text!r})\n")
     lines.append("del _sys, _types, _install\n")
     lines.append(f"exec(compile({source!r}, {filename!r}, 'exec', dont_inherit=True))\n")
-    packed = base64.b85encode(zlib.compress("".join(lines).encode("utf-8"), 9)).decode("ascii")
-    return (
-        f"# {filename} with spark_ops.headlib ({', '.join(MODULES)}), for python3 -\n"
-        "import base64 as _b85, zlib as _zlib\n"
-        f"exec(compile(_zlib.decompress(_b85.b85decode(b{packed!r})), '<head_program>', 'exec',"
-        " dont_inherit=True))\n"
-    )
+    return "".join(lines)
