@@ -106,7 +106,6 @@ async def _hung() -> dict[str, Any]:
 @pytest.fixture
 def fast(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tables every 20 ms, a reading's deadline 0.2 s, the token file looked at on every check."""
-    monkeypatch.setattr(fleetapp, "LIVE_S", 0.02)
     monkeypatch.setattr(app_module, "LIVE_S", 0.02)
     monkeypatch.setattr(fleetapp, "READ_S", 0.2)
     monkeypatch.setattr(auth, "TOKEN_RECHECK_S", 0.0)

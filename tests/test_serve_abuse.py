@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 
 from spark_ops.bench.stats import MAX_LEVEL, MAX_LEVELS
-from spark_ops.serve.app import MAX_CONNECTIONS
+from spark_ops.serve.guard import MAX_CONNECTIONS
 from spark_ops.serve.source import CACHE_S
 from spark_ops.serve.sweeps import MAX_RESULTS
 

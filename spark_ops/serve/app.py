@@ -22,6 +22,7 @@ from yarl import URL
 from spark_ops.inventory import Cluster
 from spark_ops.log import get_logger
 from spark_ops.serve.auth import COOKIE, Sessions, TokenSource, same_token
+from spark_ops.serve.guard import GUARD, KEEPALIVE_S, Guard, Handler, guarded
 from spark_ops.serve.html import esc, json_text, page, section
 from spark_ops.serve.metrics import render_metrics
 from spark_ops.serve.pages import (
@@ -40,10 +41,7 @@ BASE: web.AppKey[str] = web.AppKey("base", str)  # "" at /, "/c/NAME" for a flee
 SOURCES: web.AppKey[list[Source]] = web.AppKey("sources", list)  # every cluster served
 SSE_KEEPALIVE_S = 15.0
 ERROR_METRIC = "spark_ops_serve_answer_failed"
-MAX_CONNECTIONS = 256  # open connections at once; more are closed on arrival
-HEADER_TIMEOUT_S = 10.0  # a request's head arrives within this of the connection or last answer
 HANDLER_TIMEOUT_S = 30.0  # a page or API answer is ready within this (503 otherwise)
-KEEPALIVE_S = 15.0  # an idle keep-alive connection is closed after this
 STREAMS = ("/events", "/events/cluster", "/events/fleet")  # answers that last: no deadline
 SEND_S = 30.0  # a stream's client takes each part within this (never reading: let go)
 LIVE_S = 5.0  # the live cluster page gets its sections again this often (the cache's age)
@@ -57,8 +55,6 @@ HEADERS = {
     "script-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; "
     "form-action 'none'; frame-ancestors 'none'",
 }
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware
@@ -119,98 +115,6 @@ async def shown(request: web.Request, handler: Handler) -> web.StreamResponse:
             return _json({"error": what})
         said = section("Not shown", f'<p class="bad">{esc(what)}</p>')
         return _html(page("Error", where, said, base=request_base(request)))
-
-
-class Guard:
-    """The connections of one server: a limit on their count and a deadline on each request's
-    head (a slow or silent client is closed, never kept)."""
-
-    def __init__(self, limit: int = MAX_CONNECTIONS, header_s: float = HEADER_TIMEOUT_S) -> None:
-        """Nothing open yet."""
-        self.limit = limit
-        self.header_s = header_s
-        self.open: dict[asyncio.Transport, float] = {}  # transport -> head deadline (0: busy)
-        self.refused = 0
-        self.expired = 0
-
-    def connected(self, transport: asyncio.Transport) -> bool:
-        """Count a new connection; False (and it is closed) when the limit is reached."""
-        if len(self.open) >= self.limit:
-            self.refused += 1
-            transport.abort()
-            return False
-        self.open[transport] = time.monotonic() + self.header_s
-        return True
-
-    def busy(self, transport: asyncio.Transport | None, busy: bool) -> None:
-        """A request's head arrived (busy) or its answer was sent (the next head's deadline)."""
-        if transport in self.open:
-            self.open[transport] = 0.0 if busy else time.monotonic() + self.header_s + KEEPALIVE_S
-
-    def sweep(self) -> None:
-        """Close every connection whose request head is late."""
-        now = time.monotonic()
-        for transport, due in list(self.open.items()):
-            if due and due < now:
-                self.expired += 1
-                self.open.pop(transport, None)
-                transport.abort()
-
-    def wrap(self, factory: Callable[[], asyncio.BaseProtocol]) -> Callable[[], asyncio.Protocol]:
-        """The protocol factory of the listening socket: aiohttp's, counted and timed."""
-        guard = self
-
-        class Counted(asyncio.Protocol):
-            """aiohttp's protocol for one connection, with the guard's bookkeeping around it."""
-
-            def __init__(self) -> None:
-                """aiohttp's handler for this connection."""
-                self.inner: Any = factory()
-                self.transport: asyncio.Transport | None = None
-
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                """Counted, or closed at once over the limit."""
-                assert isinstance(transport, asyncio.Transport)
-                self.transport = transport
-                if guard.connected(transport):
-                    self.inner.connection_made(transport)
-
-            def connection_lost(self, exc: Exception | None) -> None:
-                """Forget it."""
-                if self.transport is not None and guard.open.pop(self.transport, None) is not None:
-                    self.inner.connection_lost(exc)
-
-            def data_received(self, data: bytes) -> None:
-                """To aiohttp."""
-                self.inner.data_received(data)
-
-            def eof_received(self) -> bool | None:
-                """To aiohttp."""
-                return bool(self.inner.eof_received())
-
-            def pause_writing(self) -> None:
-                """To aiohttp."""
-                self.inner.pause_writing()
-
-            def resume_writing(self) -> None:
-                """To aiohttp."""
-                self.inner.resume_writing()
-
-        return Counted
-
-
-GUARD: web.AppKey[Guard] = web.AppKey("guard", Guard)
-
-
-@web.middleware
-async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The request's head is in: no head deadline while it is answered, a new one after."""
-    guard = request.config_dict[GUARD]
-    guard.busy(request.transport, True)
-    try:
-        return await handler(request)
-    finally:
-        guard.busy(request.transport, False)
 
 
 def request_base(request: web.Request) -> str:
@@ -286,9 +190,23 @@ async def cluster_view(request: web.Request) -> web.Response:
 
 async def cluster_events(request: web.Request) -> web.StreamResponse:
     """GET /events/cluster: the cluster page's sections again every LIVE_S seconds (`event:
-    cluster`, JSON {now, html}); the readings are the shared cached ones. A reading or drawing
-    that fails sends an error section and the stream goes on; the stream ends when the request's
-    credential no longer holds (the token moved, rotated or its session ended)."""
+    cluster`), from the shared cached readings (live_stream)."""
+
+    async def draw(now: float) -> str:
+        """The cluster page's sections now."""
+        args, more = await _cluster_data(request)
+        return cluster_sections(*args, **more, now=now, base=request.app[BASE])
+
+    return await live_stream(request, "cluster", draw, ident="summary")
+
+
+async def live_stream(
+    request: web.Request, event: str, draw: Callable[[float], Awaitable[str]], *, ident: str
+) -> web.StreamResponse:
+    """A live page's stream: every LIVE_S seconds `draw(now)`'s sections as `event` (JSON
+    {now, html}). A drawing that fails sends an error section (id `ident`) and the stream goes
+    on; it ends when the request's credential no longer holds, looked at again after each
+    drawing (the token moved, rotated or its session ended)."""
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "X-Accel-Buffering": "no", **HEADERS}
     )
@@ -297,15 +215,15 @@ async def cluster_events(request: web.Request) -> web.StreamResponse:
         while still_allowed(request):
             now = time.time()
             try:
-                args, more = await _cluster_data(request)
-                html = cluster_sections(*args, **more, now=now, base=request.app[BASE])
+                html = await draw(now)
             except Exception as exc:  # one bad reading: said, and the next one may be good
-                get_logger(op="serve").error("live sections failed", error=repr(exc)[:300])
-                said = f"the live sections could not be drawn ({type(exc).__name__}); it is logged"
-                html = section("Not shown", f'<p class="bad">{esc(said)}</p>', ident="summary")
-            if not still_allowed(request):  # the credential ended while the sections were read
+                get_logger(op="serve").error(f"live {event} failed", error=repr(exc)[:300])
+                said = f"the live {event} page could not be drawn ({type(exc).__name__})"
+                said += "; it is logged"
+                html = section("Not shown", f'<p class="bad">{esc(said)}</p>', ident=ident)
+            if not still_allowed(request):  # the credential ended while it was drawn
                 break
-            await send(request, response, sse({"now": now, "html": html}, "cluster"))
+            await send(request, response, sse({"now": now, "html": html}, event))
             await asyncio.sleep(LIVE_S)
     except (ConnectionResetError, asyncio.CancelledError):
         pass

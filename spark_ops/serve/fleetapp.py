@@ -17,19 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from spark_ops.fleet import Fleet, Member
-from spark_ops.log import get_logger
-from spark_ops.serve.app import (
-    HEADERS,
-    LIVE_S,
-    SOURCES,
-    Guard,
-    add_cluster,
-    new_source,
-    root_app,
-    send,
-    sse,
-    still_allowed,
-)
+from spark_ops.serve.app import SOURCES, Guard, add_cluster, live_stream, new_source, root_app
 from spark_ops.serve.auth import TokenSource
 from spark_ops.serve.html import ago, esc, page, section, table, url, when
 from spark_ops.serve.metrics import PREFIX, render_metrics
@@ -146,30 +134,14 @@ def overview_page(rows: list[list[str]]) -> str:
 
 
 async def fleet_events(request: web.Request) -> web.StreamResponse:
-    """GET /events/fleet: the fleet's table again every LIVE_S seconds (`event: fleet`, JSON
-    {now, html}), each cluster read as the page reads it (cached, within its deadline). A table
-    that cannot be drawn sends an error section and the stream goes on; it ends when the
-    request's credential no longer holds."""
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "X-Accel-Buffering": "no", **HEADERS}
-    )
-    await response.prepare(request)
-    try:
-        while still_allowed(request):
-            now = time.time()
-            try:
-                html = fleet_section(await overview_rows(request, now))
-            except Exception as exc:  # one bad reading: said, and the next one may be good
-                get_logger(op="serve").error("live fleet table failed", error=repr(exc)[:300])
-                said = f"the fleet's table could not be drawn ({type(exc).__name__}); it is logged"
-                html = section("Not shown", f'<p class="bad">{esc(said)}</p>', ident="fleet")
-            if not still_allowed(request):  # the credential ended while the table was read
-                break
-            await send(request, response, sse({"now": now, "html": html}, "fleet"))
-            await asyncio.sleep(LIVE_S)
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass
-    return response
+    """GET /events/fleet: the fleet's table again every LIVE_S seconds (`event: fleet`), each
+    cluster read as the page reads it (cached, within its deadline; app.live_stream)."""
+
+    async def draw(now: float) -> str:
+        """The fleet's table now."""
+        return fleet_section(await overview_rows(request, now))
+
+    return await live_stream(request, "fleet", draw, ident="fleet")
 
 
 def overview_row(name: str, r: dict[str, Any], now: float) -> list[str]:
