@@ -7,6 +7,7 @@ staged beside (docs/reliability.md, "The red team of 2026-12-05, round 6")."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,9 @@ def hit():
     for _ in range(times):
         os.kill(os.getpid(), getattr(signal, signame))
 def wrap(name, before):
-    real = getattr(h, name)
+    real = getattr(h, name, None)
+    if real is None:  # the program's step moved: say so, never pass as a signalled run
+        sys.exit(97)
     def wrapped(*a, **k):
         if before:
             hit()
@@ -37,7 +40,7 @@ def wrap(name, before):
     setattr(h, name, wrapped)
 {"backup": lambda: wrap("write_backup", True),
  "renamed": lambda: wrap("atomic_write", False),
- "journal": lambda: wrap("_append_journal", True)}[where]()
+ "journal": lambda: wrap("append_journal", True)}[where]()
 exit_on_hangup()
 sys.exit(h.main(sys.argv[4:]))
 """
@@ -51,7 +54,14 @@ def _run(tmp: Path, where: str, signame: str, times: int, args: list[str]) -> in
     hist = tmp / "history"
     cmd = [sys.executable, "-c", DRIVER, where, signame, str(times), args[0], "--history",
            str(hist), *args[1:]]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, timeout=60, check=False).returncode
+    # SIGINT's default back: a process started with it ignored (an xdist worker's child, a
+    # shell's background job) would otherwise ignore it, and the step run whole
+    res = subprocess.run(
+        cmd, capture_output=True, timeout=60, check=False,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    assert res.returncode != 97, f"the driver found no {where!r} step to signal"
+    return res.returncode
 
 
 def _state(tmp: Path) -> tuple[list[int], list[dict[str, Any]], list[str]]:
