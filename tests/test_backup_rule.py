@@ -71,7 +71,7 @@ def _seed(directory: Path) -> Path:
 def _write_remote_way(path: Path, content: str, keep: int) -> None:
     """Stage and commit with the remote writer's sh programs, run here on the local disk."""
     staged = subprocess.run(
-        sh_program(STAGE_SH, str(path), "-", sha256(content)),
+        sh_program(STAGE_SH, str(path), "-", sha256(content), "-"),
         shell=True, input=content.encode(), capture_output=True, check=True, timeout=30,
     ).stdout.decode()  # fmt: skip
     tmp, target, seen = staged.split("\0")  # seen: the digest the commit checks again
@@ -121,7 +121,7 @@ def test_the_staged_file_keeps_the_mode_when_root_may_not_chown(tmp_path: Path) 
     path.chmod(0o644)
     staged = subprocess.run(
         ["setpriv", "--bounding-set", "-chown", "--inh-caps", "-chown", "sh", "-c",
-         sh_program(STAGE_SH, str(path), "-", sha256("new\n"))],
+         sh_program(STAGE_SH, str(path), "-", sha256("new\n"), "-")],
         input=b"new\n", capture_output=True, check=True, timeout=30,
     ).stdout.decode()  # fmt: skip
     tmp = Path(staged.split("\0")[0])

@@ -16,6 +16,7 @@ docs/reliability.md. A case that regresses fails here with the checks that did n
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 
@@ -106,6 +107,27 @@ def test_apply_sigkilled_at_each_step_boundary(
 ) -> None:
     """apply SIGKILLed when each step starts and ends, then re-run: the cluster converges."""
     _check(crash_cluster, command, point)
+
+
+def test_staged_files_of_a_run_killed_before_its_renames_are_removed(
+    crash_cluster: CrashCluster,
+) -> None:
+    """apply SIGKILLed once every node staged its write and none renamed: the re-run's settle step
+    removes that run's staged files (their names carry its run id) and converges; a staged file
+    of another run (a colleague's, its id not a dead run's) is left as it is."""
+    others = [p.parent / f".{p.name}.spark-ops.20200101T000000-abcdef.000001" for p in
+              crash_cluster.recipe_copies]  # fmt: skip
+    for p in others:
+        p.write_text("another run's staged file\n")
+    try:
+        result = _check(crash_cluster, "apply", KillPoint("write:running", target="staged"))
+        assert result.state["caps_after_kill"] == [6, 6], "nothing renamed before the kill"
+        said = json.dumps(crash_cluster.audit()[-3:])  # the re-run's settle step, as recorded
+        assert "removed the staged file(s) a dead run left" in said, said
+        assert all(p.read_text() == "another run's staged file\n" for p in others)
+    finally:
+        for p in others:
+            p.unlink(missing_ok=True)
 
 
 # the boundaries where a pause file is read or written (the lease taken, the boot it covers, its

@@ -340,6 +340,10 @@ class ClusterSession:
         """Remove a staged temp file; the reason it could not be, or None when it is gone."""
         return await atomic.discard(self, host, staged_path)
 
+    async def discard_run(self, host: str, path: str, run: str) -> list[str]:
+        """Remove the staged files a dead run left beside path's target (remote/writes.py)."""
+        return await atomic.discard_run(self, host, path, run)
+
     async def write_atomic(self, writes: Sequence[FileWrite]) -> list[WriteOutcome]:
         """Write files on several nodes all-or-nothing (remote/writes.py): stage everywhere,
         then rename everywhere; undone on any failure, or WriteNotUndone names each copy."""

@@ -111,9 +111,13 @@ STAGE_SH = (
     COMMON_SH
     + r"""
 set -eu
-p=$1; expected=$2; want=$3
+p=$1; expected=$2; want=$3; run=$4  # run: the run id the staged name carries, or -
 nl='
 '
+case $run in
+  -) ;;
+  ''|*[!0-9A-Za-z-]*) printf 'run id %s is not a run id\n' "$run" >&2; exit 2 ;;
+esac
 resolve "$p"
 [ -n "$t" ] || { printf 'symlink %s cannot be resolved\n' "$p" >&2; exit 66; }
 dir_of "$t"; b=${t##*/}
@@ -140,7 +144,7 @@ else
   done
 fi
 for old in "$d/.$b.spark-ops."*; do  # staged files of a killed run, older than 10 minutes
-  case ${old##*.spark-ops.} in ??????) ;; *) continue ;; esac
+  case ${old##*.spark-ops.} in ??????|????????T??????-??????.??????) ;; *) continue ;; esac
   if [ -f "$old" ] && [ -n "$(find "$old" -maxdepth 0 -mmin +10 2>/dev/null)" ]; then
     rm -f -- "$old"
   fi
@@ -150,6 +154,7 @@ done
 umask 077; set -C; n=$$; tmp=
 while [ -z "$tmp" ]; do
   s=00000$n; c="$d/.$b.spark-ops.${s#"${s%??????}"}"
+  [ "$run" = - ] || c="$d/.$b.spark-ops.$run.${s#"${s%??????}"}"  # the next run finds its own
   if [ -e "$c" ] || [ -L "$c" ]; then n=$((n + 1)); continue; fi
   : > "$c"
   tmp=$c
@@ -312,12 +317,26 @@ done
 """
 )
 
+DISCARD_RUN_SH = (
+    COMMON_SH
+    + r"""
+p=$1; run=$2
+case $run in ''|-|*[!0-9A-Za-z-]*) printf 'run id %s is not a run id\n' "$run" >&2; exit 2 ;; esac
+resolve "$p"
+[ -n "$t" ] || exit 0
+dir_of "$t"; b=${t##*/}
+for f in "$d/.$b.spark-ops.$run."??????; do  # only that run's staged files: regular, not links
+  if [ -f "$f" ] && [ ! -L "$f" ]; then rm -f -- "$f" && printf '%s\0' "$f"; fi
+done
+"""
+)  # remove a dead run's staged files beside $1's target ($2 its run id); print each, NUL-ended
+
 
 # The writer's programs as RemoteProgram values (session.py parses what they print: their exit
 # codes above mean more than success or failure).
 REPLACEABLE = RemoteProgram("can replace", REPLACEABLE_SH, (path("file"),), result)
 STAGE = RemoteProgram(
-    "stage", STAGE_SH, (path("file"), text("expected sha"), text("new sha")), result
+    "stage", STAGE_SH, (path("file"), text("expected sha"), text("new sha"), text("run")), result
 )
 COMMIT = RemoteProgram(
     "commit",
@@ -336,6 +355,7 @@ READ = RemoteProgram("read", READ_SH, (path("file"), integer("max bytes")), resu
 TAIL = RemoteProgram("tail", TAIL_SH, (path("file"), integer("max bytes")), result)
 LIST_BACKUPS = RemoteProgram("list backups", LIST_BACKUPS_SH, (path("file"),), checked)
 REMOVE = RemoteProgram("remove", 'rm -f -- "$1"', (path("file"),), result)
+DISCARD_RUN = RemoteProgram("discard run", DISCARD_RUN_SH, (path("file"), text("run")), checked)
 
 
 def engine_log_recent(engine: EngineSettings, lines: int = 5000) -> str:

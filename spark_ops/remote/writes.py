@@ -18,6 +18,7 @@ from spark_ops.remote.program import check_text
 from spark_ops.remote.shell import (
     COMMIT,
     DIGEST,
+    DISCARD_RUN,
     MAX_READ_BYTES,
     MISMATCH_EXIT,
     NO_ROOM_EXIT,
@@ -72,6 +73,7 @@ class FileWrite:
     expected_sha: str | None = None  # None: any current content (or none) is accepted
     keep_backups: int = 5
     label: str = ""  # appended to the backup's name: ROLLED_BACK for a rollback's write
+    run: str = "-"  # the journal's run id, carried by the staged file's name (discard_run)
 
 
 @dataclass
@@ -98,7 +100,7 @@ async def stage(session: ClusterSession, w: FileWrite) -> WriteOutcome:
     """
     check_text(f"{w.host}:{w.path}: new content", w.content, max_bytes=MAX_READ_BYTES)
     expected = "-" if w.expected_sha is None else w.expected_sha
-    cmd = STAGE.line(w.path, expected, sha256(w.content))
+    cmd = STAGE.line(w.path, expected, sha256(w.content), w.run)
     res = await session.run(
         w.host, cmd, input=w.content, check=False, sudo=True, label=f"stage {w.path}"
     )
@@ -155,6 +157,16 @@ async def discard(session: ClusterSession, host: str, staged_path: str) -> str |
     except SparkOpsError as exc:
         return exc.message
     return None
+
+
+async def discard_run(session: ClusterSession, host: str, path: str, run: str) -> list[str]:
+    """Remove the staged files a dead run (its journal id) left beside path's target; the removed.
+
+    A run killed between staging and renaming leaves its staged file; only the cluster lock's
+    next holder calls this, for a run the journal shows begun and never ended.
+    """
+    res = await session.call(host, DISCARD_RUN, path, run, sudo=True, label=f"discard {path}")
+    return [f for f in res.stdout.split("\0") if f]
 
 
 async def write_atomic(session: ClusterSession, writes: Sequence[FileWrite]) -> list[WriteOutcome]:

@@ -117,6 +117,18 @@ class Run:
         written = rec.get("written")
         return [str(w) for w in written] if isinstance(written, list) else []
 
+    @property
+    def planned_writes(self) -> list[tuple[str, str]]:
+        """(host, path) of every write its intent announced (a record not of that shape: none)."""
+        detail = self.intent.get("detail")
+        writes = detail.get("writes") if isinstance(detail, dict) else None
+        return [
+            (w["host"], w["path"])
+            for w in (writes if isinstance(writes, list) else [])
+            if isinstance(w, dict) and isinstance(w.get("host"), str)
+            and isinstance(w.get("path"), str)
+        ]  # fmt: skip
+
     def restart_windows(self) -> list[RestartWindow]:
         """Every planned restart it triggered (apply's, a rollback's) and its clock window.
 

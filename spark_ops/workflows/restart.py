@@ -227,7 +227,7 @@ async def trigger_failed(ex: Execution, name: StepKind, trigger: Trigger) -> Non
     if not began and written:
         keep = op.cluster.recipe.keep_backups
         writes = [
-            FileWrite(ch.host, ch.path, ch.old_text, sha256(ch.new_text), keep)
+            FileWrite(ch.host, ch.path, ch.old_text, sha256(ch.new_text), keep, run=ex.journal.run)
             for ch in plan.changes
         ]
         undone = await op.session.write_atomic(writes)

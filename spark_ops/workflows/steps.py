@@ -25,6 +25,7 @@ from spark_ops.workflows.converge import dead_runs
 from spark_ops.workflows.disruption import restart_lease_seconds, settle_leases
 from spark_ops.workflows.execution import Done, Execution
 from spark_ops.workflows.facts import HistoryProblem
+from spark_ops.workflows.journal import Run
 from spark_ops.workflows.operation import Operation, Outcome
 from spark_ops.workflows.plan import OperationKind, Step, StepKind
 from spark_ops.workflows.postboot import verify_boot
@@ -35,7 +36,8 @@ from spark_ops.workflows.restart import identify
 async def settle(ex: Execution, kind: StepKind) -> Done:
     """Finish the dead runs the plan names: remove the planned stamps they left, by exact line."""
     facts = ex.plan.facts
-    ended = await settle_leases(ex.op, await dead_runs(ex.op))
+    dead = await dead_runs(ex.op)
+    ended = "; ".join(s for s in (await settle_leases(ex.op, dead), await _discard(ex, dead)) if s)
     raws = [str(r) for r in facts.left_stamps or []]
     if not raws:
         left = f"nothing was left by {', '.join(facts.settles or [])}"
@@ -45,6 +47,21 @@ async def settle(ex: Execution, kind: StepKind) -> Done:
     removed = result["removed_stamps"]
     ex.out.pruned.extend(removed)
     return Done(f"removed the stamp(s) left by a dead run: {removed}")
+
+
+async def _discard(ex: Execution, dead: list[Run]) -> str:
+    """Remove the staged files the dead runs left (killed between staging and renaming): only
+    files whose name carries a dead run's id, beside the targets its intent named."""
+    removed: list[str] = []
+    for r in dead:
+        for host, path in r.planned_writes:
+            try:
+                gone = await ex.op.session.discard_run(host, path, r.run)
+            except SparkOpsError as exc:  # left for the writer's own 10-minute clean-up
+                ex.op.log.warning("staged files not removed", host=host, error=exc.message)
+                continue
+            removed.extend(f"{host}:{f}" for f in gone)
+    return f"removed the staged file(s) a dead run left: {', '.join(removed)}" if removed else ""
 
 
 async def lease(ex: Execution, kind: StepKind) -> Done:
@@ -72,7 +89,7 @@ async def write(ex: Execution, kind: StepKind) -> Done:
     )  # the version rolled away
     writes = [
         FileWrite(ch.host, ch.path, ch.new_text, ch.old_sha, op.cluster.recipe.keep_backups,
-                  label=label)
+                  label=label, run=ex.journal.run)
         for ch in ex.plan.changes
     ]  # fmt: skip
     try:
@@ -296,9 +313,9 @@ async def prepare_rollback(ex: Execution, kind: StepKind) -> None:
 
 async def restore(ex: Execution, kind: StepKind) -> Done:
     """Write the old text back everywhere (the rollback's restart follows)."""
-    keep = ex.op.cluster.recipe.keep_backups
+    keep, run = ex.op.cluster.recipe.keep_backups, ex.journal.run
     writes = [
-        FileWrite(ch.host, ch.path, ch.old_text, sha256(ch.new_text), keep, label=ROLLED_BACK)
+        FileWrite(ch.host, ch.path, ch.old_text, sha256(ch.new_text), keep, ROLLED_BACK, run)
         for ch in ex.plan.changes
     ]
     done = await ex.op.session.write_atomic(writes)

@@ -128,7 +128,8 @@ class KillPoint:
     occurrence: int = 1
     delay: float = 0.0
     signal: str = "KILL"  # KILL, INT, TERM (to the tool); ignored for target restart-command
-    target: str = "tool"  # tool | restart-command
+    target: str = "tool"  # tool | restart-command | staged (the tool SIGKILLs itself once every
+    # node staged its write, before any rename: the boundary is then ignored)
 
     @property
     def label(self) -> str:
@@ -136,6 +137,8 @@ class KillPoint:
         at = self.boundary if self.occurrence == 1 else f"{self.boundary}#{self.occurrence}"
         if self.delay:
             at += f"+{self.delay:.2f}s"
+        if self.target == "staged":
+            return "SIGKILL@staged"
         who = "restart-cmd" if self.target == "restart-command" else f"SIG{self.signal}"
         return f"{who}@{at}"
 
@@ -176,14 +179,29 @@ def _restart_command_pids(root: Path) -> list[int]:
     return pids_running("--restart-now", root)
 
 
+# `python -c` in place of `-m spark_ops.cli.main` for target "staged": the writer's first rename
+# SIGKILLs the tool instead (every node staged, none renamed: the staged files stay on the nodes)
+KILL_AFTER_STAGING = """
+import os, signal
+import spark_ops.remote.writes as writes
+async def commit(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+writes.commit = commit
+from spark_ops.cli.main import main
+main()
+"""
+
+
 def run_interrupted(
     env: dict[str, str], args: list[str], point: KillPoint | None, root: Path
 ) -> Interrupted:
     """Run `spark-ops ARGS`; at `point` signal the tool or SIGKILL the restart command."""
     out_path = root / f"stdout.{os.getpid()}.{threading.get_ident()}"
+    staged = point is not None and point.target == "staged"
+    entry = ["-c", KILL_AFTER_STAGING] if staged else ["-m", "spark_ops.cli.main"]
     with open(out_path, "wb") as out:
         proc = subprocess.Popen(  # --log-json: the log events that mark boundaries (lock taken)
-            [sys.executable, "-m", "spark_ops.cli.main", "--log-json", *args],
+            [sys.executable, *entry, "--log-json", *args],
             env=env, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
             text=True, errors="replace", start_new_session=True,
         )  # fmt: skip
@@ -195,7 +213,7 @@ def run_interrupted(
 
     def fire() -> None:
         """Send the signal (to the tool), or SIGKILL the restart command once it shows."""
-        if point is None:
+        if point is None or point.target == "staged":
             return
         if point.target == "restart-command":
             deadline = time.monotonic() + 15
@@ -253,6 +271,8 @@ def run_interrupted(
             schedule()
     res.code = proc.wait()
     guard.cancel()
+    if staged:
+        res.fired = res.code == -signal.SIGKILL
     res.stderr = "".join(lines)
     res.stdout = out_path.read_text(errors="replace")
     out_path.unlink()
