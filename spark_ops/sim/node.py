@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -92,6 +93,7 @@ class SimNode:
         env.update(
             HOME=home,
             USER=os.environ.get("USER", "ops"),
+            SHELL=shutil.which("bash") or "/bin/bash",  # the shell it runs commands in (sshd's)
             SPARK_SIM_NODE=self.spec.name,
             **{RAYLET_PORT_ENV: str(self.spec.raylet_port)},
             PATH=f"{home}/bin:{env.get('PATH', '/usr/bin:/bin')}",

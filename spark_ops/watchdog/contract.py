@@ -26,7 +26,7 @@ from spark_ops.errors import (
     WatchdogError,
 )
 from spark_ops.headlib import head_program
-from spark_ops.remote.programs.watchdog import HISTORY_PY
+from spark_ops.remote.programs.watchdog import DETACHED_RESTART, HISTORY_PY
 from spark_ops.remote.shell import REMOVE
 from spark_ops.watchdog.command import fill_restart_command, reported_stamps
 from spark_ops.watchdog.identify import (
@@ -245,7 +245,8 @@ class WatchdogContract(OwnConfigChecks):
         """
         command = self.restart_command(reason)
         before = await self.clock()
-        res = await self.session.run(self.head, command, timeout=timeout, check=False)
+        line = DETACHED_RESTART.line(command)  # a lost connection never tears the restart
+        res = await self.session.run(self.head, line, timeout=timeout, check=False, label=command)
         after = await self.clock()
         every = reported_stamps(res.stdout)
         printed = every[-1] if every else None

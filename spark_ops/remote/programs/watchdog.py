@@ -113,3 +113,27 @@ LEASE_TAKE = RemoteProgram(
 LEASE_END = RemoteProgram(
     "end the watchdog lease", LEASE_END_SH, (path("pause file"), text("sha256")), result
 )
+
+# The forced restart (watchdog/contract.py trigger). $1 the inventory's restart command (shell text,
+# its placeholders filled and quoted), run by the login shell as a plain command would be, but
+# detached: its own session (setsid) and its output in files, stdin /dev/null. A connection lost
+# mid-restart (the operator's VPN, a killed spark-ops, a server that signals the session's group)
+# then neither signals the restart nor breaks its output pipe (SIGPIPE, or `set -e` on a failed
+# echo): the restart runs to its end instead of stopping the engine and never starting it. This
+# program waits for it and gives back what it printed and its exit code; lost with the connection,
+# its two output files stay in $TMPDIR (spark-ops-restart.*) for the operator to read.
+DETACHED_RESTART_SH = r"""
+cmd=$1; tmp=${TMPDIR:-/tmp}; o=; e=
+o=$(mktemp "$tmp/spark-ops-restart.XXXXXX") && e=$(mktemp "$tmp/spark-ops-restart.XXXXXX") || {
+  [ -z "${o:-}" ] || rm -f -- "$o"; echo "cannot create a file in $tmp" >&2; exit 66
+}
+if command -v setsid >/dev/null 2>&1; then
+  setsid "${SHELL:-/bin/sh}" -c "$cmd" > "$o" 2> "$e" < /dev/null &
+else
+  "${SHELL:-/bin/sh}" -c "$cmd" > "$o" 2> "$e" < /dev/null &
+fi
+wait "$!"; rc=$?
+if cat -- "$o" && cat -- "$e" >&2; then rm -f -- "$o" "$e"; fi  # kept when it could not be sent
+exit "$rc"
+"""
+DETACHED_RESTART = RemoteProgram("restart command", DETACHED_RESTART_SH, (text("command"),), result)
