@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientSession, web
+import pytest
+from aiohttp import ClientSession, ClientTimeout, web
 
 from spark_ops.serve import app as app_module
-from spark_ops.serve.auth import TokenSource
+from spark_ops.serve import auth
+from spark_ops.serve.auth import COOKIE, TokenSource
 from spark_ops.serve.guard import Guard
 
 TOKEN = "tok-" + "r8" * 16
@@ -106,5 +108,48 @@ def test_connections_the_sweep_closes_end_their_handlers(tmp_path: Path) -> None
             finally:
                 for s in socks:
                     s.close()
+
+    asyncio.run(scenario())
+
+
+async def _cookie(client: ClientSession, url: str) -> str:
+    """The session cookie the login URL (?token=) sets."""
+    got = await client.get(f"{url}/?token={TOKEN}", allow_redirects=False)
+    assert got.status == 303, got.status
+    return got.cookies[COOKIE].value
+
+
+@pytest.mark.parametrize("change", ["rotated", "removed"])
+def test_a_session_cookie_ends_with_its_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A browser's session cookie, taken with the token that is then rotated (or whose file is
+    removed): pages answer 401 and its live stream ends (before the fix a rotated token left
+    every cookie of the old one valid for its 12 hours: pages and streams alike); the new token
+    gets a new cookie that works."""
+    monkeypatch.setattr(auth, "TOKEN_RECHECK_S", 0.0)
+    monkeypatch.setattr(app_module, "LIVE_S", 0.05)
+
+    async def scenario() -> None:
+        async with _served(tmp_path, Guard()) as (url, token_file, _):
+            timeout = ClientTimeout(total=DEADLINE_S)
+            async with ClientSession(timeout=timeout) as client:
+                cookie = {COOKIE: await _cookie(client, url)}
+                assert (await client.get(url, cookies=cookie)).status == 200
+                stream = await client.get(f"{url}/events/cluster", cookies=cookie)
+                assert stream.status == 200
+                assert b"event: cluster" in await stream.content.readuntil(b"\n\n")
+                if change == "rotated":
+                    _write_token(token_file, ROTATED)
+                else:
+                    token_file.unlink()
+                rest = await asyncio.wait_for(stream.content.read(), DEADLINE_S)
+                assert stream.content.at_eof(), "the stream ended"
+                assert len(rest) < 1 << 16, "it ended within a few parts"
+                assert (await client.get(url, cookies=cookie)).status == 401
+                if change == "rotated":
+                    got = await client.get(f"{url}/?token={ROTATED}", allow_redirects=False)
+                    fresh = {COOKIE: got.cookies[COOKIE].value}
+                    assert (await client.get(url, cookies=fresh)).status == 200
 
     asyncio.run(scenario())
