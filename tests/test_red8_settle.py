@@ -1,0 +1,73 @@
+"""The red team of 2026-12-06, round 8: the staged files of a dead run (a run SIGKILLed once every
+node staged its write, before any rename) and who finishes that run (docs/reliability.md, round
+8). One embedded cluster for the module (tests/crash/harness.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from crash.harness import COMMANDS, CrashCluster, KillPoint, run_interrupted
+
+pytestmark = pytest.mark.slow
+
+STAGED = KillPoint("write:running", target="staged")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashCluster]:
+    """One embedded cluster (2 nodes, the recipe on both) for the module."""
+    c = CrashCluster(tmp_path_factory.mktemp("red8"))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _staged(c: CrashCluster) -> list[Path]:
+    """Every staged file beside a recipe copy (any run's)."""
+    return [p for r in c.recipe_copies for p in r.parent.glob(f".{r.name}.spark-ops.*")]
+
+
+def _cli(c: CrashCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run spark-ops ARGS on the module's cluster."""
+    return subprocess.run(
+        [sys.executable, "-m", "spark_ops.cli.main", *args],
+        env=c.env(), capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+
+
+def _apply_killed_after_staging(c: CrashCluster) -> list[str]:
+    """apply SIGKILLed once both nodes staged: its staged files are there; its arguments."""
+    args, _ = COMMANDS["apply"].arrange(c)
+    killed = run_interrupted(c.env(), args, STAGED, c.root)
+    assert killed.fired, killed.stderr[-800:]
+    assert len(_staged(c)) == len(c.recipe_copies), _staged(c)
+    return args
+
+
+def _settle_said(c: CrashCluster) -> str:
+    """What the last run's settle step recorded, as the audit holds it."""
+    steps = [s for e in c.audit() for s in e.get("steps") or [] if isinstance(s, dict)]
+    said = [s for s in steps if s.get("step") == "settle" and s.get("status") == "done"]
+    return json.dumps(said[-1] if said else None)
+
+
+def test_a_prune_leaves_a_dead_apply_with_staged_files_to_apply(cluster: CrashCluster) -> None:
+    """apply killed after staging, then `budget prune --planned` (a planned stamp to remove):
+    the prune does not finish that apply (it cannot remove the staged files: it reaches the head
+    only), so the next apply's settle step removes them. Before the fix the prune settled the
+    run (nothing written), and its staged files stayed beside both copies for good."""
+    c = cluster
+    args = _apply_killed_after_staging(c)
+    c.planned_append()
+    pruned = _cli(c, "budget", "prune", "--planned", "--yes", "--json")
+    assert pruned.returncode == 0, pruned.stderr[-1500:]
+    rerun = _cli(c, *args)
+    assert rerun.returncode == 0, rerun.stderr[-1500:]
+    assert not _staged(c), f"left: {_staged(c)}"
+    assert "removed the staged file(s) a dead run left" in _settle_said(c)
