@@ -5,10 +5,13 @@ node staged its write, before any rename) and who finishes that run (docs/reliab
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from crash.harness import COMMANDS, CrashCluster, KillPoint, run_interrupted
@@ -71,3 +74,33 @@ def test_a_prune_leaves_a_dead_apply_with_staged_files_to_apply(cluster: CrashCl
     assert rerun.returncode == 0, rerun.stderr[-1500:]
     assert not _staged(c), f"left: {_staged(c)}"
     assert "removed the staged file(s) a dead run left" in _settle_said(c)
+
+
+def _forge_intent(c: CrashCluster, writes: list[dict[str, Any]]) -> str:
+    """An intent line in the head's audit log as the head's program writes it (its account
+    first): a run that began and never ended, its writes as given. Its run id."""
+    audit = next((c.root / "state").glob("*.audit.jsonl"))
+    run = "20200101T000000-" + os.urandom(3).hex()
+    line = {
+        "when": time.time(), "account": "operator", "uid": os.getuid(), "operation": "apply",
+        "run": run, "phase": "intent", "who": "operator@elsewhere", "pid": 1,
+        "detail": {"writes": writes},
+    }  # fmt: skip
+    with audit.open("a") as f:
+        f.write(json.dumps(line) + "\n")
+    return run
+
+
+def test_the_settle_step_says_where_it_could_not_look(cluster: CrashCluster) -> None:
+    """A dead run whose intent names a node the inventory no longer has (or whose removal fails
+    on a node): the run goes on and its settle step says which staged files it did not look for
+    (before the fix a warning in the log alone: nothing under --json, nothing in the audit)."""
+    c = cluster
+    if not list((c.root / "state").glob("*.audit.jsonl")):
+        _cli(c, *COMMANDS["apply"].arrange(c)[0])  # the audit log exists once a run wrote
+    path = "~/" + c.rel_recipe
+    _forge_intent(c, [{"host": "node9", "path": path}, {"host": "node2", "path": path}])
+    rerun = _cli(c, *COMMANDS["apply"].arrange(c)[0])
+    assert rerun.returncode == 0, rerun.stderr[-1500:]
+    said = _settle_said(c)
+    assert "not looked for beside node9:" in said, said
