@@ -32,8 +32,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashCluster]:
 
 
 def _staged(c: CrashCluster) -> list[Path]:
-    """Every staged file beside a recipe copy (any run's)."""
-    return [p for r in c.recipe_copies for p in r.parent.glob(f".{r.name}.spark-ops.*")]
+    """Every staged file in a recipe copy's directory (any run's, any file's)."""
+    return [p for r in c.recipe_copies for p in r.parent.glob(".*.spark-ops.*")]
 
 
 def _cli(c: CrashCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -104,3 +104,34 @@ def test_the_settle_step_says_where_it_could_not_look(cluster: CrashCluster) -> 
     assert rerun.returncode == 0, rerun.stderr[-1500:]
     said = _settle_said(c)
     assert "not looked for beside node9:" in said, said
+
+
+def test_a_retargeted_recipe_link_leaves_no_staged_file(cluster: CrashCluster) -> None:
+    """The recipe a symlink (`recipe -> real-a.yaml`), apply killed after staging beside real-a,
+    the link retargeted to real-b.yaml, apply again: the dead run's staged files (their names carry
+    its run id) are removed beside whatever file they were staged for (before the fix both
+    `.real-a.yaml.spark-ops.<run>.<n>` stayed for good: the removal looked beside real-b only)."""
+    c = cluster
+    texts = [p.read_text() for p in c.recipe_copies]
+    for p, text in zip(c.recipe_copies, texts, strict=True):
+        for name in ("real-a.yaml", "real-b.yaml"):
+            (p.parent / name).write_text(text)
+        p.unlink()
+        p.symlink_to("real-a.yaml")
+    try:
+        args = _apply_killed_after_staging(c)
+        staged = [p for r in c.recipe_copies for p in r.parent.glob(".real-a.yaml.spark-ops.*")]
+        assert len(staged) == len(c.recipe_copies), staged
+        for p in c.recipe_copies:
+            p.unlink()
+            p.symlink_to("real-b.yaml")
+        rerun = _cli(c, *args)
+        assert rerun.returncode == 0, rerun.stderr[-1500:]
+        assert not [p for p in staged if p.exists() or p.is_symlink()], "left beside real-a"
+    finally:
+        for p in c.recipe_copies:
+            text = p.read_text()
+            p.unlink()
+            p.write_text(text)
+            for name in ("real-a.yaml", "real-b.yaml"):
+                (p.parent / name).unlink(missing_ok=True)
