@@ -323,13 +323,16 @@ DISCARD_RUN_SH = (
 p=$1; run=$2
 case $run in ''|-|*[!0-9A-Za-z-]*) printf 'run id %s is not a run id\n' "$run" >&2; exit 2 ;; esac
 resolve "$p"
-[ -n "$t" ] || exit 0
-dir_of "$t"; b=${t##*/}
-for f in "$d/.$b.spark-ops.$run."??????; do  # only that run's staged files: regular, not links
+dir_of "$p"; pd=$d
+[ -z "$t" ] || dir_of "$t"
+# only that run's staged files (its id is in their names: no other run makes them), regular, not
+# links, beside whatever file it staged in the target's directory or the link's: a link retargeted
+# since (recipe.yaml -> real-b.yaml, was real-a.yaml) leaves .real-a.yaml.spark-ops.<run>.<n>
+for f in "$d/."*".spark-ops.$run."?????? "$pd/."*".spark-ops.$run."??????; do
   if [ -f "$f" ] && [ ! -L "$f" ]; then rm -f -- "$f" && printf '%s\0' "$f"; fi
 done
 """
-)  # remove a dead run's staged files beside $1's target ($2 its run id); print each, NUL-ended
+)  # remove a dead run's staged files beside $1 or its target ($2 its run id); print each, NUL-ended
 
 
 # The writer's programs as RemoteProgram values (session.py parses what they print: their exit

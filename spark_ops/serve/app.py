@@ -73,10 +73,10 @@ async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise _unauthorized()
         response = web.HTTPSeeOther(location=same_page(request.path, request.query))
         https = request.secure or request.headers.get("X-Forwarded-Proto", "") == "https"
-        response.set_cookie(COOKIE, sessions.issue(), httponly=True, samesite="Strict",
+        response.set_cookie(COOKIE, sessions.issue(token), httponly=True, samesite="Strict",
                             path="/", secure=https, max_age=int(sessions.lifetime))  # fmt: skip
         raise response
-    if sessions.valid(request.cookies.get(COOKIE)):
+    if sessions.valid(request.cookies.get(COOKIE), token):
         return await _headers(await handler(request))
     raise _unauthorized()
 
@@ -239,7 +239,7 @@ def still_allowed(request: web.Request) -> bool:
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer" and same_token(given.strip(), token):
         return True
-    return request.config_dict[SESSIONS].valid(request.cookies.get(COOKIE))
+    return request.config_dict[SESSIONS].valid(request.cookies.get(COOKIE), token)
 
 
 async def api_nodes(request: web.Request) -> web.Response:

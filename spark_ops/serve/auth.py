@@ -112,9 +112,10 @@ def same_token(given: str | None, token: str) -> bool:
 
 
 class Sessions:
-    """The session cookies of one server run: `EXPIRY.MAC`, an HMAC of the expiry under a key made
-    at start. A cookie ends at its expiry or when the server stops (a new run has a new key), and
-    never holds or reveals the token."""
+    """The session cookies of one server run: `EXPIRY.MAC`, an HMAC of the expiry and the token it
+    was issued under, keyed by a key made at start. A cookie ends at its expiry, when the token
+    changes (a rotated token ends every session of the old one) or when the server stops (a new
+    run has a new key), and never holds or reveals the token."""
 
     def __init__(self, lifetime: float = SESSION_S, clock: Callable[[], float] = time.time) -> None:
         """A fresh key; cookies issued now last `lifetime` seconds by `clock`."""
@@ -122,24 +123,27 @@ class Sessions:
         self.lifetime = lifetime
         self.clock = clock
 
-    def _mac(self, expiry: str) -> str:
-        """The MAC of an expiry under this run's key."""
-        return hmac.new(self.key, expiry.encode("ascii"), hashlib.sha256).hexdigest()
+    def _mac(self, expiry: str, token: str) -> str:
+        """The MAC of an expiry and the token's digest under this run's key."""
+        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+        msg = f"{expiry}.{digest}".encode("ascii")
+        return hmac.new(self.key, msg, hashlib.sha256).hexdigest()
 
-    def issue(self) -> str:
-        """A new cookie value."""
+    def issue(self, token: str = "") -> str:
+        """A new cookie value, valid while `token` is the server's token."""
         expiry = str(int(self.clock() + self.lifetime))
-        return f"{expiry}.{self._mac(expiry)}"
+        return f"{expiry}.{self._mac(expiry, token)}"
 
-    def valid(self, value: str | None) -> bool:
-        """True for a cookie this run issued that has not expired (constant-time; any text)."""
+    def valid(self, value: str | None, token: str = "") -> bool:
+        """True for a cookie this run issued under `token` that has not expired (constant-time;
+        any text)."""
         if not value:
             return False
         expiry, _, mac = value.partition(".")
         if not expiry.isascii() or not expiry.isdigit() or len(expiry) > 12:
             return False
         good = hmac.compare_digest(
-            mac.encode("utf-8", "surrogateescape"), self._mac(expiry).encode("ascii")
+            mac.encode("utf-8", "surrogateescape"), self._mac(expiry, token).encode("ascii")
         )
         return good and int(expiry) > self.clock()
 

@@ -64,17 +64,22 @@ class Guard:
                 """aiohttp's handler for this connection."""
                 self.inner: Any = factory()
                 self.transport: asyncio.Transport | None = None
+                self.admitted = False  # aiohttp was told of it: it is told of its end too
 
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
                 """Counted, or closed at once over the limit."""
                 assert isinstance(transport, asyncio.Transport)
                 self.transport = transport
                 if guard.connected(transport):
+                    self.admitted = True
                     self.inner.connection_made(transport)
 
             def connection_lost(self, exc: Exception | None) -> None:
-                """Forget it."""
-                if self.transport is not None and guard.open.pop(self.transport, None) is not None:
+                """Forget it; aiohttp's handler ends with it (one the sweep closed too)."""
+                if self.transport is not None:
+                    guard.open.pop(self.transport, None)
+                if self.admitted:
+                    self.admitted = False
                     self.inner.connection_lost(exc)
 
             def data_received(self, data: bytes) -> None:

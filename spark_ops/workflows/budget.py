@@ -235,8 +235,9 @@ async def _dead_runs_stamps(op: Operation, plan: PrunePlan) -> None:
         plan.notes.extend(ambiguous)
         plan.chosen.extend(e for e in stamps if e.raw not in {c.raw for c in plan.chosen})
         booted = (run.step("boot") or {}).get("status") == "done"
-        if op.locked and not ambiguous and (booted or not run.written):
-            plan.settles.append(run.run)  # nothing but its stamp was left; a write is apply's
+        if op.locked and not ambiguous and (booted or not (run.written or run.planned_writes)):
+            plan.settles.append(run.run)  # nothing but its stamp was left; a write is apply's,
+            # one announced and not committed too (its staged files: apply's settle removes them)
     chosen = Counter(e.raw for e in plan.chosen)
     plan.kept_raws = list((Counter(plan.kept_raws) - chosen).elements())
 

@@ -46,22 +46,28 @@ async def settle(ex: Execution, kind: StepKind) -> Done:
     result = await ex.op.watchdog.prune(raws=raws, reason=reason)
     removed = result["removed_stamps"]
     ex.out.pruned.extend(removed)
-    return Done(f"removed the stamp(s) left by a dead run: {removed}")
+    pruned = f"removed the stamp(s) left by a dead run: {removed}"
+    return Done(f"{ended}; {pruned}" if ended else pruned)  # what else it did is said too
 
 
 async def _discard(ex: Execution, dead: list[Run]) -> str:
     """Remove the staged files the dead runs left (killed between staging and renaming): only
     files whose name carries a dead run's id, beside the targets its intent named."""
     removed: list[str] = []
+    kept: list[str] = []
     for r in dead:
         for host, path in r.planned_writes:
             try:
                 gone = await ex.op.session.discard_run(host, path, r.run)
-            except SparkOpsError as exc:  # left for the writer's own 10-minute clean-up
+            except SparkOpsError as exc:  # left for the writer's own 10-minute clean-up; said
                 ex.op.log.warning("staged files not removed", host=host, error=exc.message)
+                kept.append(f"{host}:{path} ({exc.message})")
                 continue
             removed.extend(f"{host}:{f}" for f in gone)
-    return f"removed the staged file(s) a dead run left: {', '.join(removed)}" if removed else ""
+    said = [f"removed the staged file(s) a dead run left: {', '.join(removed)}"] if removed else []
+    if kept:
+        said.append(f"staged files of a dead run not looked for beside {'; '.join(kept)}")
+    return "; ".join(said)
 
 
 async def lease(ex: Execution, kind: StepKind) -> Done:
