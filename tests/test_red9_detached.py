@@ -13,7 +13,9 @@ head's login shell runs it (no SSH), and once on an embedded node for the deadli
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -66,6 +68,21 @@ def test_a_command_runs_detached_as_it_ran_plainly(tmp_path: Path, command: str)
     )  # fmt: skip
     assert _kept(tmp_path) == [], "no output file is left"
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_a_process_left_writing_keeps_its_output_files(tmp_path: Path) -> None:
+    """An engine the command starts in the background without redirecting it still writes to the
+    restart's output: the files stay (the operator can read and remove them), never removed
+    while written, where they would grow out of sight until the engine stops."""
+    command = 'sleep 30 & echo $! > "$HOME/pid"; echo started'
+    res = _shell(DETACHED_RESTART.line(command), tmp_path, str(tmp_path))
+    try:
+        assert (res.returncode, res.stdout) == (0, "started\n")
+        kept = _kept(tmp_path)
+        assert len(kept) == 2, f"the files written by the engine were removed: {kept}"
+        assert all(name in res.stderr for name in kept), res.stderr
+    finally:
+        os.kill(int((tmp_path / "pid").read_text()), signal.SIGTERM)
 
 
 @pytest.mark.parametrize(

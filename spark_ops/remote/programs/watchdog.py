@@ -121,7 +121,9 @@ LEASE_END = RemoteProgram(
 # then neither signals the restart nor breaks its output pipe (SIGPIPE, or `set -e` on a failed
 # echo): the restart runs to its end instead of stopping the engine and never starting it. This
 # program waits for it and gives back what it printed and its exit code; lost with the connection,
-# its two output files stay in $TMPDIR (spark-ops-restart.*) for the operator to read.
+# its two output files stay in $TMPDIR (spark-ops-restart.*) for the operator to read. They stay
+# too while a process the restart left still writes to them (an engine started in the background
+# without redirecting its output), named on stderr: removed, it would write out of sight for ever.
 # Where the files cannot be made or take 64 KiB (no $TMPDIR, a full disk), the command runs plainly
 # as before: refused, the restart would not run; its writes failing, a `set -e` one would be torn.
 DETACHED_RESTART_SH = r"""
@@ -137,7 +139,11 @@ else
   "${SHELL:-/bin/sh}" -c "$cmd" > "$o" 2> "$e" < /dev/null &
 fi
 wait "$!"; rc=$?
-if cat -- "$o" && cat -- "$e" >&2; then rm -f -- "$o" "$e"; fi  # kept when it could not be sent
+held() { ls -l /proc/[0-9]*/fd 2>/dev/null | grep -qF -- " -> $1"; }
+if cat -- "$o" && cat -- "$e" >&2; then  # kept when it could not be sent
+  if held "$o" || held "$e"; then echo "still written by a process the restart left: $o $e" >&2
+  else rm -f -- "$o" "$e"; fi
+fi
 exit "$rc"
 """
 DETACHED_RESTART = RemoteProgram("restart command", DETACHED_RESTART_SH, (text("command"),), result)
