@@ -8,7 +8,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
-from spark_ops.errors import ConnectError, InventoryError, RemoteError, SparkOpsError
+from spark_ops.errors import (
+    CommandTimeout,
+    ConnectError,
+    InventoryError,
+    RemoteError,
+    SparkOpsError,
+)
 from spark_ops.inventory import Cluster, Node, SSHSettings
 from spark_ops.log import get_logger
 from spark_ops.remote import writes as atomic
@@ -208,7 +214,15 @@ class ClusterSession:
             check_text(f"{label or 'remote command'}: input", input, max_bytes=None)
         cmd = self._wrap(host, command, sudo)
         self.log.debug("run", host=host, command=label or cmd[:200])
-        result = await self.connector(host).run(cmd, input=input, timeout=limit)
+        try:
+            result = await self.connector(host).run(cmd, input=input, timeout=limit)
+        except CommandTimeout as exc:
+            if not label:
+                raise
+            # named as the caller names it (the restart command, not the program running it)
+            raise CommandTimeout(
+                host, f"command timed out after {limit:.0f}s: {label[:120]}"
+            ) from exc
         if not raw:
             result.stdout = replace_undecodable(result.stdout)
             result.stderr = replace_undecodable(result.stderr)

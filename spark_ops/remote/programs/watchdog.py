@@ -121,11 +121,17 @@ LEASE_END = RemoteProgram(
 # then neither signals the restart nor breaks its output pipe (SIGPIPE, or `set -e` on a failed
 # echo): the restart runs to its end instead of stopping the engine and never starting it. This
 # program waits for it and gives back what it printed and its exit code; lost with the connection,
-# its two output files stay in $TMPDIR (spark-ops-restart.*) for the operator to read.
+# its two output files stay in $TMPDIR (spark-ops-restart.*) for the operator to read. They stay
+# too while a process the restart left still writes to them (an engine started in the background
+# without redirecting its output), named on stderr: removed, it would write out of sight for ever.
+# Where the files cannot be made or take 64 KiB (no $TMPDIR, a full disk), the command runs plainly
+# as before: refused, the restart would not run; its writes failing, a `set -e` one would be torn.
 DETACHED_RESTART_SH = r"""
 cmd=$1; tmp=${TMPDIR:-/tmp}; o=; e=
-o=$(mktemp "$tmp/spark-ops-restart.XXXXXX") && e=$(mktemp "$tmp/spark-ops-restart.XXXXXX") || {
-  [ -z "${o:-}" ] || rm -f -- "$o"; echo "cannot create a file in $tmp" >&2; exit 66
+room() { dd if=/dev/zero of="$1" bs=1024 count=64 2>/dev/null && : > "$1"; }
+o=$(mktemp "$tmp/spark-ops-restart.XXXXXX" 2>/dev/null) && room "$o" \
+  && e=$(mktemp "$tmp/spark-ops-restart.XXXXXX" 2>/dev/null) && room "$e" || {
+  rm -f -- ${o:+"$o"} ${e:+"$e"}; exec "${SHELL:-/bin/sh}" -c "$cmd"  # no room: run it plainly
 }
 if command -v setsid >/dev/null 2>&1; then
   setsid "${SHELL:-/bin/sh}" -c "$cmd" > "$o" 2> "$e" < /dev/null &
@@ -133,7 +139,11 @@ else
   "${SHELL:-/bin/sh}" -c "$cmd" > "$o" 2> "$e" < /dev/null &
 fi
 wait "$!"; rc=$?
-if cat -- "$o" && cat -- "$e" >&2; then rm -f -- "$o" "$e"; fi  # kept when it could not be sent
+held() { ls -l /proc/[0-9]*/fd 2>/dev/null | grep -qF -- " -> $1"; }
+if cat -- "$o" && cat -- "$e" >&2; then  # kept when it could not be sent
+  if held "$o" || held "$e"; then echo "still written by a process the restart left: $o $e" >&2
+  else rm -f -- "$o" "$e"; fi
+fi
 exit "$rc"
 """
 DETACHED_RESTART = RemoteProgram("restart command", DETACHED_RESTART_SH, (text("command"),), result)
