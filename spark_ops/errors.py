@@ -213,6 +213,11 @@ class CommandTimeout(RemoteError):
 
     exit_status = ExitStatus.TIMEOUT
 
+    @classmethod
+    def after(cls, host: str, seconds: float, command: str) -> CommandTimeout:
+        """The error for `command` (as the caller names it) past `seconds` on host."""
+        return cls(host, f"command timed out after {seconds:.0f}s: {command[:120]}")
+
 
 class LockError(SparkOpsError):
     """Another operator holds the cluster lock."""

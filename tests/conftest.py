@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from crash.harness import CrashCluster
+from embedded import start_nodes
 from ground.fixtures import (  # noqa: F401
     node_daemons,
     openssh_cluster,
@@ -14,6 +16,8 @@ from ground.fixtures import (  # noqa: F401
     real_vllm,
     real_vllm_factory,
 )
+
+from spark_ops.inventory import Cluster
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -163,3 +167,25 @@ def cli_env(sim: Sim) -> dict[str, str]:
     env.pop("SPARK_OPS_CLUSTER", None)
     env.pop("SPARK_OPS_FLEET", None)
     return env
+
+
+@pytest.fixture
+async def one_node(tmp_path: Path) -> AsyncIterator[Cluster]:
+    """One running embedded node, the cluster's head (it signals a command's process group when
+    the command's channel closes); stopped after the test."""
+    nodes, c = await start_nodes(tmp_path, 1)
+    try:
+        yield c
+    finally:
+        for n in nodes:
+            await n.stop()
+
+
+@pytest.fixture(scope="module")
+def crash_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashCluster]:
+    """One embedded cluster (2 nodes, the recipe on both) for every case of a crash module."""
+    c = CrashCluster(tmp_path_factory.mktemp("crash"))
+    try:
+        yield c
+    finally:
+        c.close()

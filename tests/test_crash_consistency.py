@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 
 import pytest
 from crash.harness import (
@@ -61,16 +60,6 @@ SAMPLE: list[tuple[str, KillPoint, str | None]] = [
     ("rollback", KillPoint("boot:running"), None),
     ("prune-planned", random_points("prune-planned", 1, SEED, max_delay=0.5)[0], None),
 ]
-
-
-@pytest.fixture(scope="module")
-def crash_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashCluster]:
-    """One embedded cluster (2 nodes, the recipe on both) for every case of the module."""
-    c = CrashCluster(tmp_path_factory.mktemp("crash"))
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _check(c: CrashCluster, command: str, point: KillPoint) -> CaseResult:

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +18,6 @@ from crash.harness import COMMANDS, CrashCluster, KillPoint, run_interrupted
 pytestmark = pytest.mark.slow
 
 STAGED = KillPoint("write:running", target="staged")
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashCluster]:
-    """One embedded cluster (2 nodes, the recipe on both) for the module."""
-    c = CrashCluster(tmp_path_factory.mktemp("red8"))
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _staged(c: CrashCluster) -> list[Path]:
@@ -60,12 +49,14 @@ def _settle_said(c: CrashCluster) -> str:
     return json.dumps(said[-1] if said else None)
 
 
-def test_a_prune_leaves_a_dead_apply_with_staged_files_to_apply(cluster: CrashCluster) -> None:
+def test_a_prune_leaves_a_dead_apply_with_staged_files_to_apply(
+    crash_cluster: CrashCluster,
+) -> None:
     """apply killed after staging, then `budget prune --planned` (a planned stamp to remove):
     the prune does not finish that apply (it cannot remove the staged files: it reaches the head
     only), so the next apply's settle step removes them. Before the fix the prune settled the
     run (nothing written), and its staged files stayed beside both copies for good."""
-    c = cluster
+    c = crash_cluster
     args = _apply_killed_after_staging(c)
     c.planned_append()
     pruned = _cli(c, "budget", "prune", "--planned", "--yes", "--json")
@@ -91,11 +82,11 @@ def _forge_intent(c: CrashCluster, writes: list[dict[str, Any]]) -> str:
     return run
 
 
-def test_the_settle_step_says_where_it_could_not_look(cluster: CrashCluster) -> None:
+def test_the_settle_step_says_where_it_could_not_look(crash_cluster: CrashCluster) -> None:
     """A dead run whose intent names a node the inventory no longer has (or whose removal fails
     on a node): the run goes on and its settle step says which staged files it did not look for
     (before the fix a warning in the log alone: nothing under --json, nothing in the audit)."""
-    c = cluster
+    c = crash_cluster
     if not list((c.root / "state").glob("*.audit.jsonl")):
         _cli(c, *COMMANDS["apply"].arrange(c)[0])  # the audit log exists once a run wrote
     path = "~/" + c.rel_recipe
@@ -106,12 +97,12 @@ def test_the_settle_step_says_where_it_could_not_look(cluster: CrashCluster) -> 
     assert "not looked for beside node9:" in said, said
 
 
-def test_a_retargeted_recipe_link_leaves_no_staged_file(cluster: CrashCluster) -> None:
+def test_a_retargeted_recipe_link_leaves_no_staged_file(crash_cluster: CrashCluster) -> None:
     """The recipe a symlink (`recipe -> real-a.yaml`), apply killed after staging beside real-a,
     the link retargeted to real-b.yaml, apply again: the dead run's staged files (their names carry
     its run id) are removed beside whatever file they were staged for (before the fix both
     `.real-a.yaml.spark-ops.<run>.<n>` stayed for good: the removal looked beside real-b only)."""
-    c = cluster
+    c = crash_cluster
     texts = [p.read_text() for p in c.recipe_copies]
     for p, text in zip(c.recipe_copies, texts, strict=True):
         for name in ("real-a.yaml", "real-b.yaml"):

@@ -17,11 +17,9 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from embedded import start_nodes
 
 from spark_ops.errors import CommandTimeout
 from spark_ops.inventory import Cluster
@@ -110,25 +108,14 @@ def test_no_room_for_the_output_runs_the_restart_plainly(
     assert (tmp_path / "started").exists(), "the restart ran to its end"
 
 
-@pytest.fixture
-async def node(tmp_path: Path) -> AsyncIterator[Cluster]:
-    """One embedded node."""
-    nodes, c = await start_nodes(tmp_path, 1)
-    try:
-        yield c
-    finally:
-        for n in nodes:
-            await n.stop()
-
-
-async def test_the_deadline_names_the_restart_command(node: Cluster) -> None:
+async def test_the_deadline_names_the_restart_command(one_node: Cluster) -> None:
     """A restart command past its deadline is named as the operator wrote it (the label), not
     as the program that runs it detached."""
     command = "sleep 1; /opt/restart-vllm --reason 'x'"
     line = "TMPDIR=$HOME " + DETACHED_RESTART.line(command)  # it runs on: its files in the test's
-    async with ClusterSession(node) as s:
-        await s.connect([node.head.name])
+    async with ClusterSession(one_node) as s:
+        await s.connect([one_node.head.name])
         with pytest.raises(CommandTimeout) as err:
-            await s.run(node.head.name, line, timeout=0.5, label=command)
+            await s.run(one_node.head.name, line, timeout=0.5, label=command)
     assert command in err.value.message
     assert "mktemp" not in err.value.message

@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-from embedded import start_nodes
 from ground.cluster import bare_cluster
 from ground.sshd import SshdCluster
 
@@ -29,17 +26,6 @@ from spark_ops.remote.programs.watchdog import DETACHED_RESTART
 # stops, prints, starts: the write after the pause is where a lost connection stops it
 RESTART = 'echo stopping; sleep 4; echo starting; echo started > "$HOME/restarted"'
 KEPT = "$HOME/spark-ops-restart."  # the output files a lost connection leaves (TMPDIR=$HOME)
-
-
-@pytest.fixture
-async def embedded(tmp_path: Path) -> AsyncIterator[Cluster]:
-    """One embedded node (it kills a command's process group when the channel closes)."""
-    nodes, c = await start_nodes(tmp_path, 1)
-    try:
-        yield c
-    finally:
-        for n in nodes:
-            await n.stop()
 
 
 async def _lose_connection_mid_restart(c: Cluster, *, detached: bool, wait_s: float) -> str:
@@ -81,10 +67,10 @@ async def _check(c: Cluster) -> None:
     assert "stopping\nstarting\n" in detached, "what the restart printed is kept on the head"
 
 
-async def test_a_restart_outlives_the_embedded_nodes_session(embedded: Cluster) -> None:
+async def test_a_restart_outlives_the_embedded_nodes_session(one_node: Cluster) -> None:
     """The embedded node: the session's process group is signalled; the detached restart is not
     in it."""
-    await _check(embedded)
+    await _check(one_node)
 
 
 @pytest.mark.openssh

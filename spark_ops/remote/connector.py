@@ -158,9 +158,7 @@ class SSHConnector(Connector):
                             timeout + 5,
                         )
         except (asyncssh.TimeoutError, asyncio.TimeoutError) as exc:
-            raise CommandTimeout(
-                self.node.name, f"command timed out after {timeout:.0f}s: {command[:120]}"
-            ) from exc
+            raise CommandTimeout.after(self.node.name, timeout, command) from exc
         except asyncssh.ChannelOpenError as exc:
             if _connection_gone(conn, exc):
                 raise ConnectError(

@@ -220,9 +220,7 @@ class ClusterSession:
             if not label:
                 raise
             # named as the caller names it (the restart command, not the program running it)
-            raise CommandTimeout(
-                host, f"command timed out after {limit:.0f}s: {label[:120]}"
-            ) from exc
+            raise CommandTimeout.after(host, limit, label) from exc
         if not raw:
             result.stdout = replace_undecodable(result.stdout)
             result.stderr = replace_undecodable(result.stderr)
