@@ -18,12 +18,18 @@ The rest are held cases: serve's guard and sessions, DISCARD_RUN's globs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+from local_connector import LocalConnector
 
+from spark_ops.errors import CommandError, CommandTimeout
+from spark_ops.inventory import Cluster, parse_inventory
+from spark_ops.remote import ClusterSession
 from spark_ops.remote.shell import DISCARD_RUN, REPLACEABLE, STAGE
 from spark_ops.serve.auth import Sessions, TokenError, read_token_file
 from spark_ops.serve.guard import Guard
@@ -56,6 +62,49 @@ def test_an_unresolvable_link_is_never_the_working_directory(tmp_path: Path, tar
     staged = _program(STAGE.text, str(link), "absent", "0" * 64, "run-1", cwd=home)
     assert staged.returncode == 66 and "cannot be resolved" in staged.stderr, staged
     assert list(home.iterdir()) == []
+
+
+def _cluster(tmp_path: Path) -> Cluster:
+    """A one-node cluster run on this machine's sh."""
+    text = (
+        "clusters:\n  t:\n    nodes:\n      node1: {host: 127.0.0.1, role: head}\n"
+        f"    state_dir: {tmp_path / 'state'}\n"
+        "    recipe: {path: ~/r.yaml}\n    watchdog: {restart_command: x, history_file: ~/h}\n"
+    )
+    return parse_inventory(text, "t.yaml").cluster()
+
+
+LABELS = {
+    "a newline": "systemctl stop vllm\nerror: forged line",
+    "an escape sequence": "restart-vllm \x1b[2K\x1b[1Gok: restarted",
+    "a carriage return": "restart-vllm\rok: restarted",
+    "10 kB": "restart-vllm " + "x" * 10_000,
+}
+
+
+def _one_line(message: str) -> None:
+    """An error message that shows every character it holds: no control character at all."""
+    assert message.isprintable(), repr(message)
+
+
+@pytest.mark.parametrize("label", LABELS.values(), ids=list(LABELS))
+async def test_a_labelled_command_is_shown_on_one_line(tmp_path: Path, label: str) -> None:
+    """Past its deadline or failed, a labelled command is named on one printable line, cut with
+    its length said."""
+    home = tmp_path / "home"
+    home.mkdir()
+    factory: Any = functools.partial(LocalConnector, home=home)
+    async with ClusterSession(_cluster(tmp_path), connector_factory=factory) as s:
+        await s.connect()
+        with pytest.raises(CommandTimeout) as late:
+            await s.run("node1", "sleep 5", timeout=0.3, label=label)
+        with pytest.raises(CommandError) as failed:
+            await s.run("node1", "echo 'bad\x1b[2K' >&2; exit 3", label=label)
+    for err in (late.value, failed.value):
+        _one_line(err.message)
+        assert label[:10].isprintable() and label[:10] in err.message
+        if len(label) > 300:
+            assert f"({len(label):,} characters)" in err.message
 
 
 # Held (nothing fixed): the fixes of rounds 8 and 9 under the neighbours of their cases.

@@ -25,6 +25,7 @@ from spark_ops.errors import (
     HostKeyError,
     RemoteError,
     excerpt,
+    one_line,
 )
 from spark_ops.inventory import Node, SSHSettings
 from spark_ops.log import get_logger
@@ -159,7 +160,7 @@ class SSHConnector(Connector):
                         )
         except (asyncssh.TimeoutError, asyncio.TimeoutError) as exc:
             raise CommandTimeout(
-                self.node.name, f"command timed out after {timeout:.0f}s: {command[:120]}"
+                self.node.name, f"command timed out after {timeout:.0f}s: {one_line(command, 120)}"
             ) from exc
         except asyncssh.ChannelOpenError as exc:
             if _connection_gone(conn, exc):

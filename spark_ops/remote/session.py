@@ -14,6 +14,7 @@ from spark_ops.errors import (
     InventoryError,
     RemoteError,
     SparkOpsError,
+    one_line,
 )
 from spark_ops.inventory import Cluster, Node, SSHSettings
 from spark_ops.log import get_logger
@@ -221,7 +222,7 @@ class ClusterSession:
                 raise
             # named as the caller names it (the restart command, not the program running it)
             raise CommandTimeout(
-                host, f"command timed out after {limit:.0f}s: {label[:120]}"
+                host, f"command timed out after {limit:.0f}s: {one_line(label, 120)}"
             ) from exc
         if not raw:
             result.stdout = replace_undecodable(result.stdout)
