@@ -30,6 +30,7 @@ from local_connector import LocalConnector
 from spark_ops.errors import CommandError, CommandTimeout
 from spark_ops.inventory import Cluster, parse_inventory
 from spark_ops.remote import ClusterSession
+from spark_ops.remote.programs.watchdog import DETACHED_RESTART
 from spark_ops.remote.shell import DISCARD_RUN, REPLACEABLE, STAGE
 from spark_ops.serve.auth import Sessions, TokenError, read_token_file
 from spark_ops.serve.guard import Guard
@@ -105,6 +106,30 @@ async def test_a_labelled_command_is_shown_on_one_line(tmp_path: Path, label: st
         assert label[:10].isprintable() and label[:10] in err.message
         if len(label) > 300:
             assert f"({len(label):,} characters)" in err.message
+
+
+TMPDIRS = {  # $TMPDIR (under the home), the restart command, the output files kept
+    "a newline in it, nothing left writing": ("\nfoo", "echo out", False),
+    "relative, an engine left writing": ("rel", "(sleep 2; echo late) & echo out", True),
+    "a name with ' -> ' in it, nothing left": ("a -> b", "echo out", False),
+}
+
+
+@pytest.mark.parametrize("tmpdir, command, kept", TMPDIRS.values(), ids=list(TMPDIRS))
+def test_the_detached_restart_knows_who_holds_its_files(
+    tmp_path: Path, tmpdir: str, command: str, kept: bool
+) -> None:
+    """The output files are kept exactly when a process the restart left still has them open,
+    whatever $TMPDIR's name holds (a newline, ` -> `) and when it is relative."""
+    (tmp_path / tmpdir).mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SHELL": "/bin/sh", "TMPDIR": tmpdir}
+    res = subprocess.run(
+        ["sh", "-c", DETACHED_RESTART.line(command)], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=30, check=False,
+    )  # fmt: skip
+    files = list((tmp_path / tmpdir).glob("spark-ops-restart.*"))
+    assert res.returncode == 0 and res.stdout == "out\n", res
+    assert (len(files) == 2) is kept and ("still written" in res.stderr) is kept, res.stderr
 
 
 # Held (nothing fixed): the fixes of rounds 8 and 9 under the neighbours of their cases.
