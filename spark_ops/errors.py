@@ -194,18 +194,21 @@ class CommandError(RemoteError):
 
     def __init__(self, host: str, command: str, exit_code: int | None, stderr: str = "") -> None:
         """Keep the command, its exit code and the tail of its stderr."""
-        tail = [_cut(line, 300) for line in stderr.strip().splitlines()[-3:]]
+        tail = [one_line(line, 300) for line in stderr.strip().splitlines()[-3:]]
         detail = f": {' | '.join(tail)}" if tail else ""
-        shown = _cut(command, 200)  # a command (or a line it printed) is named, never shown whole
+        shown = one_line(command, 200)  # named, never shown whole
         super().__init__(host, f"command failed (exit {exit_code}): {shown}{detail}")
         self.command = command
         self.exit_code = exit_code
         self.stderr = stderr
 
 
-def _cut(text: str, limit: int) -> str:
-    """Text cut to limit characters, saying how long it was."""
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+def one_line(text: str, limit: int) -> str:
+    """Text for one line of an error: control characters escaped (a newline or an escape
+    sequence never forges a line on the terminal), cut to `limit` saying how long it was."""
+    cut = text if len(text) <= limit else text[:limit]
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
+    return shown if cut is text else f"{shown}… ({len(text):,} characters)"
 
 
 class CommandTimeout(RemoteError):
@@ -216,7 +219,7 @@ class CommandTimeout(RemoteError):
     @classmethod
     def after(cls, host: str, seconds: float, command: str) -> CommandTimeout:
         """The error for `command` (as the caller names it) past `seconds` on host."""
-        return cls(host, f"command timed out after {seconds:.0f}s: {command[:120]}")
+        return cls(host, f"command timed out after {seconds:.0f}s: {one_line(command, 120)}")
 
 
 class LockError(SparkOpsError):

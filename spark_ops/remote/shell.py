@@ -79,7 +79,7 @@ backup_tag() { date -u +"""
     + BACKUP_TIME_FORMAT.replace("%f", "%6N")
     + r"""; }  # the time part of a new backup's name
 resolve() {  # t= the file a write to $1 replaces: $1, or the end of its symlink chain
-  if [ -L "$1" ]; then t=$(readlink -f -- "$1"; echo .); t=${t%??}; else t=$1; fi
+  if [ -L "$1" ]; then t=$(readlink -f -- "$1" && echo . || :); t=${t%??}; else t=$1; fi
 }
 dir_of() { case $1 in */*) d=${1%/*}; [ -n "$d" ] || d=/ ;; *) d=. ;; esac; }  # d= its directory
 digest() {  # h= the sha256 of file $1, or "absent" when there is none

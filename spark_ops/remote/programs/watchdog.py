@@ -139,7 +139,9 @@ else
   "${SHELL:-/bin/sh}" -c "$cmd" > "$o" 2> "$e" < /dev/null &
 fi
 wait "$!"; rc=$?
-held() { ls -l /proc/[0-9]*/fd 2>/dev/null | grep -qF -- " -> $1"; }
+held() {  # a process has $1 open (the same file, whatever its name holds): no name compared
+  for f in /proc/[0-9]*/fd/*; do [ "$f" -ef "$1" ] && return 0; done; return 1
+}
 if cat -- "$o" && cat -- "$e" >&2; then  # kept when it could not be sent
   if held "$o" || held "$e"; then echo "still written by a process the restart left: $o $e" >&2
   else rm -f -- "$o" "$e"; fi
